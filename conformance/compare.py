@@ -1,0 +1,210 @@
+"""Comparison profiles: what must be equal between the expected and the actual output.
+
+``strict``: the canonical outputs are equal as they are (block ids, list
+orders), and when both sides observe it, the free-queue order too. This is
+vLLM-exact.
+
+``observable``: what a user of the scheduler can see: scheduled ids and token
+counts, prefix hits (``num_computed_tokens``), output counts, drafts,
+preempted and finished sets, sampled tokens and finish reasons, and the
+*number* of blocks each request gets. Block ids must agree only up to one
+consistent renaming over the whole trace; list orders are not compared.
+
+Divergences are values (:class:`Divergence`), never exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPARISONS = ("strict", "observable")
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    """One field that differs: its path, the expected and the actual value."""
+
+    field: str
+    expected: Any
+    actual: Any
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place a scheduler under test departed from the trace.
+
+    ``kind`` is one of: ``scheduler_output``, ``observation``,
+    ``request_outputs``, ``input_error`` (an error code expected or not),
+    ``sut_error`` (the scheduler raised, crashed or timed out).
+    """
+
+    event_index: int
+    line: int
+    step: int | None
+    kind: str
+    diffs: tuple[FieldDiff, ...] = ()
+    message: str = ""
+
+    def signature(self) -> str:
+        """The *kind* of divergence, independent of request ids and sizes.
+
+        Shrinking keeps a smaller trace only if its first divergence has the
+        same signature: the kind plus the names of the differing fields with
+        request ids and indices removed.
+        """
+        names = sorted({_generalize(d.field) for d in self.diffs})
+        return self.kind + (":" + ",".join(names) if names else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event_index": self.event_index,
+            "line": self.line,
+            "step": self.step,
+            "kind": self.kind,
+            "message": self.message,
+            "signature": self.signature(),
+            "diffs": [{"field": d.field, "expected": d.expected, "actual": d.actual} for d in self.diffs],
+        }
+
+
+def _generalize(path: str) -> str:
+    """Drop request ids (``<id>``) and list positions (``[i]``) from a field path."""
+    import re
+
+    parts = [re.sub(r"\[\d+\]", "", part) for part in path.split(".") if not part.startswith("<")]
+    return ".".join(p for p in parts if p)
+
+
+@dataclass
+class BlockRenaming:
+    """A bijection between expected and actual block ids, grown as the trace goes."""
+
+    forward: dict[int, int] = field(default_factory=dict)
+    backward: dict[int, int] = field(default_factory=dict)
+
+    def match(self, expected: list[int], actual: list[int]) -> bool:
+        """True if the lists are equal under the renaming (extended as needed)."""
+        if len(expected) != len(actual):
+            return False
+        for e, a in zip(expected, actual):
+            if self.forward.setdefault(e, a) != a or self.backward.setdefault(a, e) != e:
+                return False
+        return True
+
+
+# Canonical dicts whose keys are request ids (paths show them as <id>).
+ID_KEYED = {"num_scheduled_tokens", "scheduled_spec_decode_tokens"}
+
+
+def _diff_values(path: str, expected: Any, actual: Any, out: list[FieldDiff]) -> None:
+    """Append the leaf-level differences between two canonical values.
+
+    Paths name dict keys (``<id>`` for request ids) and list positions
+    (``[i]``); lists of different lengths differ as a whole.
+    """
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        id_keyed = path.split(".")[-1] in ID_KEYED
+        for key in sorted(set(expected) | set(actual), key=str):
+            name = f"<{key}>" if id_keyed else str(key)
+            sub = f"{path}.{name}" if path else name
+            if key not in actual:
+                out.append(FieldDiff(sub, expected[key], "<missing>"))
+            elif key not in expected:
+                out.append(FieldDiff(sub, "<missing>", actual[key]))
+            else:
+                _diff_values(sub, expected[key], actual[key], out)
+    elif (isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual)
+          and any(isinstance(x, dict) for x in expected)):
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            _diff_values(f"{path}[{i}]", e, a, out)
+    elif expected != actual:
+        out.append(FieldDiff(path, expected, actual))
+
+
+def _by_id(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["req_id"]: item for item in items}
+
+
+class Comparator:
+    """Compares one trace's outputs under a comparison profile, keeping state (renaming)."""
+
+    def __init__(self, comparison: str) -> None:
+        if comparison not in COMPARISONS:
+            raise ValueError(f"unknown comparison {comparison!r}; known: {', '.join(COMPARISONS)}")
+        self.comparison = comparison
+        self.renaming = BlockRenaming()
+
+    def compare_scheduler_output(self, expected: dict[str, Any], actual: Any) -> list[FieldDiff]:
+        """Differences between an expected and an actual canonical SchedulerOutput."""
+        if expected == actual:
+            # Keep the renaming in step even when equal (identity on these ids).
+            if self.comparison == "observable":
+                self._rename_blocks(expected, actual, [])
+            return []
+        if not isinstance(actual, dict):
+            return [FieldDiff("(output)", "a SchedulerOutput object", actual)]
+        diffs: list[FieldDiff] = []
+        if self.comparison == "strict":
+            _diff_values("", expected, actual, diffs)
+            return diffs
+        for key in ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_spec_decode_tokens"):
+            _diff_values(key, expected.get(key), actual.get(key), diffs)
+        for key in ("finished_req_ids", "preempted_req_ids"):
+            e, a = expected.get(key), actual.get(key)
+            if (sorted(e) if e is not None else None) != (sorted(a) if a is not None else None):
+                diffs.append(FieldDiff(key, e, a))
+        for group, fields in (
+            ("scheduled_new_reqs", ("num_computed_tokens",)),
+            ("scheduled_cached_reqs", ("resumed", "num_computed_tokens", "num_output_tokens")),
+        ):
+            exp, act = _by_id(expected.get(group, [])), _by_id(actual.get(group, []))
+            if set(exp) != set(act):
+                diffs.append(FieldDiff(f"{group}.<ids>", sorted(exp), sorted(act)))
+                continue
+            for rid in sorted(exp):
+                for f in fields:
+                    if exp[rid].get(f) != act[rid].get(f):
+                        diffs.append(FieldDiff(f"{group}.{f}.<{rid}>", exp[rid].get(f), act[rid].get(f)))
+        self._rename_blocks(expected, actual, diffs)
+        return diffs
+
+    def _rename_blocks(self, expected: dict[str, Any], actual: dict[str, Any], diffs: list[FieldDiff]) -> None:
+        for group, key in (("scheduled_new_reqs", "block_ids"), ("scheduled_cached_reqs", "new_block_ids")):
+            exp, act = _by_id(expected.get(group, [])), _by_id(actual.get(group, []))
+            for rid in sorted(set(exp) & set(act)):
+                e, a = exp[rid][key], act[rid][key]
+                if len(e) != len(a):
+                    diffs.append(FieldDiff(f"{group}.num_blocks.<{rid}>", len(e), len(a)))
+                elif not self.renaming.match(e, a):
+                    diffs.append(FieldDiff(f"{group}.{key}.<{rid}>", e, a))
+
+    def compare_observation(self, expected: dict[str, Any] | None, actual: dict[str, Any] | None) -> list[FieldDiff]:
+        """Strict: the free queue in order. Observable: the number of free blocks."""
+        if expected is None or actual is None:
+            return []
+        if self.comparison == "strict":
+            diffs: list[FieldDiff] = []
+            _diff_values("observe", expected, actual, diffs)
+            return diffs
+        if expected.get("num_free_blocks") != actual.get("num_free_blocks"):
+            return [FieldDiff("observe.num_free_blocks", expected.get("num_free_blocks"), actual.get("num_free_blocks"))]
+        return []
+
+    def compare_request_outputs(self, expected: list[dict[str, Any]], actual: Any) -> list[FieldDiff]:
+        """Sampled tokens kept, finish and stop reasons, per request (order too under strict)."""
+        if expected == actual:
+            return []
+        if not isinstance(actual, list):
+            return [FieldDiff("(outputs)", "a list of request outputs", actual)]
+        diffs: list[FieldDiff] = []
+        exp, act = _by_id(expected), _by_id(actual)
+        if set(exp) != set(act):
+            diffs.append(FieldDiff("outputs.<ids>", sorted(exp), sorted(act)))
+        for rid in sorted(set(exp) & set(act)):
+            for f in ("new_token_ids", "finish_reason", "stop_reason"):
+                if exp[rid].get(f) != act[rid].get(f):
+                    diffs.append(FieldDiff(f"outputs.{f}.<{rid}>", exp[rid].get(f), act[rid].get(f)))
+        if not diffs and self.comparison == "strict":
+            diffs.append(FieldDiff("outputs.<order>", [o["req_id"] for o in expected], [o["req_id"] for o in actual]))
+        return diffs

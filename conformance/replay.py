@@ -1,0 +1,199 @@
+"""Replay a trace against a scheduler under test and find the first divergence.
+
+Each input event goes to the SUT; each ``step`` compares ``schedule()`` with the
+expected SchedulerOutput (and, under ``strict``, the free queue when both sides
+observe it); each ``model_output`` compares the request outputs. The first
+difference stops the replay and becomes the verdict ``fail``; a SUT that
+declares a configuration unsupported gives ``unknown``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from conformance.compare import Comparator, Divergence, FieldDiff
+from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
+from conformance.trace import Trace
+
+PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+
+
+class StepTimeout(Exception):
+    """A call into an in-process SUT took longer than the per-step timeout."""
+
+
+@dataclass
+class ReplayResult:
+    """The verdict of one trace against one SUT."""
+
+    verdict: str
+    divergence: Divergence | None = None
+    events_run: int = 0
+    steps_run: int = 0
+    detail: str = ""
+    """A traceback or the reason for ``unknown``."""
+    sut_stderr: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise StepTimeout in the main thread after ``seconds`` (no-op elsewhere)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):  # noqa: ANN001, ARG001
+        raise StepTimeout(f"no answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
+           step_timeout: float | None = None, start: bool = True) -> ReplayResult:
+    """Run every event of ``trace`` on ``sut``; stop at the first divergence."""
+    comparator = Comparator(comparison)
+    events = trace.events
+    step: int | None = None
+    steps_run = 0
+
+    def fail(index: int, kind: str, diffs: list[FieldDiff] | tuple[FieldDiff, ...] = (), message: str = "", detail: str = "") -> ReplayResult:
+        return ReplayResult(
+            verdict=FAIL,
+            divergence=Divergence(event_index=index, line=trace.line_of(index), step=step, kind=kind,
+                                  diffs=tuple(diffs), message=message),
+            events_run=index, steps_run=steps_run, detail=detail,
+            sut_stderr=_stderr_of(sut),
+        )
+
+    try:
+        if start:
+            with _deadline(step_timeout and max(step_timeout, 120.0)):
+                sut.start(dict(trace.config), trace.profile)
+    except SutUnsupported as exc:
+        return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: {exc}")
+    except Exception as exc:  # noqa: BLE001
+        return fail(0, "sut_error", message=f"start failed: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+
+    for index, event in enumerate(events):
+        kind = event["kind"]
+        expect_error = event.get("expect_error")
+        try:
+            with _deadline(step_timeout):
+                if kind == "add_request":
+                    sut.add_request(event)
+                    actual: Any = None
+                elif kind == "abort":
+                    sut.abort(event["request_id"])
+                    actual = None
+                elif kind == "step":
+                    step = event["step"]
+                    actual = sut.schedule()
+                    steps_run += 1
+                else:
+                    actual = sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+        except SutInputError as exc:
+            if expect_error == exc.code:
+                continue
+            return fail(index, "input_error", [FieldDiff("error", expect_error, exc.code)],
+                        message=f"{kind}: {'expected error ' + expect_error if expect_error else 'no error expected'}, got {exc}")
+        except SutUnsupported as exc:
+            return ReplayResult(verdict=UNKNOWN, events_run=index, steps_run=steps_run, detail=f"unsupported: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
+            return fail(index, "sut_error", message=f"{kind}: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+        if expect_error is not None:
+            return fail(index, "input_error", [FieldDiff("error", expect_error, None)],
+                        message=f"{kind}: expected error {expect_error}, the scheduler accepted it")
+        if kind == "step":
+            diffs = comparator.compare_scheduler_output(event["expect"], actual)
+            if diffs:
+                return fail(index, "scheduler_output", diffs, message=f"step {step}: schedule() differs")
+            if comparison == "strict" and "observe" in event:
+                try:
+                    observed = sut.observe()
+                except Exception as exc:  # noqa: BLE001
+                    return fail(index, "sut_error", message=f"observe: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+                diffs = comparator.compare_observation(event["observe"], observed)
+                if diffs:
+                    return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")
+        elif kind == "model_output":
+            diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
+            if diffs:
+                return fail(index, "request_outputs", diffs, message=f"step {step}: update_from_output() differs")
+    return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
+
+
+def _stderr_of(sut: SchedulerUnderTest) -> str:
+    tail = getattr(sut, "stderr_tail", None)
+    return tail() if callable(tail) else ""
+
+
+def render_reference_state(trace: Trace, event_index: int) -> str:
+    """The reference model's queues and blocks just before event ``event_index``."""
+    from conformance.adapters.reference import ReferenceSut
+    from spec.render import render_blocks, render_queues
+
+    ref = ReferenceSut()
+    ref.start(dict(trace.config), trace.profile)
+    for event in trace.events[:event_index]:
+        try:
+            if event["kind"] == "add_request":
+                ref.add_request(event)
+            elif event["kind"] == "abort":
+                ref.abort(event["request_id"])
+            elif event["kind"] == "step":
+                ref.schedule()
+            else:
+                ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+        except SutInputError:
+            continue
+    assert ref.scheduler is not None
+    obs = ref.scheduler.observe()
+    return render_queues(obs) + "\n" + render_blocks(obs)
+
+
+def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -> str:
+    """A human report of a failing replay: where, the input event, a table of fields, the reference state."""
+    d = result.divergence
+    if d is None:
+        return f"verdict: {result.verdict}" + (f" ({result.detail})" if result.detail else "")
+    event = trace.events[d.event_index] if d.event_index < len(trace.events) else {}
+    lines = [
+        f"{trace.path}:{d.line}: first divergence at step {d.step}: {d.message}",
+        f"  kind: {d.signature()}",
+        f"  event: {_short(event)}",
+    ]
+    if d.diffs:
+        width = max(len(x.field) for x in d.diffs[:max_diffs])
+        lines.append(f"  {'field'.ljust(width)} | expected | actual")
+        for x in d.diffs[:max_diffs]:
+            lines.append(f"  {x.field.ljust(width)} | {_short(x.expected)} | {_short(x.actual)}")
+        if len(d.diffs) > max_diffs:
+            lines.append(f"  ... {len(d.diffs) - max_diffs} more differing fields")
+    lines.append("  reference state before this event:")
+    lines.extend("    " + ln for ln in render_reference_state(trace, d.event_index).splitlines())
+    if result.detail:
+        lines.append("  detail:")
+        lines.extend("    " + ln for ln in result.detail.rstrip().splitlines()[-15:])
+    if result.sut_stderr:
+        lines.append("  scheduler stderr (last lines):")
+        lines.extend("    " + ln for ln in result.sut_stderr.splitlines()[-15:])
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
