@@ -1,18 +1,52 @@
-"""The ``schedconf`` command line (also ``python -m conformance``)."""
+"""The ``schedconf`` command line (also ``python -m conformance``).
+
+Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error
+(a malformed trace, an unknown SUT, an inconclusive verdict), 130 interrupted.
+Errors are one clear line, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+from pathlib import Path
 
-from spec.render import StepTable
+EXAMPLES_HELP = textwrap.dedent("""
+    examples:
+      schedconf demo                                   # the built-in example, then a small self-check campaign
+      schedconf run --sut reference --examples 200     # a campaign (reference vs itself: must pass)
+      schedconf run --sut mutant:fcfs_victim_head --examples 50   # a broken scheduler: caught, shrunk, exit 1
+      schedconf run --sut stdio:'node examples/js-scheduler/scheduler.js' --comparison observable
+      schedconf replay reports/<run>/failures/trace-00003.min.jsonl --sut mutant:fcfs_victim_head
+      schedconf shrink my_failing_trace.jsonl --sut stdio:'./my-scheduler'
+      schedconf generate --examples 20 --seed 7 --out traces/
+      schedconf vectors export vectors/
+      schedconf env vllm 0.33.0 && schedconf run --sut vllm-v1@0.33.0 --examples 200
+    """)
 
+
+class UsageError(Exception):
+    """A bad command line or input; exit code 2."""
+
+
+def _sut_help() -> str:
+    from conformance.adapters import describe_suts
+
+    return "the scheduler under test: " + describe_suts()
+
+
+# ------------------------------------------------------------------ demo
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run a built-in example on the reference model and print its step table."""
+    """Print the built-in example's step table, then run a small self-check campaign."""
+    from conformance.campaign import CampaignSpec, exit_code, run_campaign
     from conformance.examples import EXAMPLES
     from conformance.workload import run_workload
+    from spec.render import StepTable
 
+    if args.example not in EXAMPLES:
+        raise UsageError(f"unknown example {args.example!r}; known: {', '.join(sorted(EXAMPLES))}")
     workload = EXAMPLES[args.example]()
     trace = run_workload(workload, check=True)
     table = StepTable()
@@ -24,29 +58,312 @@ def cmd_demo(args: argparse.Namespace) -> int:
             table.add_canonical_step(pending["step"], pending["expect"], event["expect"]["outputs"],
                                      pending.get("observe", {}).get("num_free_blocks", -1))
     print(f"example {args.example!r}: {workload.description}")
-    print(f"config: {workload.config.to_dict()}")
+    cfg = workload.config
+    print(f"config: block_size={cfg.block_size} usable blocks={cfg.num_usable_blocks} "
+          f"budget={cfg.max_num_batched_tokens} max_num_seqs={cfg.max_num_seqs} max_model_len={cfg.max_model_len} "
+          f"policy={cfg.policy} profile={workload.profile}")
     print()
     print(table.render())
     print()
-    print("every invariant held after each of the", len(trace.events), "events")
+    print(f"every invariant held after each of the {len(trace.events)} events")
+    if args.examples <= 0:
+        return 0
+    print()
+    print(f"self-check: a campaign of {args.examples} generated traces, reference vs itself (strict)")
+    summary = run_campaign(CampaignSpec(sut="reference", examples=args.examples, seed=args.seed,
+                                        out_dir=args.out))
+    _print_summary(summary)
+    return exit_code(summary)
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"{summary['status'].upper()}: {summary['passed']} passed, {summary['failed']} failed, "
+          f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
+          f"({summary.get('traces_per_s')} traces/s)")
+    for f in summary["failures"][:10]:
+        shrunk = f" -> minimal {f['shrunk_events']} events: {summary['run_dir']}/{f['shrunk_file']}" if f["shrunk_file"] else ""
+        print(f"  FAIL {summary['run_dir']}/{f['trace_file']} ({f['events']} events) step {f['step']}: {f['signature']}{shrunk}")
+    if len(summary["failures"]) > 10:
+        print(f"  ... {len(summary['failures']) - 10} more in summary.md")
+    if summary.get("harness_error"):
+        print(f"  harness error: {summary['harness_error']}")
+    print(f"report: {Path(summary['run_dir']).resolve() / 'report.html'}")
+    print(f"        {Path(summary['run_dir']).resolve() / 'summary.md'}")
+
+
+# ------------------------------------------------------------- campaigns
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
+    from conformance.adapters import make_sut
+    from conformance.campaign import CampaignSpec, exit_code, run_campaign
+
+    make_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
+    summary = run_campaign(CampaignSpec(
+        sut=args.sut, profile=args.profile, examples=args.examples, seed=args.seed, jobs=args.jobs,
+        comparison=args.comparison, generator=args.generator, step_timeout=args.timeout,
+        shrink_budget_s=args.shrink_budget, out_dir=args.out, run_id=args.run_id, junit_xml=args.junit_xml,
+        quiet=args.quiet,
+    ))
+    _print_summary(summary)
+    return exit_code(summary)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write N reference traces generated from a seed."""
+    from conformance.campaign import CampaignSpec, generate_workloads
+    from conformance.trace import write_trace
+    from conformance.workload import WorkloadError, run_workload
+
+    spec = CampaignSpec(sut="reference", profile=args.profile, examples=args.examples, seed=args.seed,
+                        generator=args.generator)
+    out = Path(args.out)
+    written = 0
+    for i, workload in enumerate(generate_workloads(spec)):
+        try:
+            trace = run_workload(workload)
+        except WorkloadError as exc:
+            print(f"skipped #{i}: {exc}", file=sys.stderr)
+            continue
+        trace.header["description"] = f"generated: seed {args.seed}, example {i}, generator {args.generator}"
+        write_trace(out / f"trace-{i:05d}.jsonl", trace)
+        written += 1
+    print(f"wrote {written} trace(s) to {out}/")
     return 0
 
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay traces against a SUT; print the first divergence of each."""
+    from conformance.adapters import make_sut
+    from conformance.replay import FAIL, PASS, render_divergence, replay
+    from conformance.trace import read_trace
+
+    traces = [read_trace(p) for p in args.traces]  # all read (and validated) before any SUT starts
+    sut = make_sut(args.sut)
+    worst = 0
+    try:
+        for trace in traces:
+            comparison = args.comparison or trace.header.get("comparison", "strict")
+            result = replay(trace, sut, comparison, step_timeout=args.timeout)
+            if result.verdict == PASS:
+                print(f"PASS {trace.path} ({result.steps_run} steps, {comparison})")
+            elif result.verdict == FAIL:
+                print(f"FAIL {render_divergence(trace, result)}")
+                worst = max(worst, 1)
+            else:
+                print(f"UNKNOWN {trace.path}: {result.detail}")
+                worst = max(worst, 2) if worst != 1 else 1
+    finally:
+        sut.close()
+    return worst
+
+
+def cmd_shrink(args: argparse.Namespace) -> int:
+    """Shrink a failing trace (ours or not) against a SUT."""
+    from conformance.adapters import make_sut
+    from conformance.replay import render_divergence, replay
+    from conformance.shrink import shrink_trace
+    from conformance.trace import read_trace, write_trace
+
+    trace = read_trace(args.trace)
+    comparison = args.comparison or trace.header.get("comparison", "strict")
+    sut = make_sut(args.sut)
+    try:
+        try:
+            result = shrink_trace(trace, sut, comparison, step_timeout=args.timeout, time_budget_s=args.budget,
+                                  on_progress=lambda m: print(m, file=sys.stderr))
+        except ValueError as exc:
+            print(f"nothing to shrink: {exc}")
+            return 0
+        out = Path(args.out) if args.out else Path(args.trace).with_suffix(".min.jsonl")
+        result.trace.path = str(out)
+        write_trace(out, result.trace)
+        print(f"{result.original_events} -> {result.num_events} events in {result.seconds:.1f} s "
+              f"({result.attempts} candidates): {out}")
+        print(render_divergence(result.trace, replay(result.trace, sut, comparison)))
+    finally:
+        sut.close()
+    return 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Re-render the reports of a run folder and print its summary."""
+    from conformance.report import load_summary, render_summary_md, write_reports
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "summary.json").exists():
+        raise UsageError(f"{run_dir}: no summary.json (is this a run folder under reports/?)")
+    summary = load_summary(run_dir)
+    write_reports(run_dir, summary)
+    print(render_summary_md(summary))
+    print(f"report: {run_dir.resolve() / 'report.html'}")
+    return 1 if summary["failed"] else 0
+
+
+def cmd_vectors(args: argparse.Namespace) -> int:
+    """Export the fixed, versioned corpus of golden traces."""
+    from conformance.vectors import export_vectors
+
+    manifest = export_vectors(Path(args.dir), profiles=args.profile or None)
+    print(f"wrote {sum(len(v) for v in manifest['profiles'].values())} trace(s), corpus version "
+          f"{manifest['corpus_version']}, to {args.dir}/ (see {args.dir}/manifest.json)")
+    return 0
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    """Run golden scenario files (datadriven) against the reference."""
+    from conformance.datadriven import run_file
+
+    worst = 0
+    for path in args.files:
+        failures = run_file(Path(path), rewrite=args.rewrite)
+        if failures:
+            worst = 1
+            print("\n\n".join(failures))
+        else:
+            print(f"{'REWROTE' if args.rewrite else 'PASS'} {path}")
+    return worst
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Build the virtual environment of a vLLM release."""
+    try:
+        from conformance.vllm_env import build_vllm_env
+    except ImportError as exc:  # pragma: no cover - part of the vLLM adapter
+        raise UsageError(f"the vLLM environment builder is not available: {exc}") from None
+    path = build_vllm_env(args.version, Path(__file__).resolve().parents[1])
+    print(f"vLLM {args.version} environment ready: {path}")
+    return 0
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    """Run the kill campaign against every mutant and print the table."""
+    from conformance.mutant_kill import kill_all, render_kill_table
+
+    rows = kill_all(args.examples, args.shrink_budget, names=args.names or None, seed=args.seed)
+    print(render_kill_table(rows))
+    return 0 if all(r.killed for r in rows) else 1
+
+
+# ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedconf",
-        description="Executable specification and conformance suite for LLM-serving schedulers.",
+        description="Executable specification and conformance suite for LLM-serving schedulers. "
+                    "Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error.",
+        epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a built-in example on the reference model and print its step table")
-    demo.add_argument("--example", default="mixed", help="which built-in example (default: mixed)")
-    demo.set_defaults(func=cmd_demo)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:  # noqa: ANN001
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    def comparison(p: argparse.ArgumentParser, default: str | None) -> None:
+        p.add_argument("--comparison", choices=["strict", "observable"], default=default,
+                       help="strict: block ids and free-queue order must match (vLLM-exact); observable: ids, "
+                            "token counts, sets and reasons, block ids up to a consistent renaming "
+                            + ("(default: the trace header's, else strict)" if default is None else f"(default: {default})"))
+
+    def timeout(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                       help="seconds a scheduler may take to answer one call (default 30)")
+
+    p = add("demo", cmd_demo, "run a built-in example and a small self-check campaign (the main job)")
+    p.add_argument("--example", default="mixed")
+    p.add_argument("--examples", type=int, default=50, help="traces in the self-check campaign (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="reports", help="where run folders go (default reports/)")
+
+    p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
+    p.add_argument("--sut", required=True, help=_sut_help())
+    p.add_argument("--profile", default="vllm-0.33", help="release profile of the expected outputs (default vllm-0.33)")
+    p.add_argument("--examples", type=int, default=100, help="number of generated traces (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed; the same seed gives the same traces")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1); see the README for several machines")
+    p.add_argument("--generator", choices=["random", "hypothesis"], default="random",
+                   help="random (default): the seeded generator, the same traces on every machine and library "
+                        "version; hypothesis: the same builder driven by Hypothesis strategies")
+    comparison(p, "strict")
+    timeout(p)
+    p.add_argument("--shrink-budget", type=float, default=60.0, metavar="S", help="seconds for shrinking failures")
+    p.add_argument("--out", default="reports", help="where the run folder goes (default reports/)")
+    p.add_argument("--run-id", default=None, help="name of the run folder (default: run-<time>-<sut>-s<seed>)")
+    p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML here")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+    p = add("generate", cmd_generate, "write N reference traces generated from a seed")
+    p.add_argument("--examples", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="vllm-0.33")
+    p.add_argument("--generator", choices=["random", "hypothesis"], default="random")
+    p.add_argument("--out", required=True, help="output folder")
+
+    p = add("replay", cmd_replay, "replay trace files against a SUT and print the first divergence")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--sut", default="reference", help=_sut_help())
+    comparison(p, None)
+    timeout(p)
+
+    p = add("shrink", cmd_shrink, "delta-debug a failing trace to a minimal one with the same kind of divergence")
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--sut", required=True, help=_sut_help())
+    p.add_argument("--out", default=None, help="where to write the minimal trace (default TRACE.min.jsonl)")
+    p.add_argument("--budget", type=float, default=120.0, metavar="S", help="seconds to spend (default 120)")
+    comparison(p, None)
+    timeout(p)
+
+    p = add("report", cmd_report, "re-render summary.md and report.html of a run folder and print the summary")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+
+    p = add("vectors", cmd_vectors, "the fixed, versioned corpus of golden traces per profile")
+    vsub = p.add_subparsers(dest="vectors_command", required=True, metavar="ACTION")
+    e = vsub.add_parser("export", help="write the corpus to DIR", description="write the corpus to DIR")
+    e.add_argument("dir", metavar="DIR")
+    e.add_argument("--profile", action="append", help="only this profile (repeatable)")
+    e.set_defaults(func=cmd_vectors)
+
+    p = add("scenario", cmd_scenario, "run golden scenario files (datadriven format) against the reference")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--rewrite", action="store_true", help="rewrite expected outputs (commit only diffs you understand)")
+
+    p = add("env", cmd_env, "build the virtual environment of a system under test")
+    esub = p.add_subparsers(dest="env_command", required=True, metavar="KIND")
+    v = esub.add_parser("vllm", help="build .venvs/vllm-VERSION from the pinned files in conformance/envs/",
+                        description="build .venvs/vllm-VERSION from the pinned files in conformance/envs/")
+    v.add_argument("version", help="0.33.0 or 0.32.0")
+    v.set_defaults(func=cmd_env)
+
+    p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it")
+    p.add_argument("names", nargs="*", help="only these mutants")
+    p.add_argument("--examples", type=int, default=2000, help="traces to try per mutant before it survives")
+    p.add_argument("--shrink-budget", type=float, default=20.0)
+    p.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from conformance.adapters import UnknownSut
+    from conformance.datadriven import ScenarioFormatError
+    from conformance.trace import TraceError
+    from spec.errors import SpecError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (TraceError, UnknownSut, UsageError, ScenarioFormatError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
 
 
 if __name__ == "__main__":

@@ -49,12 +49,29 @@ class Divergence:
     def signature(self) -> str:
         """The *kind* of divergence, independent of request ids and sizes.
 
-        Shrinking keeps a smaller trace only if its first divergence has the
-        same signature: the kind plus the names of the differing fields with
-        request ids and indices removed.
+        The divergence kind plus its most telling field (generalized: request
+        ids and list positions removed), by the order of SIGNATURE_FIELDS: a
+        wrong victim shows first as ``preempted_req_ids``, a wrong block as
+        ``block_ids``. Shrinking keeps a smaller trace only if its first
+        divergence has the same signature.
         """
-        names = sorted({_generalize(d.field) for d in self.diffs})
-        return self.kind + (":" + ",".join(names) if names else "")
+        names = {_generalize(d.field) for d in self.diffs}
+        if not names:
+            return self.kind
+        return f"{self.kind}:{min(names, key=_field_rank)}"
+
+    def section(self) -> str:
+        """A coarser signature: the kind and the top-level part of the telling field.
+
+        ``scheduler_output:scheduled_cached_reqs`` covers a wrong
+        ``num_computed_tokens`` and a wrong block of a running request alike.
+        """
+        sig = self.signature()
+        return sig.split(".")[0]
+
+    def fields(self) -> list[str]:
+        """Every differing field, generalized and sorted."""
+        return sorted({_generalize(d.field) for d in self.diffs})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,8 +81,41 @@ class Divergence:
             "kind": self.kind,
             "message": self.message,
             "signature": self.signature(),
+            "fields": self.fields(),
             "diffs": [{"field": d.field, "expected": d.expected, "actual": d.actual} for d in self.diffs],
         }
+
+
+# Most telling first: what went wrong in a divergence is named by the first
+# of these fields that differs.
+SIGNATURE_FIELDS = (
+    "error",
+    "preempted_req_ids",
+    "finished_req_ids",
+    "scheduled_new_reqs",
+    "scheduled_cached_reqs",
+    "outputs",
+    "num_scheduled_tokens",
+    "scheduled_new_reqs.num_computed_tokens",
+    "scheduled_cached_reqs.resumed",
+    "scheduled_cached_reqs.num_computed_tokens",
+    "scheduled_cached_reqs.num_output_tokens",
+    "scheduled_spec_decode_tokens",
+    "scheduled_new_reqs.num_blocks",
+    "scheduled_cached_reqs.num_blocks",
+    "scheduled_new_reqs.block_ids",
+    "scheduled_cached_reqs.new_block_ids",
+    "outputs.finish_reason",
+    "outputs.stop_reason",
+    "outputs.new_token_ids",
+    "observe.num_free_blocks",
+    "observe.free_block_queue",
+    "total_num_scheduled_tokens",
+)
+
+
+def _field_rank(name: str) -> tuple[int, str]:
+    return (SIGNATURE_FIELDS.index(name) if name in SIGNATURE_FIELDS else len(SIGNATURE_FIELDS), name)
 
 
 def _generalize(path: str) -> str:

@@ -75,7 +75,10 @@ class AbortSpec:
 
 @dataclass(frozen=True)
 class InvalidInput:
-    """A deliberately invalid input event; the reference's error code becomes its expect_error."""
+    """A deliberately invalid input event; the reference's error code becomes its expect_error.
+
+    If the reference accepts it after all, it is recorded as a valid input.
+    """
 
     event: dict[str, Any]
     at_step: int
@@ -193,15 +196,16 @@ def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
 
 def _timed_inputs(workload: Workload) -> list[tuple[int, int, object]]:
     """Every input as (at_step, order, input), in the order the loop applies them."""
+    # At one step: arrivals, then invalid inputs, then aborts.
     items: list[tuple[int, int, object]] = []
     for i, r in enumerate(workload.requests):
         items.append((r.at_step, i, r))
     base = len(workload.requests)
-    for i, a in enumerate(workload.aborts):
-        items.append((a.at_step, base + i, a))
-    base += len(workload.aborts)
     for i, v in enumerate(workload.invalid_inputs):
         items.append((v.at_step, base + i, v))
+    base += len(workload.invalid_inputs)
+    for i, a in enumerate(workload.aborts):
+        items.append((a.at_step, base + i, a))
     items.sort(key=lambda t: (t[0], t[1]))
     return items
 
@@ -233,32 +237,41 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
             sched.abort(event["request_id"])
     except InvalidEvent as exc:
         event["expect_error"] = exc.code
-        return event
-    raise WorkloadError(f"invalid input {event} was accepted by the reference")
+    # Accepted (e.g. a "duplicate" whose original a shrinker removed): it was a
+    # valid input after all and is recorded as one.
+    return event
 
 
-def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = False) -> Trace:
+def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = False,
+                 scheduler_class: type[Scheduler] = Scheduler) -> Trace:
     """Run the workload on the reference scheduler and record the trace.
 
     Inputs due at step k are applied after k steps have run. When the
-    scheduler has nothing to do, time skips to the next input. With
-    ``check`` every invariant is checked after each call.
+    scheduler has nothing to do, time skips to the next input (so idle
+    stretches produce no empty steps). With
+    ``check`` every invariant is checked after each call. ``scheduler_class``
+    swaps in a variant of the model (a mutant) to run the workload on.
     """
     from spec.invariants import check_invariants
 
-    sched = Scheduler(workload.config, workload.profile)
+    sched = scheduler_class(workload.config, workload.profile)
     observe = workload.config.num_gpu_blocks <= OBSERVE_MAX_BLOCKS
     events: list[dict[str, Any]] = []
     inputs = _timed_inputs(workload)
     next_input = 0
     steps_done = 0
+    now = 0  # steps done plus idle time skipped
     while True:
-        while next_input < len(inputs) and (inputs[next_input][0] <= steps_done or not sched.has_requests()):
+        if not sched.has_requests() and next_input < len(inputs):
+            now = max(now, inputs[next_input][0])  # nothing to do: skip to the next input
+        while next_input < len(inputs) and inputs[next_input][0] <= now:
             events.append(_apply_input(sched, inputs[next_input][2]))
             next_input += 1
             if check:
                 check_invariants(sched)
         if not sched.has_requests():
+            if next_input < len(inputs):
+                continue
             break
         if steps_done >= max_steps:
             raise WorkloadError(f"workload still running after {max_steps} steps")
@@ -283,6 +296,7 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
             "expect": {"outputs": [o.to_canonical() for o in outputs]},
         })
         steps_done += 1
+        now += 1
     extra = {"description": workload.description} if workload.description else {}
     header = make_header(workload.config.to_dict(), workload.profile, workload.seed, workload.origin, **extra)
     return Trace(header=header, events=events)

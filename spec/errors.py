@@ -76,3 +76,45 @@ def require(condition: bool, error: type[SpecError], code: str, message: str, **
     """
     if not condition:
         raise error(code, message, **context)
+
+
+# Every stable error code, with what it means. FORMAT.md's table is generated
+# from this; a test checks that each code the model raises is listed here.
+ERROR_CODES: dict[str, str] = {
+    # input events
+    "duplicate_request_id": "add_request with the id of a live request",
+    "empty_prompt": "add_request without prompt tokens",
+    "prompt_too_long": "a prompt of max_model_len tokens or more (no room to generate one token)",
+    "invalid_max_tokens": "max_tokens < 1",
+    "invalid_min_tokens": "min_tokens outside [0, max_tokens]",
+    "invalid_token_id": "a token id that is not a non-negative integer",
+    "invalid_request_id": "an empty request id",
+    "invalid_field_type": "an add_request field of the wrong type",
+    "unknown_request_id": "abort of an id that was never added",
+    "output_not_processed": "schedule() while the previous step's model output is missing",
+    "unexpected_model_output": "model output without a pending step",
+    "bad_num_sampled_tokens": "a request completing its sequence must sample 1 + accepted drafts tokens, a prefill chunk none",
+    "unscheduled_model_output": "sampled tokens for a request not scheduled this step",
+    "unscheduled_draft_tokens": "draft tokens for a request not scheduled this step",
+    "too_many_draft_tokens": "more draft tokens than num_spec_tokens",
+    "drafts_without_spec_decode": "draft tokens while num_spec_tokens is 0",
+    # configuration
+    "invalid_config_type": "a config field of the wrong type",
+    "unknown_config_field": "a config field the model does not know",
+    "unknown_profile": "a release profile that does not exist",
+    "invalid_block_size": "block_size < 1",
+    "invalid_num_gpu_blocks": "num_gpu_blocks < 2 (block 0 is the null block)",
+    "invalid_token_budget": "max_num_batched_tokens < 1",
+    "invalid_max_num_seqs": "max_num_seqs < 1",
+    "invalid_max_model_len": "max_model_len < 1",
+    "invalid_threshold": "long_prefill_token_threshold < 0",
+    "invalid_num_spec_tokens": "num_spec_tokens < 0",
+    "invalid_num_lookahead_tokens": "num_lookahead_tokens < 0",
+    "invalid_policy": "a policy other than fcfs or priority",
+    "budget_below_max_model_len": "chunked prefill off and max_num_batched_tokens < max_model_len",
+    "pool_below_max_model_len": "the usable blocks cannot hold one max_model_len sequence",
+    "threshold_below_spec_tokens": "a long-prefill threshold that would cut a padded spec-decode admission",
+    # protocol only
+    "unsupported": "(protocol, init) the scheduler cannot run this config or profile: verdict unknown",
+    "internal": "(protocol) an unexpected failure inside the scheduler: recorded as a failure",
+}

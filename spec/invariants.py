@@ -22,9 +22,11 @@ from spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, WAITING, ConcreteView
 
 
 def inv_token_budget(s: Any, o: Any) -> Any:
-    """A step schedules at most max_num_batched_tokens tokens, and its total is the sum of the per-request counts."""
+    """A step schedules at most max_num_batched_tokens tokens, its total is the sum of the per-request counts, and the budget left accounts for the rest."""
     return o.and_(
         o.le(s.total_num_scheduled_tokens, s.max_num_batched_tokens),
+        o.le(0, s.remaining_token_budget),
+        o.eq(s.total_num_scheduled_tokens + s.remaining_token_budget, s.max_num_batched_tokens),
         o.eq(o.sum(s.num_scheduled_tokens(r) for r in s.requests), s.total_num_scheduled_tokens),
         o.eq(s.scheduled_ids_not_live, 0),
     )

@@ -88,6 +88,8 @@ class StepRecord:
     preemptions: tuple[PreemptionRecord, ...]
     samples: dict[str, bool]
     """Per scheduled request: does this step reach the end of its sequence (and so sample)?"""
+    remaining_token_budget: int
+    """The token budget left when the step was decided."""
 
 
 class Scheduler:
@@ -253,6 +255,7 @@ class Scheduler:
             output=output,
             preemptions=tuple(st.preemptions),
             samples={rid: not self.requests[rid].is_prefill_chunk for rid in output.num_scheduled_tokens},
+            remaining_token_budget=st.token_budget,
         )
         self._count_step(st, output)
         return output
@@ -333,8 +336,10 @@ class Scheduler:
             if self.policy == "priority":
                 req_index = self._remove_priority_victim(st, victim, req_index)
             else:
-                # The tail is never behind the cursor: nothing to repair.
-                self.running.pop()
+                # The FCFS victim is the tail, never behind the cursor: nothing
+                # to repair. (vLLM pops the tail; removing the chosen victim is
+                # the same and keeps a wrong choice visible to the checks.)
+                self.running.remove(victim)
             self._preempt_request(victim)
             st.preempted_reqs.append(victim)
             if victim is request:

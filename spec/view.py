@@ -46,6 +46,10 @@ class ConcreteView:
         # Scheduled counts describe the step only between schedule() and update.
         self._scheduled = dict(pending.num_scheduled_tokens) if pending is not None else {}
         self.total_num_scheduled_tokens = pending.total_num_scheduled_tokens if pending is not None else 0
+        last = scheduler.last_step
+        self.remaining_token_budget = (
+            last.remaining_token_budget if pending is not None and last is not None else cfg.max_num_batched_tokens
+        )
 
         self.blocks = [b.block_id for b in pool.blocks if not b.is_null]
         self.null_block = pool.null_block.block_id

@@ -33,6 +33,7 @@ def describe_suts() -> str:
         "reference (the spec itself); "
         "stdio:'CMD ARGS' (a subprocess speaking PROTOCOL.md); "
         "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest); "
+        "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
         + "; ".join(sorted(n for n in ADAPTERS if n != "reference"))
     )
 
@@ -61,5 +62,11 @@ def make_sut(name: str) -> SchedulerUnderTest:
     raise UnknownSut(f"unknown --sut {name!r}; known: {describe_suts()}")
 
 
+def _mutant(name: str) -> SchedulerUnderTest:
+    from conformance.mutants import make_mutant_sut
+
+    return make_mutant_sut(name)
+
+
 # name prefix -> factory(name); e.g. "vllm-v1@" -> the vLLM adapter.
-ADAPTER_PREFIXES: dict[str, Callable[[str], SchedulerUnderTest]] = {}
+ADAPTER_PREFIXES: dict[str, Callable[[str], SchedulerUnderTest]] = {"mutant:": _mutant}

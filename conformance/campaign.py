@@ -1,0 +1,372 @@
+"""Campaigns: generate many workloads, replay each against a SUT, shrink every failure.
+
+A campaign is deterministic given its seed: the workloads are drawn first (by
+the Hypothesis strategy, or by the seeded PRNG generator), then replayed,
+in parallel with ``jobs`` worker processes, each holding its own SUT. Every
+failing trace is saved, then shrunk (distinct kinds of divergence first)
+within a time budget. Everything lands in ``reports/<run-id>/``:
+``summary.json`` (rewritten atomically as the run goes, so a crash or Ctrl-C
+leaves a valid one), ``summary.md``, ``report.html``, ``failures/`` (original
+and minimal traces) and, on request, a JUnit XML file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from conformance.replay import FAIL, PASS, UNKNOWN, ReplayResult, render_divergence, replay
+from conformance.trace import Trace, parse_trace_text, render_trace, write_atomic
+from conformance.workload import Workload, WorkloadError, run_workload
+
+
+@dataclass
+class CampaignSpec:
+    """What to run."""
+
+    sut: str
+    profile: str = "vllm-0.33"
+    examples: int = 100
+    seed: int = 0
+    jobs: int = 1
+    comparison: str = "strict"
+    generator: str = "random"
+    step_timeout: float | None = 30.0
+    shrink_budget_s: float = 60.0
+    out_dir: str = "reports"
+    run_id: str | None = None
+    junit_xml: str | None = None
+    quiet: bool = False
+
+
+@dataclass
+class TraceOutcome:
+    """One trace's result, small enough to send between processes."""
+
+    index: int
+    verdict: str
+    steps: int
+    events: int
+    trace_text: str = ""
+    divergence: dict[str, Any] | None = None
+    report: str = ""
+    features: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------ generation
+
+def generate_workloads(spec: CampaignSpec) -> list[Workload]:
+    """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``."""
+    if spec.generator == "random":
+        from conformance.generate import random_workload
+
+        return [random_workload(spec.seed * 1_000_003 + i, spec.profile) for i in range(spec.examples)]
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from conformance.generate import workloads
+
+    drawn: list[Workload] = []
+
+    @hypothesis_seed(spec.seed)
+    @settings(max_examples=spec.examples, phases=[Phase.generate], database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), derandomize=False)
+    @given(workloads(spec.profile))
+    def draw(workload: Workload) -> None:
+        drawn.append(workload)
+
+    draw()
+    # Hypothesis may stop short of max_examples; top up from the PRNG generator.
+    if len(drawn) < spec.examples:
+        from conformance.generate import random_workload
+
+        drawn.extend(random_workload(spec.seed * 1_000_003 + i, spec.profile)
+                     for i in range(len(drawn), spec.examples))
+    return [w.replace(seed=spec.seed, origin=f"{spec.generator}#{i}") for i, w in enumerate(drawn)]
+
+
+# ---------------------------------------------------------------- workers
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(spec: CampaignSpec) -> None:
+    from conformance.adapters import make_sut
+
+    _WORKER["spec"] = spec
+    _WORKER["sut"] = make_sut(spec.sut)
+
+
+def features_of(trace: Trace) -> list[str]:
+    """The hard cases a trace reaches (for coverage shares in the summary)."""
+    out = set()
+    cfg = trace.config
+    for e in trace.events:
+        if "expect_error" in e:
+            out.add("invalid_input")
+        if e["kind"] == "abort" and "expect_error" not in e:
+            out.add("abort")
+        if e["kind"] != "step" or "expect" not in e:
+            continue
+        x = e["expect"]
+        if x["preempted_req_ids"]:
+            out.add("preemption")
+        if any(r["num_computed_tokens"] for r in x["scheduled_new_reqs"]):
+            out.add("prefix_hit")
+        if x["total_num_scheduled_tokens"] == cfg["max_num_batched_tokens"]:
+            out.add("budget_exhausted")
+        if x["scheduled_spec_decode_tokens"]:
+            out.add("spec_decode")
+        if any(c["resumed"] for c in x["scheduled_cached_reqs"]):
+            out.add("resume")
+    return sorted(out)
+
+
+def run_one(index: int, workload: Workload) -> TraceOutcome:
+    """Generate one trace with the reference and replay it on the worker's SUT."""
+    spec: CampaignSpec = _WORKER["spec"]
+    sut = _WORKER["sut"]
+    try:
+        trace = run_workload(workload)
+    except WorkloadError as exc:
+        return TraceOutcome(index=index, verdict="discarded", steps=0, events=0, report=str(exc))
+    trace.path = f"trace-{index}"
+    result: ReplayResult = replay(trace, sut, spec.comparison, step_timeout=spec.step_timeout)
+    outcome = TraceOutcome(index=index, verdict=result.verdict, steps=trace.num_steps(), events=len(trace.events),
+                           features=features_of(trace))
+    if result.verdict != PASS or index == 0:
+        outcome.trace_text = render_trace(trace)  # failures, and one sample for the report
+        outcome.divergence = result.divergence.to_dict() if result.divergence else None
+        try:
+            outcome.report = render_divergence(trace, result)
+        except Exception:  # noqa: BLE001 - the report must not lose the failure
+            outcome.report = (result.detail or "") + traceback.format_exc()
+        if result.verdict == UNKNOWN:
+            outcome.report = result.detail
+    return outcome
+
+
+# ---------------------------------------------------------------- running
+
+def make_run_id(spec: CampaignSpec) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in spec.sut)[:40]
+    return f"run-{stamp}-{safe}-s{spec.seed}"
+
+
+class Progress:
+    """A one-line progress display on stderr: done, failures, rate, time left."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int, failures: int, force: bool = False) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < (0.5 if self.tty else 10.0):
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done / elapsed
+        eta = (self.total - done) / rate if rate > 0 else 0.0
+        line = (f"[{done:>{len(str(self.total))}}/{self.total}] {100 * done // max(self.total, 1):3d}%  "
+                f"{failures} failure(s)  {rate:6.1f} traces/s  eta {eta:5.0f}s")
+        sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if not self.quiet and self.tty:
+            sys.stderr.write("\n")
+
+
+def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run a campaign; return its summary (also written to ``reports/<run-id>/``)."""
+    say = on_event or (lambda msg: None if spec.quiet else print(msg, file=sys.stderr))
+    run_id = spec.run_id or make_run_id(spec)
+    run_dir = Path(spec.out_dir) / run_id
+    (run_dir / "failures").mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    summary: dict[str, Any] = {
+        "run_id": run_id, "run_dir": str(run_dir), "spec": asdict(spec), "status": "running",
+        "examples_requested": spec.examples, "examples_run": 0, "passed": 0, "failed": 0, "unknown": 0,
+        "discarded": 0, "interrupted": False, "failures": [], "unknowns": [], "features": {},
+        "command": " ".join(sys.argv),
+    }
+    _write_summary(run_dir, summary)
+    say(f"campaign {run_id}: {spec.examples} trace(s), sut={spec.sut}, profile={spec.profile}, "
+        f"comparison={spec.comparison}, seed={spec.seed}, jobs={spec.jobs}")
+    workloads = generate_workloads(spec)
+    summary["generation_s"] = round(time.monotonic() - t0, 3)
+    progress = Progress(len(workloads), spec.quiet)
+    outcomes: list[TraceOutcome] = []
+    failures: list[TraceOutcome] = []
+    executor: cf.Executor | None = None
+    try:
+        if spec.jobs <= 1:
+            _init_worker(spec)
+            stream = (run_one(i, w) for i, w in enumerate(workloads))
+        else:
+            executor = cf.ProcessPoolExecutor(max_workers=spec.jobs, initializer=_init_worker, initargs=(spec,))
+            futures = [executor.submit(run_one, i, w) for i, w in enumerate(workloads)]
+            stream = (f.result() for f in cf.as_completed(futures))
+        for outcome in stream:
+            outcomes.append(outcome)
+            _account(summary, outcome, run_dir, failures)
+            progress.update(len(outcomes), summary["failed"])
+            if outcome.verdict == FAIL and len(failures) <= 3:
+                _write_summary(run_dir, summary)
+    except KeyboardInterrupt:
+        summary["interrupted"] = True
+        say("\ninterrupted: writing the report of what was found so far")
+    except Exception as exc:  # noqa: BLE001 - a harness error still leaves a report
+        summary["harness_error"] = f"{type(exc).__name__}: {exc}"
+        summary["harness_traceback"] = traceback.format_exc()
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        progress.update(len(outcomes), summary["failed"], force=True)
+        progress.finish()
+    summary["replay_s"] = round(time.monotonic() - t0 - summary["generation_s"], 3)
+    if failures and not summary["interrupted"]:
+        try:
+            _shrink_failures(spec, summary, failures, run_dir, say)
+        except KeyboardInterrupt:
+            summary["interrupted"] = True
+    _finish(summary, outcomes, t0)
+    _write_summary(run_dir, summary)
+    from conformance.report import write_reports
+
+    write_reports(run_dir, summary)
+    if spec.junit_xml:
+        from conformance.junit import write_junit
+
+        write_junit(spec.junit_xml, summary, outcomes)
+    return summary
+
+
+def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, failures: list[TraceOutcome]) -> None:
+    summary["examples_run"] += 1
+    if outcome.index == 0 and outcome.trace_text:
+        write_atomic(run_dir / "sample.jsonl", outcome.trace_text)
+    for feature in outcome.features:
+        summary["features"][feature] = summary["features"].get(feature, 0) + 1
+    if outcome.verdict == PASS:
+        summary["passed"] += 1
+    elif outcome.verdict == "discarded":
+        summary["discarded"] += 1
+    elif outcome.verdict == UNKNOWN:
+        summary["unknown"] += 1
+        if len(summary["unknowns"]) < 20:
+            summary["unknowns"].append({"index": outcome.index, "reason": outcome.report})
+    else:
+        summary["failed"] += 1
+        failures.append(outcome)
+        name = f"trace-{outcome.index:05d}"
+        write_atomic(run_dir / "failures" / f"{name}.jsonl", outcome.trace_text)
+        write_atomic(run_dir / "failures" / f"{name}.txt", outcome.report + "\n")
+        div = outcome.divergence or {}
+        summary["failures"].append({
+            "index": outcome.index, "trace_file": f"failures/{name}.jsonl", "report_file": f"failures/{name}.txt",
+            "events": outcome.events, "signature": div.get("signature", "?"), "section": _section(div),
+            "step": div.get("step"), "message": div.get("message", ""), "shrunk_file": None, "shrunk_events": None,
+        })
+
+
+def _section(div: dict[str, Any]) -> str:
+    return str(div.get("signature", "?")).split(".")[0]
+
+
+def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list[TraceOutcome], run_dir: Path,
+                     say: Callable[[str], None]) -> None:
+    """Shrink failures, one of each kind first, until the time budget is spent."""
+    from conformance.adapters import make_sut
+    from conformance.shrink import shrink_trace
+
+    sut = make_sut(spec.sut)
+    deadline = time.monotonic() + spec.shrink_budget_s
+    seen: set[str] = set()
+    by_index = {f["index"]: f for f in summary["failures"]}
+    order = sorted(failures, key=lambda o: (_section(o.divergence or {}) in seen, o.index))
+    first_of_kind = []
+    for o in order:
+        sec = _section(o.divergence or {})
+        if sec not in seen:
+            seen.add(sec)
+            first_of_kind.append(o)
+    rest = [o for o in failures if o not in first_of_kind]
+    try:
+        for o in first_of_kind + rest:
+            left = deadline - time.monotonic()
+            if left <= 1:
+                break
+            entry = by_index[o.index]
+            trace = parse_trace_text(o.trace_text, entry["trace_file"])
+            try:
+                result = shrink_trace(trace, sut, spec.comparison, step_timeout=spec.step_timeout,
+                                      time_budget_s=min(left, max(10.0, spec.shrink_budget_s / 3)))
+            except ValueError as exc:
+                entry["shrink_error"] = str(exc)
+                continue
+            name = f"trace-{o.index:05d}.min.jsonl"
+            result.trace.path = str(run_dir / "failures" / name)
+            write_atomic(run_dir / "failures" / name, render_trace(result.trace))
+            entry.update(shrunk_file=f"failures/{name}", shrunk_events=result.num_events,
+                         shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2))
+            from conformance.replay import replay as _replay
+
+            detail = render_divergence(result.trace, _replay(result.trace, sut, spec.comparison))
+            write_atomic(run_dir / "failures" / f"trace-{o.index:05d}.min.txt", detail + "\n")
+            say(f"shrunk failure #{o.index} ({entry['signature']}): {entry['events']} -> {result.num_events} events")
+            _write_summary(run_dir, summary)
+    finally:
+        sut.close()
+
+
+def _finish(summary: dict[str, Any], outcomes: list[TraceOutcome], t0: float) -> None:
+    duration = time.monotonic() - t0
+    summary["duration_s"] = round(duration, 3)
+    run = summary["examples_run"]
+    summary["traces_per_s"] = round(run / summary["replay_s"], 2) if summary.get("replay_s") else None
+    summary["steps_run"] = sum(o.steps for o in outcomes)
+    summary["feature_shares"] = {k: round(v / run, 3) for k, v in sorted(summary["features"].items())} if run else {}
+    if summary.get("harness_error"):
+        summary["status"] = "harness_error"
+    elif summary["failed"]:
+        summary["status"] = "fail"
+    elif summary["interrupted"]:
+        summary["status"] = "interrupted"
+    elif run and summary["unknown"] == run:
+        summary["status"] = "unknown"
+    else:
+        summary["status"] = "pass"
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """0 pass, 1 conformance failure, 2 harness error or nothing conclusive, 130 interrupted."""
+    if summary["failed"]:
+        return 1
+    if summary.get("harness_error") or summary["status"] == "unknown":
+        return 2
+    if summary["interrupted"]:
+        return 130
+    return 0
+
+
+def default_jobs() -> int:
+    return max(1, (os.cpu_count() or 1))

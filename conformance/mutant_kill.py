@@ -1,0 +1,204 @@
+"""The kill campaign: every mutant must be caught, and its failure shrunk small.
+
+For each mutant, generated workloads (the seeded generator of
+conformance/generate.py under the mutant's profile: the same workloads on
+every machine and Hypothesis version) are tried in order until one kills it,
+by either check:
+
+* ``differential``: the trace made by the reference, replayed on the mutant
+  (strict comparison), diverges;
+* ``invariant <name>``: the mutant, run on the workload by itself, breaks an
+  invariant of spec/invariants.py.
+
+The first few failures are shrunk and the smallest is kept. Reported per
+mutant: which check killed it, seconds to the first kill, traces tried, and
+the event count of the minimal trace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from conformance.compare import Divergence
+from conformance.mutants import MUTANTS, Mutant, MutantSut
+from conformance.replay import PASS, replay
+from conformance.shrink import ShrinkResult, cut_after_divergence, shrink_trace, shrink_workload
+from conformance.trace import Trace
+from conformance.workload import Workload, WorkloadError, run_workload
+from spec.errors import InvariantViolation
+
+
+@dataclass
+class KillRow:
+    mutant: str
+    bug: str
+    killed: bool
+    killed_by: str = "-"
+    seconds_to_kill: float | None = None
+    traces_tried: int = 0
+    traces_to_kill: int | None = None
+    shrunk_events: int | None = None
+    minimal_trace: Trace | None = None
+
+
+class _Enough(Exception):
+    """Raised inside the Hypothesis loop once enough failures are collected."""
+
+
+def for_each_workload(profile: str, n: int, seed: int, visit) -> None:  # noqa: ANN001
+    """Call ``visit(workload)`` on up to ``n`` generated workloads, streaming; stop when it returns True."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from conformance.generate import workloads
+
+    done = False
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(workloads(profile))
+    def body(workload: Workload) -> None:
+        nonlocal done
+        if done:
+            raise _Enough  # Hypothesis replays the last example once; do not visit it twice
+        if visit(workload):
+            done = True
+            raise _Enough
+
+    try:
+        body()
+    except _Enough:
+        pass
+
+
+def invariant_probe(mutant: Mutant, invariant: str):  # noqa: ANN201
+    """A shrink probe: the mutant run by itself breaks ``invariant``."""
+
+    def probe(workload: Workload) -> tuple[Trace, Divergence] | None:
+        try:
+            run_workload(workload, max_steps=2_000, check=True, scheduler_class=mutant.scheduler_class)
+        except InvariantViolation as exc:
+            if exc.invariant != invariant:
+                return None
+            try:
+                trace = run_workload(workload, max_steps=2_000)
+            except Exception:  # noqa: BLE001
+                return None
+            # The violation shows at the mutant's step ``exc.step``: keep the
+            # reference trace up to the end of that step.
+            events, steps = [], 0
+            for e in trace.events:
+                events.append(e)
+                if e["kind"] == "step":
+                    steps += 1
+                if steps >= exc.step and e["kind"] == "step":
+                    break
+            div = Divergence(event_index=len(events) - 1, line=len(events) + 1, step=exc.step,
+                             kind="invariant", message=exc.message)
+            return Trace(header=dict(trace.header), events=events), div
+        except Exception:  # noqa: BLE001 - any other crash is not this kill
+            return None
+        return None
+
+    return probe
+
+
+def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 0, max_failures: int = 5) -> KillRow:
+    """Try workloads until the mutant is killed; shrink up to ``max_failures`` of its failures."""
+    sut = MutantSut(mutant)
+    row = KillRow(mutant=mutant.name, bug=mutant.bug, killed=False)
+    t0 = time.monotonic()
+    failures: list[tuple[str, object]] = []
+
+    def visit(workload: Workload) -> bool:
+        row.traces_tried += 1
+        try:
+            trace = run_workload(workload)
+        except WorkloadError:
+            return False
+        result = replay(trace, sut, "strict")
+        if result.verdict != PASS and result.divergence is not None:
+            failures.append(("differential " + result.divergence.section(), trace))
+        elif _reference_keeps_invariants(workload):
+            # Only a violation the reference itself does not commit counts
+            # (vllm-0.11 breaks some invariants by design).
+            try:
+                run_workload(workload, check=True, scheduler_class=mutant.scheduler_class)
+            except InvariantViolation as exc:
+                failures.append((f"invariant {exc.invariant}", workload))
+            except Exception as exc:  # noqa: BLE001
+                failures.append((f"crash {type(exc).__name__}", workload))
+        if failures and row.seconds_to_kill is None:
+            row.seconds_to_kill = round(time.monotonic() - t0, 3)
+            row.traces_to_kill = row.traces_tried
+            row.killed = True
+            row.killed_by = failures[0][0]
+        return len(failures) >= max_failures
+
+    from conformance.generate import random_workload
+
+    for i in range(examples):
+        if visit(random_workload(seed * 1_000_003 + i, mutant.profile)):
+            break
+    best: ShrinkResult | None = None
+    deadline = time.monotonic() + shrink_budget_s
+
+    def size(item: object) -> int:
+        if isinstance(item, Trace):
+            return len(item.events)
+        return sum(len(r.prompt_token_ids) + r.max_tokens for r in item.requests)  # type: ignore[attr-defined]
+
+    # Smallest failures first; stop once one shrinks to the 10-event target.
+    queue = sorted(failures, key=lambda f: size(f[1]))
+    for n, (kind, item) in enumerate(queue):
+        left = deadline - time.monotonic()
+        if left <= 0.5:
+            break
+        share = left
+        try:
+            if isinstance(item, Trace):
+                res = shrink_trace(item, sut, "strict", time_budget_s=share)
+            elif kind.startswith("invariant "):
+                res = shrink_workload(item, invariant_probe(mutant, kind.split()[1]), time_budget_s=share)
+            else:
+                continue
+        except ValueError:
+            continue
+        if best is None or res.num_events < best.num_events:
+            best = res
+        if best.num_events <= 10:
+            break  # small enough: the target of the project
+    if best is not None:
+        row.shrunk_events = best.num_events
+        row.minimal_trace = best.trace
+    return row
+
+
+def _reference_keeps_invariants(workload: Workload) -> bool:
+    try:
+        run_workload(workload, check=True)
+    except InvariantViolation:
+        return False
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def kill_all(examples: int = 2000, shrink_budget_s: float = 20.0, names: list[str] | None = None,
+             seed: int = 0) -> list[KillRow]:
+    return [kill_one(MUTANTS[n], examples, shrink_budget_s, seed) for n in (names or list(MUTANTS))]
+
+
+def render_kill_table(rows: list[KillRow]) -> str:
+    lines = ["| mutant | real bug | killed by | time to kill | traces to kill | shrunk trace (events) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        t = f"{r.seconds_to_kill:.2f} s" if r.seconds_to_kill is not None else "SURVIVED"
+        lines.append(f"| `{r.mutant}` | {r.bug} | {r.killed_by} | {t} | {r.traces_to_kill or r.traces_tried} "
+                     f"| {r.shrunk_events or '-'} |")
+    return "\n".join(lines)
+
+
+_ = cut_after_divergence  # re-exported for tests

@@ -1,0 +1,147 @@
+"""A pytest plugin: conformance tests in a scheduler's own test suite.
+
+Installed with schedconf (entry point ``pytest11``); it does nothing unless
+``--schedconf-sut`` is given::
+
+    pytest --schedconf-sut="stdio:./my-scheduler --serve" --schedconf-examples=200
+    pytest --schedconf-sut=module:mypkg.adapter:make_sut -n 4          # local cores (pytest-xdist)
+    pytest --schedconf-sut=... -d --tx ssh=user@hostA//python=python3 --tx ssh=user@hostB//python=python3 \\
+           --rsyncdir mypkg                                           # several machines (xdist remote hosts)
+
+It adds one test item per trace of the golden corpus for the chosen profile
+and one item per campaign shard (``--schedconf-shard-size`` generated traces
+each, drawn from ``--schedconf-seed`` by index, so every xdist worker and
+every host collects the same items). A failing item reports the first
+divergence, the path of the saved failing trace and of its shrunk version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("schedconf", "scheduler conformance (schedconf)")
+    group.addoption("--schedconf-sut", default=None, metavar="SUT",
+                    help="run conformance items against this scheduler (same names as `schedconf run --sut`)")
+    group.addoption("--schedconf-profile", default="vllm-0.33", help="release profile (default vllm-0.33)")
+    group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable"])
+    group.addoption("--schedconf-examples", type=int, default=100, help="generated traces (default 100; 0: corpus only)")
+    group.addoption("--schedconf-seed", type=int, default=0)
+    group.addoption("--schedconf-shard-size", type=int, default=25)
+    group.addoption("--schedconf-no-corpus", action="store_true", help="skip the golden corpus items")
+    group.addoption("--schedconf-corpus-filter", default=None, metavar="K=V,...",
+                    help="only corpus traces whose manifest entry matches, e.g. prefix_caching=false")
+    group.addoption("--schedconf-out", default="reports/pytest", help="where failing traces are saved")
+
+
+def _matches(entry: dict[str, Any], spec: str | None) -> bool:
+    if not spec:
+        return True
+    for cond in spec.split(","):
+        key, _, value = cond.partition("=")
+        if str(entry.get(key.strip())).lower() != value.strip().lower():
+            return False
+    return True
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    sut = config.getoption("--schedconf-sut")
+    if not sut:
+        return
+    from conformance.vectors import iter_corpus
+
+    profile = config.getoption("--schedconf-profile")
+    if not config.getoption("--schedconf-no-corpus"):
+        for prof, path, entry in iter_corpus(profile):
+            if _matches(entry, config.getoption("--schedconf-corpus-filter")):
+                items.append(CorpusItem.from_parent(session, name=f"schedconf-corpus[{prof}/{path.stem}]", path_=path))
+    n = config.getoption("--schedconf-examples")
+    size = max(1, config.getoption("--schedconf-shard-size"))
+    for start in range(0, n, size):
+        items.append(ShardItem.from_parent(session, name=f"schedconf-campaign[{start}-{min(n, start + size) - 1}]",
+                                           start=start, stop=min(n, start + size)))
+
+
+class _SchedconfItem(pytest.Item):
+    """Shared: the SUT (one per worker process) and failure handling."""
+
+    _suts: dict[str, Any] = {}
+
+    def sut(self) -> Any:
+        from conformance.adapters import make_sut
+
+        name = self.config.getoption("--schedconf-sut")
+        if name not in self._suts:
+            self._suts[name] = make_sut(name)
+        return self._suts[name]
+
+    def check(self, trace: Any, label: str) -> None:
+        from conformance.replay import FAIL, UNKNOWN, render_divergence, replay
+        from conformance.shrink import shrink_trace
+        from conformance.trace import write_trace
+
+        comparison = self.config.getoption("--schedconf-comparison")
+        result = replay(trace, self.sut(), comparison)
+        if result.verdict == UNKNOWN:
+            pytest.skip(f"verdict unknown: {result.detail}")
+        if result.verdict != FAIL:
+            return
+        out = Path(self.config.getoption("--schedconf-out"))
+        saved = out / f"{label}.jsonl"
+        write_trace(saved, trace)
+        message = render_divergence(trace, result)
+        try:
+            shrunk = shrink_trace(trace, self.sut(), comparison, time_budget_s=30)
+            minimal = out / f"{label}.min.jsonl"
+            write_trace(minimal, shrunk.trace)
+            message += f"\n\nminimal trace ({shrunk.num_events} events): {minimal}"
+        except ValueError:
+            pass
+        raise SchedconfFailure(f"failing trace: {saved}\n{message}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, SchedconfFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.name
+
+
+class SchedconfFailure(Exception):
+    """A conformance failure: the message is the divergence report."""
+
+
+class CorpusItem(_SchedconfItem):
+    def __init__(self, *, path_: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.trace_path = path_
+
+    def runtest(self) -> None:
+        from conformance.trace import read_trace
+
+        self.check(read_trace(self.trace_path), f"corpus-{self.trace_path.parent.name}-{self.trace_path.stem}")
+
+
+class ShardItem(_SchedconfItem):
+    def __init__(self, *, start: int, stop: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start, self.stop = start, stop
+
+    def runtest(self) -> None:
+        from conformance.generate import random_workload
+        from conformance.workload import WorkloadError, run_workload
+
+        seed = self.config.getoption("--schedconf-seed")
+        profile = self.config.getoption("--schedconf-profile")
+        for index in range(self.start, self.stop):
+            try:
+                trace = run_workload(random_workload(seed * 1_000_003 + index, profile))
+            except WorkloadError:
+                continue
+            trace.path = f"campaign-s{seed}-{index:05d}"
+            self.check(trace, trace.path)

@@ -1,0 +1,42 @@
+"""Docs generated from their single sources stay current; every error code is documented."""
+
+import ast
+from pathlib import Path
+
+from conformance.format_doc import render_format_md
+from spec.errors import ERROR_CODES
+
+ROOT = Path(__file__).parents[2]
+
+
+def _codes_raised_in(folder: Path) -> set[str]:
+    codes = set()
+    for path in folder.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+                args = node.args
+                if name == "require" and len(args) >= 3 and isinstance(args[2], ast.Constant):
+                    codes.add(args[2].value)
+                if name in ("InvalidEvent", "InvalidConfig") and args and isinstance(args[0], ast.Constant):
+                    codes.add(args[0].value)
+    return codes
+
+
+def test_every_raised_code_is_in_the_table():
+    raised = _codes_raised_in(ROOT / "spec") | _codes_raised_in(ROOT / "conformance")
+    assert raised, "the scan found no codes"
+    assert raised <= set(ERROR_CODES), sorted(raised - set(ERROR_CODES))
+
+
+def test_format_md_is_generated_from_the_schema():
+    assert (ROOT / "conformance" / "FORMAT.md").read_text() == render_format_md(), (
+        "regenerate: python -m conformance.format_doc > conformance/FORMAT.md")
+
+
+def test_protocol_md_lists_the_input_codes():
+    text = (ROOT / "conformance" / "PROTOCOL.md").read_text()
+    for code in ("duplicate_request_id", "empty_prompt", "prompt_too_long", "unknown_request_id",
+                 "bad_num_sampled_tokens", "unsupported", "internal"):
+        assert f"`{code}`" in text, code

@@ -1,0 +1,115 @@
+"""The trace reader: clear errors with file, line and field; never a traceback; fuzzed."""
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from conformance.examples import example_mixed
+from conformance.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace
+from conformance.workload import run_workload
+
+
+@pytest.fixture(scope="module")
+def valid_text():
+    return render_trace(run_workload(example_mixed()))
+
+
+def test_roundtrip(tmp_path, valid_text):
+    trace = parse_trace_text(valid_text, "x")
+    write_trace(tmp_path / "t.jsonl", trace)
+    again = read_trace(tmp_path / "t.jsonl")
+    assert render_trace(again) == valid_text
+    # canonical lines: sorted keys, no spaces
+    first = valid_text.splitlines()[1]
+    assert first == json.dumps(json.loads(first), sort_keys=True, separators=(",", ":"))
+
+
+def _lines(text):
+    return text.splitlines()
+
+
+def test_error_names_file_line_and_field(tmp_path, valid_text):
+    lines = _lines(valid_text)
+    event = json.loads(lines[2])
+    event["max_tokens"] = "four"  # line 3 is the second add_request of the built-in example
+    assert event["kind"] == "add_request"
+    lines[2] = json.dumps(event)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines))
+    with pytest.raises(TraceError) as e:
+        read_trace(path)
+    assert e.value.line == 3 and e.value.field == "max_tokens"
+    assert str(path) in str(e.value) and "integer" in str(e.value)
+
+
+def test_unknown_version_refused(valid_text):
+    lines = _lines(valid_text)
+    header = json.loads(lines[0])
+    header["version"] = 2
+    with pytest.raises(TraceError) as e:
+        parse_trace_text("\n".join([json.dumps(header)] + lines[1:]), "v2.jsonl")
+    assert e.value.field == "version" and "version 1" in str(e.value)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda e: e.update(kind="teleport"), "kind"),
+    (lambda e: e.update(extra_field=1), "extra_field"),
+    (lambda e: e.pop("request_id"), "request_id"),
+])
+def test_structural_errors(valid_text, mutate, field):
+    lines = _lines(valid_text)
+    event = json.loads(lines[1])
+    mutate(event)
+    lines[1] = json.dumps(event)
+    with pytest.raises(TraceError) as e:
+        parse_trace_text("\n".join(lines), "t")
+    assert e.value.line == 2 and e.value.field == field
+
+
+def test_floats_and_bad_json_and_empty(valid_text):
+    lines = _lines(valid_text)
+    with pytest.raises(TraceError) as e:
+        parse_trace_text("\n".join([lines[0], lines[1].replace('"priority":0', '"priority":0.5')]), "t")
+    assert "float" in str(e.value)
+    with pytest.raises(TraceError) as e:
+        parse_trace_text(lines[0] + "\n{not json", "t")
+    assert e.value.line == 2
+    with pytest.raises(TraceError):
+        parse_trace_text("", "t")
+    with pytest.raises(TraceError) as e:
+        parse_trace_text(lines[1], "t")  # no header first
+    assert e.value.line == 1 and e.value.field == "kind"
+
+
+@given(st.binary(max_size=400))
+def test_fuzz_random_bytes_only_trace_errors(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    path.write_bytes(data)
+    try:
+        read_trace(path)
+    except TraceError:
+        pass
+
+
+@given(data=st.data())
+def test_fuzz_mutated_valid_traces(valid_text, data):
+    lines = _lines(valid_text)
+    i = data.draw(st.integers(0, len(lines) - 1))
+    mode = data.draw(st.sampled_from(["truncate", "flip", "drop", "dup", "junk"]))
+    line = lines[i]
+    if mode == "truncate":
+        lines[i] = line[: data.draw(st.integers(0, len(line)))]
+    elif mode == "flip":
+        pos = data.draw(st.integers(0, len(line) - 1))
+        lines[i] = line[:pos] + data.draw(st.sampled_from(list('0a"{}[],:-.e '))) + line[pos + 1:]
+    elif mode == "drop":
+        del lines[i]
+    elif mode == "dup":
+        lines.insert(i, line)
+    else:
+        lines[i] = data.draw(st.text(max_size=30))
+    try:
+        parse_trace_text("\n".join(lines), "t")
+    except TraceError:
+        pass
