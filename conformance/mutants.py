@@ -16,7 +16,7 @@ from typing import Callable
 from conformance.adapters.reference import ReferenceSut
 from spec.config import SchedulerConfig
 from spec.kv_cache import KVCacheManager, PrefixHit
-from spec.request import Request, RequestStatus
+from spec.request import Request
 from spec.scheduler import Scheduler, _StepState
 
 

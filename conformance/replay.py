@@ -86,23 +86,28 @@ def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
     except Exception as exc:  # noqa: BLE001
         return fail(0, "sut_error", message=f"start failed: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
 
+    def call(kind: str, event: dict[str, Any]) -> Any:
+        if kind == "add_request":
+            return sut.add_request(event)
+        if kind == "abort":
+            return sut.abort(event["request_id"])
+        if kind == "step":
+            return sut.schedule()
+        return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+
     for index, event in enumerate(events):
         kind = event["kind"]
         expect_error = event.get("expect_error")
+        if kind == "step":
+            step = event["step"]
         try:
-            with _deadline(step_timeout):
-                if kind == "add_request":
-                    sut.add_request(event)
-                    actual: Any = None
-                elif kind == "abort":
-                    sut.abort(event["request_id"])
-                    actual = None
-                elif kind == "step":
-                    step = event["step"]
-                    actual = sut.schedule()
-                    steps_run += 1
-                else:
-                    actual = sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+            if step_timeout:
+                with _deadline(step_timeout):
+                    actual: Any = call(kind, event)
+            else:
+                actual = call(kind, event)
+            if kind == "step":
+                steps_run += 1
         except SutInputError as exc:
             if expect_error == exc.code:
                 continue

@@ -26,7 +26,7 @@ from typing import Any
 from spec.block_pool import BlockPool, KVCacheBlock
 from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent, require
-from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace, PrefixHit
+from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
 from spec.profiles import DEFAULT_PROFILE, Profile, get_profile
 from spec.queues import create_request_queue

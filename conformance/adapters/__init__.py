@@ -24,17 +24,33 @@ def _reference() -> SchedulerUnderTest:
     return ReferenceSut()
 
 
-ADAPTERS: dict[str, Callable[[], SchedulerUnderTest]] = {"reference": _reference}
+def _impl() -> SchedulerUnderTest:
+    from impl.adapter import ImplSchedulerSut  # torch is imported only here, on demand
+
+    return ImplSchedulerSut()
+
+
+def _impl_engine() -> SchedulerUnderTest:
+    from impl.adapter import ImplEngineSut
+
+    return ImplEngineSut()
+
+
+ADAPTERS: dict[str, Callable[[], SchedulerUnderTest]] = {
+    "reference": _reference,
+    "impl": _impl,
+    "impl-engine": _impl_engine,
+}
 
 
 def describe_suts() -> str:
     """A help text line per way of naming a SUT."""
     return (
-        "reference (the spec itself); "
+        "reference (the spec itself); impl (our fast scheduler); impl-engine (our torch engine, teacher-forced); "
         "stdio:'CMD ARGS' (a subprocess speaking PROTOCOL.md); "
         "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest); "
         "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
-        + "; ".join(sorted(n for n in ADAPTERS if n != "reference"))
+        + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`)"
     )
 
 

@@ -75,8 +75,11 @@ class ReferenceSut:
         return [o.to_canonical() for o in outputs]
 
     def observe(self) -> dict[str, Any] | None:
-        obs = self._sched().observe()
-        return {"free_block_queue": obs["free_block_queue"], "num_free_blocks": obs["num_free_blocks"]}
+        pool = self._sched().block_pool
+        return {
+            "free_block_queue": [b.block_id for b in pool.free_block_queue],
+            "num_free_blocks": pool.get_num_free_blocks(),
+        }
 
     def close(self) -> None:
         self.scheduler = None

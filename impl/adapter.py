@@ -1,0 +1,253 @@
+"""impl/ as systems under test for the conformance harness (``conformance/sut.py``).
+
+* :class:`ImplSchedulerSut` (``--sut impl``): the fast scheduler alone. The
+  harness feeds the model outputs recorded in the trace; outputs are the
+  canonical form of ``spec/output.py`` and ``observe()`` returns the free queue.
+* :class:`ImplEngineSut` (``--sut impl-engine``): the whole engine, teacher
+  forced. Every ``schedule()`` also runs the real model over the scheduled
+  batch (paged KV cache, chunked prefill, prefix hits, drafts, preemption by
+  recompute), while the tokens appended are the trace's, so the scheduler
+  outputs are compared with the trace as for ``impl``. In addition, every
+  position whose token the trace samples is checked against a dense, cache-free
+  forward of the same model over the same tokens: a logit difference above the
+  tolerance, or a different greedy token without a near tie, fails the step
+  (``EngineMismatch``). The free-running mode, where the engine's own tokens
+  drive both the engine and the reference scheduler, is
+  ``impl/engine_check.py``: the replay harness reads tokens from the trace and
+  so cannot drive it.
+
+Nothing in ``conformance/`` imports this module at import time; the adapter
+registry imports it lazily by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.sut import SutInputError, SutUnsupported
+from impl.scheduler import FastScheduler, StepOutput, UnsupportedProfile
+from spec.config import SchedulerConfig
+from spec.errors import InvalidConfig, InvalidEvent
+
+
+def canonical_request_outputs(results: list[tuple[str, Any, str | None, int | None]]) -> list[dict[str, Any]]:
+    """``(req_id, tokens, finish_reason, stop_reason)`` tuples in the trace form of RequestOutput."""
+    return [
+        {"req_id": rid, "new_token_ids": list(tokens), "finish_reason": reason, "stop_reason": stop}
+        for rid, tokens, reason, stop in results
+    ]
+
+
+class ImplSchedulerSut:
+    """The fast scheduler behind the SchedulerUnderTest protocol (scheduler only)."""
+
+    name = "impl"
+
+    def __init__(self) -> None:
+        self.scheduler: FastScheduler | None = None
+        self.pending: StepOutput | None = None
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        """Build a fast scheduler; a bad config is refused with its code, other profiles are unsupported."""
+        try:
+            cfg = SchedulerConfig.from_dict(config)
+        except InvalidConfig as exc:
+            raise SutInputError(exc.code, exc.message) from None
+        try:
+            self.scheduler = FastScheduler(cfg, profile)
+        except UnsupportedProfile as exc:
+            raise SutUnsupported(str(exc)) from None
+        self.pending = None
+
+    def _sched(self) -> FastScheduler:
+        assert self.scheduler is not None, "start() first"
+        return self.scheduler
+
+    def add_request(self, event: dict[str, Any]) -> None:
+        try:
+            self._sched().add_request(
+                event["request_id"], event["prompt_token_ids"], event["max_tokens"],
+                priority=event["priority"], arrival_time=event["arrival_time"],
+                eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
+                stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"],
+            )
+        except InvalidEvent as exc:
+            raise SutInputError(exc.code, exc.message) from None
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self._sched().abort(request_id)
+        except InvalidEvent as exc:
+            raise SutInputError(exc.code, exc.message) from None
+
+    def schedule(self) -> dict[str, Any]:
+        try:
+            self.pending = self._sched().schedule()
+        except InvalidEvent as exc:
+            raise SutInputError(exc.code, exc.message) from None
+        return self.pending.to_canonical()
+
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        if self.pending is None:
+            raise SutInputError("unexpected_model_output", "model output without a pending step")
+        sched = self._sched()
+        try:
+            sched.validate_model_output(self.pending, sampled_token_ids, draft_token_ids)
+        except InvalidEvent as exc:
+            raise SutInputError(exc.code, exc.message) from None
+        aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in self.pending.entries]
+        results = sched.update_from_output(self.pending, aligned, draft_token_ids)
+        self.pending = None
+        return canonical_request_outputs(results)
+
+    def observe(self) -> dict[str, Any] | None:
+        return self._sched().observe()
+
+    def close(self) -> None:
+        self.scheduler = None
+        self.pending = None
+
+
+def make_scheduler_sut() -> ImplSchedulerSut:
+    """Factory for ``--sut impl`` (and ``module:impl.adapter:make_scheduler_sut``)."""
+    return ImplSchedulerSut()
+
+
+_MODELS: dict[tuple[str, str, str], Any] = {}
+"""Models built by ImplEngineSut, by (name, device, dtype): weights are read-only, so SUTs share them."""
+
+
+class EngineMismatch(Exception):
+    """The engine's logits at a sampled position disagree with the dense forward over the same tokens."""
+
+
+class ImplEngineSut(ImplSchedulerSut):
+    """The whole engine behind the SchedulerUnderTest protocol, teacher forced by the trace.
+
+    ``schedule()`` also runs the model over the scheduled batch on the paged KV
+    cache; ``update_from_output()`` appends the trace's tokens. For every
+    position at which a token is sampled (the last real token and each draft
+    whose context the sequence confirms), the engine's logits are kept; when
+    the request ends (stop, length or abort) one dense forward over its final
+    tokens checks them all: ``max |engine - dense| <= tolerance`` and the same
+    greedy token unless the choice is a near tie (kept in ``near_ties``).
+    A failure raises :class:`EngineMismatch`.
+    """
+
+    name = "impl-engine"
+
+    def __init__(self, model: str = "tiny", device: str = "cpu", dtype: str = "float64",
+                 tolerance: float | None = None, cpu_threads: int | None = 1) -> None:
+        """``cpu_threads`` sets torch's CPU threads (process-wide) on a CPU device; None leaves them."""
+        super().__init__()
+        self.cpu_threads = cpu_threads
+        self.model_name, self.device, self.dtype_name = model, device, dtype
+        self.tolerance = tolerance
+        self.model: Any = None
+        self.runner: Any = None
+        self.result: Any = None
+        self._positions: dict[Any, dict[int, Any]] = {}
+        self.near_ties: list[Any] = []
+        self.failures: list[str] = []
+        self.num_checked_positions = 0
+        self.max_abs_diff = 0.0
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        import torch
+
+        from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
+        from impl.runner import ModelRunner
+
+        super().start(config, profile)
+        dtype = DTYPES[self.dtype_name]
+        if self.cpu_threads and torch.device(self.device).type == "cpu":
+            torch.set_num_threads(self.cpu_threads)  # small models lose time to thread hand-offs
+        if self.model is None:
+            key = (self.model_name, self.device, self.dtype_name)
+            if key not in _MODELS:
+                _MODELS[key] = LlamaModel(MODEL_CONFIGS[self.model_name], device=self.device, dtype=dtype)
+            self.model = _MODELS[key]
+        if self.tolerance is None:
+            self.tolerance = {torch.float64: 1e-8, torch.float32: 1e-3}.get(dtype, 0.25)
+        sched = self._sched()
+        self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None)
+        self._positions = {}
+
+    def schedule(self) -> dict[str, Any]:
+        canonical = super().schedule()
+        assert self.pending is not None
+        self.result = self.runner.execute(self.pending, propose=False, keep_logits=True)
+        return canonical
+
+    def abort(self, request_id: str) -> None:
+        req = self._sched().requests.get(request_id)
+        super().abort(request_id)
+        if req is not None and req.is_finished:
+            self._verify(req)
+
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        pending, result = self.pending, self.result
+        outputs = super().update_from_output(sampled_token_ids, draft_token_ids)
+        assert pending is not None
+        self.runner.commit(result)
+        for index, (req, n, before, ntok, _) in enumerate(pending.entries):
+            rows = result.logits.get(index)
+            if rows is None:
+                continue
+            kept = self._positions.setdefault(req, {})
+            drafts = pending.spec_tokens.get(req.req_id, ())
+            tokens = req.tokens
+            for i in range(rows.shape[0]):
+                # position ntok-1+i had a valid context iff drafts 1..i are the sequence's tokens
+                if i > 0 and not (ntok + i - 1 < len(tokens) and tokens[ntok + i - 1] == drafts[i - 1]):
+                    break
+                kept[ntok - 1 + i] = rows[i]
+        for out in outputs:
+            if out["finish_reason"] is not None:
+                req = next(e[0] for e in pending.entries if e[0].req_id == out["req_id"])
+                self._verify(req)
+        return outputs
+
+    def _verify(self, req: Any) -> None:
+        """Check the kept logits of one finished request against the dense forward."""
+        from impl.dense import dense_logits
+        from impl.sampling import TIE_EPS, NearTie
+
+        kept = self._positions.pop(req, None)
+        if not kept:
+            return
+        dense = dense_logits(self.model, req.tokens)
+        tie_eps = TIE_EPS.get(self.model.dtype, 1e-3)
+        for pos, row in sorted(kept.items()):
+            ref = dense[pos]
+            diff = float((row - ref).abs().max())
+            self.max_abs_diff = max(self.max_abs_diff, diff)
+            self.num_checked_positions += 1
+            top = ref.topk(2)
+            margin = float(top.values[0] - top.values[1])
+            if diff > (self.tolerance or 0.0):
+                raise EngineMismatch(f"request {req.req_id!r} position {pos}: engine logits differ from the dense "
+                                     f"forward by {diff:.3g} (tolerance {self.tolerance:g})")
+            if int(row.argmax()) != int(ref.argmax()):
+                if margin >= tie_eps:
+                    raise EngineMismatch(f"request {req.req_id!r} position {pos}: greedy token {int(row.argmax())} "
+                                         f"!= dense {int(ref.argmax())} with margin {margin:.3g}")
+            if margin < tie_eps:
+                self.near_ties.append(NearTie(req.req_id, pos - req.num_prompt + 1, int(ref.argmax()),
+                                              int(top.indices[1]), margin))
+
+    def close(self) -> None:
+        """Check what is left of unfinished requests; a mismatch is kept in ``failures``, not raised."""
+        for req in list(self._positions):
+            try:
+                self._verify(req)
+            except EngineMismatch as exc:
+                self.failures.append(str(exc))
+        super().close()
+
+
+def make_engine_sut() -> ImplEngineSut:
+    """Factory for ``--sut impl-engine`` (and ``module:impl.adapter:make_engine_sut``)."""
+    return ImplEngineSut()

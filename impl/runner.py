@@ -1,0 +1,340 @@
+"""The model runner: a paged KV cache and the forward pass of one scheduled batch.
+
+KV layout: per layer, one key and one value tensor of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``; token position ``p`` of a
+request lives in slot ``table[p // block_size] * block_size + p % block_size``
+of the flattened tensor, ``table`` being the request's block table.
+
+From each ``StepOutput`` the runner builds, per scheduled request, the input
+ids of positions ``[num_computed, num_computed + n)`` (its tokens, then its
+scheduled drafts), their positions and slots; runs the layers, writing every
+new key/value into its slot *before* any attention of that layer reads the
+cache (so a request admitted on a prefix hit reads blocks another request of
+the same batch is computing); attends each query over its own request's
+blocks up to its own position; and samples greedily where the scheduled chunk
+reaches the end of the sequence: the last real token and each draft, with
+verification accepting the leading drafts equal to the model's own choices.
+
+Attention is batched in two shapes: every short segment (decodes, draft
+verification, short chunks) in one padded call, and each long prefill chunk
+on its own, its queries split so no score matrix exceeds a fixed size.
+
+Prefix hits and KV validity. The scheduler caches a block when it is
+scheduled, before its KV is computed. Under the priority policy a request can
+be scheduled, cache blocks, and then be preempted in the same step (a victim
+taken back out of the batch): its cached blocks stay in the prefix cache
+although their KV was never written, and a later prefix hit would read
+garbage. The runner therefore keeps, per block, the pool generation
+(``BlockPool.gen``: how often the block was taken from the free queue) at which
+it last wrote all of the block's slots with the request's own tokens. A hit
+block whose generation does not match, and that no request of the batch
+completes, is recomputed: the admitted request's segment starts at the first
+such block (extra positions, no sampling). Scheduler decisions are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from impl.drafter import NgramDrafter
+from impl.model import LlamaModel
+from impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
+from impl.scheduler import BlockPool, Req, StepOutput
+
+SHORT_SEGMENT = 16
+"""Segments of at most this many tokens share one padded attention call."""
+
+MAX_SCORE_ELEMENTS = 1 << 24
+"""Queries of a long segment are split so one score matrix has at most this many elements."""
+
+
+@dataclass
+class Segment:
+    """One scheduled request's work in this step."""
+
+    entry_index: int
+    req: Req
+    table: list[int]
+    start: int
+    """First position computed (below ``num_computed`` when hit blocks are repaired)."""
+    end: int
+    """One past the last position computed."""
+    num_tokens: int
+    """The request's ``num_tokens`` at scheduling time: positions below are real tokens."""
+    drafts: list[int]
+    input_ids: list[int]
+    row: int = 0
+    """Index of the segment's first position in the flattened batch."""
+    sample_row: int = -1
+    """Index (in the logits) of the first sampled position, or -1."""
+
+
+@dataclass
+class ExecuteResult:
+    """What one forward pass produced."""
+
+    sampled: list[list[int]]
+    """Per scheduled entry: the sampled token plus accepted drafts ([] for a prefill chunk)."""
+    drafts: dict[str, list[int]]
+    """Drafts proposed for the next step, per request that sampled."""
+    near_ties: list[NearTie]
+    segments: list[Segment]
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    """With ``keep_logits``: per entry index, the float64 CPU logits of its sampled positions."""
+    num_repaired_tokens: int = 0
+    num_drafts_accepted: int = 0
+
+
+class ModelRunner:
+    """Owns the paged KV cache of one model; executes StepOutputs of one FastScheduler."""
+
+    def __init__(self, model: LlamaModel, pool: BlockPool, block_size: int, max_model_len: int,
+                 num_spec_tokens: int = 0, drafter: NgramDrafter | None = None, repair_prefix_hits: bool = True) -> None:
+        """``repair_prefix_hits=False`` trusts every prefix hit; it exists only to demonstrate the hazard."""
+        c = model.config
+        self.model = model
+        self.pool = pool
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.num_spec_tokens = num_spec_tokens
+        self.drafter = drafter
+        self.repair_prefix_hits = repair_prefix_hits
+        shape = (pool.num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(c.num_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(c.num_layers)]
+        self.written_gen = [-1] * pool.num_blocks
+        self.tie_eps = TIE_EPS.get(model.dtype, 1e-3)
+        self.num_repaired_tokens = 0
+        self.num_forward_tokens = 0
+
+    # ------------------------------------------------------------------ batch building
+
+    def _segments(self, out: StepOutput) -> tuple[list[Segment], int]:
+        """One segment per scheduled entry, hit blocks without valid KV repaired."""
+        bs = self.block_size
+        gen, written = self.pool.gen, self.written_gen
+        completing: set[int] = set()
+        for req, n, start, ntok, _ in out.entries:
+            table = req.blocks
+            assert table is not None
+            for j in range(start // bs, min(start + n, ntok) // bs):
+                completing.add(table[j])
+        segments: list[Segment] = []
+        repaired = 0
+        for index, (req, n, start, ntok, _) in enumerate(out.entries):
+            table = req.blocks
+            assert table is not None
+            seg_start = start
+            if self.repair_prefix_hits and index >= out.num_running and start > 0:
+                for j in range(start // bs):
+                    b = table[j]
+                    if written[b] != gen[b] and b not in completing:
+                        seg_start = j * bs
+                        break
+                if seg_start < start:
+                    repaired += start - seg_start
+                    completing.update(table[seg_start // bs: start // bs])
+            end = start + n
+            drafts = list(out.spec_tokens.get(req.req_id, ())) if end > ntok else []
+            ids = req.tokens[seg_start:min(end, ntok)] + drafts[: max(end - ntok, 0)]
+            segments.append(Segment(index, req, table, seg_start, end, ntok, drafts, ids))
+        return segments, repaired
+
+    def _slots(self, table: list[int], start: int, end: int) -> range | list[int]:
+        """The cache slots of positions ``[start, end)``, block by block."""
+        bs = self.block_size
+        out: list[int] = []
+        j = start // bs
+        p = start
+        while p < end:
+            base = table[j] * bs
+            stop = min(end, (j + 1) * bs)
+            out.extend(range(base + p - j * bs, base + stop - j * bs))
+            p = stop
+            j += 1
+        return out
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def execute(self, out: StepOutput, *, propose: bool = True, keep_logits: bool = False) -> ExecuteResult:
+        """Run the forward pass of ``out`` and sample (see the module docstring)."""
+        segments, repaired = self._segments(out)
+        self.num_repaired_tokens += repaired
+        sampled: list[list[int]] = [[] for _ in out.entries]
+        result = ExecuteResult(sampled=sampled, drafts={}, near_ties=[], segments=segments, num_repaired_tokens=repaired)
+        if not segments:
+            return result
+        model, dev = self.model, self.model.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        for seg in segments:
+            seg.row = len(ids)
+            ids.extend(seg.input_ids)
+            positions.extend(range(seg.start, seg.end))
+            slots.extend(self._slots(seg.table, seg.start, seg.end))
+            if seg.end >= seg.num_tokens:
+                seg.sample_row = len(sample_rows)
+                first = seg.row + (seg.num_tokens - 1 - seg.start)
+                sample_rows.extend(range(first, seg.row + (seg.end - seg.start)))
+        self.num_forward_tokens += len(ids)
+        ids_t = model.token_tensor(ids)
+        rope = model.rope(torch.tensor(positions, dtype=torch.long, device=dev))
+        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        plans = self._attention_plans(segments)
+        hidden = model.embed(ids_t)
+        c = model.config
+        for layer in range(c.num_layers):
+            q, k, v = model.qkv(layer, hidden, rope)
+            k_flat = self.k_cache[layer].view(-1, c.num_kv_heads, c.head_dim)
+            v_flat = self.v_cache[layer].view(-1, c.num_kv_heads, c.head_dim)
+            k_flat.index_copy_(0, slot_t, k)
+            v_flat.index_copy_(0, slot_t, v)
+            attn = torch.empty_like(q)
+            for plan in plans:
+                plan.run(q, k_flat, v_flat, attn, model.scale)
+            hidden = model.finish_layer(layer, hidden, attn.reshape(q.shape[0], -1))
+        if not sample_rows:
+            return result
+        logits = model.logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
+        self._sample(out, segments, logits, result, propose=propose, keep_logits=keep_logits)
+        return result
+
+    def _attention_plans(self, segments: list[Segment]) -> list["_Attention"]:
+        short = [s for s in segments if s.end - s.start <= SHORT_SEGMENT]
+        plans: list[_Attention] = []
+        if short:
+            plans.append(_Attention(self, short))
+        for seg in segments:
+            if seg.end - seg.start > SHORT_SEGMENT:
+                plans.append(_Attention(self, [seg]))
+        return plans
+
+    def _sample(self, out: StepOutput, segments: list[Segment], logits: torch.Tensor, result: ExecuteResult,
+                *, propose: bool, keep_logits: bool) -> None:
+        """Greedy choice per sampled position, draft verification, near ties, next drafts."""
+        masks: list[tuple[int, frozenset[int]]] = []
+        for seg in segments:
+            if seg.sample_row < 0 or not seg.req.min_tokens:
+                continue
+            num_out = seg.num_tokens - seg.req.num_prompt
+            for i in range(seg.end - seg.num_tokens + 1):
+                if num_out + i < seg.req.min_tokens:
+                    masks.append((seg.sample_row + i, seg.req.stopset))
+        if keep_logits:  # the model's own logits, before the min-tokens mask
+            cpu = logits.to(device="cpu", dtype=torch.float64, copy=True)
+        mask_stop_tokens(logits, masks)
+        tokens, runner_up, margins = greedy(logits)
+        for seg in segments:
+            if seg.sample_row < 0:
+                continue
+            req = seg.req
+            m = seg.end - seg.num_tokens  # drafts scheduled
+            row = seg.sample_row
+            accepted = 0
+            while accepted < m and seg.drafts[accepted] == tokens[row + accepted]:
+                accepted += 1
+            chosen = tokens[row: row + accepted + 1]
+            result.sampled[seg.entry_index] = chosen
+            result.num_drafts_accepted += accepted
+            num_out = seg.num_tokens - req.num_prompt
+            for i in range(accepted + 1):
+                if margins[row + i] < self.tie_eps:
+                    result.near_ties.append(NearTie(req.req_id, num_out + i, tokens[row + i], runner_up[row + i],
+                                                    float(margins[row + i])))
+            if keep_logits:
+                result.logits[seg.entry_index] = cpu[row: row + m + 1]
+            if propose and self.drafter is not None:
+                limit = self.max_model_len - 1 - (seg.num_tokens + len(chosen))
+                drafts = self.drafter.propose(req.req_id, req.tokens, chosen, limit)
+                if drafts:
+                    result.drafts[req.req_id] = drafts
+
+    # ------------------------------------------------------------------ after the update
+
+    def commit(self, result: ExecuteResult) -> None:
+        """Record which blocks now hold valid KV; call after ``update_from_output``.
+
+        A position's KV is valid when it was computed from the token the
+        sequence really has there, with a valid context: every real token of a
+        segment, then its drafts up to the first one the sequence does not
+        contain. Blocks whose last slot falls in a segment's valid range get the
+        pool generation they are in now.
+        """
+        bs = self.block_size
+        gen, written = self.pool.gen, self.written_gen
+        for seg in result.segments:
+            valid_end = min(seg.end, seg.num_tokens)
+            if valid_end == seg.num_tokens:
+                tokens = seg.req.tokens
+                for d in seg.drafts[: seg.end - seg.num_tokens]:
+                    if valid_end < len(tokens) and tokens[valid_end] == d:
+                        valid_end += 1
+                    else:
+                        break
+            for j in range(seg.start // bs, valid_end // bs):
+                b = seg.table[j]
+                written[b] = gen[b]
+            if self.drafter is not None and seg.req.is_finished:
+                self.drafter.forget(seg.req.req_id)
+
+    def forget(self, req_id: str) -> None:
+        """Drop per-request state of an aborted request."""
+        if self.drafter is not None:
+            self.drafter.forget(req_id)
+
+
+class _Attention:
+    """One padded attention call over a group of segments (queries over their own blocks)."""
+
+    def __init__(self, runner: ModelRunner, segments: list[Segment]) -> None:
+        dev = runner.model.device
+        bs = runner.block_size
+        self.segments = segments
+        qmax = max(s.end - s.start for s in segments)
+        lmax = max(s.end for s in segments)
+        max_blocks = (lmax + bs - 1) // bs
+        tables = [s.table[:max_blocks] + [0] * (max_blocks - min(len(s.table), max_blocks)) for s in segments]
+        bt = torch.tensor(tables, dtype=torch.long, device=dev)
+        kpos = torch.arange(lmax, device=dev)
+        self.ctx_slots = bt[:, kpos // bs] * bs + kpos % bs  # [R, Lmax]; padding points at the null block
+        q_rows: list[list[int]] = []
+        q_pos: list[list[int]] = []
+        valid_rows: list[int] = []
+        for s in segments:
+            n = s.end - s.start
+            q_rows.append(list(range(s.row, s.row + n)) + [s.row] * (qmax - n))
+            q_pos.append(list(range(s.start, s.end)) + [0] * (qmax - n))
+            valid_rows.extend(range(s.row, s.row + n))
+        self.q_rows = torch.tensor(q_rows, dtype=torch.long, device=dev)  # [R, Qmax]
+        qp = torch.tensor(q_pos, dtype=torch.long, device=dev)
+        self.mask = (kpos[None, None, :] <= qp[:, :, None])[:, None]  # [R, 1, Qmax, Lmax]
+        self.valid = (torch.arange(qmax, device=dev)[None, :] < torch.tensor(
+            [s.end - s.start for s in segments], device=dev)[:, None])  # [R, Qmax]
+        self.valid_rows = torch.tensor(valid_rows, dtype=torch.long, device=dev)
+        self.qmax, self.lmax = qmax, lmax
+
+    def run(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+        """``out[rows] = softmax(q k^T * scale, masked) v`` for this group's rows."""
+        r, qmax = self.q_rows.shape
+        qg = q.index_select(0, self.q_rows.view(-1)).view(r, qmax, *q.shape[1:]).transpose(1, 2)  # [R, H, Qmax, d]
+        kv_shape = (r, self.lmax, *k_flat.shape[1:])
+        k = k_flat.index_select(0, self.ctx_slots.view(-1)).view(kv_shape).transpose(1, 2)  # [R, KVH, Lmax, d]
+        v = v_flat.index_select(0, self.ctx_slots.view(-1)).view(kv_shape).transpose(1, 2)
+        h = qg.shape[1]
+        step = max(1, MAX_SCORE_ELEMENTS // max(1, r * h * self.lmax))
+        if step >= qmax:
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=self.mask, scale=scale, enable_gqa=True)
+        else:
+            o = torch.cat([
+                F.scaled_dot_product_attention(qg[:, :, i:i + step], k, v, attn_mask=self.mask[:, :, i:i + step],
+                                               scale=scale, enable_gqa=True)
+                for i in range(0, qmax, step)
+            ], dim=2)
+        o = o.transpose(1, 2)  # [R, Qmax, H, d]
+        out.index_copy_(0, self.valid_rows, o[self.valid])

@@ -1,0 +1,886 @@
+"""The fast scheduler: vLLM 0.33's v1 scheduling rules, written for speed.
+
+It makes exactly the decisions of ``spec/scheduler.py`` (the strict comparison:
+block ids, list orders and the free-queue order included) for the profiles
+``vllm-0.33`` and ``vllm-0.32``, but is organised for a per-step cost close to
+the minimum a Python scheduler can have:
+
+* Requests are ``__slots__`` records with plain integer statuses; a request's
+  block table is a list of block ids; the block pool keeps reference counts,
+  hashes and the free queue's links in flat lists indexed by block id (the free
+  queue is a doubly linked list over those lists, so every queue operation is
+  O(1) and nothing is ever rescanned).
+* Block hashes are computed lazily, only when a block is about to be cached or
+  looked up, never on every appended token.
+* ``schedule()`` updates ``num_computed_tokens`` and the prefill-chunk flag in
+  the same pass that decides the batch (the reference does it in a second
+  pass); a running request that needs no new block costs a few integer
+  operations.
+* A step's decisions are recorded as one tuple per scheduled request
+  (:class:`StepOutput`); ``update_from_output`` takes the sampled tokens as a
+  list aligned with those tuples (what a model runner naturally produces) and
+  has a fast path for the common case of one sampled token and no stop.
+
+Rules (each one is the reference's; the reference's docstrings derive them):
+
+* running loop: each running request gets ``min(tokens it lacks, threshold,
+  budget, max_model_len - 1 - computed)`` tokens; when its slots do not fit,
+  the victim (FCFS: tail of ``running``; priority: first maximal
+  ``(priority, arrival_time)``) is preempted by recompute until they do, or the
+  request preempted itself (FCFS and 0.32: end of loop; 0.33 priority: go on);
+* the waiting loop runs only in a step without preemption; it admits from the
+  head while budget, seats (``max_num_seqs``) and blocks last, with prefix hits,
+  the full-sequence admission gate, the spec-decode padding of one-token
+  admissions and, with chunked prefill off, a stop at the first prompt that
+  does not fit the budget;
+* ``update_from_output`` rolls back rejected drafts, appends tokens one by one
+  with the stop check (EOS, stop ids, length), trims tokens after a stop, caches
+  full blocks after a spec-decode update (0.33), frees stopped requests, then
+  stores the drafts proposed for the next step.
+
+Invalid input raises ``spec.errors.InvalidEvent`` with the reference's error
+codes (the shared vocabulary of the trace format), leaving the state unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from array import array
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from spec.config import SchedulerConfig
+from spec.errors import InvalidEvent
+
+# Request statuses, as small integers (compared with ==, never ordered).
+WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED = range(6)
+STATUS_NAMES = ("WAITING", "RUNNING", "PREEMPTED", "FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED")
+FINISH_REASONS: dict[int, str] = {FINISHED_STOPPED: "stop", FINISHED_LENGTH_CAPPED: "length", FINISHED_ABORTED: "abort"}
+
+# Entry kinds of a scheduled request (StepOutput.kinds).
+KIND_RUNNING, KIND_NEW, KIND_RESUMED = 0, 1, 2
+
+SUPPORTED_PROFILES = ("vllm-0.33", "vllm-0.32")
+_HASH_SEED = hashlib.sha256(b"schedconf/impl/block-hash/v1").digest()
+_NO_BLOCKS: tuple[int, ...] = ()
+
+
+class UnsupportedProfile(Exception):
+    """The fast scheduler implements only the profiles in SUPPORTED_PROFILES."""
+
+
+class Req:
+    """One request: prompt, tokens so far, counters, block table and stop rules.
+
+    ``tokens`` is prompt + outputs (``all_token_ids``); ``blocks`` is the block
+    table, or None while the request holds no blocks (waiting / preempted);
+    ``stopset`` holds every token id that stops the request (EOS unless
+    ignored, and the stop ids), and ``length_cap`` the sequence length at which
+    it stops by length: ``min(max_model_len, prompt + max_tokens)``.
+    """
+
+    __slots__ = (
+        "req_id", "prompt", "tokens", "num_prompt", "num_computed", "spec", "hashes", "status",
+        "priority", "arrival", "eos", "stop_ids", "stopset", "max_tokens", "min_tokens",
+        "length_cap", "is_prefill_chunk", "stop_reason", "blocks", "num_cached", "num_preemptions",
+    )
+
+    def __init__(self, req_id: str, prompt: tuple[int, ...], max_tokens: int, min_tokens: int, priority: int,
+                 arrival: int, eos: int | None, stop_ids: tuple[int, ...], length_cap: int) -> None:
+        self.req_id = req_id
+        self.prompt = prompt
+        self.tokens: list[int] = list(prompt)
+        self.num_prompt = len(prompt)
+        self.num_computed = 0
+        self.spec: list[int] = []
+        self.hashes: list[bytes] = []
+        self.status = WAITING
+        self.priority = priority
+        self.arrival = arrival
+        self.eos = -1 if eos is None else eos
+        self.stop_ids = frozenset(stop_ids)
+        self.stopset = self.stop_ids | ({eos} if eos is not None else set())
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.length_cap = length_cap
+        self.is_prefill_chunk = False
+        self.stop_reason: int | None = None
+        self.blocks: list[int] | None = None
+        self.num_cached = 0
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus outputs."""
+        return len(self.tokens)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens sampled so far (kept across preemptions)."""
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The sampled tokens, in order."""
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request reached a FINISHED_* status."""
+        return self.status >= FINISHED_STOPPED
+
+
+class BlockPool:
+    """Blocks as flat lists: reference counts, hashes, and the free queue's links.
+
+    The free queue is in eviction order (front reused first) and holds exactly
+    the blocks with ``ref_cnt == 0`` other than the null block 0. Two sentinel
+    ids, ``num_blocks`` (head) and ``num_blocks + 1`` (tail), bound it.
+    ``cached`` maps a block hash to the blocks carrying it, first inserted
+    first (a lookup returns the first). ``gen[b]`` counts how often block
+    ``b`` was taken from the free queue: a model runner compares it with the
+    generation it wrote the block's KV in, to know whether the KV a prefix hit
+    points to was ever computed (see ``impl/runner.py``).
+    """
+
+    __slots__ = ("num_blocks", "ref", "block_hash", "nxt", "prv", "head", "tail", "num_free", "cached", "caching", "gen")
+
+    def __init__(self, num_blocks: int, caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.caching = caching
+        self.ref = [0] * num_blocks
+        self.ref[0] = 1 << 30  # the null block is never free
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        head, tail = num_blocks, num_blocks + 1
+        self.head, self.tail = head, tail
+        # Initially blocks 1..N-1 in id order.
+        self.nxt = list(range(1, num_blocks + 2))
+        self.prv = list(range(-1, num_blocks + 1))
+        self.nxt.append(0)  # tail's next (unused)
+        self.nxt[head] = 1 if num_blocks > 1 else tail
+        self.prv[1 if num_blocks > 1 else tail] = head
+        self.nxt[num_blocks - 1] = tail
+        self.prv[tail] = num_blocks - 1 if num_blocks > 1 else head
+        self.num_free = num_blocks - 1
+        self.cached: dict[bytes, list[int]] = {}
+        self.gen = [0] * num_blocks
+
+    def free_queue(self) -> list[int]:
+        """The free queue, front (evicted first) to back."""
+        out: list[int] = []
+        nxt, b, tail = self.nxt, self.nxt[self.head], self.tail
+        while b != tail:
+            out.append(b)
+            b = nxt[b]
+        return out
+
+    def pop_front(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the front, evict their hashes, give each ``ref_cnt`` 1."""
+        nxt, ref, block_hash, gen = self.nxt, self.ref, self.block_hash, self.gen
+        out: list[int] = []
+        b = nxt[self.head]
+        for _ in range(n):
+            out.append(b)
+            ref[b] = 1
+            gen[b] += 1
+            if block_hash[b] is not None:
+                self._evict(b)
+            b = nxt[b]
+        nxt[self.head] = b
+        self.prv[b] = self.head
+        self.num_free -= n
+        return out
+
+    def _evict(self, b: int) -> None:
+        """Drop block ``b`` from the prefix cache (it is being reused)."""
+        h = self.block_hash[b]
+        assert h is not None
+        entries = self.cached.get(h)
+        if entries is not None:
+            entries.remove(b)
+            if not entries:
+                del self.cached[h]
+        self.block_hash[b] = None
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take a reference on prefix-hit blocks, unlinking the free ones from the queue."""
+        ref, nxt, prv = self.ref, self.nxt, self.prv
+        for b in blocks:
+            if ref[b] == 0:
+                p, q = prv[b], nxt[b]
+                nxt[p] = q
+                prv[q] = p
+                self.num_free -= 1
+            ref[b] += 1
+
+    def release(self, blocks_tail_first: Iterable[int]) -> None:
+        """Drop one reference from each block; the first given is evicted first.
+
+        Blocks reaching 0 without a hash go to the front of the queue (in the
+        given order), hashed ones to the back (in the given order).
+        """
+        ref, block_hash = self.ref, self.block_hash
+        front: list[int] = []
+        back: list[int] = []
+        caching = self.caching
+        for b in blocks_tail_first:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if caching and block_hash[b] is not None:
+                    back.append(b)
+                else:
+                    front.append(b)
+        nxt, prv = self.nxt, self.prv
+        if front:
+            first = nxt[self.head]
+            prev = self.head
+            for b in front:
+                nxt[prev] = b
+                prv[b] = prev
+                prev = b
+            nxt[prev] = first
+            prv[first] = prev
+        if back:
+            prev = prv[self.tail]
+            for b in back:
+                nxt[prev] = b
+                prv[b] = prev
+                prev = b
+            nxt[prev] = self.tail
+            prv[self.tail] = prev
+        self.num_free += len(front) + len(back)
+
+
+class StepOutput:
+    """The decisions of one ``schedule()`` call.
+
+    ``entries`` holds one ``(request, num_new_tokens, num_computed_before,
+    num_tokens_at_schedule, blocks)`` tuple per scheduled request, in vLLM's
+    ``num_scheduled_tokens`` order: the running loop's requests first, then the
+    waiting loop's admissions (``kinds`` tells new from resumed for those).
+    ``blocks`` are the blocks allocated this step for a running request and the
+    whole table for an admitted one. ``spec_tokens`` are the drafts scheduled
+    per request id. A request *samples* iff ``before + n >= num_tokens``.
+    """
+
+    __slots__ = ("step", "entries", "num_running", "kinds", "spec_tokens", "finished_req_ids",
+                 "preempted_req_ids", "total_num_scheduled_tokens")
+
+    def __init__(self, step: int, entries: list[tuple[Req, int, int, int, Sequence[int]]], num_running: int,
+                 kinds: list[int], spec_tokens: dict[str, list[int]], finished_req_ids: set[str],
+                 preempted_req_ids: set[str], total: int) -> None:
+        self.step = step
+        self.entries = entries
+        self.num_running = num_running
+        self.kinds = kinds
+        self.spec_tokens = spec_tokens
+        self.finished_req_ids = finished_req_ids
+        self.preempted_req_ids = preempted_req_ids
+        self.total_num_scheduled_tokens = total
+
+    @property
+    def req_ids(self) -> list[str]:
+        """The scheduled request ids, in batch order."""
+        return [e[0].req_id for e in self.entries]
+
+    def samples(self, index: int) -> bool:
+        """Does scheduled entry ``index`` reach the end of its sequence (and so sample)?"""
+        _, n, before, ntok, _ = self.entries[index]
+        return before + n >= ntok
+
+    def to_canonical(self) -> dict[str, Any]:
+        """The trace form, exactly as ``spec.output.SchedulerOutput.to_canonical``."""
+        new: list[dict[str, Any]] = []
+        running: list[dict[str, Any]] = []
+        resumed: list[dict[str, Any]] = []
+        num_scheduled: dict[str, int] = {}
+        for index, (req, n, before, ntok, blocks) in enumerate(self.entries):
+            num_scheduled[req.req_id] = n
+            kind = KIND_RUNNING if index < self.num_running else self.kinds[index - self.num_running]
+            if kind == KIND_NEW:
+                new.append({"req_id": req.req_id, "block_ids": list(blocks), "num_computed_tokens": before})
+            else:
+                (running if kind == KIND_RUNNING else resumed).append({
+                    "req_id": req.req_id,
+                    "resumed": kind == KIND_RESUMED,
+                    "new_block_ids": list(blocks),
+                    "num_computed_tokens": before,
+                    "num_output_tokens": ntok - req.num_prompt,
+                })
+        return {
+            "scheduled_new_reqs": new,
+            "scheduled_cached_reqs": running + resumed,
+            "num_scheduled_tokens": dict(sorted(num_scheduled.items())),
+            "total_num_scheduled_tokens": self.total_num_scheduled_tokens,
+            "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(self.spec_tokens.items())},
+            "finished_req_ids": sorted(self.finished_req_ids),
+            "preempted_req_ids": sorted(self.preempted_req_ids),
+        }
+
+
+RequestOutputTuple = tuple[str, Sequence[int], str | None, int | None]
+"""``(req_id, new_token_ids, finish_reason, stop_reason)``, one per request that gained tokens or stopped."""
+
+
+def _block_hash(parent: bytes, tokens: list[int]) -> bytes:
+    """Chained hash of one full block (equality of prefixes is all that matters)."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class FastScheduler:
+    """The v1 scheduler for one config and profile ``vllm-0.33`` or ``vllm-0.32``.
+
+    One step is ``schedule()`` followed by exactly one ``update_from_output()``;
+    ``add_request`` and ``abort`` may come between any two calls.
+    """
+
+    def __init__(self, config: SchedulerConfig, profile: str = "vllm-0.33") -> None:
+        if profile not in SUPPORTED_PROFILES:
+            raise UnsupportedProfile(f"impl supports the profiles {', '.join(SUPPORTED_PROFILES)}, not {profile!r}")
+        self.config = config
+        self.profile = profile
+        self.bs = config.block_size
+        self.mml = config.max_model_len
+        self.budget = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.threshold = config.long_prefill_token_threshold
+        self.chunked = config.enable_chunked_prefill
+        self.caching = config.enable_prefix_caching
+        self.priority = config.policy == "priority"
+        self.k = config.num_spec_tokens
+        self.lookahead = config.num_lookahead_tokens
+        # Both supported profiles default to the full-sequence admission gate.
+        self.reserve_full = True if config.scheduler_reserve_full_isl is None else config.scheduler_reserve_full_isl
+        self.self_preempt_continue = profile == "vllm-0.33"
+        self.cache_after_spec_update = profile == "vllm-0.33" and self.k > 0
+        self.pool = BlockPool(config.num_gpu_blocks, self.caching)
+        self.requests: dict[str, Req] = {}
+        self.seen_ids: set[str] = set()
+        self.running: list[Req] = []
+        self._fcfs: deque[Req] = deque()
+        self._heap: list[tuple[int, int, str, Req]] = []
+        self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
+        self.current_step = 0
+        self.pending: StepOutput | None = None
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ waiting queue
+
+    def _waiting_len(self) -> int:
+        return len(self._heap) if self.priority else len(self._fcfs)
+
+    def _waiting_peek(self) -> Req:
+        return self._heap[0][3] if self.priority else self._fcfs[0]
+
+    def _waiting_pop(self) -> None:
+        if self.priority:
+            heapq.heappop(self._heap)
+        else:
+            self._fcfs.popleft()
+
+    def _waiting_push_front(self, req: Req) -> None:
+        """A preempted request goes to the head (FCFS) or back by its key (priority)."""
+        if self.priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival, req.req_id, req))
+        else:
+            self._fcfs.appendleft(req)
+
+    def _waiting_remove(self, reqs: set[Req]) -> None:
+        if self.priority:
+            self._heap = [item for item in self._heap if item[3] not in reqs]
+            heapq.heapify(self._heap)
+        else:
+            self._fcfs = deque(r for r in self._fcfs if r not in reqs)
+
+    def waiting_ids(self) -> list[str]:
+        """The waiting queue in admission order."""
+        if self.priority:
+            return [item[3].req_id for item in sorted(self._heap, key=lambda item: item[:3])]
+        return [r.req_id for r in self._fcfs]
+
+    # ------------------------------------------------------------------ inputs
+
+    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
+                    arrival_time: int = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
+                    stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
+        """Queue a new request at the tail of ``waiting``; refuse invalid ones unchanged.
+
+        Rules, checked in this order (first failure wins): a non-empty string id;
+        not a live id; a non-empty prompt shorter than ``max_model_len``; integer
+        ``max_tokens``/``min_tokens``/``priority``/``arrival_time``;
+        ``max_tokens >= 1``; ``0 <= min_tokens <= max_tokens``; non-negative
+        integer token ids (prompt, stop ids, EOS).
+        """
+        prompt = tuple(prompt_token_ids)
+        stops = tuple(stop_token_ids)
+        if not isinstance(request_id, str) or request_id == "":
+            raise InvalidEvent("invalid_request_id", "request id must be a non-empty string", request_id=request_id)
+        if request_id in self.requests:
+            raise InvalidEvent("duplicate_request_id", f"request {request_id!r} is already live", request_id=request_id)
+        if not prompt:
+            raise InvalidEvent("empty_prompt", "the prompt has no tokens", request_id=request_id)
+        if len(prompt) >= self.mml:
+            raise InvalidEvent("prompt_too_long", f"prompt of {len(prompt)} tokens leaves no room to generate",
+                               request_id=request_id)
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority),
+                            ("arrival_time", arrival_time)):
+            if not _is_int(value):
+                raise InvalidEvent("invalid_field_type", f"{name} must be an integer", request_id=request_id)
+        if max_tokens < 1:
+            raise InvalidEvent("invalid_max_tokens", "max_tokens must be >= 1", request_id=request_id)
+        if not 0 <= min_tokens <= max_tokens:
+            raise InvalidEvent("invalid_min_tokens", "min_tokens must be in [0, max_tokens]", request_id=request_id)
+        for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
+            if not _is_int(token) or token < 0:
+                raise InvalidEvent("invalid_token_id", "token ids must be non-negative integers",
+                                   request_id=request_id)
+        eos = None if ignore_eos else eos_token_id
+        req = Req(request_id, prompt, max_tokens, min_tokens, priority, arrival_time, eos, stops,
+                  min(self.mml, len(prompt) + max_tokens))
+        if self.priority:
+            heapq.heappush(self._heap, (priority, arrival_time, request_id, req))
+        else:
+            self._fcfs.append(req)
+        self.requests[request_id] = req
+        self.seen_ids.add(request_id)
+
+    def abort(self, request_id: str) -> list[str]:
+        """Abort one request: dequeue it, free its blocks, report it next step.
+
+        An id never added is refused (``unknown_request_id``); an id that already
+        finished is ignored. Returns the ids finished.
+        """
+        if request_id not in self.seen_ids:
+            raise InvalidEvent("unknown_request_id", f"abort of request {request_id!r}, which was never added",
+                               request_id=request_id)
+        req = self.requests.get(request_id)
+        if req is None or req.status >= FINISHED_STOPPED:
+            return []
+        if req.status == RUNNING:
+            self.running = [r for r in self.running if r is not req]
+        else:
+            self._waiting_remove({req})
+        req.status = FINISHED_ABORTED
+        self._free(req)
+        return [request_id]
+
+    # ------------------------------------------------------------------ blocks
+
+    def _hashes(self, req: Req, upto: int) -> list[bytes]:
+        """The request's chained block hashes, extended to at least ``upto`` blocks."""
+        hashes = req.hashes
+        if len(hashes) < upto:
+            bs, tokens = self.bs, req.tokens
+            parent = hashes[-1] if hashes else _HASH_SEED
+            for i in range(len(hashes), upto):
+                parent = _block_hash(parent, tokens[i * bs:(i + 1) * bs])
+                hashes.append(parent)
+        return hashes
+
+    def _cache_full(self, req: Req, num_full: int) -> None:
+        """Give the request's blocks ``[num_cached, num_full)`` their hashes and index them."""
+        blocks = req.blocks
+        assert blocks is not None
+        hashes = self._hashes(req, num_full)
+        block_hash, cached = self.pool.block_hash, self.pool.cached
+        for i in range(req.num_cached, num_full):
+            b = blocks[i]
+            h = hashes[i]
+            block_hash[b] = h
+            entries = cached.get(h)
+            if entries is None:
+                cached[h] = [b]
+            else:
+                entries.append(b)
+        req.num_cached = num_full
+
+    def _cache_upto(self, req: Req, num_tokens: int) -> None:
+        """Cache the blocks ``num_tokens`` tokens fill (capped at the request's tokens)."""
+        num_full = min(num_tokens, len(req.tokens)) // self.bs
+        if num_full > req.num_cached:
+            self._cache_full(req, num_full)
+
+    def _free(self, req: Req) -> None:
+        """Forget a finished request: free its blocks tail first, report it next step."""
+        if req.blocks is not None:
+            self.pool.release(reversed(req.blocks))
+            req.blocks = None
+            req.num_cached = 0
+        self.finished_req_ids.add(req.req_id)
+        del self.requests[req.req_id]
+
+    def _preempt(self, req: Req) -> None:
+        """Preempt by recompute: free the blocks, forget computed tokens and drafts, requeue."""
+        if req.blocks is not None:
+            self.pool.release(reversed(req.blocks))
+            req.blocks = None
+            req.num_cached = 0
+        req.status = PREEMPTED
+        req.num_computed = 0
+        req.spec = []
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting_push_front(req)
+        self.preempted_req_ids.add(req.req_id)
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> StepOutput:
+        """Decide this step's batch: the running loop, then (without preemption) the waiting loop."""
+        if self.pending is not None:
+            raise InvalidEvent("output_not_processed", "schedule() called before update_from_output()",
+                               step=self.current_step)
+        self.current_step += 1
+        running = self.running
+        threshold = self.threshold
+        if threshold and len(running) + self._waiting_len() <= 1:
+            threshold = 0  # a lone request is not capped
+        budget = self.budget
+        entries: list[tuple[Req, int, int, int, Sequence[int]]] = []
+        spec_out: dict[str, list[int]] = {}
+        pool = self.pool
+        bs, mml = self.bs, self.mml
+        mml1 = mml - 1
+        lookahead = self.lookahead
+        caching = self.caching
+        prefill_scheduled = False
+        preempted = False
+        append = entries.append
+
+        # ---- running loop
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            start = req.num_computed
+            ntok = len(req.tokens)
+            spec = req.spec
+            if start + 1 == ntok and not spec and ntok < mml:
+                # Steady decode, the common case: exactly one token (the budget is
+                # positive, a threshold is >= 1, max_model_len leaves room), and
+                # when its slot is already held, nothing else to decide.
+                end = ntok + lookahead
+                if end > mml:
+                    end = mml
+                if (end + bs - 1) // bs <= len(req.blocks):  # type: ignore[arg-type]
+                    if caching and ntok // bs > req.num_cached:
+                        self._cache_full(req, ntok // bs)
+                    if req.is_prefill_chunk:
+                        prefill_scheduled = True
+                        req.is_prefill_chunk = False
+                    append((req, 1, start, ntok, _NO_BLOCKS))
+                    budget -= 1
+                    req.num_computed = ntok
+                    i += 1
+                    continue
+            n = ntok + len(spec) - start
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n > mml1 - start:
+                n = mml1 - start
+            if n <= 0:
+                i += 1
+                continue
+            blocks = req.blocks
+            end = start + n + lookahead
+            if end > mml:
+                end = mml
+            need = (end + bs - 1) // bs - len(blocks)  # type: ignore[arg-type]
+            new_blocks: Sequence[int] = _NO_BLOCKS
+            if need > 0:
+                if need > pool.num_free:
+                    i, budget, ok = self._preempt_until_fits(req, need, i, entries, spec_out, budget)
+                    preempted = True
+                    if not ok:
+                        if self.priority and self.self_preempt_continue:
+                            continue
+                        break
+                new_blocks = pool.pop_front(need)
+                blocks.extend(new_blocks)  # type: ignore[union-attr]
+            if caching:
+                c = start + n
+                if c > ntok:
+                    c = ntok
+                if c // bs > req.num_cached:
+                    self._cache_full(req, c // bs)
+            if req.is_prefill_chunk:
+                prefill_scheduled = True
+            append((req, n, start, ntok, new_blocks))
+            budget -= n
+            req.num_computed = start + n
+            req.is_prefill_chunk = start + n < ntok
+            if spec:
+                k = start + n - ntok
+                if k > 0:
+                    spec_out[req.req_id] = spec[:k]
+                req.spec = []
+            i += 1
+        num_running = len(entries)
+
+        # ---- waiting loop
+        kinds: list[int] = []
+        if not preempted and budget > 0 and self._waiting_len():
+            budget = self._schedule_waiting(entries, kinds, spec_out, budget, threshold, prefill_scheduled, num_running)
+
+        out = StepOutput(self.current_step, entries, num_running, kinds, spec_out, self.finished_req_ids,
+                         self.preempted_req_ids, self.budget - budget)
+        self.finished_req_ids = set()
+        self.preempted_req_ids = set()
+        self.pending = out
+        return out
+
+    def _preempt_until_fits(self, req: Req, need: int, i: int, entries: list[tuple[Req, int, int, int, Sequence[int]]],
+                            spec_out: dict[str, list[int]], budget: int) -> tuple[int, int, bool]:
+        """Preempt victims until ``req`` gets ``need`` more blocks (or preempts itself).
+
+        Returns the moved cursor, the repaired budget, and whether ``req`` fits.
+        Under priority a victim scheduled earlier in this step is taken out of
+        the step: its tokens go back to the budget and its entry and drafts are
+        dropped; the cursor moves back iff the victim stood before it.
+        """
+        running = self.running
+        pool = self.pool
+        while need > pool.num_free:
+            if self.priority:
+                victim = max(running, key=lambda r: (r.priority, r.arrival))
+                vi = running.index(victim)
+                del running[vi]
+                if vi < i:
+                    i -= 1
+                for j in range(len(entries)):
+                    if entries[j][0] is victim:
+                        budget += entries[j][1]
+                        del entries[j]
+                        spec_out.pop(victim.req_id, None)
+                        break
+            else:
+                victim = running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return i, budget, False
+        return i, budget, True
+
+    def _schedule_waiting(self, entries: list[tuple[Req, int, int, int, Sequence[int]]], kinds: list[int],
+                          spec_out: dict[str, list[int]], budget: int, threshold: int, prefill_scheduled: bool,
+                          num_running: int) -> int:
+        """The waiting loop: admit from the head while budget, seats and blocks last. Returns the budget left."""
+        pool = self.pool
+        bs, mml = self.bs, self.mml
+        k = self.k
+        cached = pool.cached
+        ref = pool.ref
+        running = self.running
+        while budget > 0 and self._waiting_len():
+            if len(running) >= self.max_num_seqs:
+                break
+            req = self._waiting_peek()
+            ntok = len(req.tokens)
+            hit_blocks: list[int] = []
+            if self.caching:
+                max_blocks = (ntok - 1) // bs
+                for h in self._hashes(req, max_blocks)[:max_blocks]:
+                    found = cached.get(h)
+                    if not found:
+                        break
+                    hit_blocks.append(found[0])
+            hit = len(hit_blocks) * bs
+            n = ntok - hit
+            pad = False
+            if k > 0 and n == 1 and not prefill_scheduled and (num_running > 0 or hit > 0):
+                padded = 1 + k
+                if hit + padded + 1 <= mml:
+                    if padded > budget:
+                        break  # prefer not scheduling to scheduling unpadded
+                    n = padded
+                    pad = True
+            if 0 < threshold < n:
+                n = threshold
+            if not self.chunked and n > budget:
+                break
+            if n > budget:
+                n = budget
+            evictable = 0
+            for b in hit_blocks:
+                if ref[b] == 0:
+                    evictable += 1
+            num_free = pool.num_free
+            if self.reserve_full:
+                full = ntok if ntok < mml else mml
+                if max((full + bs - 1) // bs - len(hit_blocks), 0) + evictable > num_free:
+                    break
+            end = hit + n + self.lookahead
+            if end > mml:
+                end = mml
+            num_new = (end + bs - 1) // bs - len(hit_blocks)
+            if max(num_new, 0) + evictable > num_free:
+                break
+            pool.touch(hit_blocks)
+            req.num_cached = len(hit_blocks)
+            blocks = hit_blocks
+            if num_new > 0:
+                blocks.extend(pool.pop_front(num_new))
+            req.blocks = blocks
+            if self.caching:
+                self._cache_upto(req, hit + n)
+            self._waiting_pop()
+            running.append(req)
+            kinds.append(KIND_NEW if req.status == WAITING else KIND_RESUMED)
+            entries.append((req, n, hit, ntok, list(blocks)))
+            budget -= n
+            req.status = RUNNING
+            req.num_computed = hit + n
+            req.is_prefill_chunk = hit + n < ntok
+            if pad:
+                spec_out[req.req_id] = [-1] * k
+        return budget
+
+    # ------------------------------------------------------------------ update
+
+    def validate_model_output(self, out: StepOutput, sampled: Mapping[str, Sequence[int]],
+                              drafts: Mapping[str, Sequence[int]]) -> None:
+        """Refuse model output no model could have produced for ``out`` (the reference's rules).
+
+        Sampled ids must be scheduled and tokens non-negative integers; a live
+        request that reached the end of its sequence samples 1 to 1 + its
+        drafts tokens, a prefill chunk none; drafts need spec decode, at most
+        ``num_spec_tokens`` of them, for scheduled requests.
+        """
+        if out is not self.pending:
+            raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
+        scheduled = {e[0].req_id: e for e in out.entries}
+        for rid, tokens in sampled.items():
+            if rid not in scheduled:
+                raise InvalidEvent("unscheduled_model_output", f"sampled tokens for unscheduled {rid!r}")
+            for t in tokens:
+                if not _is_int(t) or t < 0:
+                    raise InvalidEvent("invalid_token_id", "sampled token ids must be non-negative integers")
+        for rid, (_, n, before, ntok, _) in scheduled.items():
+            req = self.requests.get(rid)
+            if req is None or req.status >= FINISHED_STOPPED:
+                continue
+            got = len(sampled.get(rid, ()))
+            if before + n >= ntok:
+                if not 1 <= got <= 1 + len(out.spec_tokens.get(rid, ())):
+                    raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} must sample 1 to 1 + drafts")
+            elif got != 0:
+                raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} ran a prefill chunk and samples nothing")
+        for rid, d in drafts.items():
+            if self.k <= 0:
+                raise InvalidEvent("drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            if rid not in scheduled:
+                raise InvalidEvent("unscheduled_draft_tokens", f"draft tokens for unscheduled {rid!r}")
+            if len(d) > self.k:
+                raise InvalidEvent("too_many_draft_tokens", f"{len(d)} drafts exceed num_spec_tokens={self.k}")
+            for t in d:
+                if not _is_int(t) or t < 0:
+                    raise InvalidEvent("invalid_token_id", "draft token ids must be non-negative integers")
+
+    def update_from_output(self, out: StepOutput, sampled: Sequence[Sequence[int]],
+                           drafts: Mapping[str, Sequence[int]] | None = None) -> list[RequestOutputTuple]:
+        """Apply the model output of the pending step; ``sampled[i]`` belongs to ``out.entries[i]``.
+
+        Per scheduled request, in batch order: roll back rejected drafts, append
+        tokens with the stop check, cache full blocks after a spec-decode update
+        (0.33), free the request if it stopped. Then store the next drafts.
+        Trusts its input: run ``validate_model_output`` first for untrusted output.
+        """
+        if out is not self.pending:
+            raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
+        self.pending = None
+        results: list[RequestOutputTuple] = []
+        spec_out = out.spec_tokens
+        requests = self.requests
+        any_stopped = False
+        cache_after = self.cache_after_spec_update
+        for entry, toks in zip(out.entries, sampled):
+            req = entry[0]
+            if req.status != RUNNING:
+                live = requests.get(req.req_id)
+                if live is None or live.status >= FINISHED_STOPPED:
+                    continue
+                req = live  # a new request under the same id (the reference looks requests up by id)
+            if not toks:
+                continue
+            if spec_out:
+                d = spec_out.get(req.req_id)
+                if d and req.num_computed > 0:
+                    req.num_computed -= len(d) - (len(toks) - 1)
+            if len(toks) == 1:
+                tokens: list[int] = req.tokens
+                t = toks[0]
+                tokens.append(t)
+                if t not in req.stopset and len(tokens) < req.length_cap:
+                    if cache_after and req.status == RUNNING:
+                        self._cache_upto(req, req.num_computed)
+                    results.append((req.req_id, toks, None, None))
+                    continue
+                tokens.pop()
+            kept, status = self._append_slow(req, toks)
+            if cache_after and req.status == RUNNING:
+                self._cache_upto(req, req.num_computed)
+            if status:
+                was_running = req.status == RUNNING
+                req.status = status
+                self._free(req)
+                if was_running:
+                    any_stopped = True
+                else:
+                    self._waiting_remove({req})
+                results.append((req.req_id, kept, FINISH_REASONS[status], req.stop_reason))
+            else:
+                results.append((req.req_id, kept, None, req.stop_reason))
+        if any_stopped:
+            self.running = [r for r in self.running if r.status == RUNNING]
+        if drafts:
+            for rid, proposed in drafts.items():
+                target = requests.get(rid)
+                if target is None:
+                    continue
+                target.spec = [] if target.is_prefill_chunk else list(proposed)
+        return results
+
+    def _append_slow(self, req: Req, toks: Sequence[int]) -> tuple[Sequence[int], int]:
+        """Append tokens one by one with the stop check; trim what follows a stop.
+
+        The check for the last appended token: EOS (stop), a stop id (stop,
+        ``stop_reason`` = it), then length (``num_tokens >= max_model_len`` or
+        ``max_tokens`` outputs). Returns the kept tokens and the finish status (0: none).
+        """
+        tokens = req.tokens
+        for i, t in enumerate(toks, 1):
+            tokens.append(t)
+            status = 0
+            if t == req.eos:
+                status = FINISHED_STOPPED
+            elif t in req.stop_ids:
+                status = FINISHED_STOPPED
+                req.stop_reason = t
+            elif len(tokens) >= req.length_cap:
+                status = FINISHED_LENGTH_CAPPED
+            if status:
+                req.num_computed -= len(toks) - i
+                return list(toks[:i]), status
+        return toks, 0
+
+    # ------------------------------------------------------------------ queries
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.running) or self._waiting_len() > 0
+
+    def has_requests(self) -> bool:
+        """True while there is work, including the one extra step that reports the last finished ids."""
+        return self.has_unfinished_requests() or bool(self.finished_req_ids)
+
+    def observe(self) -> dict[str, Any]:
+        """The state a strict comparison looks at: the free queue, front first, and its length."""
+        return {"free_block_queue": self.pool.free_queue(), "num_free_blocks": self.pool.num_free}

@@ -1,0 +1,274 @@
+"""impl/'s fast scheduler against the reference: strict replay, golden scenarios, hand-derived cases.
+
+Expected values come from the reference model (replays, lockstep runs) or are
+derived by hand in comments from the rules of the notes; none is read back
+from the fast scheduler itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from conformance.adapters.reference import ReferenceSut
+from conformance.datadriven import parse_file, parse_tokens
+from conformance.examples import EXAMPLES
+from conformance.generate import random_workload as generate_workload
+from conformance.generate import workloads
+from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from conformance.sut import SutInputError, SutUnsupported
+from conformance.trace import read_trace
+from conformance.workload import run_workload
+from impl.adapter import ImplSchedulerSut
+from impl.campaign import random_workload
+from impl.scheduler import FastScheduler
+from spec.config import SchedulerConfig
+from spec.errors import InvalidEvent
+
+ROOT = Path(__file__).parents[2]
+SCENARIOS = sorted((ROOT / "conformance" / "testdata" / "scenarios").glob("*.txt"))
+CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
+
+
+def _replay_all(traces) -> tuple[Counter, list[str]]:
+    verdicts: Counter = Counter()
+    failures: list[str] = []
+    for trace in traces:
+        result = replay(trace, ImplSchedulerSut(), "strict")
+        verdicts[result.verdict] += 1
+        if result.verdict == FAIL and len(failures) < 3:
+            failures.append(render_divergence(trace, result))
+    return verdicts, failures
+
+
+def test_impl_campaign_replays_strict():
+    """400 seeded impl/campaign.py workloads: every step, output and free queue as the reference."""
+    traces = [run_workload(random_workload(seed)) for seed in range(400)]
+    verdicts, failures = _replay_all(traces)
+    assert not failures, "\n\n".join(failures)
+    assert verdicts == Counter({PASS: 400})
+    # The campaign reaches the hard cases (counted on the reference's expectations).
+    seen: Counter = Counter()
+    for trace in traces:
+        for event in trace.events:
+            if event["kind"] != "step":
+                continue
+            x = event["expect"]
+            seen["preemption"] += bool(x["preempted_req_ids"])
+            seen["prefix_hit"] += any(r["num_computed_tokens"] for r in x["scheduled_new_reqs"])
+            seen["resumed"] += any(r["resumed"] for r in x["scheduled_cached_reqs"])
+            seen["drafts"] += bool(x["scheduled_spec_decode_tokens"])
+            seen["padded"] += any(-1 in d for d in x["scheduled_spec_decode_tokens"].values())
+    assert all(seen[k] > 0 for k in ("preemption", "prefix_hit", "resumed", "drafts", "padded")), seen
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.32"])
+def test_generated_corpus_replays_strict(profile):
+    """conformance/generate.py's seeded workloads (the vector corpus generator), both profiles."""
+    traces = [run_workload(generate_workload(seed, profile)) for seed in range(250)]
+    verdicts, failures = _replay_all(traces)
+    assert not failures, "\n\n".join(failures)
+    assert verdicts == Counter({PASS: 250})
+
+
+@settings(max_examples=60)
+@given(workload=workloads())
+def test_hypothesis_workloads_replay_strict(workload):
+    """conformance/generate.py's Hypothesis strategy (failures shrink)."""
+    trace = run_workload(workload)
+    result = replay(trace, ImplSchedulerSut(), "strict")
+    assert result.verdict == PASS, render_divergence(trace, result)
+
+
+def test_examples_and_exported_corpus_replay_strict():
+    """The built-in examples and every exported vector of the two supported profiles."""
+    traces = [run_workload(f()) for _, f in sorted(EXAMPLES.items())]
+    traces += [t for t in (read_trace(p) for p in CORPUS) if t.profile in ("vllm-0.33", "vllm-0.32")]
+    verdicts, failures = _replay_all(traces)
+    assert not failures, "\n\n".join(failures)
+    assert verdicts[PASS] == len(traces) >= len(EXAMPLES)
+
+
+def test_other_profiles_are_unsupported_not_failed():
+    workload = EXAMPLES["mixed"]().replace(profile="vllm-0.11")
+    result = replay(run_workload(workload), ImplSchedulerSut(), "strict")
+    assert result.verdict == UNKNOWN
+    with pytest.raises(SutUnsupported):
+        ImplSchedulerSut().start(workload.config.to_dict(), "vllm-0.11")
+
+
+# ----------------------------------------------------------------- golden scenarios in lockstep
+
+
+class _Lockstep:
+    """Runs a scenario file's commands on the reference and on impl, comparing every answer."""
+
+    def __init__(self) -> None:
+        self.ref: ReferenceSut | None = None
+        self.impl: ImplSchedulerSut | None = None
+        self.commands_compared = 0
+
+    @staticmethod
+    def _call(sut: Any, method: str, *args: Any) -> tuple[str, Any]:
+        try:
+            return "ok", getattr(sut, method)(*args)
+        except SutInputError as exc:
+            return "error", exc.code
+
+    def run(self, command: str) -> None:
+        name, *args = command.split()
+        if name == "config":
+            kv = dict(a.split("=", 1) for a in args)
+            profile = kv.pop("profile", "vllm-0.33")
+            fields = {k: (v if k == "policy" else (v == "true") if v in ("true", "false") else int(v))
+                      for k, v in kv.items()}
+            self.ref, self.impl = ReferenceSut(), ImplSchedulerSut()
+            ref = self._call(self.ref, "start", fields, profile)
+            try:
+                got = self._call(self.impl, "start", fields, profile)
+            except SutUnsupported:
+                self.ref = self.impl = None  # not comparable: skip to the next config
+                return
+            assert got == ref, command
+            if ref[0] == "error":
+                self.ref = self.impl = None
+            self.commands_compared += 1
+            return
+        if self.ref is None or self.impl is None:
+            return
+        if name == "add-request":
+            rid, *rest = args
+            opts = dict((a.partition("=")[0], a.partition("=")[2]) for a in rest)
+            event = {
+                "request_id": rid, "prompt_token_ids": parse_tokens(opts["prompt"]),
+                "max_tokens": int(opts["max-tokens"]), "priority": int(opts.get("priority", 0)),
+                "arrival_time": int(opts.get("arrival", 0)),
+                "eos_token_id": int(opts["eos"]) if "eos" in opts else None,
+                "ignore_eos": "ignore-eos" in opts, "stop_token_ids": parse_tokens(opts.get("stop", "-")),
+                "min_tokens": int(opts.get("min-tokens", 0)),
+            }
+            calls = [("add_request", event)]
+        elif name == "abort":
+            calls = [("abort", args[0])]
+        elif name in ("schedule", "step", "model-output"):
+            sampled: dict[str, list[int]] = {}
+            drafts: dict[str, list[int]] = {}
+            for a in args:
+                key, _, value = a.partition("=")
+                (drafts if key.startswith("drafts:") else sampled)[key.removeprefix("drafts:")] = parse_tokens(value)
+            calls = [] if name == "model-output" else [("schedule",)]
+            calls += [] if name == "schedule" else [("update_from_output", sampled, drafts)]
+        elif name in ("blocks", "queues"):
+            calls = [("observe",)]
+        else:
+            raise AssertionError(f"unknown command {name}")
+        for method, *call_args in calls:
+            expected = self._call(self.ref, method, *call_args)
+            actual = self._call(self.impl, method, *call_args)
+            assert actual == expected, f"{command}: {method}"
+            if method == "schedule" and expected[0] == "ok":
+                assert self.impl.observe() == self.ref.observe(), f"{command}: free queue"
+            self.commands_compared += 1
+
+
+def test_golden_scenarios_in_lockstep_with_the_reference():
+    """Every command of every golden scenario (supported profiles) answers as the reference."""
+    compared_files = 0
+    for path in SCENARIOS:
+        _, blocks = parse_file(path)
+        runner = _Lockstep()
+        for block in blocks:
+            runner.run(block.command)
+        compared_files += runner.commands_compared > 1
+    assert len(SCENARIOS) >= 9
+    assert compared_files >= len(SCENARIOS) - 2  # the vllm-0.11-only files are not comparable
+
+
+# ----------------------------------------------------------------- hand-derived cases
+
+
+def _sched(**overrides: Any) -> FastScheduler:
+    config = dict(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=16)
+    config.update(overrides)
+    return FastScheduler(SchedulerConfig(**config))
+
+
+def _sample_all(sched: FastScheduler, out, token: int = 7):
+    return sched.update_from_output(out, [[token] if before + n >= ntok else [] for _, n, before, ntok, _ in out.entries])
+
+
+def test_allocation_prefix_hit_and_free_queue_order_by_hand():
+    sched = _sched()
+    # Blocks 1..5 are free, in id order (block 0 is the null block).
+    assert sched.observe()["free_block_queue"] == [1, 2, 3, 4, 5]
+    sched.add_request("a", range(100, 108), max_tokens=4)
+    out = sched.schedule()
+    # 8 prompt tokens need ceil(8/4) = 2 blocks, taken from the front.
+    assert out.to_canonical()["scheduled_new_reqs"] == [{"req_id": "a", "block_ids": [1, 2], "num_computed_tokens": 0}]
+    _sample_all(sched, out)
+    sched.abort("a")
+    # Both blocks are full and cached when scheduled; freed tail first, hashed
+    # blocks go to the back: [3, 4, 5] + [2, 1].
+    assert sched.observe()["free_block_queue"] == [3, 4, 5, 2, 1]
+    # Same 8 tokens plus one: the hit is capped below 9 tokens, i.e. 2 whole blocks
+    # (blocks 1 and 2, taken out of the queue); 1 token left needs a third block,
+    # popped from the front: block 3.
+    sched.add_request("b", [*range(100, 108), 9], max_tokens=4)
+    out = sched.schedule()
+    assert out.to_canonical()["scheduled_new_reqs"] == [{"req_id": "b", "block_ids": [1, 2, 3], "num_computed_tokens": 8}]
+    assert out.to_canonical()["num_scheduled_tokens"] == {"b": 1}
+    assert sched.observe()["free_block_queue"] == [4, 5]
+
+
+def test_fcfs_preempts_the_tail_by_hand():
+    # 4 usable blocks of 2 tokens, no prefix caching.
+    sched = _sched(block_size=2, num_gpu_blocks=5, max_model_len=8, enable_prefix_caching=False)
+    sched.add_request("r1", [1, 2, 3], max_tokens=8)
+    sched.add_request("r2", [4, 5, 6], max_tokens=8)
+    # Step 1: 3 tokens each need 2 blocks: r1 gets [1, 2], r2 gets [3, 4]; the pool is empty.
+    out = sched.schedule()
+    assert [r["block_ids"] for r in out.to_canonical()["scheduled_new_reqs"]] == [[1, 2], [3, 4]]
+    _sample_all(sched, out)
+    # Step 2: 4 tokens still fit in 2 blocks each.
+    out = sched.schedule()
+    assert out.to_canonical()["preempted_req_ids"] == []
+    _sample_all(sched, out)
+    # Step 3: r1's 5th token needs a 3rd block: the tail r2 is preempted, its
+    # uncached blocks go to the front tail first ([4, 3]) and r1 takes block 4.
+    out = sched.schedule()
+    canonical = out.to_canonical()
+    assert canonical["preempted_req_ids"] == ["r2"]
+    assert canonical["num_scheduled_tokens"] == {"r1": 1}
+    assert canonical["scheduled_cached_reqs"][0]["new_block_ids"] == [4]
+    assert sched.observe()["free_block_queue"] == [3]
+
+
+def test_input_errors_by_hand():
+    sched = _sched()
+    sched.add_request("a", [1, 2, 3], max_tokens=2)
+    cases = [
+        (lambda: sched.add_request("a", [1], max_tokens=1), "duplicate_request_id"),
+        (lambda: sched.add_request("b", [], max_tokens=1), "empty_prompt"),
+        (lambda: sched.add_request("b", range(16), max_tokens=1), "prompt_too_long"),
+        (lambda: sched.add_request("b", [1], max_tokens=0), "invalid_max_tokens"),
+        (lambda: sched.add_request("b", [1], max_tokens=2, min_tokens=3), "invalid_min_tokens"),
+        (lambda: sched.add_request("b", [1, -1], max_tokens=1), "invalid_token_id"),
+        (lambda: sched.abort("never"), "unknown_request_id"),
+    ]
+    for call, code in cases:
+        with pytest.raises(InvalidEvent) as exc:
+            call()
+        assert exc.value.code == code
+    out = sched.schedule()
+    with pytest.raises(InvalidEvent) as exc:
+        sched.schedule()
+    assert exc.value.code == "output_not_processed"
+    # "a" reaches the end of its prompt and must sample 1 token (no drafts).
+    with pytest.raises(InvalidEvent) as exc:
+        sched.validate_model_output(out, {"a": [1, 2]}, {})
+    assert exc.value.code == "bad_num_sampled_tokens"
+    assert sched.update_from_output(out, [[5]]) == [("a", [5], None, None)]
