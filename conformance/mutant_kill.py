@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from conformance.compare import Divergence
 from conformance.mutants import MUTANTS, Mutant, MutantSut
 from conformance.replay import PASS, replay
-from conformance.shrink import ShrinkResult, cut_after_divergence, shrink_trace, shrink_workload
+from conformance.shrink import ShrinkResult, shrink_trace, shrink_workload
 from conformance.trace import Trace
 from conformance.workload import Workload, WorkloadError, run_workload
 from spec.errors import InvariantViolation
@@ -40,37 +40,6 @@ class KillRow:
     traces_to_kill: int | None = None
     shrunk_events: int | None = None
     minimal_trace: Trace | None = None
-
-
-class _Enough(Exception):
-    """Raised inside the Hypothesis loop once enough failures are collected."""
-
-
-def for_each_workload(profile: str, n: int, seed: int, visit) -> None:  # noqa: ANN001
-    """Call ``visit(workload)`` on up to ``n`` generated workloads, streaming; stop when it returns True."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
-    from conformance.generate import workloads
-
-    done = False
-
-    @hypothesis_seed(seed)
-    @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
-    @given(workloads(profile))
-    def body(workload: Workload) -> None:
-        nonlocal done
-        if done:
-            raise _Enough  # Hypothesis replays the last example once; do not visit it twice
-        if visit(workload):
-            done = True
-            raise _Enough
-
-    try:
-        body()
-    except _Enough:
-        pass
 
 
 def invariant_probe(mutant: Mutant, invariant: str):  # noqa: ANN201
@@ -201,4 +170,3 @@ def render_kill_table(rows: list[KillRow]) -> str:
     return "\n".join(lines)
 
 
-_ = cut_after_divergence  # re-exported for tests
