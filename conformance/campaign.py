@@ -44,6 +44,8 @@ class CampaignSpec:
     run_id: str | None = None
     junit_xml: str | None = None
     quiet: bool = False
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    """Config fields forced in every generated workload (e.g. enable_prefix_caching=False)."""
 
 
 @dataclass
@@ -63,7 +65,37 @@ class TraceOutcome:
 # ------------------------------------------------------------ generation
 
 def generate_workloads(spec: CampaignSpec) -> list[Workload]:
-    """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``."""
+    """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``.
+
+    Config overrides are applied to each; a workload whose overridden config
+    is invalid (e.g. chunking off with a small budget) is replaced by the
+    next draw of the seeded generator.
+    """
+    drawn = _draw(spec)
+    if not spec.config_overrides:
+        return drawn
+    from dataclasses import replace as dc_replace
+
+    from conformance.generate import random_workload
+    from spec.errors import InvalidConfig
+
+    out: list[Workload] = []
+    extra = 0
+    for w in drawn:
+        while True:
+            try:
+                out.append(w.replace(config=dc_replace(w.config, **spec.config_overrides)))
+                break
+            except InvalidConfig:
+                extra += 1
+                if extra > 100 * spec.examples + 100:
+                    raise
+                w = random_workload(spec.seed * 1_000_003 + 10_000_000 + extra, spec.profile).replace(
+                    seed=w.seed, origin=w.origin)
+    return out
+
+
+def _draw(spec: CampaignSpec) -> list[Workload]:
     if spec.generator == "random":
         from conformance.generate import random_workload
 

@@ -99,14 +99,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     from conformance.campaign import CampaignSpec, exit_code, run_campaign
 
     make_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
+    overrides = parse_overrides(args.set)
     summary = run_campaign(CampaignSpec(
         sut=args.sut, profile=args.profile, examples=args.examples, seed=args.seed, jobs=args.jobs,
         comparison=args.comparison, generator=args.generator, step_timeout=args.timeout,
         shrink_budget_s=args.shrink_budget, out_dir=args.out, run_id=args.run_id, junit_xml=args.junit_xml,
-        quiet=args.quiet,
+        quiet=args.quiet, config_overrides=overrides,
     ))
     _print_summary(summary)
     return exit_code(summary)
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs into config fields (true/false/null/integers/strings)."""
+    from spec.config import SchedulerConfig
+
+    known = set(SchedulerConfig.__dataclass_fields__)
+    out: dict = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+        value: object = {"true": True, "false": False, "null": None}.get(raw.lower(), raw)
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                pass
+        out[key] = value
+    return out
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -288,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "version; hypothesis: the same builder driven by Hypothesis strategies")
     comparison(p, "strict")
     timeout(p)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="force a config field in every generated trace, e.g. --set enable_prefix_caching=false "
+                        "for a scheduler without prefix caching (repeatable)")
     p.add_argument("--shrink-budget", type=float, default=60.0, metavar="S", help="seconds for shrinking failures")
     p.add_argument("--out", default="reports", help="where the run folder goes (default reports/)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: run-<time>-<sut>-s<seed>)")

@@ -91,6 +91,7 @@ ERROR_CODES: dict[str, str] = {
     "invalid_request_id": "an empty request id",
     "invalid_field_type": "an add_request field of the wrong type",
     "unknown_request_id": "abort of an id that was never added",
+    "request_id_in_flight": "add_request with the id of a request aborted in the step whose model output is pending",
     "output_not_processed": "schedule() while the previous step's model output is missing",
     "unexpected_model_output": "model output without a pending step",
     "bad_num_sampled_tokens": "a request completing its sequence must sample 1 + accepted drafts tokens, a prefill chunk none",

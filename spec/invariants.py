@@ -28,7 +28,6 @@ def inv_token_budget(s: Any, o: Any) -> Any:
         o.le(0, s.remaining_token_budget),
         o.eq(s.total_num_scheduled_tokens + s.remaining_token_budget, s.max_num_batched_tokens),
         o.eq(o.sum(s.num_scheduled_tokens(r) for r in s.requests), s.total_num_scheduled_tokens),
-        o.eq(s.scheduled_ids_not_live, 0),
     )
 
 

@@ -146,11 +146,19 @@ class Scheduler:
     ) -> None:
         """Queue a new request as WAITING at the tail of ``waiting`` (§7).
 
-        Raises InvalidEvent (state unchanged) for a duplicate live id, an empty
-        or too long prompt (vLLM's input processor needs ``prompt_len <=
-        max_model_len - 1`` so one token can be generated), ``max_tokens < 1``,
-        ``min_tokens`` outside ``[0, max_tokens]`` or a negative token id.
+        Raises InvalidEvent (state unchanged) for a field of the wrong type, a
+        duplicate live id, an empty or too long prompt (vLLM's input processor
+        needs ``prompt_len <= max_model_len - 1`` so one token can be
+        generated), ``max_tokens < 1``, ``min_tokens`` outside ``[0,
+        max_tokens]``, a negative token id, or the id of a request aborted in
+        the step whose model output is still pending.
         """
+        # Field types first: a prompt and stop ids are sequences, ignore_eos a boolean.
+        for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
+            require(not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"), InvalidEvent,
+                    "invalid_field_type", f"{name} must be a list of token ids", request_id=request_id, field=name)
+        require(isinstance(ignore_eos, bool), InvalidEvent, "invalid_field_type", "ignore_eos must be a boolean",
+                request_id=request_id, field="ignore_eos")
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
         require(isinstance(request_id, str) and request_id != "", InvalidEvent, "invalid_request_id",
@@ -174,6 +182,14 @@ class Scheduler:
             require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
                     "invalid_token_id", "token ids must be non-negative integers",
                     request_id=request_id, token=token)
+        # DEVIATION(vllm 0.33.0): vLLM looks outputs up by id, so a request
+        # re-added under the id of one aborted during the pending step would
+        # receive that step's sampled tokens. We refuse the re-add until the
+        # step's model output has been applied.
+        require(self.pending_output is None or request_id not in self.pending_output.num_scheduled_tokens,
+                InvalidEvent, "request_id_in_flight",
+                f"request {request_id!r} was aborted in the pending step; apply its model output first",
+                request_id=request_id)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt,
@@ -181,7 +197,7 @@ class Scheduler:
                 max_tokens=max_tokens,
                 min_tokens=min_tokens,
                 eos_token_id=eos_token_id,
-                ignore_eos=bool(ignore_eos),
+                ignore_eos=ignore_eos,
                 stop_token_ids=stops,
             ),
             priority=priority,

@@ -43,13 +43,20 @@ class ConcreteView:
         self.num_spec_tokens = cfg.num_spec_tokens
         self.num_free_blocks = pool.get_num_free_blocks()
         pending = scheduler.pending_output
-        # Scheduled counts describe the step only between schedule() and update.
-        self._scheduled = dict(pending.num_scheduled_tokens) if pending is not None else {}
-        self.total_num_scheduled_tokens = pending.total_num_scheduled_tokens if pending is not None else 0
         last = scheduler.last_step
-        self.remaining_token_budget = (
-            last.remaining_token_budget if pending is not None and last is not None else cfg.max_num_batched_tokens
-        )
+        # Step quantities describe the step only between schedule() and its
+        # update. A request aborted in between keeps its place in the output;
+        # its tokens count as given back (it is no longer a request).
+        live = scheduler.requests
+        if pending is not None and last is not None:
+            aborted = sum(n for rid, n in pending.num_scheduled_tokens.items() if rid not in live)
+            self._scheduled = {rid: n for rid, n in pending.num_scheduled_tokens.items() if rid in live}
+            self.total_num_scheduled_tokens = pending.total_num_scheduled_tokens - aborted
+            self.remaining_token_budget = last.remaining_token_budget + aborted
+        else:
+            self._scheduled = {}
+            self.total_num_scheduled_tokens = 0
+            self.remaining_token_budget = cfg.max_num_batched_tokens
 
         self.blocks = [b.block_id for b in pool.blocks if not b.is_null]
         self.null_block = pool.null_block.block_id
@@ -137,11 +144,6 @@ class ConcreteView:
 
     def num_scheduled_tokens(self, r: str) -> int:
         return self._scheduled.get(r, 0)
-
-    @property
-    def scheduled_ids_not_live(self) -> int:
-        """Scheduled ids that are not live requests (only the view knows ids)."""
-        return len([r for r in self._scheduled if r not in self._status])
 
     def hold_count(self, pair: tuple[str, int]) -> int:
         return self._hold_count[pair]

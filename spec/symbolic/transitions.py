@@ -1,0 +1,897 @@
+"""The model's transitions over a :class:`~spec.symbolic.state.State`, mirroring ``spec/``.
+
+Each transition maps a state and its inputs to an :class:`Outcome`: the next
+state, the guard under which the model takes this transition, the model's
+own assertions on the way (``checks``: each must hold whenever the guard
+does, or the model would crash), and named facts for the witnesses. The code
+is written once with the helpers of ``z3ops`` and runs on Python values and
+on Z3 terms alike; the proofs (``proofs.py``) use Z3 terms, the drift guard
+(``tests/symbolic/test_drift_guard.py``) runs both against the Python model.
+
+Scope of the encoding (what is *not* here is fixed): the ``vllm-0.33``
+profile; no speculative decoding (``num_spec_tokens = 0``, so no drafts and
+no padding); one sampled token per step; the stop check abstracts the token
+to "is a stop token (EOS or a stop id)" or not. Configuration numbers and
+switches (budget, seats, ``max_model_len``, threshold, lookahead, chunked
+prefill, prefix caching, full-sequence reservation) are symbolic.
+
+Every function names the model code it mirrors. Loops of the model become
+loops over Python ranges (slots, blocks, table positions); a symbolic index
+becomes an ``If`` chain (``select``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import z3
+
+from spec.symbolic.state import (
+    BLOCK_FIELDS,
+    CONFIG_FIELDS,
+    DEAD,
+    IDLE,
+    PENDING,
+    RECORD_FIELDS,
+    RECORD_ROW_FIELDS,
+    REQUEST_BLOCK_FIELDS,
+    REQUEST_FIELDS,
+    REQUEST_ROW_FIELDS,
+    RUNNING_LOOP,
+    SCALAR_FIELDS,
+    UPDATING,
+    WAITING_LOOP,
+    Shape,
+    State,
+    free_rank,
+    theorem_rank,
+)
+from spec.symbolic.z3ops import (
+    cdiv,
+    count,
+    eq,
+    fdiv,
+    imax,
+    imin,
+    is_z3,
+    ite,
+    land,
+    limplies,
+    lnot,
+    lor,
+    select,
+)
+from spec.view import PREEMPTED, RUNNING, WAITING
+
+Check = tuple[str, Any]
+
+
+@dataclass
+class Outcome:
+    """What one transition does: next state, guard, the model's assertions, named facts.
+
+    ``premises`` are instances of proved theorems (``state.theorem_rank``) at
+    the states the transition passes through; the proofs may assume them.
+    """
+
+    post: State
+    guard: Any
+    checks: list[Check] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    premises: list[Any] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ helpers
+
+def at(values: list[Any], q: Any, default: Any = 0) -> Any:
+    """``values[q]`` for a possibly symbolic slot ``q``."""
+    return select(values, q, default)
+
+
+def put(values: list[Any], q: Any, new: Any) -> list[Any]:
+    """``values`` with entry ``q`` (possibly symbolic) replaced by ``new``."""
+    return [ite(eq(q, r), new, values[r]) for r in range(len(values))]
+
+
+def row_of(rows: list[list[Any]], q: Any) -> list[Any]:
+    """Row ``q`` of a per-slot table, for a possibly symbolic ``q``."""
+    width = len(rows[0]) if rows else 0
+    return [select([rows[r][i] for r in range(len(rows))], q, 0) for i in range(width)]
+
+
+def merge(c: Any, a: State, b: State) -> State:
+    """The state ``a if c else b``, leaf by leaf."""
+    if not is_z3(c):
+        return a if c else b
+    sh = a.shape
+    fields: dict[str, Any] = {}
+    for name, _ in CONFIG_FIELDS + SCALAR_FIELDS:
+        fields[name] = ite(c, getattr(a, name), getattr(b, name))
+    for name, _ in BLOCK_FIELDS + REQUEST_FIELDS + RECORD_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        fields[name] = x if x is y else [ite(c, u, v) for u, v in zip(x, y)]
+    for name, _ in REQUEST_ROW_FIELDS + REQUEST_BLOCK_FIELDS + RECORD_ROW_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        fields[name] = x if x is y else [row_x if row_x is row_y else [ite(c, u, v) for u, v in zip(row_x, row_y)]
+                                         for row_x, row_y in zip(x, y)]
+    return State(sh, **fields)
+
+
+def slot_in_range(s: State, q: Any) -> Any:
+    """``q`` names a slot."""
+    return land(0 <= q, q < s.shape.num_reqs) if is_z3(q) else 0 <= q < s.shape.num_reqs
+
+
+def running_at(s: State, j: Any) -> Any:
+    """The slot at position ``j`` of ``running`` (-1 if none)."""
+    out: Any = -1
+    for r in reversed(s.shape.slots):
+        out = ite(land(s.in_running[r], eq(s.running_pos[r], j)), r, out)
+    return out
+
+
+def waiting_head(s: State) -> Any:
+    """``waiting.peek_request()`` (``spec/queues.py``): FCFS the front; priority the least (priority, arrival, id)."""
+    sh = s.shape
+    out: Any = -1
+    for r in reversed(sh.slots):
+        if sh.is_priority:
+            key_r = (s.priority[r], s.arrival_time[r])
+            # Against a later id r may tie (ids break ties); against an earlier one it must be less.
+            is_min = land(s.in_waiting[r], *(
+                limplies(s.in_waiting[c], _key_le(key_r, (s.priority[c], s.arrival_time[c])) if r < c
+                         else _key_lt(key_r, (s.priority[c], s.arrival_time[c])))
+                for c in sh.slots if c != r))
+        else:
+            is_min = land(s.in_waiting[r], eq(s.waiting_pos[r], 0))
+        out = ite(is_min, r, out)
+    return out
+
+
+def _key_lt(a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
+    return lor(a[0] < b[0], land(eq(a[0], b[0]), a[1] < b[1]))
+
+
+def _key_le(a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
+    return lor(a[0] < b[0], land(eq(a[0], b[0]), a[1] <= b[1]))
+
+
+# ------------------------------------------------------------------ queues
+
+def remove_from_running(s: State, q: Any) -> State:
+    """``running.remove(q)`` / ``del running[i]``: later requests move up one place."""
+    pos_q = at(s.running_pos, q)
+    in_q = at(s.in_running, q, False)
+    sh = s.shape
+    return s.replace(
+        in_running=put(s.in_running, q, False),
+        running_pos=[ite(land(in_q, lnot(eq(q, r)), s.in_running[r], s.running_pos[r] > pos_q),
+                         s.running_pos[r] - 1, s.running_pos[r]) for r in sh.slots],
+    )
+
+
+def append_running(s: State, q: Any) -> State:
+    """``running.append(q)``."""
+    return s.replace(in_running=put(s.in_running, q, True), running_pos=put(s.running_pos, q, s.num_running()))
+
+
+def remove_from_waiting(s: State, q: Any) -> State:
+    """``waiting.pop_request()`` of the head / ``remove_requests({q})`` (``spec/queues.py``)."""
+    sh = s.shape
+    if sh.is_priority:
+        return s.replace(in_waiting=put(s.in_waiting, q, False))
+    pos_q = at(s.waiting_pos, q)
+    in_q = at(s.in_waiting, q, False)
+    return s.replace(
+        in_waiting=put(s.in_waiting, q, False),
+        waiting_pos=[ite(land(in_q, lnot(eq(q, r)), s.in_waiting[r], s.waiting_pos[r] > pos_q),
+                         s.waiting_pos[r] - 1, s.waiting_pos[r]) for r in sh.slots],
+    )
+
+
+def prepend_waiting(s: State, q: Any) -> State:
+    """``waiting.prepend_request(q)``: FCFS to the head; priority by key (no position)."""
+    sh = s.shape
+    if sh.is_priority:
+        return s.replace(in_waiting=put(s.in_waiting, q, True))
+    return s.replace(
+        in_waiting=put(s.in_waiting, q, True),
+        waiting_pos=[ite(eq(q, r), 0, ite(s.in_waiting[r], s.waiting_pos[r] + 1, s.waiting_pos[r])) for r in sh.slots],
+    )
+
+
+def append_waiting(s: State, q: Any) -> State:
+    """``waiting.add_request(q)``: FCFS to the tail; priority by key."""
+    sh = s.shape
+    if sh.is_priority:
+        return s.replace(in_waiting=put(s.in_waiting, q, True))
+    return s.replace(in_waiting=put(s.in_waiting, q, True), waiting_pos=put(s.waiting_pos, q, s.num_waiting()))
+
+
+# ------------------------------------------------------------------ block pool
+
+def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[int, Any], list[Check], list[Any]]:
+    """``BlockPool.get_new_blocks(n)``: pop ``n`` blocks from the front, evict their hashes, set ref_cnt 1.
+
+    The popped blocks are the free blocks with fewer than ``n`` free blocks
+    before them; their rank is their place in pop order. Returns the new
+    state, ``popped`` and ``rank`` per block id, the model's assertions
+    (``n`` within the free blocks; each popped block has ref_cnt 0), and the
+    instance of ``theorem_rank`` that says exactly ``n`` blocks are popped.
+    """
+    sh = s.shape
+    blocks = list(sh.blocks)
+    rank = {b: free_rank(s, b) for b in blocks}
+    popped = {b: land(s.in_free[b], rank[b] < n) for b in blocks}
+    checks = [
+        ("get_new_blocks: num_blocks <= free blocks", land(0 <= n, n <= s.num_free_blocks)),
+        ("get_new_blocks: popped blocks have ref_cnt 0", land(*(limplies(popped[b], eq(s.ref_cnt[b], 0)) for b in blocks))),
+    ]
+    # _maybe_evict_cached_block, only with caching: drop the hash and the map entry.
+    evict = {b: land(s.enable_prefix_caching, popped[b], s.cached[b]) for b in blocks}
+    post = s.replace(
+        ref_cnt=[s.ref_cnt[0]] + [ite(popped[b], 1, s.ref_cnt[b]) for b in blocks],
+        in_free=[s.in_free[0]] + [land(s.in_free[b], lnot(popped[b])) for b in blocks],
+        cached=[s.cached[0]] + [land(s.cached[b], lnot(evict[b])) for b in blocks],
+        indexed=[s.indexed[0]] + [land(s.indexed[b], lnot(evict[b])) for b in blocks],
+        num_free_blocks=s.num_free_blocks - n,
+    )
+    return post, popped, rank, checks, [theorem_rank(s, n)]
+
+
+def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
+    """``BlockPool.touch(blocks)``: take a reference on each; a block at ref_cnt 0 leaves the free queue.
+
+    ``hits[b][i]`` says block ``b`` is touched as the hit at position ``i``.
+    """
+    sh = s.shape
+    blocks = list(sh.blocks)
+    cnt = {b: count(hits[b]) for b in blocks}
+    removed = {b: land(cnt[b] > 0, eq(s.ref_cnt[b], 0)) for b in blocks}
+    checks = [("touch: a block at ref_cnt 0 is in the free queue",
+               land(*(limplies(removed[b], s.in_free[b]) for b in blocks)))]
+    post = s.replace(
+        ref_cnt=[s.ref_cnt[0]] + [s.ref_cnt[b] + cnt[b] for b in blocks],
+        in_free=[s.in_free[0]] + [land(s.in_free[b], lnot(removed[b])) for b in blocks],
+        num_free_blocks=s.num_free_blocks - count(removed[b] for b in blocks),
+    )
+    return post, checks
+
+
+def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
+    """``BlockPool.free_blocks(reversed(table))`` of slot ``q``'s table, under 0.33.
+
+    The table is given tail first, i.e. by decreasing table position. Each
+    block loses one reference; those reaching 0 without a hash (or with
+    caching off) are prepended to the free queue in that order, hashed ones
+    appended in that order (``free_uncached_blocks_to_front``). New keys go
+    below ``free_lo`` and above ``free_hi``, which move out.
+    """
+    sh = s.shape
+    blocks = list(sh.blocks)
+    has = at(s.has_table, q, False)
+    held = {b: land(has, at([s.held[r][b] for r in sh.slots], q, False)) for b in blocks}
+    pos = {b: at([s.table_pos[r][b] for r in sh.slots], q, 0) for b in blocks}
+    reach0 = {b: land(held[b], eq(s.ref_cnt[b], 1)) for b in blocks}
+    front = {b: land(reach0[b], lor(lnot(s.enable_prefix_caching), lnot(s.cached[b]))) for b in blocks}
+    back = {b: land(reach0[b], lnot(front[b])) for b in blocks}
+    num_front = count(front.values())
+    num_back = count(back.values())
+    # Earlier in the given order = later in the table.
+    rank_front = {b: count(land(front[c], pos[c] > pos[b]) for c in blocks if c != b) for b in blocks}
+    rank_back = {b: count(land(back[c], pos[c] > pos[b]) for c in blocks if c != b) for b in blocks}
+    checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks)))]
+    post = s.replace(
+        ref_cnt=[s.ref_cnt[0]] + [ite(held[b], s.ref_cnt[b] - 1, s.ref_cnt[b]) for b in blocks],
+        in_free=[s.in_free[0]] + [lor(s.in_free[b], reach0[b]) for b in blocks],
+        free_key=[s.free_key[0]] + [ite(front[b], s.free_lo - num_front + rank_front[b],
+                                        ite(back[b], s.free_hi + rank_back[b], s.free_key[b])) for b in blocks],
+        free_lo=s.free_lo - num_front - 1,
+        free_hi=s.free_hi + num_back + 1,
+        num_free_blocks=s.num_free_blocks + count(reach0.values()),
+    )
+    return post, checks
+
+
+# ------------------------------------------------------------------ KV cache manager
+
+def kv_append_blocks(s: State, q: Any, popped: dict[int, Any], rank: dict[int, Any], n: Any) -> tuple[State, list[Check]]:
+    """``table.extend(new_blocks)`` for slot ``q`` (``KVCacheManager.allocate_slots``): popped block of rank ``j`` at ``num_blocks + j``."""
+    sh = s.shape
+    nb = at(s.num_blocks, q)
+    held_q = {b: at([s.held[r][b] for r in sh.slots], q, False) for b in sh.blocks}
+    checks = [("allocate_slots: a new block is not already in the table",
+               land(*(limplies(popped[b], lnot(held_q[b])) for b in sh.blocks)))]
+    post = s.replace(
+        held=[[s.held[r][0]] + [lor(s.held[r][b], land(eq(q, r), popped[b])) for b in sh.blocks] for r in sh.slots],
+        table_pos=[[s.table_pos[r][0]] + [ite(land(eq(q, r), popped[b]), nb + rank[b], s.table_pos[r][b])
+                                          for b in sh.blocks] for r in sh.slots],
+        num_blocks=put(s.num_blocks, q, nb + n),
+    )
+    return post, checks
+
+
+def kv_cache_blocks(s: State, q: Any, num_tokens: Any) -> tuple[State, list[Check]]:
+    """``KVCacheManager.cache_blocks(request, num_tokens)`` + ``BlockPool.cache_full_blocks``.
+
+    With caching on, the blocks at table positions ``[num_cached_block,
+    num_full)`` get the request's block hashes (the one of their position)
+    and enter the prefix-cache map in table order, where
+    ``num_full = min(num_tokens, len(block_hashes) * block_size) // block_size``.
+    """
+    sh = s.shape
+    bs = sh.block_size
+    num_cached = at(s.num_cached_blocks, q)
+    num_full = fdiv(imin(num_tokens, fdiv(at(s.num_tokens, q), bs) * bs), bs)
+    do = land(s.enable_prefix_caching, num_cached < num_full)
+    hashes = row_of(s.hashes, q)
+    has = at(s.has_table, q, False)
+    cached, block_hash, indexed, order = [s.cached[0]], [s.block_hash[0]], [s.indexed[0]], [s.insert_order[0]]
+    cache = {}
+    for b in sh.blocks:
+        pos = at([s.table_pos[r][b] for r in sh.slots], q, 0)
+        cache[b] = land(do, has, at([s.held[r][b] for r in sh.slots], q, False), num_cached <= pos, pos < num_full)
+        cached.append(lor(s.cached[b], cache[b]))
+        indexed.append(lor(s.indexed[b], cache[b]))
+        block_hash.append(ite(cache[b], select(hashes, pos, hashes[0]), s.block_hash[b]))
+        order.append(ite(cache[b], s.next_insert + (pos - num_cached), s.insert_order[b]))
+    checks = [("cache_full_blocks: a block is cached once (block_hash is None)",
+               land(*(limplies(cache[b], lnot(s.cached[b])) for b in sh.blocks)))]
+    post = s.replace(
+        cached=cached, indexed=indexed, block_hash=block_hash, insert_order=order,
+        next_insert=ite(do, s.next_insert + (num_full - num_cached), s.next_insert),
+        num_cached_blocks=put(s.num_cached_blocks, q, ite(do, num_full, num_cached)),
+    )
+    return post, checks
+
+
+def kv_free(s: State, q: Any) -> tuple[State, list[Check]]:
+    """``KVCacheManager.free(request)``: pop the table and free its blocks tail first."""
+    sh = s.shape
+    post, checks = pool_free_table(s, q)
+    post = post.replace(
+        has_table=put(post.has_table, q, False), num_blocks=put(post.num_blocks, q, 0),
+        num_cached_blocks=put(post.num_cached_blocks, q, 0),
+        held=[[post.held[r][0]] + [land(post.held[r][b], lnot(eq(q, r))) for b in sh.blocks] for r in sh.slots],
+    )
+    return post, checks
+
+
+Hits = dict[int, list[Any]]
+"""``hits[b][i]``: block ``b`` is the prefix hit at table position ``i``."""
+
+
+def computed_blocks(s: State, q: Any) -> tuple[Any, Hits, list[Any]]:
+    """``KVCacheManager.get_computed_blocks(request)`` (§9.4): the cached prefix in whole blocks.
+
+    Looks up the request's hashes ``[0, (num_tokens - 1) // block_size)`` in
+    order and stops at the first miss; each hit is the first block inserted
+    under that hash (``BlockPool.get_cached_block``). Returns the number of
+    hit blocks, the hit matrix, and per position whether the hash is in the
+    map at all (for the witnesses).
+    """
+    sh = s.shape
+    bs = sh.block_size
+    max_hit_blocks = fdiv(at(s.num_tokens, q) - 1, bs)
+    hashes = row_of(s.hashes, q)
+    blocks = list(sh.blocks)
+    going: Any = s.enable_prefix_caching
+    hits: Hits = {b: [] for b in blocks}
+    present_at: list[Any] = []
+    num_hits: list[Any] = []
+    for i in range(sh.num_blocks):
+        h = hashes[i]
+        under = {b: land(s.indexed[b], eq(s.block_hash[b], h)) for b in blocks}
+        present = lor(*under.values())
+        going = land(going, i < max_hit_blocks, present)
+        for b in blocks:
+            first = land(under[b], *(limplies(under[c], s.insert_order[b] < s.insert_order[c]) for c in blocks if c != b))
+            hits[b].append(land(going, first))
+        present_at.append(present)
+        num_hits.append(going)
+    return count(num_hits), hits, present_at
+
+
+def kv_adopt_hits(s: State, q: Any, hits: Hits, k: Any) -> tuple[State, list[Check]]:
+    """The first allocation of slot ``q`` adopts its prefix hit as its table: hit ``i`` at position ``i``."""
+    sh = s.shape
+    adopted = {b: lor(*hits[b]) for b in sh.blocks}
+    where: dict[int, Any] = {}
+    for b in sh.blocks:
+        w: Any = 0
+        for i in reversed(range(len(hits[b]))):
+            w = ite(hits[b][i], i, w)
+        where[b] = w
+    held_q = {b: at([s.held[r][b] for r in sh.slots], q, False) for b in sh.blocks}
+    n = sh.num_blocks
+    checks = [("allocate_slots: hit blocks differ and are not already in the table",
+               land(*(land(lnot(land(adopted[b], held_q[b])),
+                           *(lnot(land(hits[b][i], hits[b][j])) for i in range(n) for j in range(i + 1, n)))
+                      for b in sh.blocks)))]
+    post = s.replace(
+        held=[[s.held[r][0]] + [lor(s.held[r][b], land(eq(q, r), adopted[b])) for b in sh.blocks] for r in sh.slots],
+        table_pos=[[s.table_pos[r][0]] + [ite(land(eq(q, r), adopted[b]), where[b], s.table_pos[r][b])
+                                          for b in sh.blocks] for r in sh.slots],
+        num_blocks=put(s.num_blocks, q, k), num_cached_blocks=put(s.num_cached_blocks, q, k),
+        has_table=put(s.has_table, q, True),
+    )
+    return post, checks
+
+
+# ------------------------------------------------------------------ scheduler pieces
+
+def select_victim(s: State) -> Any:
+    """``Scheduler.select_victim``: FCFS the tail of running; priority the first maximal (priority, arrival)."""
+    sh = s.shape
+    if not sh.is_priority:
+        return running_at(s, s.num_running() - 1)
+    out: Any = -1
+    for r in reversed(sh.slots):
+        key_r = (s.priority[r], s.arrival_time[r])
+        is_victim = land(s.in_running[r], *(
+            limplies(s.in_running[c], land(
+                _key_le((s.priority[c], s.arrival_time[c]), key_r),
+                limplies(s.running_pos[c] < s.running_pos[r], _key_lt((s.priority[c], s.arrival_time[c]), key_r))))
+            for c in sh.slots if c != r))
+        out = ite(is_victim, r, out)
+    return out
+
+
+def preempt_request(s: State, v: Any) -> tuple[State, list[Check]]:
+    """``Scheduler._preempt_request`` (§4.2): free the blocks, PREEMPTED, computed 0, back to waiting."""
+    post, checks = kv_free(s, v)
+    post = post.replace(status=put(post.status, v, PREEMPTED), num_computed_tokens=put(post.num_computed_tokens, v, 0))
+    return prepend_waiting(post, v), checks
+
+
+def preempt_victim(s: State, victim: Any) -> tuple[State, list[Check]]:
+    """One failed attempt of ``_allocate_or_preempt``: record, remove the victim (with the priority repair), preempt it.
+
+    Priority (0.33, ``priority_victim_repair = "index"``): the cursor moves
+    back iff the victim stood before it; a victim scheduled earlier in the
+    step gives its tokens back. FCFS removes the tail (never behind the cursor).
+    """
+    sh = s.shape
+    k = s.num_preemptions
+    n = s.num_running()
+    vpos = at(s.running_pos, victim)
+    cand = [running_at(s, j) for j in range(sh.num_reqs)]
+    rec = s.replace(
+        rec_num_candidates=put(s.rec_num_candidates, k, n),
+        rec_victim_pos=put(s.rec_victim_pos, k, vpos),
+        rec_priority=[[ite(eq(k, kk), at(s.priority, cand[j]), s.rec_priority[kk][j]) for j in range(sh.num_reqs)]
+                      for kk in sh.slots],
+        rec_arrival=[[ite(eq(k, kk), at(s.arrival_time, cand[j]), s.rec_arrival[kk][j]) for j in range(sh.num_reqs)]
+                     for kk in sh.slots],
+        num_preemptions=k + 1,
+    )
+    checks: list[Check] = [("preemption records fit R slots", k < sh.num_reqs),
+                           ("a victim exists", slot_in_range(s, victim))]
+    if sh.is_priority:
+        sched_v = at(s.num_scheduled, victim)
+        was_scheduled = sched_v > 0
+        rec = rec.replace(
+            req_index=ite(vpos < s.req_index, s.req_index - 1, s.req_index),
+            token_budget=ite(was_scheduled, s.token_budget + sched_v, s.token_budget),
+            total_num_scheduled=ite(was_scheduled, s.total_num_scheduled - sched_v, s.total_num_scheduled),
+            num_scheduled=put(s.num_scheduled, victim, ite(was_scheduled, 0, sched_v)),
+        )
+    rec = remove_from_running(rec, victim)
+    post, more = preempt_request(rec, victim)
+    return post, checks + more
+
+
+# ------------------------------------------------------------------ transitions
+
+def _phase_is(s: State, *phases: int) -> Any:
+    return lor(*(eq(s.phase, p) for p in phases))
+
+
+def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
+    """One iteration of ``Scheduler._schedule_running`` with ``_allocate_or_preempt`` (§4.1).
+
+    Take ``running[req_index]``; its new tokens are what it lacks, capped by
+    the step's threshold, the budget and ``max_model_len - 1 - computed``;
+    zero tokens skip it. Otherwise allocate its slots (plus lookahead),
+    preempting victims until they fit or it preempted itself (the inner loop
+    is unrolled R + 1 times; a check proves that is enough). A fit commits
+    the request; a self-preemption ends the loop (FCFS) or continues with the
+    request that moved into its place (priority, 0.33).
+    """
+    sh = s.shape
+    bs = sh.block_size
+    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.running_done), s.req_index < s.num_running(), s.token_budget > 0)
+    q = running_at(s, s.req_index)
+    ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
+    num_new = ntok - comp
+    num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
+    num_new = imin(num_new, s.token_budget)
+    num_new = imin(num_new, s.max_model_len - 1 - comp)
+    checks: list[Check] = [("running loop: num_new_tokens >= 0", num_new >= 0)]
+    skip = eq(num_new, 0)
+
+    cur = s
+    premises: list[Any] = []
+    done: Any = False
+    allocated: Any = False
+    self_preempted: Any = False
+    victim_was_scheduled: Any = False
+    need_slot = imin(comp + num_new + s.num_lookahead_tokens, s.max_model_len)
+    for _attempt in range(sh.num_reqs + 1):
+        # allocate_slots for a request that has a table: cdiv(slots) - held, floored at 0.
+        needed = imax(cdiv(need_slot, bs) - at(cur.num_blocks, q), 0)
+        fits = needed <= cur.num_free_blocks
+        ok, popped, rank, c1, prem = pool_get_new_blocks(cur, needed)
+        ok, c1b = kv_append_blocks(ok, q, popped, rank, needed)
+        c1 = c1 + c1b
+        ok, c2 = kv_cache_blocks(ok, q, imin(comp + num_new, ntok))
+        ok = ok.replace(num_scheduled=put(ok.num_scheduled, q, num_new), token_budget=ok.token_budget - num_new,
+                        total_num_scheduled=ok.total_num_scheduled + num_new, req_index=ok.req_index + 1)
+        victim = select_victim(cur)
+        pre, c3 = preempt_victim(cur, victim)
+        active = land(lnot(skip), lnot(done))
+        premises += prem
+        checks += [(name, limplies(land(active, fits), c)) for name, c in c1 + c2]
+        checks += [(name, limplies(land(active, lnot(fits)), c)) for name, c in c3]
+        allocated = lor(allocated, land(active, fits))
+        is_self = eq(victim, q)
+        self_preempted = lor(self_preempted, land(active, lnot(fits), is_self))
+        if sh.is_priority:
+            victim_was_scheduled = lor(victim_was_scheduled,
+                                       land(active, lnot(fits), at(cur.num_scheduled, victim) > 0))
+        cur = merge(done, cur, merge(fits, ok, pre))
+        done = lor(done, fits, is_self)
+    checks.append(("allocation loop ends within R + 1 attempts", lor(skip, done)))
+    if not sh.is_priority:
+        # FCFS: a self-preempted request ends the running loop (break).
+        cur = cur.replace(running_done=lor(cur.running_done, self_preempted))
+    post = merge(skip, s.replace(req_index=s.req_index + 1), cur)
+    return Outcome(post, guard, checks, {
+        "request": q, "num_new_tokens": num_new, "allocated": allocated, "self_preempted": self_preempted,
+        "victim_was_scheduled": victim_was_scheduled, "skipped": skip,
+    }, premises)
+
+
+def end_running_loop(s: State, inp: dict[str, Any]) -> Outcome:
+    """The running loop ends (its condition fails or it broke); the waiting loop runs only if nobody was preempted."""
+    guard = land(eq(s.phase, RUNNING_LOOP),
+                 lor(s.running_done, s.req_index >= s.num_running(), s.token_budget <= 0))
+    post = s.replace(phase=WAITING_LOOP, waiting_done=s.num_preemptions > 0)
+    return Outcome(post, guard)
+
+
+def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
+    """One iteration of ``Scheduler._schedule_waiting`` (§4.3) under 0.33, without spec decode.
+
+    At the seat cap, break. Take the head; its prefix hit (if it computed
+    nothing) gives ``num_computed_tokens``; the new tokens are the rest,
+    capped by the threshold; with chunked prefill off a request over the
+    budget breaks the loop; then capped by the budget. ``allocate_slots`` with
+    the hit, the lookahead and the full-sequence gate either refuses (break)
+    or touches the hit blocks, pops new ones and caches the full blocks; the
+    request is admitted.
+    """
+    sh = s.shape
+    bs = sh.block_size
+    guard = land(eq(s.phase, WAITING_LOOP), lnot(s.waiting_done), s.token_budget > 0, s.num_waiting() > 0)
+    at_cap = s.num_running() >= s.max_num_seqs
+    q = waiting_head(s)
+    ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
+    k, hits, present = computed_blocks(s, q)
+    hit_blocks = ite(eq(comp, 0), k, 0)
+    hits = {b: [land(eq(comp, 0), v) for v in vs] for b, vs in hits.items()}
+    hit_tokens = hit_blocks * bs
+    num_computed = ite(comp > 0, comp, hit_tokens)
+    num_new = ntok - num_computed
+    num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
+    too_long = land(lnot(s.enable_chunked_prefill), num_new > s.token_budget)
+    num_new = imin(num_new, s.token_budget)
+    # allocate_slots(request, num_new, hit, lookahead, full_sequence_must_fit)
+    total_computed = imin(comp + hit_tokens, s.max_model_len)
+    num_free = s.num_free_blocks
+    has_table = at(s.has_table, q, False)
+    held = at(s.num_blocks, q)
+    evictable = count(land(v, eq(s.ref_cnt[b], 0)) for b, vs in hits.items() for v in vs)
+
+    def to_allocate(num_tokens: Any) -> Any:
+        required = cdiv(num_tokens, bs)
+        return ite(has_table, imax(required - held, 0), imax(required - hit_blocks, 0))
+
+    full_needed = to_allocate(imin(ntok, s.max_model_len))
+    full_refused = land(s.reserve_full_sequence, full_needed > num_free)
+    need_slot = imin(total_computed + num_new + s.num_lookahead_tokens, s.max_model_len)
+    slot_needed = to_allocate(need_slot)
+    refused = lor(full_refused, slot_needed > num_free)
+    stop = lor(at_cap, too_long, refused)
+
+    admitted_here = lnot(stop)
+    checks: list[Check] = [
+        ("waiting loop: num_new_tokens > 0", limplies(land(lnot(at_cap), lnot(too_long)), num_new > 0)),
+        ("allocate_slots: a request holding blocks adopts no hit", limplies(admitted_here, lor(lnot(has_table), eq(hit_blocks, 0)))),
+    ]
+    touched, c1 = pool_touch(s, hits)
+    adopted, c1b = kv_adopt_hits(touched, q, hits, hit_blocks)
+    c1 = c1 + c1b
+    a = merge(has_table, s, adopted)
+    num_new_blocks = imax(cdiv(need_slot, bs) - at(a.num_blocks, q), 0)
+    a, popped, rank, c2, prem = pool_get_new_blocks(a, num_new_blocks)
+    a, c2b = kv_append_blocks(a, q, popped, rank, num_new_blocks)
+    c2 = c2 + c2b
+    a, c3 = kv_cache_blocks(a, q, imin(total_computed + num_new, ntok))
+    a = remove_from_waiting(a, q)
+    a = append_running(a, q)
+    a = a.replace(
+        num_scheduled=put(a.num_scheduled, q, num_new), token_budget=a.token_budget - num_new,
+        total_num_scheduled=a.total_num_scheduled + num_new, status=put(a.status, q, RUNNING), num_computed_tokens=put(a.num_computed_tokens, q, num_computed),
+    )
+    checks += [(name, limplies(lnot(has_table), limplies(admitted_here, c))) for name, c in c1]
+    checks += [(name, limplies(admitted_here, c)) for name, c in c2 + c3]
+    post = merge(stop, s.replace(waiting_done=True), a)
+    nfull = fdiv(ntok, bs)
+    whole_prompt_cached = land(eq(ntok - nfull * bs, 0), *(limplies(i < nfull, present[i]) for i in range(sh.num_blocks)))
+    return Outcome(post, guard, checks, {
+        "request": q, "admitted": admitted_here, "hit_blocks": hit_blocks, "num_new_tokens": num_new,
+        "whole_prompt_cached": whole_prompt_cached, "evictable": evictable, "slot_needed": slot_needed,
+        "full_needed": full_needed, "refused": land(lnot(at_cap), lnot(too_long), refused),
+        "num_free_blocks": num_free,
+    }, [limplies(admitted_here, p) for p in prem])
+
+
+def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
+    """The waiting loop ends; ``_update_after_schedule`` counts the scheduled tokens as computed (§4.5)."""
+    guard = land(eq(s.phase, WAITING_LOOP), lor(s.waiting_done, s.token_budget <= 0, eq(s.num_waiting(), 0)))
+    sh = s.shape
+    post = s.replace(
+        phase=PENDING,
+        num_computed_tokens=[ite(land(s.live(r), s.num_scheduled[r] > 0), s.num_computed_tokens[r] + s.num_scheduled[r],
+                                 s.num_computed_tokens[r]) for r in sh.slots],
+    )
+    return Outcome(post, guard, facts={"budget_exhausted": eq(s.token_budget, 0),
+                                       "total_scheduled": s.max_num_batched_tokens - s.token_budget})
+
+
+def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
+    """``schedule()`` starts: step + 1, a fresh step state, the step's threshold (§4.0; lone request exempt in 0.33)."""
+    sh = s.shape
+    lone = s.num_running() + s.num_waiting() <= 1
+    post = s.replace(
+        phase=RUNNING_LOOP, step=s.step + 1, token_budget=s.max_num_batched_tokens, req_index=0,
+        threshold=ite(lone, 0, s.long_prefill_token_threshold), num_preemptions=0, running_done=False,
+        waiting_done=False, num_scheduled=[0] * sh.num_reqs, total_num_scheduled=0,
+    )
+    return Outcome(post, eq(s.phase, IDLE))
+
+
+def begin_update(s: State, inp: dict[str, Any]) -> Outcome:
+    """``update_from_output()`` starts: the pending output is taken (``pending_output = None``)."""
+    return Outcome(s.replace(phase=UPDATING), eq(s.phase, PENDING))
+
+
+def append_token(s: State, inp: dict[str, Any]) -> Outcome:
+    """``update_from_output`` for one scheduled request (§5), one sampled token, no drafts.
+
+    A prefill chunk (computed < num_tokens) samples nothing. Otherwise the
+    token is appended (a block it completes gets a new hash, assumed to differ
+    from the request's earlier hashes), then the stop check (``eos_first``):
+    a stop token stops it; reaching ``max_model_len`` or ``max_tokens`` caps
+    it; a stopped request is freed (blocks tail first) and leaves ``running``.
+    """
+    sh = s.shape
+    bs = sh.block_size
+    q, is_stop, new_hash = inp["slot"], inp["stop_token"], inp["new_hash"]
+    ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
+    old_hashes = row_of(s.hashes, q)
+    nfull = fdiv(ntok, bs)
+    guard = land(eq(s.phase, UPDATING), slot_in_range(s, q), lor(*(land(eq(q, r), s.live(r)) for r in sh.slots)),
+                 at(s.num_scheduled, q) > 0,
+                 *(limplies(i < nfull, lnot(eq(new_hash, old_hashes[i]))) for i in range(sh.num_blocks)))
+    samples = comp >= ntok
+    n1 = ntok + 1
+    completes = fdiv(n1, bs) > nfull
+    grown = s.replace(
+        num_tokens=put(s.num_tokens, q, n1),
+        hashes=[[ite(land(eq(q, r), completes, eq(i, nfull)), new_hash, s.hashes[r][i]) for i in range(sh.num_blocks)]
+                for r in sh.slots],
+    )
+    length = lor(n1 >= s.max_model_len, n1 - at(s.num_prompt_tokens, q) >= at(s.max_tokens, q))
+    stopped = lor(is_stop, length)
+    freed, c1 = kv_free(grown, q)
+    freed = remove_from_running(freed.replace(status=put(freed.status, q, DEAD)), q)
+    after = merge(stopped, freed, grown)
+    post = merge(samples, after, s)
+    post = post.replace(num_scheduled=put(post.num_scheduled, q, 0))
+    checks = [(name, limplies(land(samples, stopped), c)) for name, c in c1]
+    return Outcome(post, guard, checks, {
+        "request": q, "samples": samples, "stopped": land(samples, stopped),
+        "length_capped_at_max_model_len": land(samples, lnot(is_stop), n1 >= s.max_model_len,
+                                               n1 - at(s.num_prompt_tokens, q) < at(s.max_tokens, q)),
+        "num_tokens_before": ntok,
+    })
+
+
+def end_update(s: State, inp: dict[str, Any]) -> Outcome:
+    """``update_from_output()`` ends: every scheduled request was processed; the step's output is gone."""
+    sh = s.shape
+    guard = land(eq(s.phase, UPDATING), *(limplies(s.live(r), eq(s.num_scheduled[r], 0)) for r in sh.slots))
+    post = s.replace(phase=IDLE, num_scheduled=[0] * sh.num_reqs, total_num_scheduled=0, num_preemptions=0)
+    return Outcome(post, guard)
+
+
+def _abort(s: State, inp: dict[str, Any], phases: tuple[int, ...]) -> Outcome:
+    """``Scheduler.abort`` -> ``finish_requests([id], FINISHED_ABORTED)`` (§7).
+
+    A live request leaves ``running`` or ``waiting``, is freed (blocks tail
+    first) and forgotten. A dead slot is a no-op (already finished). The
+    pending output, if any, is untouched.
+    """
+    sh = s.shape
+    q = inp["slot"]
+    live = lor(*(land(eq(q, r), s.live(r)) for r in sh.slots))
+    was_running = eq(at(s.status, q), RUNNING)
+    out = merge(was_running, remove_from_running(s, q), remove_from_waiting(s, q))
+    out = out.replace(status=put(out.status, q, DEAD))
+    out, checks = kv_free(out, q)
+    post = merge(live, out, s)
+    guard = land(_phase_is(s, *phases), slot_in_range(s, q))
+    return Outcome(post, guard, [(name, limplies(live, c)) for name, c in checks], {"request": q, "live": live})
+
+
+def abort_idle(s: State, inp: dict[str, Any]) -> Outcome:
+    """Abort between steps (no output pending)."""
+    return _abort(s, inp, (IDLE,))
+
+
+def abort_pending(s: State, inp: dict[str, Any]) -> Outcome:
+    """Abort while a step's output is pending (between ``schedule()`` and ``update_from_output()``)."""
+    return _abort(s, inp, (PENDING,))
+
+
+def add_request(s: State, inp: dict[str, Any]) -> Outcome:
+    """``Scheduler.add_request`` (§7): a new WAITING request at the tail of ``waiting``.
+
+    The model requires ``1 <= len(prompt) <= max_model_len - 1`` and
+    ``max_tokens >= 1``; the prompt's block hashes are inputs, assumed to
+    differ pairwise (a chained hash encodes its prefix length).
+    """
+    sh = s.shape
+    q = inp["slot"]
+    n = inp["num_prompt_tokens"]
+    hashes = inp["hashes"]
+    nfull = fdiv(n, sh.block_size)
+    guard = land(
+        _phase_is(s, IDLE, PENDING), slot_in_range(s, q), eq(at(s.status, q, 0), DEAD),
+        1 <= n, n <= s.max_model_len - 1, inp["max_tokens"] >= 1,
+        *(limplies(j < nfull, lnot(eq(hashes[i], hashes[j])))
+          for i in range(sh.num_blocks) for j in range(i + 1, sh.num_blocks)),
+    )
+    post = s.replace(
+        status=put(s.status, q, WAITING), num_tokens=put(s.num_tokens, q, n),
+        num_prompt_tokens=put(s.num_prompt_tokens, q, n), max_tokens=put(s.max_tokens, q, inp["max_tokens"]),
+        num_computed_tokens=put(s.num_computed_tokens, q, 0), priority=put(s.priority, q, inp["priority"]),
+        arrival_time=put(s.arrival_time, q, inp["arrival_time"]),
+        hashes=[[ite(eq(q, r), hashes[i], s.hashes[r][i]) for i in range(sh.num_blocks)] for r in sh.slots],
+    )
+    return Outcome(append_waiting(post, q), guard, facts={"request": q})
+
+
+# --------------------------------------------------------- block-pool transitions
+
+def _running_slot(s: State, q: Any) -> Any:
+    return lor(*(land(eq(q, r), s.live(r), eq(s.status[r], RUNNING)) for r in s.shape.slots))
+
+
+def get_new_blocks(s: State, inp: dict[str, Any]) -> Outcome:
+    """``BlockPool.get_new_blocks(n)`` appended to a RUNNING request's table, evicting cached blocks on reuse."""
+    q, n = inp["slot"], inp["num_blocks"]
+    post, popped, rank, checks, premises = pool_get_new_blocks(s, n)
+    post, more = kv_append_blocks(post, q, popped, rank, n)
+    guard = land(slot_in_range(s, q), _running_slot(s, q), 0 <= n, n <= s.num_free_blocks)
+    return Outcome(post, guard, checks + more, {}, premises)
+
+
+def evict_on_reuse(s: State, inp: dict[str, Any]) -> Outcome:
+    """``get_new_blocks`` when the front of the free queue is a cached block: it is evicted from the prefix cache."""
+    out = get_new_blocks(s, inp)
+    front_cached = lor(*(land(s.in_free[b], eq(free_rank(s, b), 0), s.cached[b]) for b in s.shape.blocks))
+    return Outcome(out.post, land(out.guard, inp["num_blocks"] >= 1, front_cached), out.checks, {}, out.premises)
+
+
+def touch(s: State, inp: dict[str, Any]) -> Outcome:
+    """``BlockPool.touch`` of a request's prefix hit, adopted as its table (``allocate_slots``, first allocation).
+
+    The request is RUNNING with an empty table and nothing computed, so the
+    adoption alone keeps the request-level rules.
+    """
+    sh = s.shape
+    q = inp["slot"]
+    k, hits, _ = computed_blocks(s, q)
+    post, checks = pool_touch(s, hits)
+    post, more = kv_adopt_hits(post, q, hits, k)
+    checks = checks + more
+    guard = land(slot_in_range(s, q), _running_slot(s, q), eq(at(s.num_blocks, q), 0),
+                 eq(at(s.num_computed_tokens, q), 0), eq(at(s.num_scheduled, q), 0))
+    return Outcome(post, guard, checks, {"hit_blocks": k})
+
+
+def free_one_victim(s: State, inp: dict[str, Any]) -> Outcome:
+    """``KVCacheManager.free`` inside a preemption: the running loop's victim is chosen, removed and freed (§4.1-4.2)."""
+    victim = select_victim(s)
+    post, checks = preempt_victim(s, victim)
+    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.running_done), s.req_index < s.num_running())
+    return Outcome(post, guard, checks, {"victim": victim})
+
+
+def cache_full_blocks(s: State, inp: dict[str, Any]) -> Outcome:
+    """``KVCacheManager.cache_blocks(request, n)`` for a RUNNING request whose table covers ``n <= num_tokens`` tokens."""
+    q, n = inp["slot"], inp["num_tokens"]
+    post, checks = kv_cache_blocks(s, q, n)
+    guard = land(slot_in_range(s, q), _running_slot(s, q), 0 <= n, n <= at(s.num_tokens, q),
+                 n <= at(s.num_blocks, q) * s.shape.block_size)
+    return Outcome(post, guard, checks)
+
+
+# ------------------------------------------------------------------ registry
+
+Inputs = Callable[[Shape, str], dict[str, Any]]
+
+
+def _no_inputs(shape: Shape, tag: str) -> dict[str, Any]:
+    return {}
+
+
+def _slot_input(shape: Shape, tag: str) -> dict[str, Any]:
+    return {"slot": z3.Int(f"{tag}.slot")}
+
+
+def _slot_n_input(name: str) -> Inputs:
+    def make(shape: Shape, tag: str) -> dict[str, Any]:
+        return {"slot": z3.Int(f"{tag}.slot"), name: z3.Int(f"{tag}.{name}")}
+    return make
+
+
+def _append_inputs(shape: Shape, tag: str) -> dict[str, Any]:
+    return {"slot": z3.Int(f"{tag}.slot"), "stop_token": z3.Bool(f"{tag}.stop_token"),
+            "new_hash": z3.Int(f"{tag}.new_hash")}
+
+
+def _add_inputs(shape: Shape, tag: str) -> dict[str, Any]:
+    return {
+        "slot": z3.Int(f"{tag}.slot"), "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
+        "max_tokens": z3.Int(f"{tag}.max_tokens"), "priority": z3.Int(f"{tag}.priority"),
+        "arrival_time": z3.Int(f"{tag}.arrival_time"),
+        "hashes": [z3.Int(f"{tag}.hash[{i}]") for i in range(shape.num_blocks)],
+    }
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A named transition: its function, how to make symbolic inputs, the model code it mirrors."""
+
+    name: str
+    apply: Callable[[State, dict[str, Any]], Outcome]
+    inputs: Inputs
+    mirrors: str
+    expected_to_hold: bool = True
+    """False for a transition whose counterexample is a known finding (reported, not hidden)."""
+
+
+TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
+    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/block_pool.py BlockPool.get_new_blocks"),
+    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/block_pool.py _maybe_evict_cached_block"),
+    Transition("touch", touch, _slot_input, "spec/block_pool.py BlockPool.touch; spec/kv_cache.py allocate_slots"),
+    Transition("free", free_one_victim, _no_inputs, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request"),
+    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/kv_cache.py cache_blocks; spec/block_pool.py cache_full_blocks"),
+    Transition("begin_step", begin_step, _no_inputs, "spec/scheduler.py schedule (start)"),
+    Transition("running_iteration", running_iteration, _no_inputs, "spec/scheduler.py _schedule_running, _allocate_or_preempt"),
+    Transition("end_running_loop", end_running_loop, _no_inputs, "spec/scheduler.py schedule (between the loops)"),
+    Transition("waiting_admission", waiting_admission, _no_inputs, "spec/scheduler.py _schedule_waiting; spec/kv_cache.py allocate_slots"),
+    Transition("end_schedule", end_schedule, _no_inputs, "spec/scheduler.py _update_after_schedule"),
+    Transition("begin_update", begin_update, _no_inputs, "spec/scheduler.py update_from_output (start)"),
+    Transition("append_token", append_token, _append_inputs, "spec/scheduler.py update_from_output, _append_output_tokens; spec/stop.py"),
+    Transition("end_update", end_update, _no_inputs, "spec/scheduler.py update_from_output (end)"),
+    Transition("add_request", add_request, _add_inputs, "spec/scheduler.py add_request"),
+    Transition("abort", abort_idle, _slot_input, "spec/scheduler.py abort, finish_requests"),
+    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests",
+               expected_to_hold=False),
+)}

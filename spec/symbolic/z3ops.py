@@ -1,0 +1,305 @@
+"""The Z3 backend of the operations layer (``spec/ops.py``).
+
+Every operation accepts Python values (``bool``/``int``) and Z3 terms mixed,
+as the invariants pass both (view scalars such as ``block_size`` are Python
+ints, state values are Z3 terms). When every operand is a Python value the
+result is a Python value, computed the way :class:`~spec.ops.ConcreteOps`
+computes it; as soon as one operand is a Z3 term the result is a Z3 term, with
+Python operands coerced (``True`` -> ``BoolVal(True)``, ``3`` -> ``IntVal(3)``).
+
+``forall`` is a conjunction over the (finite, Python) domain the view
+supplies, so Z3 never sees a quantifier. Each conjunct is remembered with its
+subject description, so that a counterexample model can name the subjects
+that break an invariant (:meth:`Z3Ops.failing_subjects`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import z3
+
+from spec.ops import LexMixin
+
+
+def is_z3(x: Any) -> bool:
+    """True for a Z3 expression (as opposed to a Python value)."""
+    return isinstance(x, z3.ExprRef)
+
+
+def to_bool(x: Any) -> z3.BoolRef:
+    """Coerce a Python bool or a Z3 Boolean to a Z3 Boolean."""
+    if is_z3(x):
+        if not z3.is_bool(x):
+            raise TypeError(f"expected a Boolean term, got {x.sort()}: {x}")
+        return x
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    raise TypeError(f"expected a bool, got {type(x).__name__}: {x!r}")
+
+
+def to_term(x: Any) -> z3.ExprRef:
+    """Coerce a Python bool/int or a Z3 term to a Z3 term."""
+    if is_z3(x):
+        return x
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    if isinstance(x, int):
+        return z3.IntVal(x)
+    raise TypeError(f"cannot make a Z3 term of {type(x).__name__}: {x!r}")
+
+
+class Z3Ops(LexMixin):
+    """Build Z3 formulas from the invariant operations (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.subjects: list[tuple[str, Any]] = []
+        """Every ``forall`` conjunct built, with its subject description."""
+
+    # logic
+    def and_(self, *xs: Any) -> Any:
+        """Conjunction; Python ``False`` short-circuits, Python ``True`` drops out."""
+        terms = []
+        for x in xs:
+            if not is_z3(x):
+                if not bool(x):
+                    return False
+                continue
+            terms.append(to_bool(x))
+        if not terms:
+            return True
+        return terms[0] if len(terms) == 1 else z3.And(*terms)
+
+    def or_(self, *xs: Any) -> Any:
+        """Disjunction; Python ``True`` short-circuits, Python ``False`` drops out."""
+        terms = []
+        for x in xs:
+            if not is_z3(x):
+                if bool(x):
+                    return True
+                continue
+            terms.append(to_bool(x))
+        if not terms:
+            return False
+        return terms[0] if len(terms) == 1 else z3.Or(*terms)
+
+    def not_(self, x: Any) -> Any:
+        """Negation."""
+        return z3.Not(to_bool(x)) if is_z3(x) else not x
+
+    def implies(self, a: Any, b: Any) -> Any:
+        """``a -> b``, i.e. ``not a or b``."""
+        return self.or_(self.not_(a), b)
+
+    def ite(self, c: Any, a: Any, b: Any) -> Any:
+        """``a if c else b``; a Python condition picks a branch without building a term."""
+        if not is_z3(c):
+            return a if c else b
+        if not is_z3(a) and not is_z3(b) and a == b and type(a) is type(b):
+            return a
+        return z3.If(to_bool(c), to_term(a), to_term(b))
+
+    # comparisons
+    def eq(self, a: Any, b: Any) -> Any:
+        """Equality (Booleans compare as Booleans, integers as integers)."""
+        if not is_z3(a) and not is_z3(b):
+            return a == b
+        return to_term(a) == to_term(b)
+
+    def le(self, a: Any, b: Any) -> Any:
+        """``a <= b`` on integers."""
+        if not is_z3(a) and not is_z3(b):
+            return a <= b
+        return to_term(a) <= to_term(b)
+
+    def lt(self, a: Any, b: Any) -> Any:
+        """``a < b`` on integers."""
+        if not is_z3(a) and not is_z3(b):
+            return a < b
+        return to_term(a) < to_term(b)
+
+    # arithmetic
+    def sum(self, xs: Iterable[Any]) -> Any:
+        """Sum of integers; Python ints are folded, Z3 terms summed with ``z3.Sum``."""
+        const = 0
+        terms = []
+        for x in xs:
+            if is_z3(x):
+                terms.append(x)
+            else:
+                const += int(x)
+        if not terms:
+            return const
+        total = terms[0] if len(terms) == 1 else z3.Sum(*terms)
+        return total + const if const else total
+
+    def count(self, xs: Iterable[Any]) -> Any:
+        """Number of true Booleans."""
+        return self.sum(z3.If(to_bool(x), 1, 0) if is_z3(x) else (1 if x else 0) for x in xs)
+
+    def forall(self, domain: Iterable[Any], predicate: Callable[[Any], Any],
+               describe: Callable[[Any], str] | None = None) -> Any:
+        """Conjunction of ``predicate(x)`` over the finite domain; each conjunct is recorded."""
+        parts = []
+        for x in domain:
+            p = predicate(x)
+            self.subjects.append((describe(x) if describe else repr(x), p))
+            parts.append(p)
+        return self.and_(*parts)
+
+    def failing_subjects(self, model: z3.ModelRef) -> list[str]:
+        """The recorded subjects whose conjunct is false in ``model``."""
+        out = []
+        for name, p in self.subjects:
+            value = p if not is_z3(p) else z3.is_true(model.eval(p, model_completion=True))
+            if not value:
+                out.append(name)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Term helpers for the transitions and the symbolic state.
+#
+# Like Z3Ops, each accepts Python values and Z3 terms mixed and stays in
+# Python when it can, so the same transition code runs on Python values (fast
+# evaluation) and on Z3 terms (proofs). Indices of lists are Python ints
+# unless a helper says otherwise (``select``).
+
+
+def ite(c: Any, a: Any, b: Any) -> Any:
+    """``a if c else b``; identical branches are not wrapped in an ``If``."""
+    if not is_z3(c):
+        return a if c else b
+    if a is b:
+        return a
+    if is_z3(a) and is_z3(b) and z3.eq(a, b):
+        return a
+    if not is_z3(a) and not is_z3(b) and type(a) is type(b) and a == b:
+        return a
+    if z3.is_true(c):
+        return a
+    if z3.is_false(c):
+        return b
+    return z3.If(c, to_term(a), to_term(b))
+
+
+def land(*xs: Any) -> Any:
+    """Conjunction (Python when every operand is)."""
+    terms = []
+    for x in xs:
+        if not is_z3(x):
+            if not x:
+                return False
+            continue
+        if z3.is_false(x):
+            return False
+        if not z3.is_true(x):
+            terms.append(x)
+    if not terms:
+        return True
+    return terms[0] if len(terms) == 1 else z3.And(*terms)
+
+
+def lor(*xs: Any) -> Any:
+    """Disjunction (Python when every operand is)."""
+    terms = []
+    for x in xs:
+        if not is_z3(x):
+            if x:
+                return True
+            continue
+        if z3.is_true(x):
+            return True
+        if not z3.is_false(x):
+            terms.append(x)
+    if not terms:
+        return False
+    return terms[0] if len(terms) == 1 else z3.Or(*terms)
+
+
+def lnot(x: Any) -> Any:
+    """Negation."""
+    return z3.Not(x) if is_z3(x) else not x
+
+
+def limplies(a: Any, b: Any) -> Any:
+    """``a -> b``."""
+    return lor(lnot(a), b)
+
+
+def eq(a: Any, b: Any) -> Any:
+    """Equality of two values of the same kind."""
+    if not is_z3(a) and not is_z3(b):
+        return a == b
+    return to_term(a) == to_term(b)
+
+
+def imin(a: Any, b: Any) -> Any:
+    """``min(a, b)`` on integers."""
+    if not is_z3(a) and not is_z3(b):
+        return min(a, b)
+    return ite(to_term(a) <= to_term(b), a, b)
+
+
+def imax(a: Any, b: Any) -> Any:
+    """``max(a, b)`` on integers."""
+    if not is_z3(a) and not is_z3(b):
+        return max(a, b)
+    return ite(to_term(a) >= to_term(b), a, b)
+
+
+def fdiv(a: Any, k: int) -> Any:
+    """``a // k`` for a positive Python int ``k`` (SMT-LIB ``div`` floors for k > 0)."""
+    assert isinstance(k, int) and k > 0
+    if not is_z3(a):
+        return a // k
+    return a / k if k != 1 else a
+
+
+def cdiv(a: Any, k: int) -> Any:
+    """``ceil(a / k)`` for ``a >= 0`` and a positive Python int ``k`` (``spec.config.cdiv``)."""
+    return fdiv(a + (k - 1), k)
+
+
+def total(xs: Iterable[Any]) -> Any:
+    """Sum of integers."""
+    const = 0
+    terms = []
+    for x in xs:
+        if is_z3(x):
+            terms.append(x)
+        else:
+            const += int(x)
+    if not terms:
+        return const
+    s = terms[0] if len(terms) == 1 else z3.Sum(*terms)
+    return s + const if const else s
+
+
+def count(xs: Iterable[Any]) -> Any:
+    """Number of true Booleans."""
+    return total(ite(x, 1, 0) if is_z3(x) else (1 if x else 0) for x in xs)
+
+
+def select(values: list[Any], idx: Any, default: Any) -> Any:
+    """``values[idx]`` for a possibly symbolic index; ``default`` when out of range."""
+    if not is_z3(idx):
+        return values[idx] if 0 <= idx < len(values) else default
+    out = default
+    for i in reversed(range(len(values))):
+        out = ite(idx == i, values[i], out)
+    return out
+
+
+def value_of(x: Any) -> Any:
+    """A Python value of a Python value or a ground Z3 numeral / Boolean literal."""
+    if not is_z3(x):
+        return x
+    if z3.is_true(x):
+        return True
+    if z3.is_false(x):
+        return False
+    if z3.is_int_value(x):
+        return x.as_long()
+    raise ValueError(f"not a ground value: {x}")
