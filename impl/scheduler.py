@@ -413,12 +413,19 @@ class FastScheduler:
                     stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
         """Queue a new request at the tail of ``waiting``; refuse invalid ones unchanged.
 
-        Rules, checked in this order (first failure wins): a non-empty string id;
-        not a live id; a non-empty prompt shorter than ``max_model_len``; integer
+        Rules, checked in this order (first failure wins): list-like prompt and
+        stop ids and a boolean ``ignore_eos``; a non-empty string id; not a live
+        id; a non-empty prompt shorter than ``max_model_len``; integer
         ``max_tokens``/``min_tokens``/``priority``/``arrival_time``;
         ``max_tokens >= 1``; ``0 <= min_tokens <= max_tokens``; non-negative
-        integer token ids (prompt, stop ids, EOS).
+        integer token ids (prompt, stop ids, EOS); not the id of a request
+        aborted in the pending step.
         """
+        for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
+            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+                raise InvalidEvent("invalid_field_type", f"{name} must be a list of token ids", request_id=request_id)
+        if not isinstance(ignore_eos, bool):
+            raise InvalidEvent("invalid_field_type", "ignore_eos must be a boolean", request_id=request_id)
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
         if not isinstance(request_id, str) or request_id == "":
@@ -442,6 +449,9 @@ class FastScheduler:
             if not _is_int(token) or token < 0:
                 raise InvalidEvent("invalid_token_id", "token ids must be non-negative integers",
                                    request_id=request_id)
+        if self.pending is not None and any(e[0].req_id == request_id for e in self.pending.entries):
+            raise InvalidEvent("request_id_in_flight", f"request {request_id!r} was aborted in the pending step",
+                               request_id=request_id)
         eos = None if ignore_eos else eos_token_id
         req = Req(request_id, prompt, max_tokens, min_tokens, priority, arrival_time, eos, stops,
                   min(self.mml, len(prompt) + max_tokens))
