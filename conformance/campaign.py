@@ -18,7 +18,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -239,6 +239,18 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     _write_summary(run_dir, summary)
     say(f"campaign {run_id}: {spec.examples} trace(s), sut={spec.sut}, profile={spec.profile}, "
         f"comparison={spec.comparison}, seed={spec.seed}, jobs={spec.jobs}")
+    from conformance.adapters import make_sut
+
+    probe = make_sut(spec.sut)
+    forced = dict(getattr(probe, "forced_config", {}) or {})
+    probe.close()
+    if forced:
+        # The SUT cannot express these config values at all (e.g. vLLM has no
+        # free lookahead knob): generate traces without them rather than
+        # collect "unknown" verdicts. Explicit --set values win.
+        spec = replace(spec, config_overrides={**forced, **spec.config_overrides})
+        summary["spec"] = asdict(spec)
+        say(f"the SUT forces config {forced} in generated traces")
     workloads = generate_workloads(spec)
     summary["generation_s"] = round(time.monotonic() - t0, 3)
     progress = Progress(len(workloads), spec.quiet)

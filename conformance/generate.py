@@ -93,12 +93,12 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
         budget = c.integer(max(2, num_spec + 2), max_model_len + 2 * block_size, "budget")
     else:
         budget = c.integer(max_model_len, 2 * max_model_len, "budget")
-    threshold = c.choice([0, 0, 0, num_spec + 1, num_spec + 2 + block_size], "long_prefill_threshold")
+    threshold = min(max_model_len, c.choice([0, 0, 0, num_spec + 1, num_spec + 2 + block_size], "long_prefill_threshold"))
     return SchedulerConfig(
         block_size=block_size,
         num_gpu_blocks=1 + min_blocks + tightness,
         max_num_batched_tokens=budget,
-        max_num_seqs=c.integer(1, 6, "max_num_seqs"),
+        max_num_seqs=c.integer(1, min(6, budget), "max_num_seqs"),
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=threshold,

@@ -21,7 +21,9 @@ trace's configuration at all (for example no priority policy) raises
 :class:`SutUnsupported`: the verdict is then *unknown*, not *fail*.
 
 A scheduler of your own needs only these methods; see the README ("Check
-your own scheduler") for a ten-line adapter.
+your own scheduler") for a ten-line adapter. An optional class attribute
+``forced_config`` (a dict of config fields) makes campaigns generate only
+traces with those values, for settings the scheduler cannot express at all.
 """
 
 from __future__ import annotations

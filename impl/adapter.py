@@ -57,6 +57,8 @@ class ImplSchedulerSut:
             self.scheduler = FastScheduler(cfg, profile)
         except UnsupportedProfile as exc:
             raise SutUnsupported(str(exc)) from None
+        except InvalidConfig as exc:
+            raise SutInputError(exc.code, exc.message) from None
         self.pending = None
 
     def _sched(self) -> FastScheduler:

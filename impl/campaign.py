@@ -34,7 +34,7 @@ def random_config(rng: random.Random, *, profile: str) -> SchedulerConfig:
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         max_num_batched_tokens=budget,
-        max_num_seqs=rng.choice([1, 2, 3, 4, 8, 16]),
+        max_num_seqs=min(budget, rng.choice([1, 2, 3, 4, 8, 16])),  # vLLM wants budget >= seats
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=threshold,

@@ -53,6 +53,7 @@ from typing import Any
 
 from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent
+from spec.profiles import check_config_for_profile, get_profile
 
 # Request statuses, as small integers (compared with ==, never ordered).
 WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED = range(6)
@@ -344,6 +345,7 @@ class FastScheduler:
     def __init__(self, config: SchedulerConfig, profile: str = "vllm-0.33") -> None:
         if profile not in SUPPORTED_PROFILES:
             raise UnsupportedProfile(f"impl supports the profiles {', '.join(SUPPORTED_PROFILES)}, not {profile!r}")
+        check_config_for_profile(config, get_profile(profile))  # the release's start-up refusals
         self.config = config
         self.profile = profile
         self.bs = config.block_size

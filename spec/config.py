@@ -37,6 +37,9 @@ class SchedulerConfig:
     policy: str = "fcfs"
     num_spec_tokens: int = 0
     num_lookahead_tokens: int = 0
+    """Extra slots allocated past the scheduled tokens. vLLM derives it from the
+    spec-decode method (EAGLE / draft models); here it is a free knob, so traces
+    that set it can be checked against the model and our engine, not vLLM."""
     scheduler_reserve_full_isl: bool | None = None
     """None means: the profile's default (``reserve_full_sequence_at_admission``)."""
 
@@ -79,21 +82,16 @@ class SchedulerConfig:
         require(self.num_lookahead_tokens >= 0, InvalidConfig, "invalid_num_lookahead_tokens",
                 "num_lookahead_tokens must be >= 0", field="num_lookahead_tokens",
                 value=self.num_lookahead_tokens)
-        # DEVIATION(vllm 0.33.0): vLLM accepts a threshold that cuts a padded
-        # spec-decode admission short and then fails its own assert
-        # (num_new_tokens == 1 + num_spec_tokens); we refuse the config.
-        require(self.long_prefill_token_threshold == 0
-                or self.long_prefill_token_threshold > self.num_spec_tokens,
-                InvalidConfig, "threshold_below_spec_tokens",
-                "long_prefill_token_threshold must exceed num_spec_tokens (or be 0)",
-                long_prefill_token_threshold=self.long_prefill_token_threshold,
-                num_spec_tokens=self.num_spec_tokens)
         # vLLM's SchedulerConfig rejects this: without chunking, a prompt of
         # max_model_len tokens could never be scheduled.
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                 InvalidConfig, "budget_below_max_model_len",
                 "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
                 max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
+        # vLLM's SchedulerConfig (all releases) wants a token per seat.
+        require(self.max_num_batched_tokens >= self.max_num_seqs, InvalidConfig, "budget_below_max_num_seqs",
+                "max_num_batched_tokens must be >= max_num_seqs",
+                max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
         # vLLM refuses to start when the KV cache cannot hold one sequence of
         # max_model_len tokens; a smaller pool would let a lone request preempt
         # itself forever.

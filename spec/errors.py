@@ -114,7 +114,9 @@ ERROR_CODES: dict[str, str] = {
     "invalid_policy": "a policy other than fcfs or priority",
     "budget_below_max_model_len": "chunked prefill off and max_num_batched_tokens < max_model_len",
     "pool_below_max_model_len": "the usable blocks cannot hold one max_model_len sequence",
-    "threshold_below_spec_tokens": "a long-prefill threshold that would cut a padded spec-decode admission",
+    "threshold_below_spec_tokens": "a long-prefill threshold that would cut a padded spec-decode admission (0.32+)",
+    "threshold_above_max_model_len": "long_prefill_token_threshold > max_model_len (refused by 0.32+)",
+    "budget_below_max_num_seqs": "max_num_batched_tokens < max_num_seqs",
     # protocol only
     "unsupported": "(protocol, init) the scheduler cannot run this config or profile: verdict unknown",
     "internal": "(protocol) an unexpected failure inside the scheduler: recorded as a failure",

@@ -19,9 +19,12 @@ Profiles:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from spec.errors import InvalidConfig
+
+if TYPE_CHECKING:
+    from spec.config import SchedulerConfig
 
 StopCheckOrder = Literal["eos_first", "min_tokens_first", "length_first"]
 
@@ -112,6 +115,11 @@ class Profile:
     """§4.3 step 9: <=0.11 passed ``num_lookahead_tokens = 0`` when admitting a
     request with no computed tokens; 0.33 passes the configured lookahead."""
 
+    refuse_threshold_above_max_model_len: bool
+    """Not in the notes; found against the real releases (reports/findings.md):
+    0.32.0 and 0.33.0 ``SchedulerConfig.verify_max_model_len`` refuse
+    ``long_prefill_token_threshold > max_model_len``; 0.11.0 accepts it."""
+
     def knob_names(self) -> list[str]:
         """Return the knob names, in declaration order (for tables and docs)."""
         return [f.name for f in fields(self) if f.name not in ("name", "vllm_version")]
@@ -137,6 +145,7 @@ VLLM_0_33 = Profile(
     pad_new_decodes_to_spec_size=True,
     cache_blocks_after_spec_update=True,
     lookahead_for_fresh_requests=True,
+    refuse_threshold_above_max_model_len=True,
 )
 
 # DEVIATION-free by construction: the 0.32.0 wheel's core differs from 0.33.0
@@ -171,10 +180,32 @@ VLLM_0_11 = Profile(
     pad_new_decodes_to_spec_size=False,
     cache_blocks_after_spec_update=False,
     lookahead_for_fresh_requests=False,
+    refuse_threshold_above_max_model_len=False,
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_33, VLLM_0_32, VLLM_0_11)}
 DEFAULT_PROFILE = VLLM_0_33.name
+
+
+def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> None:
+    """Refuse configs the profile's release refuses at start-up (InvalidConfig)."""
+    from spec.errors import require
+
+    # 0.32.0/0.33.0 refuse a threshold above max_model_len.
+    require(not profile.refuse_threshold_above_max_model_len
+            or config.long_prefill_token_threshold <= config.max_model_len,
+            InvalidConfig, "threshold_above_max_model_len",
+            "long_prefill_token_threshold cannot exceed max_model_len under this profile",
+            long_prefill_token_threshold=config.long_prefill_token_threshold, max_model_len=config.max_model_len)
+    # DEVIATION(vllm 0.33.0, 0.32.0): those releases accept a threshold that
+    # cuts a padded spec-decode admission short, then fail their own assert
+    # (num_new_tokens == 1 + num_spec_tokens) in schedule(); we refuse the
+    # config. 0.11.0 has no padding and runs it correctly, so it is accepted there.
+    require(not profile.pad_new_decodes_to_spec_size or config.long_prefill_token_threshold == 0
+            or config.long_prefill_token_threshold > config.num_spec_tokens,
+            InvalidConfig, "threshold_below_spec_tokens",
+            "long_prefill_token_threshold must exceed num_spec_tokens (or be 0) under this profile",
+            long_prefill_token_threshold=config.long_prefill_token_threshold, num_spec_tokens=config.num_spec_tokens)
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -28,7 +28,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent, require
 from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
-from spec.profiles import DEFAULT_PROFILE, Profile, get_profile
+from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
 from spec.queues import create_request_queue
 from spec.request import Request, RequestStatus, SamplingParams
 from spec.stop import compute_stop_status
@@ -98,6 +98,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, profile: str | Profile = DEFAULT_PROFILE) -> None:
         self.config = config
         self.profile = get_profile(profile)
+        check_config_for_profile(config, self.profile)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
         self.policy = config.policy

@@ -86,3 +86,7 @@ def _mutant(name: str) -> SchedulerUnderTest:
 
 # name prefix -> factory(name); e.g. "vllm-v1@" -> the vLLM adapter.
 ADAPTER_PREFIXES: dict[str, Callable[[str], SchedulerUnderTest]] = {"mutant:": _mutant}
+
+
+# Importing the vLLM adapter registers the "vllm-v1@" prefix (it never imports vLLM).
+from conformance.adapters import vllm_v1 as _vllm_v1  # noqa: E402,F401

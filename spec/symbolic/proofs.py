@@ -42,7 +42,17 @@ from typing import Any
 import z3
 
 from spec.invariants import INVARIANTS
-from spec.symbolic.state import LEMMAS, Shape, State, SymbolicView, describe, evaluate, fresh_state, theorem_rank
+from spec.symbolic.state import (
+    LEMMAS,
+    Shape,
+    State,
+    SymbolicView,
+    describe,
+    evaluate,
+    fresh_state,
+    theorem_order,
+    theorem_rank,
+)
 from spec.symbolic.transitions import TRANSITIONS, Outcome
 from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
@@ -140,12 +150,13 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
         result.seconds = time.monotonic() - t0
         return result
     view = SymbolicView(out.post)
-    post_goals: list[tuple[str, Any]] = []
-    for inv_name, fn in INVARIANTS.items():
-        post_goals.append((f"inv:{inv_name}", lambda ops, fn=fn: fn(view, ops)))
+    # Checks first, then lemmas, then invariants; each goal proved is assumed
+    # for the next ones (sound: it follows from the premises).
+    post_goals: list[tuple[str, Any]] = [(f"check:{c}", lambda ops, f=f: f) for c, f in out.checks]
     for lemma_name, fn in LEMMAS.items():
         post_goals.append((f"lemma:{lemma_name}", lambda ops, fn=fn: fn(out.post, ops)))
-    post_goals += [(f"check:{c}", lambda ops, f=f: f) for c, f in out.checks]
+    for inv_name, fn in INVARIANTS.items():
+        post_goals.append((f"inv:{inv_name}", lambda ops, fn=fn: fn(view, ops)))
     if goals is not None:
         post_goals = [(g, f) for g, f in post_goals if g in goals]
     for goal_name, build in post_goals:
@@ -154,7 +165,8 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
             continue
         solver.push()
         ops = Z3Ops()
-        solver.add(z3.Not(_as_bool(build(ops))))
+        goal = _as_bool(build(ops))
+        solver.add(z3.Not(goal))
         solver.set("timeout", remaining_ms())
         verdict = solver.check()
         if verdict == z3.unsat:
@@ -168,6 +180,8 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
         else:
             result.goals[goal_name] = UNKNOWN
         solver.pop()
+        if result.goals[goal_name] == PROVED:
+            solver.add(goal)
         if stop_at_first_failure and result.goals[goal_name] == FAILED:
             break
     statuses = set(result.goals.values())
@@ -187,6 +201,19 @@ def prove_theorem_rank(shape: Shape, timeout_s: float = 120.0) -> TransitionResu
     verdict = solver.check()
     status = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
     return TransitionResult("theorem_rank", shape, status, time.monotonic() - t0, {"theorem_rank": status})
+
+
+def prove_theorem_order(num_items: int, timeout_s: float = 120.0) -> TransitionResult:
+    """Prove ``state.theorem_order`` for ``num_items`` fresh members and keys, both orders (no premises)."""
+    t0 = time.monotonic()
+    members = {b: z3.Bool(f"member[{b}]") for b in range(1, num_items + 1)}
+    keys = {b: z3.Int(f"key[{b}]") for b in range(1, num_items + 1)}
+    solver = z3.Solver()
+    solver.set("timeout", int(timeout_s * 1000))
+    solver.add(z3.Not(z3.And(_as_bool(theorem_order(members, keys)), _as_bool(theorem_order(members, keys, True)))))
+    verdict = solver.check()
+    status = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
+    return TransitionResult("theorem_order", Shape(1, num_items), status, time.monotonic() - t0, {"theorem_order": status})
 
 
 # ------------------------------------------------------------------ counterexamples

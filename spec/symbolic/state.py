@@ -676,6 +676,29 @@ def theorem_rank(s: State, n: Any) -> Any:
                 limplies(distinct, monotone))
 
 
+def order_rank(members: dict[int, Any], keys: dict[int, Any], b: int, descending: bool = False) -> Any:
+    """How many other members come before member ``b`` by key (larger keys first when ``descending``)."""
+    return count(land(members[c], keys[c] > keys[b] if descending else keys[c] < keys[b]) for c in members if c != b)
+
+
+def theorem_order(members: dict[int, Any], keys: dict[int, Any], descending: bool = False) -> Any:
+    """Ranks by key within a subset: a member before another has a smaller rank, and every rank is below the subset's size.
+
+    Valid for any Booleans ``members`` and integers ``keys`` over the same
+    index set (transitivity of ``<``); ``proofs.prove_theorem_order`` proves
+    it for index sets of a given size, after which transitions use instances
+    of it as premises.
+    """
+    size = count(members.values())
+    rank = {b: order_rank(members, keys, b, descending) for b in members}
+    before = (lambda x, y: x > y) if descending else (lambda x, y: x < y)
+    return land(
+        *(limplies(land(members[b], members[c], before(keys[b], keys[c])), rank[b] < rank[c])
+          for b in members for c in members if b != c),
+        *(limplies(members[b], rank[b] < size) for b in members),
+    )
+
+
 LEMMAS: dict[str, Callable[[State, Any], Any]] = {
     fn.__name__.removeprefix("lemma_"): fn
     for fn in (lemma_config, lemma_step, lemma_free_queue, lemma_requests, lemma_cached_prefix, lemma_hashes)

@@ -45,6 +45,8 @@ from spec.symbolic.state import (
     Shape,
     State,
     free_rank,
+    order_rank,
+    theorem_order,
     theorem_rank,
 )
 from spec.symbolic.z3ops import (
@@ -80,6 +82,15 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     premises: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Theorem instances travel with the checks as "premise:" entries.
+        self.premises = self.premises + [c for name, c in self.checks if name.startswith(PREMISE)]
+        self.checks = [(name, c) for name, c in self.checks if not name.startswith(PREMISE)]
+
+
+PREMISE = "premise:"
+"""Prefix of a check-list entry that is an instance of a proved theorem, to be assumed rather than proved."""
 
 
 # ------------------------------------------------------------------ helpers
@@ -237,7 +248,7 @@ def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[i
         indexed=[s.indexed[0]] + [land(s.indexed[b], lnot(evict[b])) for b in blocks],
         num_free_blocks=s.num_free_blocks - n,
     )
-    return post, popped, rank, checks, [theorem_rank(s, n)]
+    return post, popped, rank, checks + [(PREMISE + "rank", theorem_rank(s, n))], []
 
 
 def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
@@ -279,9 +290,11 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
     num_front = count(front.values())
     num_back = count(back.values())
     # Earlier in the given order = later in the table.
-    rank_front = {b: count(land(front[c], pos[c] > pos[b]) for c in blocks if c != b) for b in blocks}
-    rank_back = {b: count(land(back[c], pos[c] > pos[b]) for c in blocks if c != b) for b in blocks}
-    checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks)))]
+    rank_front = {b: order_rank(front, pos, b, descending=True) for b in blocks}
+    rank_back = {b: order_rank(back, pos, b, descending=True) for b in blocks}
+    checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks))),
+              (PREMISE + "order of the freed blocks", land(theorem_order(front, pos, descending=True),
+                                                          theorem_order(back, pos, descending=True)))]
     post = s.replace(
         ref_cnt=[s.ref_cnt[0]] + [ite(held[b], s.ref_cnt[b] - 1, s.ref_cnt[b]) for b in blocks],
         in_free=[s.in_free[0]] + [lor(s.in_free[b], reach0[b]) for b in blocks],
@@ -596,7 +609,7 @@ def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
 
     def to_allocate(num_tokens: Any) -> Any:
         required = cdiv(num_tokens, bs)
-        return ite(has_table, imax(required - held, 0), imax(required - hit_blocks, 0))
+        return ite(has_table, imax(required - held, 0), imax(required - hit_blocks, 0) + evictable)
 
     full_needed = to_allocate(imin(ntok, s.max_model_len))
     full_refused = land(s.reserve_full_sequence, full_needed > num_free)

@@ -40,10 +40,10 @@ def configs(draw):
         # from "exactly one max_model_len sequence" to half as much again
         num_gpu_blocks=1 + draw(st.integers(min_blocks, min_blocks + min_blocks // 2 + 1)),
         max_num_batched_tokens=budget,
-        max_num_seqs=draw(st.integers(1, 5)),
+        max_num_seqs=draw(st.integers(1, min(5, budget))),
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, num_spec + 1, num_spec + 3])),
+        long_prefill_token_threshold=min(max_model_len, draw(st.sampled_from([0, 0, num_spec + 1, num_spec + 3]))),
         enable_prefix_caching=draw(st.integers(0, 6)) != 0,
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         num_spec_tokens=num_spec,

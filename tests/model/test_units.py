@@ -162,7 +162,8 @@ def test_every_knob_cites_its_source():
     for knob in VLLM_0_33.knob_names():
         doc_start = src.index(f"    {knob}:")
         doc = src[doc_start: src.index('"""', src.index('"""', doc_start) + 3)]
-        assert "§" in doc or "read in 0.33.0" in doc, knob
+        # A section of the notes, or where in the released code it was read.
+        assert "§" in doc or "read in 0.33.0" in doc or "findings.md" in doc, knob
 
 
 @pytest.mark.parametrize(
@@ -178,7 +179,7 @@ def test_every_knob_cites_its_source():
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=8, max_model_len=16), "budget_below_max_model_len"),
         (dict(policy="lifo"), "invalid_policy"),
         (dict(block_size="4"), "invalid_config_type"),
-        (dict(num_spec_tokens=2, long_prefill_token_threshold=2), "threshold_below_spec_tokens"),
+        (dict(max_num_seqs=17), "budget_below_max_num_seqs"),
     ],
 )
 def test_config_errors(fields, code):
@@ -205,3 +206,27 @@ def test_invalid_event_leaves_state_unchanged():
             s.add_request(**kwargs)
         assert e.value.code == code
         assert s.observe() == before
+
+
+@pytest.mark.parametrize(
+    "fields, code, refused_by",
+    [
+        # 0.32/0.33 pad one-token admissions to 1 + num_spec_tokens; a smaller
+        # threshold would cut the padding (vLLM then fails an assert).
+        (dict(num_spec_tokens=2, long_prefill_token_threshold=2), "threshold_below_spec_tokens", {"vllm-0.33", "vllm-0.32"}),
+        # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len).
+        (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len", {"vllm-0.33", "vllm-0.32"}),
+    ],
+)
+def test_profile_dependent_config_checks(fields, code, refused_by):
+    from spec.scheduler import Scheduler
+
+    config = SchedulerConfig(**{**dict(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16),
+                                **fields})
+    for profile in PROFILES:
+        if profile in refused_by:
+            with pytest.raises(InvalidConfig) as e:
+                Scheduler(config, profile)
+            assert e.value.code == code
+        else:
+            Scheduler(config, profile)  # accepted

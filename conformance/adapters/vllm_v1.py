@@ -1,0 +1,95 @@
+"""The real vLLM v1 scheduler as a system under test: ``--sut vllm-v1@VERSION``.
+
+The harness never imports vLLM. This adapter starts the release's own
+interpreter (``.venvs/vllm-VERSION/bin/python``, built by ``schedconf env vllm
+VERSION``) on ``conformance/vllm_driver.py`` and speaks the JSON-lines protocol
+with it through :class:`~conformance.adapters.stdio.StdioSut`. One subprocess
+serves a whole campaign: every trace sends a fresh ``init``.
+
+Importing this module registers the ``vllm-v1@`` prefix in
+``conformance.adapters.ADAPTER_PREFIXES``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from conformance.adapters import ADAPTER_PREFIXES, UnknownSut
+from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, SutProtocolError, StdioSut
+from conformance.sut import SchedulerUnderTest
+from conformance.vllm_env import (
+    REPO_ROOT,
+    driver_env,
+    is_vllm_env_ready,
+    not_ready_message,
+    supported_versions,
+    vllm_python,
+)
+
+PREFIX = "vllm-v1@"
+IMPORT_TIMEOUT_S = 180.0
+"""The first ``init`` imports vLLM (~10 s on two cores, more on a cold disk)."""
+
+
+class VllmEnvNotReady(UnknownSut):
+    """The environment of the requested release is not built; the message gives the command."""
+
+
+class VllmV1Sut(StdioSut):
+    """A StdioSut running vLLM ``version``'s driver, with the ``stats`` extension."""
+
+    # vLLM derives lookahead from the spec-decode method, so a campaign against
+    # it generates traces without our free lookahead knob (see vllm_driver).
+    forced_config: dict[str, Any] = {"num_lookahead_tokens": 0}
+
+    def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
+        self.version = version
+        python = vllm_python(version, root)
+        command = f"{shlex.quote(str(python))} -m conformance.vllm_driver"
+        super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}")
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        """Start the process if needed (importing vLLM takes a while), then ``init``."""
+        if self.proc is None or self.proc.poll() is not None:
+            saved, self.timeout_s = self.timeout_s, max(self.timeout_s, IMPORT_TIMEOUT_S)
+            try:
+                super().start(config, profile)
+            finally:
+                self.timeout_s = saved
+            return
+        super().start(config, profile)
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        """Seconds spent inside vLLM's ``schedule()`` + ``update_from_output()`` since ``init``.
+
+        The driver's optional ``stats`` method (not part of protocol version 1):
+        ``{"scheduler_seconds", "schedule_seconds", "update_seconds", "steps"}``.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            raise SutProtocolError(f"{self.name}: the scheduler process is not running")
+        return self.call("stats", {"reset": reset})
+
+
+def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
+    """Build the SUT for ``vllm-v1@VERSION``; raise VllmEnvNotReady with the build command if needed."""
+    version = name.removeprefix(PREFIX)
+    if not version:
+        raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 "
+                         f"(pinned: {', '.join(supported_versions())})")
+    if version not in supported_versions():
+        raise UnknownSut(f"--sut {name!r}: no pinned environment for vLLM {version}; "
+                         f"pinned releases: {', '.join(supported_versions())} (conformance/envs/)")
+    if not is_vllm_env_ready(version, root):
+        raise VllmEnvNotReady(f"--sut {name!r}: {not_ready_message(version)}")
+    return VllmV1Sut(version, root=root)
+
+
+ADAPTER_PREFIXES.setdefault(PREFIX, make_vllm_sut)
+
+__all__ = ["PREFIX", "VllmEnvNotReady", "VllmV1Sut", "make_vllm_sut", "REPO_ROOT"]
+
+if __name__ == "__main__":  # pragma: no cover - a quick manual check
+    print(make_vllm_sut(sys.argv[1] if len(sys.argv) > 1 else f"{PREFIX}0.33.0").name)

