@@ -84,14 +84,14 @@ class SchedulerOutput:
         Lists of requests keep vLLM's order (admission order, running-loop
         order): the model runner's batch follows it. Sets are sorted.
         """
+        # Dict keys need no sorting here: dicts compare equal in any order,
+        # and traces are written with sorted keys.
         return {
             "scheduled_new_reqs": [r.to_canonical() for r in self.scheduled_new_reqs],
             "scheduled_cached_reqs": [r.to_canonical() for r in self.scheduled_cached_reqs],
-            "num_scheduled_tokens": dict(sorted(self.num_scheduled_tokens.items())),
+            "num_scheduled_tokens": dict(self.num_scheduled_tokens),
             "total_num_scheduled_tokens": self.total_num_scheduled_tokens,
-            "scheduled_spec_decode_tokens": {
-                k: list(v) for k, v in sorted(self.scheduled_spec_decode_tokens.items())
-            },
+            "scheduled_spec_decode_tokens": {k: list(v) for k, v in self.scheduled_spec_decode_tokens.items()},
             "finished_req_ids": sorted(self.finished_req_ids),
             "preempted_req_ids": None if self.preempted_req_ids is None else sorted(self.preempted_req_ids),
         }
