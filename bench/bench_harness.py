@@ -22,6 +22,7 @@ from conformance.adapters.reference import ReferenceSut
 from conformance.campaign import CampaignSpec, run_campaign
 from conformance.generate import random_workload
 from conformance.replay import replay
+from conformance.sut import add_request_kwargs
 from conformance.trace import Trace
 from conformance.workload import WorkloadError, run_workload
 from spec.config import SchedulerConfig
@@ -38,10 +39,7 @@ def drive_reference(trace: Trace) -> None:
         kind = e["kind"]
         try:
             if kind == "add_request":
-                sched.add_request(e["request_id"], e["prompt_token_ids"], e["max_tokens"], priority=e["priority"],
-                                  arrival_time=e["arrival_time"], eos_token_id=e["eos_token_id"],
-                                  ignore_eos=e["ignore_eos"], stop_token_ids=e["stop_token_ids"],
-                                  min_tokens=e["min_tokens"])
+                sched.add_request(**add_request_kwargs(e))
             elif kind == "abort":
                 sched.abort(e["request_id"])
             elif kind == "step":

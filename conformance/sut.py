@@ -64,3 +64,12 @@ class SchedulerUnderTest(Protocol):
     def observe(self) -> dict[str, Any] | None: ...
 
     def close(self) -> None: ...
+
+
+ADD_REQUEST_FIELDS = ("request_id", "prompt_token_ids", "max_tokens", "priority", "arrival_time",
+                      "eos_token_id", "ignore_eos", "stop_token_ids", "min_tokens")
+
+
+def add_request_kwargs(event: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``add_request`` (spec and impl schedulers) from a trace event."""
+    return {name: event[name] for name in ADD_REQUEST_FIELDS}

@@ -20,6 +20,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from conformance.sut import add_request_kwargs
 from conformance.trace import Trace, make_header
 from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent
@@ -227,12 +228,7 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
     event = dict(item.event)
     try:
         if event["kind"] == "add_request":
-            sched.add_request(
-                event["request_id"], event["prompt_token_ids"], event["max_tokens"],
-                priority=event["priority"], arrival_time=event["arrival_time"],
-                eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
-                stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"],
-            )
+            sched.add_request(**add_request_kwargs(event))
         else:
             sched.abort(event["request_id"])
     except InvalidEvent as exc:

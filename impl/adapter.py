@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.sut import SutInputError, SutUnsupported
+from conformance.sut import SutInputError, SutUnsupported, add_request_kwargs
 from impl.scheduler import FastScheduler, StepOutput, UnsupportedProfile
 from spec.config import SchedulerConfig
 from spec.errors import InvalidConfig, InvalidEvent
@@ -67,12 +67,7 @@ class ImplSchedulerSut:
 
     def add_request(self, event: dict[str, Any]) -> None:
         try:
-            self._sched().add_request(
-                event["request_id"], event["prompt_token_ids"], event["max_tokens"],
-                priority=event["priority"], arrival_time=event["arrival_time"],
-                eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
-                stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"],
-            )
+            self._sched().add_request(**add_request_kwargs(event))
         except InvalidEvent as exc:
             raise SutInputError(exc.code, exc.message) from None
 

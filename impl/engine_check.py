@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from conformance.sut import add_request_kwargs
+
 from conformance.trace import Trace, make_header, read_trace, write_trace
 from conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
 from impl.adapter import canonical_request_outputs
@@ -117,10 +119,7 @@ def _apply(engine: Engine, ref: Scheduler, item: object) -> tuple[dict[str, Any]
     for target in (ref, engine):
         try:
             if event["kind"] == "add_request":
-                target.add_request(event["request_id"], event["prompt_token_ids"], event["max_tokens"],
-                                   priority=event["priority"], arrival_time=event["arrival_time"],
-                                   eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
-                                   stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"])
+                target.add_request(**add_request_kwargs(event))
             else:
                 target.abort(event["request_id"])
             codes.append(None)
