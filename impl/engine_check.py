@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from conformance.sut import add_request_kwargs
-
 from conformance.trace import Trace, make_header, read_trace, write_trace
 from conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
 from impl.adapter import canonical_request_outputs
