@@ -238,6 +238,31 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
     return event
 
 
+def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
+    """Apply one input event of a trace to a model scheduler (or a subclass that records).
+
+    Returns the ``SchedulerOutput`` of a ``step``, the request outputs of a
+    ``model_output`` (applied to the pending step) and ``None`` for
+    ``add_request`` and ``abort``. Events that expect an error are skipped
+    (``None``); any other invalid input raises ``InvalidEvent``.
+    """
+    if "expect_error" in event:
+        return None
+    kind = event["kind"]
+    if kind == "add_request":
+        sched.add_request(**add_request_kwargs(event))
+        return None
+    if kind == "abort":
+        sched.abort(event["request_id"])
+        return None
+    if kind == "step":
+        return sched.schedule()
+    assert sched.pending_output is not None, "model_output without a pending step"
+    return sched.update_from_output(sched.pending_output, ModelRunnerOutput(
+        {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
+        {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
+
+
 def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = False,
                  scheduler_class: type[Scheduler] = Scheduler) -> Trace:
     """Run the workload on the reference scheduler and record the trace.

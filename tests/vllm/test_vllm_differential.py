@@ -44,6 +44,7 @@ import pytest
 from conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
 from conformance.datadriven import parse_file, parse_tokens
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from conformance.sut import add_request_kwargs
 from conformance.trace import Trace, make_header
 from conformance.vllm_env import REPO_ROOT, ensure_vllm_env
 from conformance.workload import (
@@ -189,10 +190,7 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
                      "stop_token_ids": parse_tokens(opts.get("stop", "-")), "ignore_eos": "ignore-eos" in opts,
                      "min_tokens": int(opts.get("min-tokens", 0))}
             try:
-                sched.add_request(rid, event["prompt_token_ids"], event["max_tokens"], priority=event["priority"],
-                                  arrival_time=event["arrival_time"], eos_token_id=event["eos_token_id"],
-                                  ignore_eos=event["ignore_eos"], stop_token_ids=event["stop_token_ids"],
-                                  min_tokens=event["min_tokens"])
+                sched.add_request(**add_request_kwargs(event))
             except InvalidEvent as exc:
                 event["expect_error"] = exc.code
             events.append(event)
