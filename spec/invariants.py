@@ -105,6 +105,30 @@ def inv_computed_range(s: Any, o: Any) -> Any:
     )
 
 
+def inv_prefix_hit_capped(s: Any, o: Any) -> Any:
+    """A request scheduled in the step had computed fewer than num_tokens tokens before it: prefix hits stop below num_tokens."""
+    return o.forall(
+        s.requests,
+        lambda r: o.implies(
+            o.lt(0, s.num_scheduled_tokens(r)),
+            o.lt(s.num_computed_tokens(r) - s.num_scheduled_tokens(r), s.num_tokens(r)),
+        ),
+        lambda r: f"request {r}",
+    )
+
+
+def inv_preempted_from_scratch(s: Any, o: Any) -> Any:
+    """A PREEMPTED request has computed nothing and holds no block: it restarts from scratch."""
+    return o.forall(
+        s.requests,
+        lambda r: o.implies(
+            o.eq(s.status(r), PREEMPTED),
+            o.and_(o.eq(s.num_computed_tokens(r), 0), o.eq(s.num_blocks(r), 0)),
+        ),
+        lambda r: f"request {r}",
+    )
+
+
 def inv_hash_map_consistency(s: Any, o: Any) -> Any:
     """A block carries a hash iff the prefix-cache map indexes it under that hash."""
     return o.forall(s.blocks, lambda b: o.eq(s.is_cached(b), s.is_indexed(b)), lambda b: f"block {b}")
@@ -167,6 +191,8 @@ INVARIANTS: dict[str, Invariant] = {
         inv_no_double_hold,
         inv_block_table_coverage,
         inv_computed_range,
+        inv_prefix_hit_capped,
+        inv_preempted_from_scratch,
         inv_hash_map_consistency,
         inv_prefix_chain,
         inv_status_matches_queue,
