@@ -14,6 +14,11 @@ Modules:
   concrete model (scheduler -> values, Z3 model -> scheduler).
 * ``transitions``: the model's transitions over symbolic states, each citing
   the ``spec/`` code it mirrors.
-* ``proofs``: preservation proofs per transition and invariant, with a CLI.
-* ``witnesses``: Z3 queries for named corner cases, realised as traces.
+* ``proofs``: preservation proofs per transition and invariant, with a CLI
+  (``python -m spec.symbolic.proofs --bounds 4,8 --timeout 60``).
+* ``drive``: runs the encoded transitions along a concrete scheduler's events
+  (the drift guard).
+* ``realise``: turns a Z3 state into a trace by a seeded workload search.
+* ``witnesses``: Z3 queries for named corner cases, realised as traces
+  (``python -m spec.symbolic.witnesses --write``).
 """

@@ -1,7 +1,7 @@
 """Run the encoded transitions along the events of a concrete scheduler.
 
-The drift guard and the witnesses need to apply *the same event* to the
-Python model and to the encoding and compare. An event of the model
+The drift guard needs to apply *the same event* to the Python model and to
+the encoding and compare. An event of the model
 (``schedule()``, ``update_from_output()``, ``abort``, ``add_request``) is a
 sequence of encoded transitions: ``schedule()`` is ``begin_step``, running
 iterations while their guard holds, ``end_running_loop``, waiting admissions
@@ -36,7 +36,7 @@ from spec.symbolic.state import (
     fresh_state,
     from_scheduler,
 )
-from spec.symbolic.transitions import TRANSITIONS, Outcome
+from spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome
 from spec.symbolic.z3ops import is_z3, value_of
 
 
@@ -50,7 +50,7 @@ class Evaluator(Protocol):
 
 def python_evaluator(name: str, state: State, inputs: dict[str, Any]) -> tuple[bool, State, dict[str, Any]]:
     """Evaluate transition ``name`` on Python values: (guard, next state, facts)."""
-    out: Outcome = TRANSITIONS[name].apply(state, inputs)
+    out: Outcome = (TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]).apply(state, inputs)
     for check_name, c in out.checks:
         if value_of(out.guard) and not value_of(c):
             raise EncodingError(f"{name}: model assertion '{check_name}' fails on a Python state")
@@ -84,8 +84,7 @@ class Z3Evaluator:
         if solver.check() != z3.sat:
             raise EncodingError(f"{name}: binding a concrete state is unsatisfiable")
         model = solver.model()
-        guard = z3.is_true(model.eval(z3.BoolVal(True) if not is_z3(out.guard) else out.guard, model_completion=True)) \
-            if is_z3(out.guard) else bool(out.guard)
+        guard = z3.is_true(model.eval(out.guard, model_completion=True)) if is_z3(out.guard) else bool(out.guard)
         if guard:
             for check_name, c in out.checks:
                 if is_z3(c) and not z3.is_true(model.eval(c, model_completion=True)):
@@ -106,13 +105,21 @@ def _one_enabled(ev: Evaluator, names: tuple[str, ...], state: State) -> tuple[s
 
 
 def run_schedule(ev: Evaluator, state: State,
-                 on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None) -> State:
-    """The encoded ``schedule()`` from an IDLE state: returns the PENDING state."""
+                 on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
+                 composed: bool = False) -> State:
+    """The encoded ``schedule()`` from an IDLE state: returns the PENDING state.
+
+    With ``composed`` the loops advance by whole iterations (``COMPOSED``).
+    """
     assert state.phase == IDLE
     guard, state, facts = ev("begin_step", state, {})
     assert guard
-    for names in (("running_iteration", "end_running_loop"), ("waiting_admission", "end_schedule")):
-        for _ in range(4 * state.shape.num_reqs + 4):
+    steps = (("running_start", "running_allocate", "running_preempt", "end_running_loop"),
+             ("waiting_admit", "waiting_stop", "end_schedule"))
+    if composed:
+        steps = (("running_iteration", "end_running_loop"), ("waiting_admission", "end_schedule"))
+    for names in steps:
+        for _ in range(8 * state.shape.num_reqs + 8):
             name, post, facts = _one_enabled(ev, names, state)
             if on_transition:
                 on_transition(name, state, post, facts)

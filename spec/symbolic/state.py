@@ -43,7 +43,9 @@ twice cannot be represented; instead every transition that adds a block to a
 table carries the model-level check that the table did not hold it.
 * the step in progress (``spec/scheduler.py`` ``_StepState``): the phase, the
   tokens scheduled so far, the token budget, the running loop's cursor, the
-  step's threshold, and the preemption records.
+  step's threshold, the preemption records, and the running loop's pending
+  allocation (``alloc_active``: ``_allocate_or_preempt`` is under way for
+  slot ``alloc_request`` with ``alloc_num_new`` tokens).
 
 Phases: ``IDLE`` (no pending output), ``RUNNING_LOOP`` and ``WAITING_LOOP``
 (inside ``schedule()``), ``PENDING`` (``schedule()`` returned, output not yet
@@ -53,7 +55,12 @@ The view
 --------
 :class:`SymbolicView` offers the names of :class:`spec.view.ConcreteView`.
 Dead slots are masked so that every per-request predicate holds vacuously on
-them, the way the concrete view simply does not list them. Inside
+them, the way the concrete view simply does not list them; a dead slot's
+tokens still in a pending output count as given back, as in the concrete
+view. Table positions are named ``(slot, block)`` (the domain is opaque to
+the invariants). The preemption records are listed as guarded cases (see
+:class:`_GuardedPreemption`), because ``inv_victim_order`` indexes with a
+Python ``victim_pos``. Inside
 ``schedule()`` the view shows the state *as if the step ended now*:
 ``num_computed_tokens`` includes the tokens scheduled so far (what
 ``_update_after_schedule`` will add). Inside ``update_from_output()`` the view
@@ -61,12 +68,15 @@ shows no scheduled tokens (the model clears ``pending_output`` first).
 
 Lemmas
 ------
-:data:`LEMMAS` are the well-formedness facts of this encoding (positions form
-permutations, ranges) and the strengthening lemmas the proofs need (e.g. the
-first ``num_cached_block`` table entries are exactly the cached ones). They
-are written with the same operations as the invariants, proved preserved by
-every transition together with them, and checked on concrete states in the
-tests.
+:data:`LEMMAS` are the well-formedness facts of this encoding (ranges,
+distinct keys and positions, the step's bookkeeping) and the strengthening
+lemmas the proofs need (e.g. a table's blocks below ``num_cached_block`` are
+exactly its cached ones; an uncached block has at most one holder; a live
+request's block hashes differ). They are written with the same operations as
+the invariants, proved preserved by every transition together with them, and
+checked on every reachable state the tests build. Tables may have holes in
+the symbolic states (no lemma forbids them); the concrete model's lists have
+none, so counterexamples are asked for without holes first.
 """
 
 from __future__ import annotations
@@ -89,12 +99,10 @@ from spec.symbolic.z3ops import (
     eq as eq_,
     limplies,
     fdiv,
-    imin,
     is_z3,
     ite,
     land,
     lnot,
-    lor,
     select,
     total,
     value_of,
@@ -123,6 +131,7 @@ SCALAR_FIELDS = (
     ("token_budget", INT), ("total_num_scheduled", INT), ("req_index", INT), ("threshold", INT),
     ("num_preemptions", INT),
     ("running_done", BOOL), ("waiting_done", BOOL),
+    ("alloc_active", BOOL), ("alloc_request", INT), ("alloc_num_new", INT),
 )
 BLOCK_FIELDS = (
     ("ref_cnt", INT), ("in_free", BOOL), ("free_key", INT), ("cached", BOOL),
@@ -391,8 +400,12 @@ class SymbolicView:
         self.num_free_blocks = s.num_free_blocks
         out = s.has_output()
         self._out = out
-        self.total_num_scheduled_tokens = ite(out, s.total_num_scheduled, 0)
-        self.remaining_token_budget = ite(out, s.token_budget, s.max_num_batched_tokens)
+        # A request aborted while the step is pending keeps its place in the
+        # output; its tokens count as given back (spec/view.py).
+        self._live = [s.live(r) for r in sh.slots]
+        aborted = total(ite(self._live[r], 0, s.num_scheduled[r]) for r in sh.slots)
+        self.total_num_scheduled_tokens = ite(out, s.total_num_scheduled - aborted, 0)
+        self.remaining_token_budget = ite(out, s.token_budget + aborted, s.max_num_batched_tokens)
         self.blocks = list(sh.blocks)
         self.null_block = 0
         self.requests = list(sh.slots)
@@ -476,11 +489,6 @@ class SymbolicView:
     def num_scheduled_tokens(self, r: int) -> Any:
         return ite(land(self._out, self._live[r]), self._s.num_scheduled[r], 0)
 
-    @property
-    def scheduled_ids_not_live(self) -> Any:
-        s = self._s
-        return count(land(self._out, lnot(self._live[r]), s.num_scheduled[r] > 0) for r in s.shape.slots)
-
     def hold_count(self, pair: tuple[int, int]) -> Any:
         r, b = pair
         return ite(land(self._live[r], self._held(r, b)), 1, 0)
@@ -520,6 +528,9 @@ def lemma_config(s: State, o: Any) -> Any:
         o.le(cdiv(s.max_model_len, sh.block_size), sh.num_blocks),
         o.le(0, s.long_prefill_token_threshold), o.le(0, s.num_lookahead_tokens),
         o.or_(s.enable_chunked_prefill, o.le(s.max_model_len, s.max_num_batched_tokens)),
+        o.le(s.max_num_seqs, s.max_num_batched_tokens),
+        # vllm-0.33 (spec/profiles.py check_config_for_profile)
+        o.le(s.long_prefill_token_threshold, s.max_model_len),
     )
 
 
@@ -534,6 +545,10 @@ def lemma_step(s: State, o: Any) -> Any:
         o.implies(o.eq(s.phase, IDLE), o.and_(o.eq(s.num_preemptions, 0), o.eq(sched_total, 0))),
         o.implies(in_step_or_pending, o.eq(s.token_budget, s.max_num_batched_tokens - sched_total)),
         o.implies(s.in_step(), o.eq(s.total_num_scheduled, sched_total)),
+        # Inside schedule() nothing is aborted: only RUNNING requests are scheduled.
+        o.implies(s.in_step(), o.forall(
+            sh.slots, lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(s.live(r), o.eq(s.status[r], RUNNING))),
+            lambda r: f"slot {r} scheduled in the step")),
         o.le(0, s.num_preemptions), o.le(s.num_preemptions, sh.num_reqs),
         # Each preemption removes a running request and none is admitted after one.
         o.implies(in_step_or_pending, o.le(s.num_preemptions + s.num_running(), sh.num_reqs)),
@@ -544,6 +559,16 @@ def lemma_step(s: State, o: Any) -> Any:
                      lambda r: f"slot {r} after the cursor"),
         )),
         o.implies(s.in_step(), o.or_(o.eq(s.threshold, 0), o.eq(s.threshold, s.long_prefill_token_threshold))),
+        o.implies(s.alloc_active, o.and_(
+            o.eq(s.phase, RUNNING_LOOP), o.not_(s.running_done),
+            o.forall(sh.slots, lambda r: o.implies(o.eq(s.alloc_request, r), o.and_(
+                s.live(r), o.eq(s.status[r], RUNNING), s.in_running[r], o.eq(s.running_pos[r], s.req_index),
+                o.eq(s.num_scheduled[r], 0), o.lt(0, s.alloc_num_new),
+                o.le(s.alloc_num_new, s.num_tokens[r] - s.num_computed_tokens[r]),
+                o.le(s.num_computed_tokens[r] + s.alloc_num_new, s.max_model_len - 1),
+                o.le(s.alloc_num_new, s.token_budget))), lambda r: f"slot {r} allocating"),
+            o.le(0, s.alloc_request), o.lt(s.alloc_request, sh.num_reqs),
+        )),
         o.implies(o.and_(o.eq(s.phase, WAITING_LOOP), o.lt(0, s.num_preemptions)), s.waiting_done),
         o.implies(o.eq(s.phase, UPDATING), o.forall(
             sh.slots, lambda r: o.implies(o.and_(s.live(r), o.lt(0, s.num_scheduled[r])), o.eq(s.status[r], RUNNING)),
@@ -810,6 +835,7 @@ def from_scheduler(
         "next_insert": n_insert, "token_budget": budget, "total_num_scheduled": total_scheduled,
         "req_index": req_index, "threshold": threshold,
         "num_preemptions": len(records), "running_done": running_done, "waiting_done": waiting_done,
+        "alloc_active": False, "alloc_request": 0, "alloc_num_new": 0,
         "ref_cnt": [null["ref_cnt"]] + [blocks[b].ref_cnt for b in shape.blocks],
         "in_free": [False] + [b in free_pos for b in shape.blocks],
         "free_key": [0] + [free_pos.get(b, 0) for b in shape.blocks],
@@ -1032,6 +1058,7 @@ def canonical(s: State) -> dict[str, Any]:
     if s.phase == RUNNING_LOOP:
         out["req_index"] = s.req_index
         out["running_done"] = s.running_done
+        out["allocating"] = (s.alloc_request, s.alloc_num_new) if s.alloc_active else None
     if s.phase == WAITING_LOOP:
         out["waiting_done"] = s.waiting_done
     return out

@@ -15,9 +15,20 @@ to "is a stop token (EOS or a stop id)" or not. Configuration numbers and
 switches (budget, seats, ``max_model_len``, threshold, lookahead, chunked
 prefill, prefix caching, full-sequence reservation) are symbolic.
 
+Granularity: the model's loops are cut where the model's state is whole, so
+that every transition starts and ends in a state the invariants describe. A
+running-loop iteration is ``running_start`` (pick ``running[req_index]``,
+count its tokens or skip it) followed by ``running_preempt`` (one victim of
+``_allocate_or_preempt``) until ``running_allocate`` (the slots fit; commit)
+or a self-preemption; a waiting-loop iteration is ``waiting_admit`` or
+``waiting_stop``. ``COMPOSED`` holds the whole iterations built from these
+steps (``running_iteration``, ``waiting_admission``).
+
 Every function names the model code it mirrors. Loops of the model become
 loops over Python ranges (slots, blocks, table positions); a symbolic index
-becomes an ``If`` chain (``select``).
+becomes an ``If`` chain (``select``). A few ``checks`` are stepping stones
+rather than model assertions (named after the fact they state); they are
+proved like the others and make the later goals cheaper.
 """
 
 from __future__ import annotations
@@ -497,158 +508,252 @@ def preempt_victim(s: State, victim: Any) -> tuple[State, list[Check]]:
 
 # ------------------------------------------------------------------ transitions
 
+CASE_REQUEST, CASE_VICTIM = "case_request", "case_victim"
+"""Input keys that pin a derived slot to a Python int (proof by cases; see ``pinned``)."""
+
+
+def pinned(inp: dict[str, Any], key: str, value: Any) -> tuple[Any, Any]:
+    """``(slot, condition)``: the Python slot ``inp[key]`` when the proof splits on it, else ``value``.
+
+    When pinned, ``condition`` says the derived slot is that one; the case's
+    guard includes it, and ``proofs.prove`` proves the cases cover the guard.
+    """
+    if key in inp:
+        return inp[key], eq(value, inp[key])
+    return value, True
+
+
 def _phase_is(s: State, *phases: int) -> Any:
     return lor(*(eq(s.phase, p) for p in phases))
 
 
-def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
-    """One iteration of ``Scheduler._schedule_running`` with ``_allocate_or_preempt`` (§4.1).
+def _running_guard(s: State) -> Any:
+    """The running loop's condition: ``req_index < len(running) and token_budget > 0`` (and it did not break)."""
+    return land(eq(s.phase, RUNNING_LOOP), lnot(s.running_done), s.req_index < s.num_running(), s.token_budget > 0)
+
+
+def running_start(s: State, inp: dict[str, Any]) -> Outcome:
+    """The start of one iteration of ``Scheduler._schedule_running`` (§4.1 steps 1-3).
 
     Take ``running[req_index]``; its new tokens are what it lacks, capped by
     the step's threshold, the budget and ``max_model_len - 1 - computed``;
-    zero tokens skip it. Otherwise allocate its slots (plus lookahead),
-    preempting victims until they fit or it preempted itself (the inner loop
-    is unrolled R + 1 times; a check proves that is enough). A fit commits
-    the request; a self-preemption ends the loop (FCFS) or continues with the
-    request that moved into its place (priority, 0.33).
+    zero tokens skip it (``continue``). Otherwise ``_allocate_or_preempt``
+    starts for it (``running_allocate`` / ``running_preempt``).
     """
-    sh = s.shape
-    bs = sh.block_size
-    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.running_done), s.req_index < s.num_running(), s.token_budget > 0)
-    q = running_at(s, s.req_index)
+    q, is_case = pinned(inp, CASE_REQUEST, running_at(s, s.req_index))
+    guard = land(_running_guard(s), lnot(s.alloc_active), is_case)
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
     num_new = ntok - comp
     num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
     num_new = imin(num_new, s.token_budget)
     num_new = imin(num_new, s.max_model_len - 1 - comp)
-    checks: list[Check] = [("running loop: num_new_tokens >= 0", num_new >= 0)]
     skip = eq(num_new, 0)
+    post = merge(skip, s.replace(req_index=s.req_index + 1),
+                 s.replace(alloc_active=True, alloc_request=q, alloc_num_new=num_new))
+    return Outcome(post, guard, [("running loop: num_new_tokens >= 0", num_new >= 0)],
+                   {"request": q, "num_new_tokens": num_new, "skipped": skip})
 
-    cur = s
+
+def _slots_needed(s: State, q: Any) -> Any:
+    """``get_num_blocks_to_allocate`` for the allocating request, which has a table: cdiv(slots) - held, floored at 0."""
+    num_new = s.alloc_num_new
+    comp = at(s.num_computed_tokens, q)
+    need_slot = imin(comp + num_new + s.num_lookahead_tokens, s.max_model_len)
+    return imax(cdiv(need_slot, s.shape.block_size) - at(s.num_blocks, q), 0)
+
+
+def running_allocate(s: State, inp: dict[str, Any]) -> Outcome:
+    """``allocate_slots`` succeeds for the allocating request: pop and append blocks, cache full ones, commit (§4.1 step 6)."""
+    q, is_case = pinned(inp, CASE_REQUEST, s.alloc_request)
+    num_new = s.alloc_num_new
+    needed = _slots_needed(s, q)
+    guard = land(s.alloc_active, needed <= s.num_free_blocks, is_case)
+    ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
+    post, popped, rank, c1, _ = pool_get_new_blocks(s, needed)
+    post, c2 = kv_append_blocks(post, q, popped, rank, needed)
+    post, c3 = kv_cache_blocks(post, q, imin(comp + num_new, ntok))
+    post = post.replace(num_scheduled=put(post.num_scheduled, q, num_new), token_budget=post.token_budget - num_new,
+                        total_num_scheduled=post.total_num_scheduled + num_new, req_index=post.req_index + 1,
+                        alloc_active=False)
+    return Outcome(post, guard, c1 + c2 + c3, {"request": q, "num_new_tokens": num_new, "new_blocks": needed})
+
+
+def running_preempt(s: State, inp: dict[str, Any]) -> Outcome:
+    """``allocate_slots`` fails for the allocating request: preempt one victim (§4.1 step 4).
+
+    The victim is chosen by the policy and removed (with the priority
+    repair) and preempted. If it is the allocating request itself, the
+    allocation ends: FCFS breaks the running loop; priority (0.33) continues
+    with the request that moved into its place.
+    """
+    sh = s.shape
+    q, is_case = pinned(inp, CASE_REQUEST, s.alloc_request)
+    victim, is_victim_case = pinned(inp, CASE_VICTIM, select_victim(s))
+    guard = land(s.alloc_active, _slots_needed(s, q) > s.num_free_blocks, is_case, is_victim_case)
+    post, checks = preempt_victim(s, victim)
+    is_self = eq(victim, q)
+    was_scheduled = at(s.num_scheduled, victim) > 0
+    post = post.replace(alloc_active=lnot(is_self))
+    if not sh.is_priority:
+        post = post.replace(running_done=lor(post.running_done, is_self))
+    return Outcome(post, guard, checks, {
+        "request": q, "victim": victim, "self_preempted": is_self,
+        "victim_was_scheduled": land(was_scheduled, sh.is_priority),
+        "victim_before_cursor": at(s.running_pos, victim) < s.req_index,
+    })
+
+
+def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
+    """One whole iteration of the running loop: ``running_start``, then ``running_preempt`` until ``running_allocate`` or a self-preemption.
+
+    The composition of the three steps (the inner loop unrolled R + 1 times;
+    a check proves that is enough). It is equal to applying the steps one by
+    one, which the drift guard uses; proofs at the target bounds are per
+    step, this composition is proved at smaller bounds.
+    """
+    sh = s.shape
+    start = running_start(s, inp)
+    cur = start.post
+    checks = list(start.checks)
     premises: list[Any] = []
-    done: Any = False
-    allocated: Any = False
     self_preempted: Any = False
     victim_was_scheduled: Any = False
-    need_slot = imin(comp + num_new + s.num_lookahead_tokens, s.max_model_len)
     for _attempt in range(sh.num_reqs + 1):
-        # allocate_slots for a request that has a table: cdiv(slots) - held, floored at 0.
-        needed = imax(cdiv(need_slot, bs) - at(cur.num_blocks, q), 0)
-        fits = needed <= cur.num_free_blocks
-        ok, popped, rank, c1, prem = pool_get_new_blocks(cur, needed)
-        ok, c1b = kv_append_blocks(ok, q, popped, rank, needed)
-        c1 = c1 + c1b
-        ok, c2 = kv_cache_blocks(ok, q, imin(comp + num_new, ntok))
-        ok = ok.replace(num_scheduled=put(ok.num_scheduled, q, num_new), token_budget=ok.token_budget - num_new,
-                        total_num_scheduled=ok.total_num_scheduled + num_new, req_index=ok.req_index + 1)
-        victim = select_victim(cur)
-        pre, c3 = preempt_victim(cur, victim)
-        active = land(lnot(skip), lnot(done))
-        premises += prem
-        checks += [(name, limplies(land(active, fits), c)) for name, c in c1 + c2]
-        checks += [(name, limplies(land(active, lnot(fits)), c)) for name, c in c3]
-        allocated = lor(allocated, land(active, fits))
-        is_self = eq(victim, q)
-        self_preempted = lor(self_preempted, land(active, lnot(fits), is_self))
-        if sh.is_priority:
-            victim_was_scheduled = lor(victim_was_scheduled,
-                                       land(active, lnot(fits), at(cur.num_scheduled, victim) > 0))
-        cur = merge(done, cur, merge(fits, ok, pre))
-        done = lor(done, fits, is_self)
-    checks.append(("allocation loop ends within R + 1 attempts", lor(skip, done)))
-    if not sh.is_priority:
-        # FCFS: a self-preempted request ends the running loop (break).
-        cur = cur.replace(running_done=lor(cur.running_done, self_preempted))
-    post = merge(skip, s.replace(req_index=s.req_index + 1), cur)
-    return Outcome(post, guard, checks, {
-        "request": q, "num_new_tokens": num_new, "allocated": allocated, "self_preempted": self_preempted,
-        "victim_was_scheduled": victim_was_scheduled, "skipped": skip,
-    }, premises)
+        alloc = running_allocate(cur, inp)
+        pre = running_preempt(cur, inp)
+        active = cur.alloc_active
+        checks += [(n, limplies(land(active, alloc.guard), c)) for n, c in alloc.checks]
+        checks += [(n, limplies(land(active, pre.guard), c)) for n, c in pre.checks]
+        premises += alloc.premises + pre.premises
+        self_preempted = lor(self_preempted, land(active, pre.guard, pre.facts["self_preempted"]))
+        victim_was_scheduled = lor(victim_was_scheduled, land(active, pre.guard, pre.facts["victim_was_scheduled"]))
+        cur = merge(active, merge(alloc.guard, alloc.post, pre.post), cur)
+    checks.append(("allocation loop ends within R + 1 attempts", lnot(cur.alloc_active)))
+    return Outcome(cur, start.guard, checks, {
+        "request": start.facts["request"], "num_new_tokens": start.facts["num_new_tokens"],
+        "self_preempted": self_preempted, "victim_was_scheduled": victim_was_scheduled,
+        "skipped": start.facts["skipped"]}, premises)
 
 
 def end_running_loop(s: State, inp: dict[str, Any]) -> Outcome:
     """The running loop ends (its condition fails or it broke); the waiting loop runs only if nobody was preempted."""
-    guard = land(eq(s.phase, RUNNING_LOOP),
+    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.alloc_active),
                  lor(s.running_done, s.req_index >= s.num_running(), s.token_budget <= 0))
     post = s.replace(phase=WAITING_LOOP, waiting_done=s.num_preemptions > 0)
     return Outcome(post, guard)
 
 
-def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
-    """One iteration of ``Scheduler._schedule_waiting`` (§4.3) under 0.33, without spec decode.
+def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
+    """The decisions of one ``_schedule_waiting`` iteration (§4.3), before anything changes.
 
-    At the seat cap, break. Take the head; its prefix hit (if it computed
-    nothing) gives ``num_computed_tokens``; the new tokens are the rest,
-    capped by the threshold; with chunked prefill off a request over the
-    budget breaks the loop; then capped by the budget. ``allocate_slots`` with
-    the hit, the lookahead and the full-sequence gate either refuses (break)
-    or touches the hit blocks, pops new ones and caches the full blocks; the
-    request is admitted.
+    At the seat cap, break. Take the head; a waiting request holds no blocks
+    and has computed nothing (checks), so its prefix hit gives
+    ``num_computed_tokens``; the new tokens are the rest, capped by the
+    threshold; with chunked prefill off a request over the budget breaks the
+    loop; then capped by the budget. ``allocate_slots`` with the hit, the
+    lookahead and the full-sequence gate counts the hit blocks that are still
+    in the free queue (``ref_cnt == 0``: touching takes them out) against the
+    free blocks, and refuses (break) unless both gates fit.
     """
     sh = s.shape
     bs = sh.block_size
-    guard = land(eq(s.phase, WAITING_LOOP), lnot(s.waiting_done), s.token_budget > 0, s.num_waiting() > 0)
-    at_cap = s.num_running() >= s.max_num_seqs
-    q = waiting_head(s)
+    q, is_case = pinned(inp, CASE_REQUEST, waiting_head(s))
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
     k, hits, present = computed_blocks(s, q)
-    hit_blocks = ite(eq(comp, 0), k, 0)
-    hits = {b: [land(eq(comp, 0), v) for v in vs] for b, vs in hits.items()}
-    hit_tokens = hit_blocks * bs
-    num_computed = ite(comp > 0, comp, hit_tokens)
+    num_computed = k * bs
     num_new = ntok - num_computed
     num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
     too_long = land(lnot(s.enable_chunked_prefill), num_new > s.token_budget)
     num_new = imin(num_new, s.token_budget)
-    # allocate_slots(request, num_new, hit, lookahead, full_sequence_must_fit)
-    total_computed = imin(comp + hit_tokens, s.max_model_len)
-    num_free = s.num_free_blocks
-    has_table = at(s.has_table, q, False)
-    held = at(s.num_blocks, q)
-    evictable = count(land(v, eq(s.ref_cnt[b], 0)) for b, vs in hits.items() for v in vs)
+    at_cap = s.num_running() >= s.max_num_seqs
+    adopted = {b: lor(*hits[b]) for b in sh.blocks}
+    # The model sums over the hit list; its blocks differ (a check), so per block is the same.
+    evictable_blocks = {b: land(adopted[b], eq(s.ref_cnt[b], 0)) for b in sh.blocks}
+    evictable = count(evictable_blocks.values())
+    total_computed = imin(num_computed, s.max_model_len)
 
     def to_allocate(num_tokens: Any) -> Any:
-        required = cdiv(num_tokens, bs)
-        return ite(has_table, imax(required - held, 0), imax(required - hit_blocks, 0) + evictable)
+        return imax(cdiv(num_tokens, bs) - k, 0) + evictable
 
     full_needed = to_allocate(imin(ntok, s.max_model_len))
-    full_refused = land(s.reserve_full_sequence, full_needed > num_free)
+    full_refused = land(s.reserve_full_sequence, full_needed > s.num_free_blocks)
     need_slot = imin(total_computed + num_new + s.num_lookahead_tokens, s.max_model_len)
     slot_needed = to_allocate(need_slot)
-    refused = lor(full_refused, slot_needed > num_free)
+    refused = lor(full_refused, slot_needed > s.num_free_blocks)
     stop = lor(at_cap, too_long, refused)
-
-    admitted_here = lnot(stop)
-    checks: list[Check] = [
+    nfull = fdiv(ntok, bs)
+    checks = [
+        ("waiting loop: the head holds no blocks", lnot(at(s.has_table, q, False))),
+        ("waiting loop: the head has computed nothing (so its prefix hit is looked up)", eq(comp, 0)),
         ("waiting loop: num_new_tokens > 0", limplies(land(lnot(at_cap), lnot(too_long)), num_new > 0)),
-        ("allocate_slots: a request holding blocks adopts no hit", limplies(admitted_here, lor(lnot(has_table), eq(hit_blocks, 0)))),
     ]
-    touched, c1 = pool_touch(s, hits)
-    adopted, c1b = kv_adopt_hits(touched, q, hits, hit_blocks)
-    c1 = c1 + c1b
-    a = merge(has_table, s, adopted)
-    num_new_blocks = imax(cdiv(need_slot, bs) - at(a.num_blocks, q), 0)
-    a, popped, rank, c2, prem = pool_get_new_blocks(a, num_new_blocks)
-    a, c2b = kv_append_blocks(a, q, popped, rank, num_new_blocks)
-    c2 = c2 + c2b
-    a, c3 = kv_cache_blocks(a, q, imin(total_computed + num_new, ntok))
+    return {
+        "request": q, "ntok": ntok, "hit_blocks": k, "hits": hits, "adopted": adopted, "num_computed": num_computed,
+        "num_new_tokens": num_new, "need_slot": need_slot, "total_computed": total_computed,
+        "evictable": evictable, "slot_needed": slot_needed, "full_needed": full_needed, "stop": stop,
+        "refused": land(lnot(at_cap), lnot(too_long), refused), "checks": checks, "is_case": is_case,
+        "whole_prompt_cached": land(eq(ntok - nfull * bs, 0),
+                                    *(limplies(i < nfull, present[i]) for i in range(sh.num_blocks))),
+        "num_free_blocks": s.num_free_blocks,
+    }
+
+
+def _waiting_guard(s: State) -> Any:
+    return land(eq(s.phase, WAITING_LOOP), lnot(s.waiting_done), s.token_budget > 0, s.num_waiting() > 0)
+
+
+def _waiting_facts(plan: dict[str, Any], admitted: Any) -> dict[str, Any]:
+    keys = ("request", "hit_blocks", "num_new_tokens", "whole_prompt_cached", "evictable", "slot_needed",
+            "full_needed", "refused", "num_free_blocks")
+    return {"admitted": admitted, **{k: plan[k] for k in keys}}
+
+
+def waiting_admit(s: State, inp: dict[str, Any]) -> Outcome:
+    """One admission of ``_schedule_waiting``: touch and adopt the hit, pop new blocks, cache, admit (§4.3 steps 9-11)."""
+    sh = s.shape
+    bs = sh.block_size
+    plan = _waiting_plan(s, inp)
+    q, num_new, k = plan["request"], plan["num_new_tokens"], plan["hit_blocks"]
+    guard = land(_waiting_guard(s), lnot(plan["stop"]), plan["is_case"])
+    a, c1 = pool_touch(s, plan["hits"])
+    a, c2 = kv_adopt_hits(a, q, plan["hits"], k)
+    num_new_blocks = imax(cdiv(plan["need_slot"], bs) - k, 0)
+    a, popped, rank, c3, _ = pool_get_new_blocks(a, num_new_blocks)
+    # Stepping stones for the proofs (each is also a fact of the model):
+    steps = [
+        ("allocate_slots: the adopted hit blocks are cached",
+         land(*(limplies(plan["adopted"][b], s.cached[b]) for b in sh.blocks))),
+        ("allocate_slots: the popped blocks are in no table",
+         land(*(limplies(popped[b], lnot(s.held[r][b])) for b in sh.blocks for r in sh.slots))),
+        ("allocate_slots: the new blocks come after the hit blocks in the table",
+         land(*(limplies(popped[b], k <= k + rank[b]) for b in sh.blocks))),
+    ]
+    a, c4 = kv_append_blocks(a, q, popped, rank, num_new_blocks)
+    a, c5 = kv_cache_blocks(a, q, imin(plan["total_computed"] + num_new, plan["ntok"]))
     a = remove_from_waiting(a, q)
     a = append_running(a, q)
     a = a.replace(
         num_scheduled=put(a.num_scheduled, q, num_new), token_budget=a.token_budget - num_new,
-        total_num_scheduled=a.total_num_scheduled + num_new, status=put(a.status, q, RUNNING), num_computed_tokens=put(a.num_computed_tokens, q, num_computed),
+        total_num_scheduled=a.total_num_scheduled + num_new, status=put(a.status, q, RUNNING),
+        num_computed_tokens=put(a.num_computed_tokens, q, plan["num_computed"]),
     )
-    checks += [(name, limplies(lnot(has_table), limplies(admitted_here, c))) for name, c in c1]
-    checks += [(name, limplies(admitted_here, c)) for name, c in c2 + c3]
-    post = merge(stop, s.replace(waiting_done=True), a)
-    nfull = fdiv(ntok, bs)
-    whole_prompt_cached = land(eq(ntok - nfull * bs, 0), *(limplies(i < nfull, present[i]) for i in range(sh.num_blocks)))
-    return Outcome(post, guard, checks, {
-        "request": q, "admitted": admitted_here, "hit_blocks": hit_blocks, "num_new_tokens": num_new,
-        "whole_prompt_cached": whole_prompt_cached, "evictable": evictable, "slot_needed": slot_needed,
-        "full_needed": full_needed, "refused": land(lnot(at_cap), lnot(too_long), refused),
-        "num_free_blocks": num_free,
-    }, [limplies(admitted_here, p) for p in prem])
+    return Outcome(a, guard, plan["checks"] + c2 + c1 + c3 + steps + c4 + c5, _waiting_facts(plan, True))
+
+
+def waiting_stop(s: State, inp: dict[str, Any]) -> Outcome:
+    """The waiting loop breaks: seat cap, a request over the budget with chunking off, or no space (§4.3)."""
+    plan = _waiting_plan(s, inp)
+    guard = land(_waiting_guard(s), plan["stop"], plan["is_case"])
+    return Outcome(s.replace(waiting_done=True), guard, plan["checks"], _waiting_facts(plan, False))
+
+
+def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
+    """One whole iteration of the waiting loop: ``waiting_admit`` or ``waiting_stop`` (their composition)."""
+    admit = waiting_admit(s, inp)
+    stop = waiting_stop(s, inp)
+    facts = {k: ite(admit.guard, v, stop.facts[k]) if k != "admitted" else admit.guard for k, v in admit.facts.items()}
+    return Outcome(merge(admit.guard, admit.post, stop.post), lor(admit.guard, stop.guard),
+                   [(n, limplies(admit.guard, c)) for n, c in admit.checks], facts, admit.premises)
 
 
 def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
@@ -774,6 +879,8 @@ def add_request(s: State, inp: dict[str, Any]) -> Outcome:
     nfull = fdiv(n, sh.block_size)
     guard = land(
         _phase_is(s, IDLE, PENDING), slot_in_range(s, q), eq(at(s.status, q, 0), DEAD),
+        # An id aborted in the pending step is refused until its output is applied.
+        eq(at(s.num_scheduled, q), 0),
         1 <= n, n <= s.max_model_len - 1, inp["max_tokens"] >= 1,
         *(limplies(j < nfull, lnot(eq(hashes[i], hashes[j])))
           for i in range(sh.num_blocks) for j in range(i + 1, sh.num_blocks)),
@@ -816,7 +923,6 @@ def touch(s: State, inp: dict[str, Any]) -> Outcome:
     The request is RUNNING with an empty table and nothing computed, so the
     adoption alone keeps the request-level rules.
     """
-    sh = s.shape
     q = inp["slot"]
     k, hits, _ = computed_blocks(s, q)
     post, checks = pool_touch(s, hits)
@@ -827,12 +933,20 @@ def touch(s: State, inp: dict[str, Any]) -> Outcome:
     return Outcome(post, guard, checks, {"hit_blocks": k})
 
 
-def free_one_victim(s: State, inp: dict[str, Any]) -> Outcome:
-    """``KVCacheManager.free`` inside a preemption: the running loop's victim is chosen, removed and freed (§4.1-4.2)."""
-    victim = select_victim(s)
-    post, checks = preempt_victim(s, victim)
-    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.running_done), s.req_index < s.num_running())
-    return Outcome(post, guard, checks, {"victim": victim})
+def free_table(s: State, inp: dict[str, Any]) -> Outcome:
+    """``KVCacheManager.free`` as ``_preempt_request`` uses it (§4.2), on a RUNNING request between steps.
+
+    The request leaves ``running``, its blocks are freed tail first (the
+    free queue's order rules), it becomes PREEMPTED with nothing computed and
+    goes back to ``waiting``. (Inside the running loop the same code runs for
+    the policy's victim: ``running_preempt``; for a finished request: ``abort``
+    and ``append_token``.)
+    """
+    q = inp["slot"]
+    post = remove_from_running(s, q)
+    post, checks = preempt_request(post, q)
+    guard = land(eq(s.phase, IDLE), slot_in_range(s, q), _running_slot(s, q))
+    return Outcome(post, guard, checks, {"request": q})
 
 
 def cache_full_blocks(s: State, inp: dict[str, Any]) -> Outcome:
@@ -885,26 +999,44 @@ class Transition:
     apply: Callable[[State, dict[str, Any]], Outcome]
     inputs: Inputs
     mirrors: str
-    expected_to_hold: bool = True
-    """False for a transition whose counterexample is a known finding (reported, not hidden)."""
+    split: tuple[str, ...] = ()
+    """Slots the proof splits on: input ``slot`` or the derived ``case_request`` / ``case_victim``."""
+
+    def cases(self, shape: Shape) -> list[dict[str, int]]:
+        """One dict of Python slot values per case (a single empty case when there is no split)."""
+        out: list[dict[str, int]] = [{}]
+        for key in self.split:
+            out = [{**c, key: r} for c in out for r in shape.slots]
+        return out
 
 
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/block_pool.py BlockPool.get_new_blocks"),
     Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/block_pool.py _maybe_evict_cached_block"),
     Transition("touch", touch, _slot_input, "spec/block_pool.py BlockPool.touch; spec/kv_cache.py allocate_slots"),
-    Transition("free", free_one_victim, _no_inputs, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request"),
+    Transition("free", free_table, _slot_input, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request"),
     Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/kv_cache.py cache_blocks; spec/block_pool.py cache_full_blocks"),
     Transition("begin_step", begin_step, _no_inputs, "spec/scheduler.py schedule (start)"),
-    Transition("running_iteration", running_iteration, _no_inputs, "spec/scheduler.py _schedule_running, _allocate_or_preempt"),
+    Transition("running_start", running_start, _no_inputs, "spec/scheduler.py _schedule_running (loop body, steps 1-3)"),
+    Transition("running_allocate", running_allocate, _no_inputs, "spec/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)"),
+    Transition("running_preempt", running_preempt, _no_inputs, "spec/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim"),
     Transition("end_running_loop", end_running_loop, _no_inputs, "spec/scheduler.py schedule (between the loops)"),
-    Transition("waiting_admission", waiting_admission, _no_inputs, "spec/scheduler.py _schedule_waiting; spec/kv_cache.py allocate_slots"),
+    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/scheduler.py _schedule_waiting (admission); spec/kv_cache.py allocate_slots"),
+    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/scheduler.py _schedule_waiting (break)"),
     Transition("end_schedule", end_schedule, _no_inputs, "spec/scheduler.py _update_after_schedule"),
     Transition("begin_update", begin_update, _no_inputs, "spec/scheduler.py update_from_output (start)"),
     Transition("append_token", append_token, _append_inputs, "spec/scheduler.py update_from_output, _append_output_tokens; spec/stop.py"),
     Transition("end_update", end_update, _no_inputs, "spec/scheduler.py update_from_output (end)"),
     Transition("add_request", add_request, _add_inputs, "spec/scheduler.py add_request"),
     Transition("abort", abort_idle, _slot_input, "spec/scheduler.py abort, finish_requests"),
-    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests",
-               expected_to_hold=False),
+    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests"),
 )}
+
+
+COMPOSED: dict[str, Transition] = {t.name: t for t in (
+    Transition("running_iteration", running_iteration, _no_inputs,
+               "spec/scheduler.py _schedule_running + _allocate_or_preempt (one whole iteration)"),
+    Transition("waiting_admission", waiting_admission, _no_inputs,
+               "spec/scheduler.py _schedule_waiting (one whole iteration)"),
+)}
+"""Whole loop iterations, composed of the steps above; proved at smaller bounds (``--composed``)."""

@@ -23,32 +23,29 @@ witness state and the trace it found; ``--write`` writes the traces.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import z3
 
 from conformance.trace import Trace, write_trace
-from conformance.workload import HashOracle, RequestSpec, Workload, run_workload
+from conformance.workload import apply_trace_event
 from spec.config import SchedulerConfig
-from spec.errors import SpecError
 from spec.kv_cache import KVCacheManager, NoSpace
 from spec.output import ModelRunnerOutput
 from spec.scheduler import Scheduler
 from spec.symbolic.proofs import premises
+from spec.symbolic.realise import search
 from spec.symbolic.state import (
     PENDING,
     Shape,
     State,
-    config_of,
     describe,
     evaluate,
     fresh_state,
-    slot_id,
 )
 from spec.symbolic.transitions import TRANSITIONS, Outcome, at
 from spec.symbolic.z3ops import count, eq, fdiv, is_z3, land, limplies, lnot, value_of
@@ -128,7 +125,7 @@ def detect_full_prompt_hit(s: RecordingScheduler, event: str, payload: Any) -> s
         for call in s.kv_cache_manager.calls:
             n = call["num_tokens"]
             if (not call["refused"] and call["num_tokens"] == call["num_prompt_tokens"] and n % bs == 0
-                    and call["all_blocks_cached"] and call["hit_tokens"] == n - bs):
+                    and call["all_blocks_cached"] and call["hit_tokens"] == n - bs > 0):
                 return (f"step {s.current_step}: {call['request_id']}'s whole {n}-token prompt is cached, "
                         f"the hit stops at {n - bs} tokens and its last block ({bs} tokens) is recomputed")
     return None
@@ -171,30 +168,18 @@ def replay_detect(trace: Trace, detector: Detector) -> str | None:
     sched = RecordingScheduler(SchedulerConfig.from_dict(trace.config), trace.profile)
     for event in trace.events:
         kind = event["kind"]
-        if "expect_error" in event:
-            continue
-        if kind == "add_request":
-            sched.add_request(event["request_id"], event["prompt_token_ids"], event["max_tokens"],
-                              priority=event["priority"], arrival_time=event["arrival_time"],
-                              eos_token_id=event["eos_token_id"], ignore_eos=event["ignore_eos"],
-                              stop_token_ids=event["stop_token_ids"], min_tokens=event["min_tokens"])
-        elif kind == "abort":
-            sched.abort(event["request_id"])
-        elif kind == "step":
+        if kind == "step":
             sched.victims.clear()
             sched.kv_cache_manager.calls.clear()
-            out = sched.schedule()
-            found = detector(sched, "schedule", out)
-            if found:
-                return found
+            found = detector(sched, "schedule", apply_trace_event(sched, event))
         elif kind == "model_output":
             before = {rid: (r.num_tokens, r.num_output_tokens, r.max_tokens) for rid, r in sched.requests.items()}
-            outputs = sched.update_from_output(sched.pending_output, ModelRunnerOutput(
-                {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
-                {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
-            found = detector(sched, "update", (before, outputs))
-            if found:
-                return found
+            found = detector(sched, "update", (before, apply_trace_event(sched, event)))
+        else:
+            found = None
+            apply_trace_event(sched, event)
+        if found:
+            return found
     return None
 
 
@@ -223,7 +208,7 @@ def _whole_prompt_hit(s: State, out: Outcome) -> Any:
     q = f["request"]
     ntok = at(s.num_tokens, q)
     return land(f["admitted"], f["whole_prompt_cached"], eq(ntok, at(s.num_prompt_tokens, q)),
-                eq(f["hit_blocks"], fdiv(ntok, s.shape.block_size) - 1))
+                eq(f["hit_blocks"], fdiv(ntok, s.shape.block_size) - 1), f["hit_blocks"] >= 1)
 
 
 def _evictable_refusal(s: State, out: Outcome) -> Any:
@@ -241,7 +226,7 @@ WITNESSES: dict[str, Witness] = {w.name: w for w in (
     Witness("self_preemption",
             "A running request needs a block, none is free, and the FCFS victim (the tail of running) is the "
             "request itself: it preempts itself and the running loop ends.",
-            Shape(3, 4, 2, "fcfs"), "running_iteration",
+            Shape(3, 4, 2, "fcfs"), "running_preempt",
             lambda s, out: out.facts["self_preempted"], detect_self_preemption),
     Witness("budget_exhausted_exactly",
             "A step whose scheduled tokens add up to exactly max_num_batched_tokens while every scheduled "
@@ -251,7 +236,7 @@ WITNESSES: dict[str, Witness] = {w.name: w for w in (
     Witness("full_prompt_prefix_hit",
             "A new request whose whole prompt (a multiple of block_size) is in the prefix cache: the hit is capped "
             "below num_tokens, so it stops one block short and that whole block is recomputed.",
-            Shape(3, 4, 2, "fcfs"), "waiting_admission", _whole_prompt_hit, detect_full_prompt_hit),
+            Shape(3, 4, 2, "fcfs"), "waiting_admit", _whole_prompt_hit, detect_full_prompt_hit),
     Witness("max_model_len_minus_one",
             "A request runs at num_tokens = max_model_len - 1 (the longest a live request can be), samples one "
             "more token and is length-capped by max_model_len although max_tokens is not reached.",
@@ -261,13 +246,14 @@ WITNESSES: dict[str, Witness] = {w.name: w for w in (
             "Under the priority policy a request needs a block and the victim (maximal (priority, arrival)) "
             "stands before it in running and was already scheduled in this step: it is preempted, its tokens "
             "go back to the budget and the cursor moves back.",
-            Shape(3, 4, 2, "priority"), "running_iteration",
-            lambda s, out: out.facts["victim_was_scheduled"], detect_priority_victim_scheduled),
+            Shape(3, 4, 2, "priority"), "running_preempt",
+            lambda s, out: land(out.facts["victim_was_scheduled"], out.facts["victim_before_cursor"],
+                                lnot(out.facts["self_preempted"])), detect_priority_victim_scheduled),
     Witness("evictable_hit_blocks_counted",
             "A waiting request's prefix hit lies in blocks that are still in the free queue; allocate_slots counts "
             "them against the free blocks (touching them takes them out of it), so the request is refused although "
             "the blocks it needs beyond its hit are free.",
-            Shape(3, 4, 2, "fcfs"), "waiting_admission", _evictable_refusal, detect_evictable_hits),
+            Shape(3, 4, 2, "fcfs"), "waiting_stop", _evictable_refusal, detect_evictable_hits),
 )}
 
 
@@ -304,64 +290,15 @@ def find_witness(w: Witness, timeout_s: float = 60.0) -> tuple[State, dict[str, 
 
 # ------------------------------------------------------------------ realisation
 
-def _requests_of(state: State, rng: random.Random, jitter: bool) -> list[RequestSpec]:
-    """Requests like the witness's live ones: prompt lengths, shared blocks (equal hashes), keys, max_tokens."""
-    sh = state.shape
-    bs = sh.block_size
-    specs = []
-    for r in sh.slots:
-        if not state.live(r):
-            continue
-        n = state.num_tokens[r]
-        if jitter:
-            n = max(1, min(state.max_model_len - 1, n + rng.choice([-bs, -1, 0, 0, 1, bs])))
-        prompt = []
-        for i in range(n):
-            block = i // bs
-            h = state.hashes[r][block] if block < n // bs and block < sh.num_blocks else 1000 + r
-            prompt.append(10 + (h * 7 + i % bs) % 50 if block < n // bs else 60 + r)
-        max_tokens = state.max_tokens[r] if not jitter else rng.randint(1, 2 * state.max_model_len)
-        specs.append(RequestSpec(slot_id(r), tuple(prompt), max_tokens=max(1, max_tokens),
-                                 priority=state.priority[r], arrival_time=state.arrival_time[r]))
-    return specs
-
-
-def candidate_workloads(w: Witness, state: State, seed: int = 0, tries: int = 400) -> Iterator[Workload]:
-    """Workloads seeded by the witness state: its config and requests, then deterministic variations."""
-    rng = random.Random(f"{w.name}:{seed}")
-    config = config_of(state)
-    for attempt in range(tries):
-        jitter = attempt > 0
-        specs = _requests_of(state, rng, jitter)
-        if not specs:
-            return
-        if jitter:
-            specs = [replace(sp, at_step=rng.choice([0, 0, 0, 1, 2, 3])) for sp in specs]
-            if rng.random() < 0.3:
-                extra = rng.choice(specs)
-                specs.append(replace(extra, request_id=f"{extra.request_id}b", at_step=rng.randint(0, 4),
-                                     priority=rng.randint(0, 3), arrival_time=rng.randint(0, 6)))
-            if rng.random() < 0.3:
-                config = replace(config, max_num_batched_tokens=rng.randint(max(1, config.max_model_len
-                                 if not config.enable_chunked_prefill else 1), 8))
-        oracle = HashOracle(seed=rng.randint(0, 10**6), eos_per_mille=0)
-        yield Workload(config=config, profile=PROFILE, requests=tuple(specs), oracle=oracle, seed=seed,
-                       origin="symbolic-witness", description=f"{w.name}: {w.description}")
-
-
 def realise(w: Witness, state: State, tries: int = 400) -> tuple[Trace, str] | None:
-    """The first candidate workload whose trace makes the model reach the corner, with the detector's note."""
-    for workload in candidate_workloads(w, state, tries=tries):
-        try:
-            trace = run_workload(workload, max_steps=200, check=True)
-        except (SpecError, ValueError) as exc:  # an invalid variation: try the next
-            del exc
-            continue
-        found = replay_detect(trace, w.detector)
-        if found:
-            trace.header["description"] = f"{w.description} Reached at {found}."
-            return trace, found
-    return None
+    """The first workload seeded by the witness state whose trace makes the model reach the corner."""
+    found = search(state, w.name, w.description, lambda trace: replay_detect(trace, w.detector), tries=tries)
+    if found is None:
+        return None
+    trace, note = found
+    trace.header["origin"] = "symbolic-witness"
+    trace.header["description"] = f"{w.description} Reached at {note}."
+    return trace, note
 
 
 def confirm_on_model(w: Witness, state: State, inputs: dict[str, Any]) -> str | None:
@@ -393,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: find, print, confirm and realise each witness; ``--write`` writes the traces."""
     parser = argparse.ArgumentParser(prog="python -m spec.symbolic.witnesses", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write the traces under {VECTORS}")
+    parser.add_argument("--out", default=str(VECTORS), help="where --write puts them")
     parser.add_argument("--only", default="", help="comma-separated witness names")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(WITNESSES)
@@ -417,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         trace, note = realised
         print(f"   trace: {len(trace.events)} events; {note}")
         if args.write:
-            path = VECTORS / f"{name}.jsonl"
+            path = Path(args.out) / f"{name}.jsonl"
             write_trace(path, trace)
             print(f"   written to {path}")
     return status

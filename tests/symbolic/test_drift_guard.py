@@ -1,0 +1,273 @@
+"""Drift guard: the symbolic transitions and the Python model agree, event by event.
+
+A proof about an encoding that no longer matches the model is worthless, so
+this runs in CI. Each model event (``add_request``, ``abort``, ``schedule()``,
+``update_from_output()``) is applied to the model and, as the corresponding
+sequence of encoded transitions, to the state read from the model before it
+(``spec/symbolic/drive.py``); the canonical forms of the two results must be
+equal (free queue order, block references and hashes, the prefix-cache map's
+order, queues, tables, counters, scheduled tokens, preemption records).
+
+Three sources of states:
+
+* reachable states of random programs, every event compared with the
+  encoding evaluated on Python values;
+* the same on one fixed pool shape with the encoding evaluated through its
+  Z3 formulas (the very formulas the proofs use), fewer examples;
+* states Z3 builds from the invariants and lemmas (with some fields pinned
+  by Hypothesis), injected into a model scheduler: they reach corners the
+  random programs rarely do (a priority victim before the cursor with
+  requests after it, several preemptions in one step, duplicates in the
+  prefix-cache map).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import z3
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from spec.scheduler import Scheduler
+from spec.symbolic.drive import (
+    Evaluator,
+    Z3Evaluator,
+    assert_same,
+    python_evaluator,
+    schedule_both,
+    update_both,
+)
+from spec.symbolic.proofs import premises
+from spec.symbolic.state import (
+    IDLE,
+    RUNNING,
+    Shape,
+    assign_slots,
+    evaluate,
+    fresh_state,
+    from_scheduler,
+    shape_of,
+    slot_id,
+    to_scheduler,
+)
+from spec.symbolic.z3ops import count, land
+from tests.symbolic.conftest import NUM_SLOTS, Driven, add_random_request, configs, sample_outputs
+
+Z3_EVALUATOR = Z3Evaluator()
+
+
+def add_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape) -> None:
+    """``add_request`` on the model and as the encoded transition; compare."""
+    before_ids = set(d.sched.requests) | {r.request_id for r in d.sched.running} | {r.request_id for r in d.sched.waiting}
+    rid = f"r{d.next_id}"
+    snap = from_scheduler(d.sched, shape, slot_ids=assign_slots(d.sched, shape, (rid,)))
+    assert rid not in before_ids
+    add_random_request(data, d)
+    req = d.sched.requests[rid]
+    after = from_scheduler(d.sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
+    hashes = [after.hash_id(h) for h in req.block_hashes] + [0] * shape.num_blocks
+    guard, post, _ = ev("add_request", snap.state, {
+        "slot": snap.slot_ids.index(rid), "num_prompt_tokens": req.num_prompt_tokens, "max_tokens": req.max_tokens,
+        "priority": req.priority, "arrival_time": req.arrival_time, "hashes": hashes[: shape.num_blocks]})
+    assert guard, "add_request not enabled"
+    assert_same(after, post, f"add_request {rid} after {d.log}")
+
+
+def abort_both(d: Driven, rid: str, ev: Evaluator, shape: Shape) -> None:
+    """``abort`` on the model and as the encoded transition (between steps or pending); compare."""
+    snap = from_scheduler(d.sched, shape)
+    d.sched.abort(rid)
+    d.log.append(f"abort {rid}")
+    after = from_scheduler(d.sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
+    name = "abort" if snap.state.phase == IDLE else "abort_pending"
+    guard, post, _ = ev(name, snap.state, {"slot": snap.slot_ids.index(rid)})
+    assert guard, f"{name} not enabled"
+    assert_same(after, post, f"{name} {rid} after {d.log}")
+
+
+def step_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape, abort_pending: bool) -> None:
+    """``schedule()`` then maybe an abort while pending, then ``update_from_output()``; compare each."""
+    after, sym = schedule_both(d.sched, ev, shape)
+    assert_same(after, sym, f"schedule() after {d.log}")
+    d.log.append("schedule")
+    if abort_pending and d.sched.requests:
+        rid = data.draw(st.sampled_from(sorted(d.sched.requests)), label="abort while pending")
+        abort_both(d, rid, ev, shape)
+    after, sym = update_both(d.sched, ev, shape, sample_outputs(data, d.sched))
+    assert_same(after, sym, f"update_from_output() after {d.log}")
+    d.log.append("update")
+
+
+def run_program(data: st.DataObject, config: Any, ev: Evaluator, max_events: int) -> Driven:
+    """A random program whose every event is compared with the encoding."""
+    d = Driven(Scheduler(config, "vllm-0.33"))
+    shape = shape_of(d.sched, NUM_SLOTS)
+    for _ in range(data.draw(st.integers(1, max_events), label="num_events")):
+        kind = data.draw(st.sampled_from(["add", "add", "step", "step", "step", "abort"]), label="event")
+        live = sorted(d.sched.requests)
+        if kind == "add" and len(live) < NUM_SLOTS and config.max_model_len >= 2:
+            add_both(d, data, ev, shape)
+        elif kind == "abort" and live:
+            abort_both(d, data.draw(st.sampled_from(live), label="abort"), ev, shape)
+        elif kind == "step" and d.sched.has_requests():
+            step_both(d, data, ev, shape, abort_pending=data.draw(st.integers(0, 9), label="abort_pending") == 0)
+    return d
+
+
+@settings(max_examples=60)
+@given(data=st.data(), config=configs())
+def test_reachable_states_python(data: st.DataObject, config: Any) -> None:
+    """Random programs: every event agrees with the encoding evaluated on Python values."""
+    run_program(data, config, python_evaluator, max_events=20)
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), policy=st.sampled_from(["fcfs", "priority"]))
+def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
+    """Random programs on one pool shape: every event agrees with the encoding's Z3 formulas."""
+    from spec.config import SchedulerConfig
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=data.draw(st.integers(3, 8)),
+                             max_num_seqs=data.draw(st.integers(1, 3)), max_model_len=8, policy=policy,
+                             enable_prefix_caching=True, num_lookahead_tokens=data.draw(st.sampled_from([0, 1])))
+    run_program(data, config, Z3_EVALUATOR, max_events=8)
+
+
+# ------------------------------------------------------------ injected states
+
+INJECT_SHAPES = (Shape(4, 4, 2, "fcfs"), Shape(4, 4, 2, "priority"), Shape(3, 5, 1, "priority"))
+
+
+@lru_cache(maxsize=None)
+def _premises(shape: Shape) -> tuple[Any, list[Any]]:
+    s = fresh_state(shape, "inj")
+    dense = []
+    for r in shape.slots:
+        # Tables without holes and prompts/outputs the model can rebuild.
+        dense.append(count(s.held[r][b] for b in shape.blocks) == s.num_blocks[r])
+    return s, premises(s) + dense + [s.phase == IDLE, s.step >= 0]
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data(), shape=st.sampled_from(INJECT_SHAPES))
+def test_injected_states(data: st.DataObject, shape: Shape) -> None:
+    """States built by Z3 from the invariants, injected into the model: schedule and update agree."""
+    s, base = _premises(shape)
+    pins = []
+    scenario = data.draw(st.sampled_from(["plain", "plain", "hit_free", "duplicate"]), label="scenario")
+    w = data.draw(st.sampled_from(list(shape.slots)), label="waiting slot")
+    for r in shape.slots:
+        pins.append(s.priority[r] == (0 if scenario != "plain" and r == w else
+                                      data.draw(st.integers(1 if scenario != "plain" else 0, 2), label=f"priority {r}")))
+        pins.append(s.arrival_time[r] == data.draw(st.integers(0, 3), label=f"arrival {r}"))
+    pins.append(s.max_num_batched_tokens == data.draw(st.integers(4, 8), label="budget"))
+    if scenario == "plain":
+        running = data.draw(st.integers(1, shape.num_reqs), label="num_running")
+        pins.append(count(s.in_running[r] for r in shape.slots) == running)
+        pins.append(s.num_free_blocks == data.draw(st.integers(0, 2), label="free blocks"))
+    else:
+        # Nothing runs and the head of waiting has its first block cached in a
+        # free block (for "duplicate", in two): its admission must count the hit
+        # against the free blocks and take the first inserted copy.
+        b = data.draw(st.sampled_from(list(shape.blocks)), label="hit block")
+        pins += [count(s.in_running[r] for r in shape.slots) == 0, s.num_free_blocks == shape.num_blocks,
+                 s.in_waiting[w], s.num_tokens[w] > shape.block_size, s.indexed[b],
+                 s.block_hash[b] == s.hashes[w][0], s.enable_prefix_caching]
+        if not shape.is_priority:
+            pins.append(s.waiting_pos[w] == 0)
+        if scenario == "duplicate":
+            c = data.draw(st.sampled_from([x for x in shape.blocks if x != b]), label="copy")
+            pins += [s.indexed[c], s.block_hash[c] == s.block_hash[b]]
+    if data.draw(st.booleans(), label="caching off"):
+        pins.append(z3.Not(s.enable_prefix_caching))
+    pins.append(s.long_prefill_token_threshold == data.draw(st.sampled_from([0, 0, 2]), label="threshold"))
+    pins += [s.step < 1000, s.free_lo > -1000, s.free_hi < 1000, s.next_insert < 1000]
+    for r in shape.slots:
+        pins.append(land(s.num_tokens[r] < 100, s.max_tokens[r] < 100, s.num_blocks[r] <= shape.num_blocks))
+        # A running request has computed at most what it had when last sampled.
+        pins.append(land(s.status[r] == RUNNING, s.num_computed_tokens[r] > 0) == (s.status[r] == RUNNING))
+    solver = z3.Solver()
+    solver.set("timeout", 20000)
+    solver.set("random_seed", data.draw(st.integers(0, 2**16), label="z3 seed"))
+    solver.add(*base, *pins)
+    verdict = solver.check()
+    assume(verdict == z3.sat)
+    state = evaluate(s, solver.model())
+    sched, _ = to_scheduler(state)
+    d = Driven(sched, log=[f"injected state of {shape.label()}"])
+    snap = from_scheduler(sched, shape, slot_ids=[slot_id(r) for r in shape.slots])
+    after, sym = schedule_both(sched, python_evaluator, shape, snap)
+    assert_same(after, sym, "schedule() of an injected state")
+    outputs = {rid: (7,) for rid, samples in sched.last_step.samples.items() if samples}
+    after, sym = update_both(sched, python_evaluator, shape, outputs, after)
+    assert_same(after, sym, "update_from_output() of an injected state")
+    del d
+
+
+# ------------------------------------------------------------ block-pool primitives
+
+@settings(max_examples=60)
+@given(data=st.data(), config=configs())
+def test_pool_primitives(data: st.DataObject, config: Any) -> None:
+    """get_new_blocks, evict on reuse, touch, cache_full_blocks and free agree with the model's own functions."""
+    from spec.request import RequestStatus
+    from tests.symbolic.conftest import drive
+
+    d = drive(data, config, end_pending=False)
+    sched = d.sched
+    shape = shape_of(sched, NUM_SLOTS)
+    snap = from_scheduler(sched, shape)
+    kv, pool = sched.kv_cache_manager, sched.block_pool
+    running = [r for r in sched.running if r.status is RequestStatus.RUNNING]
+    waiting = [r for r in sched.waiting if r.num_computed_tokens == 0]
+    choices = [c for c, ok in (("get_new_blocks", running), ("cache_full_blocks", running), ("free", running),
+                               ("touch", waiting)) if ok]
+    assume(choices)
+    kind = data.draw(st.sampled_from(choices), label="primitive")
+    if kind == "touch":
+        req = data.draw(st.sampled_from(waiting), label="request")
+        hit = kv.get_computed_blocks(req)
+        pool.touch(hit.blocks)
+        kv.req_to_blocks[req.request_id] = list(hit.blocks)
+        kv.num_cached_block[req.request_id] = len(hit.blocks)
+        inputs: dict[str, Any] = {}
+    else:
+        req = data.draw(st.sampled_from(running), label="request")
+        if kind == "get_new_blocks":
+            n = data.draw(st.integers(0, pool.get_num_free_blocks()), label="num_blocks")
+            kv.req_to_blocks[req.request_id].extend(pool.get_new_blocks(n))
+            inputs = {"num_blocks": n}
+        elif kind == "cache_full_blocks":
+            held = len(kv.req_to_blocks[req.request_id])
+            n = data.draw(st.integers(0, min(req.num_tokens, held * config.block_size)), label="num_tokens")
+            kv.cache_blocks(req, n)
+            inputs = {"num_tokens": n}
+        else:
+            sched.running.remove(req)
+            sched._preempt_request(req)
+            inputs = {}
+    inputs["slot"] = snap.slot_ids.index(req.request_id)
+    after = from_scheduler(sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
+    from spec.symbolic.transitions import TRANSITIONS
+
+    out = TRANSITIONS[kind].apply(snap.state, inputs)
+    assert_same(after, out.post, f"{kind} of {req.request_id} after {d.log}")
+
+
+@settings(max_examples=30)
+@given(data=st.data(), config=configs())
+def test_composed_iterations(data: st.DataObject, config: Any) -> None:
+    """Whole loop iterations (running_iteration, waiting_admission) give the model's schedule() too."""
+    from spec.symbolic.drive import run_schedule
+    from tests.symbolic.conftest import drive
+
+    d = drive(data, config, end_pending=False)
+    assume(d.sched.has_requests())
+    shape = shape_of(d.sched, NUM_SLOTS)
+    snap = from_scheduler(d.sched, shape)
+    sym = run_schedule(python_evaluator, snap.state, composed=True)
+    d.sched.schedule()
+    after = from_scheduler(d.sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
+    assert_same(after, sym, f"schedule() by whole iterations after {d.log}")
