@@ -28,7 +28,11 @@ traces with those values, for settings the scheduler cannot express at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
+
+from spec.errors import InvalidConfig, InvalidEvent
 
 
 class SutInputError(Exception):
@@ -73,3 +77,48 @@ ADD_REQUEST_FIELDS = ("request_id", "prompt_token_ids", "max_tokens", "priority"
 def add_request_kwargs(event: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of ``add_request`` (spec and impl schedulers) from a trace event."""
     return {name: event[name] for name in ADD_REQUEST_FIELDS}
+
+
+@contextmanager
+def refused_as_input_error() -> Iterator[None]:
+    """Turn the spec's typed input errors (``InvalidEvent``, ``InvalidConfig``) into :class:`SutInputError`."""
+    try:
+        yield
+    except (InvalidEvent, InvalidConfig) as exc:
+        raise SutInputError(exc.code, exc.message) from None
+
+
+class InProcessSut:
+    """Base of the adapters for Python schedulers with the spec's method names (reference, impl, mutants).
+
+    A subclass builds ``self.scheduler`` in ``start`` and implements
+    ``update_from_output`` and ``observe``; the scheduler's ``schedule()``
+    returns an output with ``to_canonical()``, kept in ``self.pending``.
+    """
+
+    name = "in-process"
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self.pending: Any = None
+
+    def _sched(self) -> Any:
+        assert self.scheduler is not None, "start() first"
+        return self.scheduler
+
+    def add_request(self, event: dict[str, Any]) -> None:
+        with refused_as_input_error():
+            self._sched().add_request(**add_request_kwargs(event))
+
+    def abort(self, request_id: str) -> None:
+        with refused_as_input_error():
+            self._sched().abort(request_id)
+
+    def schedule(self) -> dict[str, Any]:
+        with refused_as_input_error():
+            self.pending = self._sched().schedule()
+        return self.pending.to_canonical()
+
+    def close(self) -> None:
+        self.scheduler = None
+        self.pending = None

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.sut import SutInputError, SutUnsupported, add_request_kwargs
+from conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
 from impl.scheduler import FastScheduler, StepOutput, UnsupportedProfile
 from spec.config import SchedulerConfig
-from spec.errors import InvalidConfig, InvalidEvent
 
 
 def canonical_request_outputs(results: list[tuple[str, Any, str | None, int | None]]) -> list[dict[str, Any]]:
@@ -38,61 +37,30 @@ def canonical_request_outputs(results: list[tuple[str, Any, str | None, int | No
     ]
 
 
-class ImplSchedulerSut:
+class ImplSchedulerSut(InProcessSut):
     """The fast scheduler behind the SchedulerUnderTest protocol (scheduler only)."""
 
     name = "impl"
-
-    def __init__(self) -> None:
-        self.scheduler: FastScheduler | None = None
-        self.pending: StepOutput | None = None
+    scheduler: FastScheduler | None
+    pending: StepOutput | None
 
     def start(self, config: dict[str, Any], profile: str) -> None:
         """Build a fast scheduler; a bad config is refused with its code, other profiles are unsupported."""
-        try:
+        with refused_as_input_error():
             cfg = SchedulerConfig.from_dict(config)
-        except InvalidConfig as exc:
-            raise SutInputError(exc.code, exc.message) from None
-        try:
-            self.scheduler = FastScheduler(cfg, profile)
-        except UnsupportedProfile as exc:
-            raise SutUnsupported(str(exc)) from None
-        except InvalidConfig as exc:
-            raise SutInputError(exc.code, exc.message) from None
+            try:
+                self.scheduler = FastScheduler(cfg, profile)
+            except UnsupportedProfile as exc:
+                raise SutUnsupported(str(exc)) from None
         self.pending = None
-
-    def _sched(self) -> FastScheduler:
-        assert self.scheduler is not None, "start() first"
-        return self.scheduler
-
-    def add_request(self, event: dict[str, Any]) -> None:
-        try:
-            self._sched().add_request(**add_request_kwargs(event))
-        except InvalidEvent as exc:
-            raise SutInputError(exc.code, exc.message) from None
-
-    def abort(self, request_id: str) -> None:
-        try:
-            self._sched().abort(request_id)
-        except InvalidEvent as exc:
-            raise SutInputError(exc.code, exc.message) from None
-
-    def schedule(self) -> dict[str, Any]:
-        try:
-            self.pending = self._sched().schedule()
-        except InvalidEvent as exc:
-            raise SutInputError(exc.code, exc.message) from None
-        return self.pending.to_canonical()
 
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
                            draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
         if self.pending is None:
             raise SutInputError("unexpected_model_output", "model output without a pending step")
         sched = self._sched()
-        try:
+        with refused_as_input_error():
             sched.validate_model_output(self.pending, sampled_token_ids, draft_token_ids)
-        except InvalidEvent as exc:
-            raise SutInputError(exc.code, exc.message) from None
         aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in self.pending.entries]
         results = sched.update_from_output(self.pending, aligned, draft_token_ids)
         self.pending = None
@@ -100,10 +68,6 @@ class ImplSchedulerSut:
 
     def observe(self) -> dict[str, Any] | None:
         return self._sched().observe()
-
-    def close(self) -> None:
-        self.scheduler = None
-        self.pending = None
 
 
 def make_scheduler_sut() -> ImplSchedulerSut:
