@@ -410,19 +410,16 @@ def largest_bounds(name: str, policy: str = "fcfs", block_size: int = 2, timeout
             if secs is not None:
                 return Largest(name, policy, (r0, b, secs), (0, b0, 0.0))
         return Largest(name, policy, (r0, 0, 0.0), (0, b0, 0.0))
-    best_b = (r0, b0, at_target)
-    for b in more_blocks:
-        secs = ok(r0, b)
-        if secs is None:
-            break
-        best_b = (r0, b, secs)
-    best_r = (r0, b0, at_target)
-    for r in more_reqs:
-        secs = ok(r, b0)
-        if secs is None:
-            break
-        best_r = (r, b0, secs)
-    return Largest(name, policy, best_b, best_r)
+    def grow(bounds: list[tuple[int, int]]) -> tuple[int, int, float]:
+        best = (r0, b0, at_target)
+        for r, b in bounds:
+            secs = ok(r, b)
+            if secs is None:
+                break
+            best = (r, b, secs)
+        return best
+
+    return Largest(name, policy, grow([(r0, b) for b in more_blocks]), grow([(r, b0) for r in more_reqs]))
 
 
 def render_table(results: list[TransitionResult]) -> str:

@@ -122,21 +122,11 @@ class Z3Ops(LexMixin):
     # arithmetic
     def sum(self, xs: Iterable[Any]) -> Any:
         """Sum of integers; Python ints are folded, Z3 terms summed with ``z3.Sum``."""
-        const = 0
-        terms = []
-        for x in xs:
-            if is_z3(x):
-                terms.append(x)
-            else:
-                const += int(x)
-        if not terms:
-            return const
-        total = terms[0] if len(terms) == 1 else z3.Sum(*terms)
-        return total + const if const else total
+        return total(xs)
 
     def count(self, xs: Iterable[Any]) -> Any:
         """Number of true Booleans."""
-        return self.sum(z3.If(to_bool(x), 1, 0) if is_z3(x) else (1 if x else 0) for x in xs)
+        return count(xs)
 
     def forall(self, domain: Iterable[Any], predicate: Callable[[Any], Any],
                describe: Callable[[Any], str] | None = None) -> Any:

@@ -114,28 +114,45 @@ def test_larger_bounds(name: str) -> None:
     _assert_proved(prove_isolated(Shape(5, 10, 2, "priority"), name, 1800))
 
 
-@pytest.mark.symbolic
-def test_counterexample_is_confirmed_and_traced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A false invariant yields a counterexample that the model confirms and a trace that breaks it."""
+def _inv_free_blocks_uncached(s, o):  # noqa: ANN001, ANN202
+    """Deliberately false: a block in the free queue carries no hash."""
+    return o.forall(s.blocks, lambda b: o.implies(s.in_free_queue(b), o.not_(s.is_cached(b))), lambda b: f"block {b}")
+
+
+def _false_invariant_counterexample() -> dict:
+    """In a fresh process: register the false invariant, prove ``abort`` against it, confirm, trace."""
     from spec import invariants
 
-    def inv_free_blocks_uncached(s, o):  # noqa: ANN001, ANN202
-        """Deliberately false: a block in the free queue carries no hash."""
-        return o.forall(s.blocks, lambda b: o.implies(s.in_free_queue(b), o.not_(s.is_cached(b))),
-                        lambda b: f"block {b}")
-
-    patched = dict(invariants.INVARIANTS, free_blocks_uncached=inv_free_blocks_uncached)
-    monkeypatch.setattr(invariants, "INVARIANTS", patched)
+    invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
-    assert res.status == "counterexample" and res.counterexamples
+    if not res.counterexamples:
+        return {"status": res.status}
     cex = res.counterexamples[0]
-    assert any(cex.post.in_free[b] and cex.post.cached[b] for b in cex.post.shape.blocks)
-    confirmed = confirm_counterexample(cex, "abort")
-    assert confirmed is not None and confirmed.startswith("free_blocks_uncached"), confirmed
     trace = counterexample_trace(cex, "abort")
-    assert trace is not None, "no trace reaching the violation was found"
-    assert trace.events[-1]["kind"] == "abort"
-    assert "free_blocks_uncached" in trace.header["description"]
+    return {"status": res.status,
+            "post_violates": any(cex.post.in_free[b] and cex.post.cached[b] for b in cex.post.shape.blocks),
+            "confirmed": confirm_counterexample(cex, "abort"),
+            "trace": None if trace is None else (trace.events[-1]["kind"], trace.header["description"])}
+
+
+@pytest.mark.symbolic
+def test_counterexample_is_confirmed_and_traced() -> None:
+    """A false invariant yields a counterexample that the model confirms and a trace that breaks it.
+
+    Run in a fresh process, like every figure of the proof table: which
+    counterexample Z3 returns depends on what the process built before.
+    """
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(_false_invariant_counterexample).result()
+    assert got["status"] == "counterexample", got
+    assert got["post_violates"], got
+    assert got["confirmed"] is not None and got["confirmed"].startswith("free_blocks_uncached"), got
+    assert got["trace"] is not None, "no trace reaching the violation was found"
+    kind, description = got["trace"]
+    assert kind == "abort" and "free_blocks_uncached" in description, got
 
 
 BRANCHES = {
