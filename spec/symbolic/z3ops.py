@@ -57,36 +57,18 @@ class Z3Ops(LexMixin):
         self.subjects: list[tuple[str, Any]] = []
         """Every ``forall`` conjunct built, with its subject description."""
 
-    # logic
+    # logic (the term helpers below, with Booleans checked on the way in)
     def and_(self, *xs: Any) -> Any:
         """Conjunction; Python ``False`` short-circuits, Python ``True`` drops out."""
-        terms = []
-        for x in xs:
-            if not is_z3(x):
-                if not bool(x):
-                    return False
-                continue
-            terms.append(to_bool(x))
-        if not terms:
-            return True
-        return terms[0] if len(terms) == 1 else z3.And(*terms)
+        return land(*(to_bool(x) if is_z3(x) else x for x in xs))
 
     def or_(self, *xs: Any) -> Any:
         """Disjunction; Python ``True`` short-circuits, Python ``False`` drops out."""
-        terms = []
-        for x in xs:
-            if not is_z3(x):
-                if bool(x):
-                    return True
-                continue
-            terms.append(to_bool(x))
-        if not terms:
-            return False
-        return terms[0] if len(terms) == 1 else z3.Or(*terms)
+        return lor(*(to_bool(x) if is_z3(x) else x for x in xs))
 
     def not_(self, x: Any) -> Any:
         """Negation."""
-        return z3.Not(to_bool(x)) if is_z3(x) else not x
+        return lnot(to_bool(x) if is_z3(x) else x)
 
     def implies(self, a: Any, b: Any) -> Any:
         """``a -> b``, i.e. ``not a or b``."""
@@ -94,18 +76,12 @@ class Z3Ops(LexMixin):
 
     def ite(self, c: Any, a: Any, b: Any) -> Any:
         """``a if c else b``; a Python condition picks a branch without building a term."""
-        if not is_z3(c):
-            return a if c else b
-        if not is_z3(a) and not is_z3(b) and a == b and type(a) is type(b):
-            return a
-        return z3.If(to_bool(c), to_term(a), to_term(b))
+        return ite(to_bool(c) if is_z3(c) else c, a, b)
 
     # comparisons
     def eq(self, a: Any, b: Any) -> Any:
         """Equality (Booleans compare as Booleans, integers as integers)."""
-        if not is_z3(a) and not is_z3(b):
-            return a == b
-        return to_term(a) == to_term(b)
+        return eq(a, b)
 
     def le(self, a: Any, b: Any) -> Any:
         """``a <= b`` on integers."""
