@@ -45,7 +45,7 @@ from conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
 from conformance.datadriven import parse_file, parse_tokens
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from conformance.sut import add_request_kwargs
-from conformance.trace import Trace, make_header
+from conformance.trace import Trace, make_header, read_trace
 from conformance.vllm_env import REPO_ROOT, ensure_vllm_env
 from conformance.workload import (
     OBSERVE_MAX_BLOCKS,
@@ -548,20 +548,20 @@ def test_generated_traces_replay_on_vllm(version: str) -> None:
 @pytest.mark.parametrize("version", RELEASES)
 def test_golden_corpus_replays_on_vllm(version: str) -> None:
     """Every trace of the release's golden corpus (conformance/vectors/v1), the Z3 witnesses included."""
-    from conformance.trace import read_trace
     from conformance.vectors import iter_corpus
 
     sut = vllm_sut(version)
     names = []
     for _, path, entry in iter_corpus(PROFILE[version]):
         name = entry["file"]
-        result = replay(read_trace(path), sut, "strict")
+        trace = read_trace(path)
+        result = replay(trace, sut, "strict")
         if result.verdict == UNKNOWN:
             # Configs vLLM refuses or cannot express (model-only lookahead, findings.md
             # F6; no admission gate knob in 0.11), as the driver declares them.
             assert "refuses" in result.detail or result.detail.startswith("unsupported:"), f"{name}: {result.detail}"
             continue
-        assert result.verdict == PASS, f"{name}:\n" + _explain(read_trace(path), result)
+        assert result.verdict == PASS, f"{name}:\n" + _explain(trace, result)
         names.append(name)
     assert len(names) >= 10 and (version != V033 or sum(n.startswith("witness-") for n in names) == 6), names
 
@@ -678,7 +678,6 @@ def test_finding_f7_same_step_priority_victim_cache_hit_is_real_vllm_behaviour()
     6 resumes with a 20-token prefix hit, more than the 16 tokens it ever
     computed. vLLM 0.33.0 replays the trace exactly (strict).
     """
-    from conformance.trace import read_trace
 
     trace = read_trace(REPO_ROOT / "reports" / "findings" / "F7-same-step-priority-victim-cache-hit.jsonl")
     computed = 0
