@@ -9,10 +9,12 @@ Installed with schedconf (entry point ``pytest11``); it does nothing unless
            --rsyncdir mypkg                                           # several machines (xdist remote hosts)
 
 It adds one test item per trace of the golden corpus for the chosen profile
-and one item per campaign shard (``--schedconf-shard-size`` generated traces
-each, drawn from ``--schedconf-seed`` by index, so every xdist worker and
-every host collects the same items). A failing item reports the first
-divergence, the path of the saved failing trace and of its shrunk version.
+and one item per generated trace, ``schedconf-campaign[s<seed>-<index>]``:
+trace ``index`` is drawn from ``--schedconf-seed`` when the item runs (not at
+collection, which stays cheap), so every xdist worker and every host collects
+the same items, and every failing trace is its own failed item. A failing
+item reports the first divergence, the path of the saved failing trace and of
+its shrunk version. ``--schedconf-shard-size`` is deprecated and ignored.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable"])
     group.addoption("--schedconf-examples", type=int, default=100, help="generated traces (default 100; 0: corpus only)")
     group.addoption("--schedconf-seed", type=int, default=0)
-    group.addoption("--schedconf-shard-size", type=int, default=25)
+    group.addoption("--schedconf-shard-size", type=int, default=None,
+                    help="deprecated, ignored: there is one item per generated trace now, so every failure shows")
     group.addoption("--schedconf-no-corpus", action="store_true", help="skip the golden corpus items")
     group.addoption("--schedconf-corpus-filter", default=None, metavar="K=V,...",
                     help="only corpus traces whose manifest entry matches, e.g. prefix_caching=false")
@@ -59,11 +62,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for prof, path, entry in iter_corpus(profile):
             if _matches(entry, config.getoption("--schedconf-corpus-filter")):
                 items.append(CorpusItem.from_parent(session, name=f"schedconf-corpus[{prof}/{path.stem}]", path_=path))
-    n = config.getoption("--schedconf-examples")
-    size = max(1, config.getoption("--schedconf-shard-size"))
-    for start in range(0, n, size):
-        items.append(ShardItem.from_parent(session, name=f"schedconf-campaign[{start}-{min(n, start + size) - 1}]",
-                                           start=start, stop=min(n, start + size)))
+    seed = config.getoption("--schedconf-seed")
+    for index in range(config.getoption("--schedconf-examples")):
+        items.append(CampaignItem.from_parent(session, name=get_campaign_item_name(seed, index), index=index))
+
+
+def get_campaign_item_name(seed: int, index: int) -> str:
+    """The stable name of generated trace ``index`` of ``seed``'s campaign."""
+    return f"schedconf-campaign[s{seed}-{index:05d}]"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--schedconf-shard-size", None) is not None:
+        config.issue_config_time_warning(pytest.PytestWarning(
+            "--schedconf-shard-size is deprecated and ignored: schedconf adds one item per generated trace"),
+            stacklevel=2)
 
 
 class _SchedconfItem(pytest.Item):
@@ -127,10 +140,12 @@ class CorpusItem(_SchedconfItem):
         self.check(read_trace(self.trace_path), f"corpus-{self.trace_path.parent.name}-{self.trace_path.stem}")
 
 
-class ShardItem(_SchedconfItem):
-    def __init__(self, *, start: int, stop: int, **kwargs: Any) -> None:
+class CampaignItem(_SchedconfItem):
+    """One generated trace: drawn from the seed by index when the item runs."""
+
+    def __init__(self, *, index: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.start, self.stop = start, stop
+        self.index = index
 
     def runtest(self) -> None:
         from conformance.generate import random_workload
@@ -138,10 +153,9 @@ class ShardItem(_SchedconfItem):
 
         seed = self.config.getoption("--schedconf-seed")
         profile = self.config.getoption("--schedconf-profile")
-        for index in range(self.start, self.stop):
-            try:
-                trace = run_workload(random_workload(seed * 1_000_003 + index, profile))
-            except WorkloadError:
-                continue
-            trace.path = f"campaign-s{seed}-{index:05d}"
-            self.check(trace, trace.path)
+        try:
+            trace = run_workload(random_workload(seed * 1_000_003 + self.index, profile))
+        except WorkloadError as exc:
+            pytest.skip(f"discarded: the reference did not finish this workload ({exc})")
+        trace.path = f"campaign-s{seed}-{self.index:05d}"
+        self.check(trace, trace.path)

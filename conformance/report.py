@@ -1,18 +1,34 @@
 """Run reports for people: ``summary.md`` and a self-contained ``report.html``.
 
-The HTML has no scripts and loads nothing: tables, and inline SVG for each
-shown trace: a per-request timeline (state per step, tokens scheduled) and
-the KV blocks in use over the steps.
+Both come from one context (:func:`compute_report_context`) and a Jinja2
+template each (``conformance/templates/``). The first screen says the verdict
+(pass, fail, unknown, harness error, interrupted, or still running / killed),
+then the failures grouped by kind of divergence (the ``signature``: the
+divergence kind and its most telling field), each with its count, its
+smallest trace, the config fields that matter to it, the step, the message,
+links to the trace and its text report, and the exact ``schedconf replay``
+command that reproduces it.
+
+The HTML has no scripts and loads nothing: tables, and inline SVG for the
+smallest trace of each kind: a per-request timeline (state per step, tokens
+scheduled) and the KV blocks in use over the steps. Everything that comes
+from traces or from the scheduler's output is escaped (autoescape).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
+import shlex
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from conformance.trace import Trace, read_trace, write_atomic
+
+TEMPLATES = Path(__file__).with_name("templates")
 
 STATE_COLORS = {
     "waiting": "#d9d9d9",
@@ -113,7 +129,7 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
             st, n = row[rid]
             x = label_w + j * cell_w
             parts.append(f'<rect x="{x}" y="{y}" width="{cell_w - 1}" height="{row_h - 2}" fill="{STATE_COLORS[st]}">'
-                         f'<title>step {j + 1}: {rid} {st}{f" ({n} tokens)" if n else ""}</title></rect>')
+                         f'<title>step {j + 1}: {html.escape(rid)} {st}{f" ({n} tokens)" if n else ""}</title></rect>')
             if n and cell_w >= 18:
                 color = "#fff" if st in ("finished", "aborted") else "#000"
                 parts.append(f'<text x="{x + 2}" y="{y + 12}" fill="{color}">{n}</text>')
@@ -135,83 +151,287 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
     return f"<div>{legend}</div>\n" + "\n".join(parts) + "\n" + "\n".join(bars)
 
 
-def render_summary_md(summary: dict[str, Any]) -> str:
-    """The campaign summary as Markdown."""
-    spec = summary["spec"]
-    lines = [
-        f"# schedconf run {summary['run_id']}",
-        "",
-        f"**{summary['status'].upper()}**: {summary['passed']} passed, {summary['failed']} failed, "
-        f"{summary['unknown']} unknown, {summary['discarded']} discarded (reference did not finish) "
-        f"of {summary['examples_run']} traces run ({summary['examples_requested']} requested)"
-        + (" — INTERRUPTED, partial results" if summary["interrupted"] else ""),
-        "",
-        f"- system under test: `{spec['sut']}`; profile `{spec['profile']}`; comparison `{spec['comparison']}`",
-        f"- seed {spec['seed']}, generator `{spec['generator']}`, jobs {spec['jobs']}",
-        f"- duration {summary.get('duration_s', '?')} s; {summary.get('traces_per_s', '?')} traces/s; "
-        f"{summary.get('steps_run', '?')} steps",
-        f"- reproduce: `{summary.get('command', '')}`",
-        "",
-    ]
-    if summary.get("harness_error"):
-        lines += ["## Harness error", "", "```", summary["harness_error"], "```", ""]
-    shares = summary.get("feature_shares", {})
-    if shares:
-        lines += ["## What the traces reached", "", "| case | share of traces |", "|---|---|"]
-        lines += [f"| {k} | {100 * v:.0f}% |" for k, v in shares.items()]
-        lines.append("")
-    if summary["failures"]:
-        lines += ["## Failures", "", "| trace | first divergence | step | events | minimal trace | events |",
-                  "|---|---|---|---|---|---|"]
-        for f in summary["failures"][:200]:
-            lines.append(f"| `{f['trace_file']}` | {f['signature']} | {f['step']} | {f['events']} | "
-                         f"{'`' + f['shrunk_file'] + '`' if f['shrunk_file'] else '-'} | {f['shrunk_events'] or '-'} |")
-        if len(summary["failures"]) > 200:
-            lines.append(f"| ... {len(summary['failures']) - 200} more | | | | | |")
-        lines += ["", "Replay one: `schedconf replay <trace> --sut " + spec["sut"] + "`", ""]
-    if summary.get("unknowns"):
-        lines += ["## Unknown verdicts (the scheduler declared the config unsupported)", ""]
-        lines += [f"- trace {u['index']}: {u['reason']}" for u in summary["unknowns"]]
-        lines.append("")
-    return "\n".join(lines) + "\n"
+
+# ------------------------------------------------------------ what to show
+
+# Which config sizes govern a kind of divergence: the first entry whose key
+# occurs in the signature wins. Feature switches off their default are always
+# shown (see compute_relevant_config), so these lists name the sizes.
+SECTION_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("preempted", "preemption",
+     ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "num_lookahead_tokens")),
+    ("block", "KV block allocation",
+     ("num_gpu_blocks", "block_size", "enable_prefix_caching", "num_lookahead_tokens")),
+    ("num_computed_tokens", "prefix hits",
+     ("block_size", "enable_prefix_caching", "num_gpu_blocks")),
+    ("spec_decode", "speculative decoding",
+     ("num_spec_tokens", "num_lookahead_tokens", "max_num_batched_tokens")),
+    ("resumed", "resumption after preemption",
+     ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs")),
+    ("scheduled", "the token budget",
+     ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "long_prefill_token_threshold",
+      "num_gpu_blocks", "block_size")),
+    ("finished", "stopping",
+     ("max_model_len", "num_spec_tokens")),
+    ("outputs", "stopping and sampled tokens",
+     ("max_model_len", "num_spec_tokens")),
+    ("error", "input validation",
+     ("max_model_len", "max_num_batched_tokens", "enable_chunked_prefill")),
+)
+
+# Switches that turn a feature on or off: shown whenever off their default.
+SWITCH_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "num_spec_tokens", "num_lookahead_tokens",
+                 "long_prefill_token_threshold", "scheduler_reserve_full_isl")
+
+CONFIG_RULE = ("Config shown: the profile and the policy always; every feature switch that is off its default "
+               "(chunked prefill, prefix caching, spec tokens, lookahead, long-prefill threshold, full-ISL "
+               "reservation); and the sizes that govern this kind of divergence (for preemption: the pool, "
+               "block size, token budget and seats). The full config is the trace's first line.")
+
+STATUS_TEXT = {
+    "pass": ("PASS", "every trace run conforms"),
+    "fail": ("FAIL", "the scheduler under test departed from the specification"),
+    "unknown": ("UNKNOWN", "the scheduler declared every config unsupported: nothing was checked"),
+    "harness_error": ("HARNESS ERROR", "the harness itself failed: the results are incomplete"),
+    "interrupted": ("INTERRUPTED", "the run was stopped early: partial results"),
+    "running": ("RUNNING OR KILLED", "this summary was written while the run was going: either it is still "
+                "running, or it was killed before it could finish (no final summary). The counts are partial; "
+                "schedconf report DIR re-renders this page from the latest summary.json"),
+}
+
+
+RUNNING_PHASES = ("starting", "replaying", "shrinking")
+"""The statuses a summary has while its run goes (conformance/campaign.py); shown as RUNNING OR KILLED."""
+
+
+def get_config_defaults() -> dict[str, Any]:
+    """The scheduler config's default value of each field."""
+    from spec.config import SchedulerConfig
+
+    return {f.name: f.default for f in fields(SchedulerConfig)}
+
+
+def get_section_rule(signature: str) -> tuple[str, tuple[str, ...]]:
+    """What a kind of divergence is about and the config sizes that govern it."""
+    if signature.split(":")[0] == "sut_error":
+        return "a crash or timeout of the scheduler", tuple(get_config_defaults())
+    field = signature.partition(":")[2] or signature
+    for key, topic, names in SECTION_FIELDS:
+        if key in field:
+            return topic, names
+    return "", ()
+
+
+def compute_relevant_config(signature: str, header: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config fields that matter to a kind of divergence, each with why it is shown."""
+    config = header.get("config") or {}
+    defaults = get_config_defaults()
+    topic, names = get_section_rule(signature)
+    rows = [{"name": "profile", "value": header.get("profile", "?"), "why": "always"},
+            {"name": "policy", "value": config.get("policy", "?"), "why": "always"}]
+    for name in defaults:
+        if name == "policy" or name not in config:
+            continue
+        if name in names:
+            why = f"governs {topic}"
+        elif name in SWITCH_FIELDS and config[name] != defaults[name]:
+            why = f"not the default ({json.dumps(defaults[name])})"
+        else:
+            continue
+        rows.append({"name": name, "value": json.dumps(config[name]), "why": why})
+    for name in sorted(set(config) - set(defaults)):
+        rows.append({"name": name, "value": json.dumps(config[name]), "why": "not a known config field"})
+    return rows
+
+
+def get_trace_header(path: Path) -> dict[str, Any]:
+    """The header (line 1) of a trace file, without reading the rest; {} if unreadable."""
+    try:
+        with path.open() as f:
+            header = json.loads(f.readline())
+        return header if isinstance(header, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def render_replay_command(path: Path | str, sut: str, comparison: str) -> str:
+    """The shell command that replays one trace against the SUT."""
+    return (f"schedconf replay {shlex.quote(str(path))} --sut {shlex.quote(sut)} "
+            f"--comparison {shlex.quote(comparison)}")
+
+
+def get_first_divergence(report_path: Path) -> tuple[int | None, str]:
+    """Step and message from the first line of a text divergence report (``...: first divergence at step N: M``)."""
+    try:
+        with report_path.open() as f:
+            first = f.readline()
+    except OSError:
+        return None, ""
+    m = re.search(r"first divergence at step (None|\d+): (.*)$", first.rstrip("\n"))
+    if not m:
+        return None, ""
+    return (None if m.group(1) == "None" else int(m.group(1))), m.group(2)
+
+
+def get_smallest_trace(failures: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """The failure whose trace is smallest: the shortest minimal trace if any was shrunk, else the shortest original."""
+    shrunk = [f for f in failures if f.get("shrunk_file")]
+    if shrunk:
+        return min(shrunk, key=lambda f: (f.get("shrunk_events") or 0, f.get("index", 0))), True
+    return min(failures, key=lambda f: (f.get("events") or 0, f.get("index", 0))), False
+
+
+def compute_failure_groups(summary: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """Failures grouped by signature, most frequent first, each with its smallest trace and how to replay it."""
+    spec = summary.get("spec") or {}
+    sut, comparison = str(spec.get("sut", "?")), str(spec.get("comparison", "strict"))
+    by_sig: dict[str, list[dict[str, Any]]] = {}
+    for f in summary.get("failures") or []:
+        by_sig.setdefault(str(f.get("signature") or "?"), []).append(f)
+    groups = []
+    for signature, members in sorted(by_sig.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        best, shrunk = get_smallest_trace(members)
+        trace_file = best["shrunk_file"] if shrunk else best.get("trace_file", "")
+        report_file = trace_file[: -len(".jsonl")] + ".txt" if trace_file.endswith(".jsonl") else ""
+        if not (run_dir / report_file).is_file():
+            report_file = best.get("report_file") or ""
+        step, message = best.get("step"), best.get("message", "")
+        step_note = ""
+        if shrunk:
+            min_step, min_message = (best.get("shrunk_step"), best.get("shrunk_message", "")) \
+                if "shrunk_step" in best else get_first_divergence(run_dir / report_file)
+            if min_step is not None or min_message:
+                step_note = f"step {step} in the original trace {best.get('trace_file', '')}"
+                step, message = min_step, min_message or message
+        if step is not None:
+            message = re.sub(rf"^step {step}: ", "", str(message))
+        kind, _, field = signature.partition(":")
+        topic, _ = get_section_rule(signature)
+        header = get_trace_header(run_dir / trace_file)
+        groups.append({
+            "signature": signature, "kind": kind, "field": field, "topic": topic, "count": len(members),
+            "indices": sorted(f.get("index", 0) for f in members),
+            "members": sorted(members, key=lambda f: f.get("index", 0)),
+            "best": best, "shrunk": shrunk, "trace_file": trace_file,
+            "trace_href": quote(trace_file), "trace_path": str(run_dir / trace_file),
+            "events": best.get("shrunk_events") if shrunk else best.get("events"),
+            "report_file": report_file, "report_href": quote(report_file),
+            "original_file": best.get("trace_file", ""), "original_events": best.get("events"),
+            "step": step, "step_note": step_note, "message": message,
+            "config": compute_relevant_config(signature, header), "header_missing": not header,
+            "replay": render_replay_command(run_dir / trace_file, sut, comparison),
+        })
+    return groups
+
+
+def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+    """Everything both reports show, computed once (missing fields of a partial summary read as unknown)."""
+    run_dir = Path(run_dir if run_dir is not None else summary.get("run_dir", "."))
+    spec = summary.get("spec") or {}
+    status = str(summary.get("status") or "running")
+    if status in RUNNING_PHASES:  # the phase a run was in when this summary was written
+        status = "running"
+    label, meaning = STATUS_TEXT.get(status, (status.upper(), ""))
+    groups = compute_failure_groups(summary, run_dir)
+    failed = summary.get("failed", len(summary.get("failures") or []))
+    notes = []
+    if summary.get("interrupted") and status != "interrupted":
+        notes.append("The run was interrupted (Ctrl-C): the results are partial.")
+    if status == "fail" and groups:
+        notes.append(f"{failed} failing trace{'' if failed == 1 else 's'}, {len(groups)} kind"
+                     f"{'' if len(groups) == 1 else 's'} of divergence.")
+    if len(summary.get("failures") or []) < (failed or 0):
+        notes.append(f"Only {len(summary.get('failures') or [])} of the {failed} failures are listed.")
+    counts = [(name, summary.get(key, "?")) for name, key in (
+        ("passed", "passed"), ("failed", "failed"), ("unknown", "unknown"),
+        ("discarded (reference did not finish)", "discarded"), ("run", "examples_run"),
+        ("requested", "examples_requested"))]
+    facts = [("system under test", spec.get("sut", "?")), ("profile", spec.get("profile", "?")),
+             ("comparison", spec.get("comparison", "?")), ("seed", spec.get("seed", "?")),
+             ("generator", spec.get("generator", "?")), ("jobs", spec.get("jobs", "?"))]
+    if spec.get("config_overrides"):
+        facts.append(("config overrides", json.dumps(spec["config_overrides"], sort_keys=True)))
+    facts += [("duration", f"{summary['duration_s']} s" if "duration_s" in summary else "?"),
+              ("rate", f"{summary['traces_per_s']} traces/s" if summary.get("traces_per_s") else "?"),
+              ("steps", summary.get("steps_run", "?")), ("run folder", str(run_dir))]
+    shares = summary.get("feature_shares") or {}
+    if not shares and summary.get("features") and summary.get("examples_run"):
+        shares = {k: v / summary["examples_run"] for k, v in sorted(summary["features"].items())}
+    return {
+        "run_id": str(summary.get("run_id", run_dir.name)), "status": status, "label": label, "meaning": meaning,
+        "notes": notes, "counts": counts, "facts": facts, "command": summary.get("command") or "",
+        "harness_error": summary.get("harness_error"), "harness_traceback": summary.get("harness_traceback"),
+        "groups": groups, "failed": failed,
+        "shares": [{"name": k, "pct": round(100 * float(v))} for k, v in shares.items()],
+        "unknowns": summary.get("unknowns") or [], "unknown": summary.get("unknown", 0),
+        "config_rule": CONFIG_RULE, "sut": spec.get("sut", "?"),
+    }
+
+
+# ---------------------------------------------------------------- rendering
+
+def get_template(name: str) -> Any:
+    """A template from conformance/templates/; autoescaped unless it renders Markdown."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=not name.endswith(".md.j2"),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["md_cell"] = render_md_cell
+    env.filters["md_code"] = render_md_code
+    return env.get_template(name)
+
+
+def render_md_cell(value: Any) -> str:
+    """A value safe inside one Markdown table cell: one line, pipes escaped."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def render_md_code(value: Any) -> str:
+    """A value as Markdown inline code, fenced with more backticks than it holds."""
+    text = " ".join(str(value).split())
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def render_summary_md(summary: dict[str, Any], run_dir: Path | None = None) -> str:
+    """The campaign summary as Markdown, failures grouped by kind of divergence."""
+    return get_template("summary.md.j2").render(**compute_report_context(summary, run_dir))
 
 
 def render_html(summary: dict[str, Any], run_dir: Path, max_traces: int = 5) -> str:
-    """The self-contained HTML report."""
-    body = [f"<h1>schedconf run {html.escape(summary['run_id'])}</h1>",
-            f"<pre>{html.escape(render_summary_md(summary))}</pre>"]
-    shown = 0
-    for f in summary["failures"]:
-        if shown >= max_traces:
-            break
-        path = run_dir / (f["shrunk_file"] or f["trace_file"])
-        try:
-            trace = read_trace(path)
-        except Exception as exc:  # noqa: BLE001
-            body.append(f"<p>cannot read {html.escape(str(path))}: {html.escape(str(exc))}</p>")
+    """The self-contained HTML report (no scripts, no external resources)."""
+    from markupsafe import Markup
+
+    context = compute_report_context(summary, run_dir)
+    for i, group in enumerate(context["groups"]):
+        group["timeline"], group["detail"], group["trace_error"] = None, "", ""
+        if i >= max_traces:
             continue
-        report_path = run_dir / (f["shrunk_file"] or f["trace_file"]).replace(".jsonl", ".txt")
-        detail = report_path.read_text() if report_path.exists() else f["message"]
-        body.append(f"<h2>Failure: trace {f['index']} — {html.escape(f['signature'])}</h2>")
-        body.append(f"<p>{'minimal' if f['shrunk_file'] else 'original'} trace "
-                    f"<code>{html.escape(str(path.name))}</code>, {len(trace.events)} events</p>")
-        body.append(f"<pre>{html.escape(detail)}</pre>")
-        body.append(render_timeline_svg(trace, f"trace {f['index']}"))
-        shown += 1
+        report = run_dir / group["report_file"] if group["report_file"] else None
+        if report is not None and report.is_file():
+            group["detail"] = report.read_text(errors="replace")
+        try:
+            trace = read_trace(run_dir / group["trace_file"])
+            group["timeline"] = Markup(render_timeline_svg(trace, f"trace {group['best'].get('index', '?')}"))
+        except Exception as exc:  # noqa: BLE001 - a broken file must not lose the rest of the page
+            group["trace_error"] = f"cannot read {run_dir / group['trace_file']}: {exc}"
+    context["max_traces"] = max_traces
+    context["sample"] = None
     sample = run_dir / "sample.jsonl"
-    if not summary["failures"] and sample.exists():
-        trace = read_trace(sample)
-        body.append(f"<h2>A sample trace ({len(trace.events)} events)</h2>")
-        body.append(render_timeline_svg(trace, "sample"))
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}pre{background:#f6f6f6;padding:8px;"
-             "overflow-x:auto}svg{display:block;margin:6px 0}")
-    return (f"<!doctype html>\n<html><head><meta charset='utf-8'><title>schedconf {html.escape(summary['run_id'])}"
-            f"</title><style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    if not context["groups"] and sample.is_file():
+        try:
+            trace = read_trace(sample)
+            context["sample"] = {"events": len(trace.events), "timeline": Markup(render_timeline_svg(trace, "sample"))}
+        except Exception:  # noqa: BLE001
+            pass
+    return get_template("report.html.j2").render(**context)
 
 
 def write_reports(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write summary.md and report.html next to summary.json."""
-    write_atomic(run_dir / "summary.md", render_summary_md(summary))
+    write_atomic(run_dir / "summary.md", render_summary_md(summary, run_dir))
     write_atomic(run_dir / "report.html", render_html(summary, run_dir))
 
 

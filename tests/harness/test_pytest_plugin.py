@@ -1,5 +1,6 @@
-"""The pytest plugin in a scheduler's own suite: passes the reference, fails a broken one."""
+"""The pytest plugin in a scheduler's own suite: passes the reference, fails a broken one, one item per trace."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,19 @@ def _plugin_args():
     return [] if installed else ["-p", "conformance.pytest_plugin"]
 
 
-def _run(tmp_path, sut, *extra):
+def _run(tmp_path, sut, *extra, examples=20):
     (tmp_path / "conftest.py").write_text("")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), f"--schedconf-sut={sut}",
-         "--schedconf-examples=20", "--schedconf-shard-size=10", f"--schedconf-out={tmp_path / 'out'}", *extra],
+         f"--schedconf-examples={examples}", f"--schedconf-out={tmp_path / 'out'}", *extra],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
         env={"PYTHONPATH": f"{HERE}:{ROOT}", "PATH": "/usr/bin:/bin"},
     )
+
+
+def _items(stdout, outcome):
+    """Names of the campaign items with this outcome (from -rA's short summary)."""
+    return set(re.findall(rf"^{outcome} \S*(schedconf-campaign\[s\d+-\d{{5}}\])", stdout, re.M))
 
 
 def test_plugin_passes_the_reference(tmp_path):
@@ -34,8 +40,42 @@ def test_plugin_passes_the_reference(tmp_path):
     assert " passed" in r.stdout
 
 
+def test_reference_gives_one_passing_item_per_generated_trace(tmp_path):
+    r = _run(tmp_path, "reference", "--schedconf-no-corpus", "-rA", examples=12)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _items(r.stdout, "PASSED") == {f"schedconf-campaign[s0-{i:05d}]" for i in range(12)}
+    assert "12 passed" in r.stdout
+
+
 def test_plugin_fails_a_broken_scheduler_with_the_trace_path(tmp_path):
     r = _run(tmp_path, "module:broken_adapter:BrokenSut", "--schedconf-no-corpus")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failing trace:" in r.stdout and "minimal trace" in r.stdout
     assert list((tmp_path / "out").glob("*.min.jsonl"))
+
+
+def test_every_failing_trace_is_its_own_failed_item(tmp_path):
+    """Shards of 25 showed at most one failure each (2 for 30 traces); one item per trace shows them all."""
+    r = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = _items(r.stdout, "FAILED")
+    assert len(failed) > 2, r.stdout[-3000:]
+    assert len(failed) + len(_items(r.stdout, "PASSED")) == 30
+    for name in failed:
+        index = name[len("schedconf-campaign[s0-"):-1]
+        saved = tmp_path / "out" / f"campaign-s0-{index}.jsonl"
+        minimal = tmp_path / "out" / f"campaign-s0-{index}.min.jsonl"
+        assert saved.exists() and minimal.exists()
+        assert f"failing trace: {saved}" in r.stdout
+        assert re.search(rf"minimal trace \(\d+ events\): {re.escape(str(minimal))}", r.stdout)
+    assert r.stdout.count("first divergence at step") >= len(failed)
+
+
+def test_xdist_workers_and_the_deprecated_shard_size_give_the_same_items(tmp_path):
+    serial = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=30)
+    spread = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", "-n", "2",
+                  "--schedconf-shard-size=10", examples=30)
+    assert spread.returncode == 1, spread.stdout + spread.stderr
+    assert _items(spread.stdout, "FAILED") == _items(serial.stdout, "FAILED")
+    assert len(_items(spread.stdout, "FAILED")) > 2
+    assert "--schedconf-shard-size is deprecated and ignored" in spread.stdout + spread.stderr
