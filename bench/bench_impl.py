@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from impl.adapter import canonical_request_outputs
+from conformance.adapters.impl import canonical_request_outputs
 from impl.scheduler import FastScheduler
 from spec.config import SchedulerConfig
 from spec.output import ModelRunnerOutput

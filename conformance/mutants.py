@@ -6,6 +6,11 @@ violation when the mutant runs on its own). ``--sut mutant:<name>`` runs one as
 a system under test.
 
 Each mutant names the real bug family it re-creates.
+
+The adapter registry (``conformance/adapters/__init__.py``) names
+:func:`make_mutant_sut` by its path and imports this module only when a
+``mutant:`` SUT is asked for; this module imports the registry, never the
+other way round.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from conformance.adapters import UnknownSut
 from conformance.adapters.reference import ReferenceSut
 from spec.config import SchedulerConfig
 from spec.kv_cache import KVCacheManager, PrefixHit
@@ -153,8 +159,6 @@ def make_mutant_sut(name: str) -> MutantSut:
     """``mutant:<name>`` for the adapter registry."""
     key = name.removeprefix("mutant:")
     if key not in MUTANTS:
-        from conformance.adapters import UnknownSut
-
         raise UnknownSut(f"unknown mutant {key!r}; known: {', '.join(sorted(MUTANTS))}")
     return MutantSut(MUTANTS[key])
 

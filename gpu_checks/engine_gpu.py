@@ -7,7 +7,8 @@ Usage (on a machine with a CUDA GPU; finishes in well under 5 minutes on one H20
 Stages, each recorded in ``OUT/engine_gpu.json``:
 
 1. ``conformance``: every workload of the corpus (``conformance/vectors/**/*.jsonl``
-   when present), the built-in examples and ``--seeds`` campaign workloads run
+   when present), the built-in examples and ``--seeds`` workloads of
+   ``conformance/tight_workloads.py`` run
    through the engine on the GPU (``small`` model, float64) in lockstep with the
    reference scheduler fed the engine's own tokens: identical SchedulerOutputs
    (strict: block ids, free-queue order) and request outputs, and every
@@ -53,15 +54,15 @@ def _sync(device: torch.device) -> None:
 def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline: float) -> dict[str, Any]:
     """Engine vs reference scheduler in lockstep, and tokens vs the dense oracle, on ``device``."""
     from conformance.examples import EXAMPLES
-    from impl.campaign import random_workload
-    from impl.engine_check import check_engine, corpus_workloads
+    from conformance.tight_workloads import make_tight_workload
+    from gpu_checks.engine_check import check_engine, corpus_workloads
     from impl.model import SMALL, TINY, LlamaModel
 
     config = SMALL if device.type == "cuda" else TINY
     model = LlamaModel(config, device=device, dtype=torch.float64)
     workloads = corpus_workloads(corpus) if corpus.is_dir() else []
     workloads += [(f"example-{k}", f()) for k, f in sorted(EXAMPLES.items())]
-    workloads += [(f"seed-{s}", random_workload(s, vocab_size=config.vocab_size)) for s in seeds]
+    workloads += [(f"seed-{s}", make_tight_workload(s, vocab_size=config.vocab_size)) for s in seeds]
     results = []
     skipped = 0
     for name, workload in workloads:
@@ -92,13 +93,13 @@ def stage_replay(device: torch.device, corpus: Path, seeds: range, deadline: flo
     from conformance.replay import replay
     from conformance.trace import read_trace
     from conformance.workload import run_workload
-    from impl.adapter import ImplEngineSut
-    from impl.campaign import random_workload
+    from conformance.adapters.impl import ImplEngineSut
+    from conformance.tight_workloads import make_tight_workload
 
     traces = [read_trace(p) for p in sorted(corpus.rglob("*.jsonl"))] if corpus.is_dir() else []
     traces = [t for t in traces if t.profile in ("vllm-0.33", "vllm-0.32")]
     traces += [run_workload(f()) for _, f in sorted(EXAMPLES.items())]
-    traces += [run_workload(random_workload(s)) for s in seeds]
+    traces += [run_workload(make_tight_workload(s)) for s in seeds]
     sut = ImplEngineSut(model="small" if device.type == "cuda" else "tiny", device=str(device))
     verdicts: dict[str, int] = {}
     failures: list[dict[str, Any]] = []

@@ -7,9 +7,11 @@ Modules:
   cache-free greedy oracle; ``sampling``: greedy choice and near ties;
 * ``runner``: the paged KV cache and the batched forward pass; ``drafter``:
   n-gram drafts for speculative decoding; ``engine``: the engine loop;
-* ``adapter``: the harness adapters (``impl``, ``impl-engine``);
-  ``engine_check``: the lockstep whole-engine check; ``campaign``: seeded
-  workloads; ``baselines``: the loops the engine bench compares with.
+* ``baselines``: the loops the engine bench compares with.
 
-Only ``scheduler``, ``campaign`` and the ``impl`` adapter work without torch.
+``scheduler`` and ``drafter`` need no torch. The engine does not know it is being
+checked: nothing here imports ``conformance``. Its adapters (``--sut impl``,
+``--sut impl-engine``) are ``conformance/adapters/impl.py``, the lockstep
+whole-engine check is ``gpu_checks/engine_check.py`` and the seeded workloads
+first written for it are ``conformance/tight_workloads.py``.
 """

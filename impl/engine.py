@@ -7,7 +7,7 @@ sampled tokens and the drafter's proposals, then the runner records which KV
 blocks became valid. ``add_request`` and ``abort`` may come between steps.
 
 The pieces are public (``schedule`` / ``execute`` / ``update``) so that a
-checker can run a reference scheduler in lockstep (``impl/engine_check.py``).
+checker can run a reference scheduler in lockstep (``gpu_checks/engine_check.py``).
 """
 
 from __future__ import annotations

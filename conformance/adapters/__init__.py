@@ -2,14 +2,25 @@
 
 ``reference`` is the spec itself. ``stdio:CMD`` runs any scheduler that speaks
 the JSON-lines protocol (PROTOCOL.md) as a subprocess. ``module:PKG.MOD:FACTORY``
-imports a Python factory returning a SchedulerUnderTest. More adapters
-(``vllm-v1@VERSION``, ``impl``) register themselves in ``ADAPTERS``.
+imports a Python factory returning a SchedulerUnderTest, looking in the current
+folder first (as pytest does). The other adapters are listed in two tables:
+``ADAPTERS`` (exact names: ``reference``, ``impl``, ``impl-engine``) and
+``ADAPTER_PREFIXES`` (``mutant:NAME``, ``vllm-v1@VERSION``).
+
+A table entry is a factory or the path of one, ``"package.module:factory"``.
+The registry imports an adapter's module only when its SUT is asked for, so
+importing this package imports no adapter (no torch, no mutants, no vLLM
+environment), and adapters may import :class:`UnknownSut` from here without an
+import cycle: the arrows point from the adapters to the registry, never back.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
+from typing import Union
 
 from conformance.sut import SchedulerUnderTest
 
@@ -18,29 +29,29 @@ class UnknownSut(Exception):
     """The --sut name matches no adapter."""
 
 
-def _reference() -> SchedulerUnderTest:
-    from conformance.adapters.reference import ReferenceSut
+AdapterEntry = Union[Callable[[], SchedulerUnderTest], str]
+PrefixEntry = Union[Callable[[str], SchedulerUnderTest], str]
 
-    return ReferenceSut()
-
-
-def _impl() -> SchedulerUnderTest:
-    from impl.adapter import ImplSchedulerSut  # torch is imported only here, on demand
-
-    return ImplSchedulerSut()
-
-
-def _impl_engine() -> SchedulerUnderTest:
-    from impl.adapter import ImplEngineSut
-
-    return ImplEngineSut()
-
-
-ADAPTERS: dict[str, Callable[[], SchedulerUnderTest]] = {
-    "reference": _reference,
-    "impl": _impl,
-    "impl-engine": _impl_engine,
+ADAPTERS: dict[str, AdapterEntry] = {
+    "reference": "conformance.adapters.reference:ReferenceSut",
+    "impl": "conformance.adapters.impl:make_scheduler_sut",  # torch is imported only by impl-engine, on start
+    "impl-engine": "conformance.adapters.impl:make_engine_sut",
 }
+"""Exact SUT name -> factory() (or its ``"module:attr"`` path)."""
+
+ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
+    "mutant:": "conformance.mutants:make_mutant_sut",
+    "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
+}
+"""SUT name prefix -> factory(name) (or its ``"module:attr"`` path)."""
+
+
+def get_factory(entry: AdapterEntry | PrefixEntry) -> Callable[..., SchedulerUnderTest]:
+    """The factory of a table entry, importing its module if the entry is a ``"module:attr"`` path."""
+    if callable(entry):
+        return entry
+    module_name, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def describe_suts() -> str:
@@ -48,45 +59,47 @@ def describe_suts() -> str:
     return (
         "reference (the spec itself); impl (our fast scheduler); impl-engine (our torch engine, teacher-forced); "
         "stdio:'CMD ARGS' (a subprocess speaking PROTOCOL.md); "
-        "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest); "
+        "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest; the current folder is searched first); "
         "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
         + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`)"
     )
 
 
+def make_module_sut(name: str) -> SchedulerUnderTest:
+    """``module:PKG.MOD:FACTORY``: import the factory, with the current folder importable, and call it.
+
+    ``schedconf`` and ``pytest`` started as console scripts do not put the
+    current folder on ``sys.path`` (``python -m`` does); users expect an
+    adapter next to them to be found, as pytest finds their tests, so the
+    current folder is put first on ``sys.path`` when it is not there.
+    """
+    target = name.removeprefix("module:")
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UnknownSut(f"--sut {name!r}: expected module:package.module:factory")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownSut(f"--sut {name!r}: cannot import {target}: {exc} "
+                         f"(searched the current folder {cwd} first, then sys.path)") from None
+    return factory()
+
+
 def make_sut(name: str) -> SchedulerUnderTest:
     """Build the SUT called ``name`` (see :func:`describe_suts`)."""
     if name in ADAPTERS:
-        return ADAPTERS[name]()
+        return get_factory(ADAPTERS[name])()
     if name.startswith("stdio:"):
         from conformance.adapters.stdio import StdioSut
 
         return StdioSut(name.removeprefix("stdio:"))
     if name.startswith("module:"):
-        target = name.removeprefix("module:")
-        module_name, _, attr = target.partition(":")
-        if not attr:
-            raise UnknownSut(f"--sut {name!r}: expected module:package.module:factory")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UnknownSut(f"--sut {name!r}: cannot import {target}: {exc}") from None
-        return factory()
-    for prefix, factory in ADAPTER_PREFIXES.items():
+        return make_module_sut(name)
+    for prefix, entry in ADAPTER_PREFIXES.items():
         if name.startswith(prefix):
-            return factory(name)
+            return get_factory(entry)(name)
     raise UnknownSut(f"unknown --sut {name!r}; known: {describe_suts()}")
-
-
-def _mutant(name: str) -> SchedulerUnderTest:
-    from conformance.mutants import make_mutant_sut
-
-    return make_mutant_sut(name)
-
-
-# name prefix -> factory(name); e.g. "vllm-v1@" -> the vLLM adapter.
-ADAPTER_PREFIXES: dict[str, Callable[[str], SchedulerUnderTest]] = {"mutant:": _mutant}
-
-
-# Importing the vLLM adapter registers the "vllm-v1@" prefix (it never imports vLLM).
-from conformance.adapters import vllm_v1 as _vllm_v1  # noqa: E402,F401

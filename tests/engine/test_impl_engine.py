@@ -15,16 +15,16 @@ import pytest
 import torch
 
 import impl.runner as runner_module
+from conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
 from conformance.examples import EXAMPLES
 from conformance.generate import random_workload as generate_workload
 from conformance.replay import FAIL, PASS, replay
+from conformance.tight_workloads import make_tight_workload
 from conformance.trace import read_trace
 from conformance.workload import run_workload, workload_from_trace
-from impl.adapter import ImplEngineSut
-from impl.campaign import random_workload
 from impl.dense import dense_generate
+from gpu_checks.engine_check import check_engine
 from impl.engine import Engine
-from impl.engine_check import check_engine
 from impl.model import TINY, LlamaModel
 from spec.config import SchedulerConfig
 
@@ -115,7 +115,7 @@ def test_trusting_every_prefix_hit_gives_wrong_tokens_there(tiny_model):
 
 def test_lockstep_engine_check_on_generated_workloads_and_corpus(tiny_model):
     workloads = [(f"gen-{s}-{p}", generate_workload(s, p)) for s in range(20) for p in ("vllm-0.33", "vllm-0.32")]
-    workloads += [(f"impl-{s}", random_workload(s, vocab_size=512)) for s in range(12)]
+    workloads += [(f"impl-{s}", make_tight_workload(s, vocab_size=512)) for s in range(12)]
     workloads += [(f"example-{k}", f()) for k, f in sorted(EXAMPLES.items())]
     workloads += [(str(p), workload_from_trace(t)) for p in CORPUS
                   for t in [read_trace(p)] if t.profile in ("vllm-0.33", "vllm-0.32")]
@@ -132,7 +132,6 @@ def test_lockstep_engine_check_on_generated_workloads_and_corpus(tiny_model):
 def test_lockstep_trace_replays_on_the_reference_and_on_impl(tiny_model):
     """The lockstep run's trace (engine tokens, reference expectations) is a valid trace for any SUT."""
     from conformance.adapters.reference import ReferenceSut
-    from impl.adapter import ImplSchedulerSut
 
     report = check_engine(generate_workload(7, "vllm-0.33"), tiny_model)
     assert report.ok and report.trace is not None
@@ -144,7 +143,7 @@ def test_teacher_forced_engine_adapter_replays_traces():
     sut = ImplEngineSut()
     traces = [run_workload(f()) for _, f in sorted(EXAMPLES.items())]
     traces += [run_workload(generate_workload(s, "vllm-0.33")) for s in range(25)]
-    traces += [run_workload(random_workload(s)) for s in range(15)]
+    traces += [run_workload(make_tight_workload(s)) for s in range(15)]
     traces += [t for t in (read_trace(p) for p in CORPUS) if t.profile in ("vllm-0.33", "vllm-0.32")]
     for trace in traces:
         result = replay(trace, sut, "strict")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
+from conformance.adapters.impl import ImplSchedulerSut
 from conformance.adapters.reference import ReferenceSut
 from conformance.datadriven import parse_file, parse_tokens
 from conformance.examples import EXAMPLES
@@ -21,10 +22,9 @@ from conformance.generate import random_workload as generate_workload
 from conformance.generate import workloads
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from conformance.sut import SutInputError, SutUnsupported
+from conformance.tight_workloads import make_tight_workload
 from conformance.trace import read_trace
 from conformance.workload import run_workload
-from impl.adapter import ImplSchedulerSut
-from impl.campaign import random_workload
 from impl.scheduler import FastScheduler
 from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent
@@ -46,8 +46,8 @@ def _replay_all(traces) -> tuple[Counter, list[str]]:
 
 
 def test_impl_campaign_replays_strict():
-    """400 seeded impl/campaign.py workloads: every step, output and free queue as the reference."""
-    traces = [run_workload(random_workload(seed)) for seed in range(400)]
+    """400 seeded conformance/tight_workloads.py workloads: every step, output and free queue as the reference."""
+    traces = [run_workload(make_tight_workload(seed)) for seed in range(400)]
     verdicts, failures = _replay_all(traces)
     assert not failures, "\n\n".join(failures)
     assert verdicts == Counter({PASS: 400})

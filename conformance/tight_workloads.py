@@ -1,6 +1,11 @@
-"""Seeded random workloads for conformance campaigns of impl/ (no Hypothesis needed).
+"""Seeded random workloads with tight KV pools (no Hypothesis needed).
 
-``random_workload(seed)`` draws a scheduler config and a request mix built to
+A second generator next to ``conformance/generate.py``, first written for the
+campaigns of our engine (``impl/``; its traces keep the origin
+``impl-campaign``) but free of any engine: it builds plain
+:class:`~conformance.workload.Workload` objects.
+
+``make_tight_workload(seed)`` draws a scheduler config and a request mix built to
 reach the hard cases: small pools (preemption), shared prompt prefixes (prefix
 hits and the free-queue order), small budgets and thresholds (chunked
 prefill), chunked prefill off, both policies, spec decode with lookahead and
@@ -16,7 +21,7 @@ from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpe
 from spec.config import SchedulerConfig, cdiv
 
 
-def random_config(rng: random.Random, *, profile: str) -> SchedulerConfig:
+def make_tight_config(rng: random.Random, *, profile: str) -> SchedulerConfig:
     """A valid SchedulerConfig that keeps the pool tight enough to preempt."""
     block_size = rng.choice([1, 2, 4, 4, 8, 16])
     max_model_len = rng.choice([16, 24, 32, 48, 64, 96])
@@ -46,12 +51,12 @@ def random_config(rng: random.Random, *, profile: str) -> SchedulerConfig:
     )
 
 
-def random_workload(seed: int, *, profile: str | None = None, vocab_size: int = 24, max_requests: int = 10,
+def make_tight_workload(seed: int, *, profile: str | None = None, vocab_size: int = 24, max_requests: int = 10,
                     invalid: bool = True) -> Workload:
-    """One workload drawn from ``seed`` (see the module docstring)."""
+    """One workload drawn from ``seed`` (see the module docstring); ``vocab_size`` bounds the token ids."""
     rng = random.Random(seed)
     profile = profile or rng.choice(["vllm-0.33", "vllm-0.33", "vllm-0.33", "vllm-0.32"])
-    config = random_config(rng, profile=profile)
+    config = make_tight_config(rng, profile=profile)
     mml = config.max_model_len
     # A few shared prefixes so that prompts hit each other's cached blocks.
     prefixes = [tuple(rng.randrange(vocab_size) for _ in range(rng.randrange(1, mml // 2 + 1))) for _ in range(3)]

@@ -1,5 +1,10 @@
 """Whole-engine conformance: the engine's own tokens drive the reference scheduler in lockstep.
 
+The harness side of our engine (``impl/``), kept out of ``impl/`` so that the
+engine does not know it is being checked; it lives in ``gpu_checks/`` because
+it drives the torch engine (on the CPU or a GPU: ``--device``) and
+``gpu_checks/engine_gpu.py`` runs it as its first stage.
+
 ``check_engine(workload, model)`` runs the workload's requests, aborts and
 invalid inputs through :class:`impl.engine.Engine` (the real model produces
 the tokens and the n-gram drafter the drafts) and, step by step, through the
@@ -22,8 +27,8 @@ outputs as the expectations), which any scheduler can replay.
 
 Command line::
 
-    python -m impl.engine_check [--seeds 0:20] [--corpus DIR] [--examples]
-                                [--model tiny] [--device cpu] [--dtype float64] [--traces OUT]
+    python -m gpu_checks.engine_check [--seeds 0:20] [--corpus DIR] [--examples]
+                                      [--model tiny] [--device cpu] [--dtype float64] [--traces OUT]
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ from typing import Any
 
 import torch
 
+from conformance.adapters.impl import canonical_request_outputs
 from conformance.sut import add_request_kwargs
 from conformance.trace import Trace, make_header, read_trace, write_trace
 from conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
-from impl.adapter import canonical_request_outputs
 from impl.dense import dense_generate
 from impl.engine import Engine
 from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
@@ -49,6 +54,7 @@ from impl.sampling import NearTie
 from spec.errors import InvalidEvent
 from spec.output import ModelRunnerOutput
 from spec.scheduler import Scheduler
+
 
 @dataclass
 class EngineCheckReport:
@@ -257,8 +263,8 @@ def _parse_seeds(text: str) -> range:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0:20", help="generated workloads, seeds LO:HI; '' for none")
-    parser.add_argument("--generator", choices=("conformance", "impl"), default="conformance",
-                        help="conformance/generate.py (default) or impl/campaign.py")
+    parser.add_argument("--generator", choices=("conformance", "tight"), default="conformance",
+                        help="conformance/generate.py (default) or conformance/tight_workloads.py")
     parser.add_argument("--corpus", type=Path, default=None, help="a folder of JSONL traces (e.g. conformance/vectors)")
     parser.add_argument("--examples", action="store_true", help="also the built-in examples (conformance/examples.py)")
     parser.add_argument("--model", default="tiny", choices=sorted(MODEL_CONFIGS))
@@ -270,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from conformance.examples import EXAMPLES
-    from impl.campaign import random_workload
+    from conformance.tight_workloads import make_tight_workload
 
     model = LlamaModel(MODEL_CONFIGS[args.model], device=args.device, dtype=DTYPES[args.dtype])
     workloads: list[tuple[str, Workload]] = []
@@ -278,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         workloads += corpus_workloads(args.corpus)
     if args.examples:
         workloads += [(f"example-{k}", f()) for k, f in sorted(EXAMPLES.items())]
-    if args.seeds and args.generator == "impl":
-        workloads += [(f"impl-seed-{s}", random_workload(s, vocab_size=model.config.vocab_size))
+    if args.seeds and args.generator == "tight":
+        workloads += [(f"tight-seed-{s}", make_tight_workload(s, vocab_size=model.config.vocab_size))
                       for s in _parse_seeds(args.seeds)]
     elif args.seeds:
         from conformance.generate import random_workload as generate_workload

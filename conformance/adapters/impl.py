@@ -1,4 +1,4 @@
-"""impl/ as systems under test for the conformance harness (``conformance/sut.py``).
+"""Our engine (``impl/``) as systems under test for the harness (``conformance/sut.py``).
 
 * :class:`ImplSchedulerSut` (``--sut impl``): the fast scheduler alone. The
   harness feeds the model outputs recorded in the trace; outputs are the
@@ -13,11 +13,14 @@
   tolerance, or a different greedy token without a near tie, fails the step
   (``EngineMismatch``). The free-running mode, where the engine's own tokens
   drive both the engine and the reference scheduler, is
-  ``impl/engine_check.py``: the replay harness reads tokens from the trace and
-  so cannot drive it.
+  ``gpu_checks/engine_check.py``: the replay harness reads tokens from the
+  trace and so cannot drive it.
 
-Nothing in ``conformance/`` imports this module at import time; the adapter
-registry imports it lazily by name.
+``impl/`` does not know it is being checked: its adapters live here, with the
+other adapters. Nothing imports this module when ``conformance`` or
+``conformance.adapters`` is imported; the adapter registry loads it by name on ``make_sut("impl")`` or
+``make_sut("impl-engine")``. The scheduler adapter needs no torch; the engine
+adapter imports torch only in ``start()``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class ImplSchedulerSut(InProcessSut):
 
 
 def make_scheduler_sut() -> ImplSchedulerSut:
-    """Factory for ``--sut impl`` (and ``module:impl.adapter:make_scheduler_sut``)."""
+    """Factory for ``--sut impl`` (and ``module:conformance.adapters.impl:make_scheduler_sut``)."""
     return ImplSchedulerSut()
 
 
@@ -210,5 +213,5 @@ class ImplEngineSut(ImplSchedulerSut):
 
 
 def make_engine_sut() -> ImplEngineSut:
-    """Factory for ``--sut impl-engine`` (and ``module:impl.adapter:make_engine_sut``)."""
+    """Factory for ``--sut impl-engine`` (and ``module:conformance.adapters.impl:make_engine_sut``)."""
     return ImplEngineSut()

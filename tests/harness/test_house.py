@@ -1,0 +1,181 @@
+"""The shape of the house: import arrows point from the harness to the engine, never back, and never round.
+
+* no module under ``impl/`` imports ``conformance`` (or ``gpu_checks``, which
+  imports it): the engine does not know it is being checked;
+* the modules of ``conformance/`` import each other without a cycle (imports
+  inside functions count: they are arrows too, only later);
+* importing ``conformance.adapters`` (the SUT registry) imports no adapter, so
+  neither torch nor the mutants come with it;
+* every name of the registry still builds its SUT.
+
+The import graph is read from the source with ``ast``; nothing is imported to
+draw it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+def get_module_name(path: Path) -> str:
+    """``conformance/adapters/__init__.py`` -> ``conformance.adapters``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def get_imported_names(path: Path) -> set[str]:
+    """Every dotted name an ``import`` or ``from ... import`` of ``path`` may load, at any depth of the code.
+
+    ``from a.b import c`` yields ``a.b`` and ``a.b.c`` (``c`` may be a module);
+    relative imports are resolved against the module's package.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    name = get_module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def compute_import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports, with the parent packages an import runs."""
+    modules = {get_module_name(p): p for p in sorted((ROOT / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for imported in get_imported_names(path):
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+                prefix = ".".join(parts[:i])
+                if prefix in modules and prefix != name:
+                    targets.add(prefix)
+        graph[name] = targets
+    return graph
+
+
+def find_import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_cycle_finder_finds_a_two_module_cycle_and_nothing_in_a_chain():
+    assert find_import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert find_import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_import_graph_sees_function_level_imports_and_parent_packages():
+    graph = compute_import_graph("conformance")
+    # mutants imports the reference adapter at module level, which runs the registry's __init__ first
+    assert {"conformance.adapters", "conformance.adapters.reference"} <= graph["conformance.mutants"]
+    # the registry imports the stdio adapter inside make_sut
+    assert "conformance.adapters.stdio" in graph["conformance.adapters"]
+
+
+def test_conformance_modules_import_each_other_without_a_cycle():
+    cycles = find_import_cycles(compute_import_graph("conformance"))
+    assert cycles == [], f"import cycles among conformance modules: {cycles}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "impl").rglob("*.py")), ids=lambda p: p.name)
+def test_impl_module_does_not_import_the_harness(path):
+    harness = sorted(n for n in get_imported_names(path) if n.split(".")[0] in ("conformance", "gpu_checks"))
+    assert harness == [], f"{path.relative_to(ROOT)} imports the harness: {harness}"
+
+
+def test_impl_has_modules_to_check():
+    # the parametrized test above must not pass on an empty folder
+    names = {p.name for p in (ROOT / "impl").rglob("*.py")}
+    assert {"scheduler.py", "engine.py", "runner.py"} <= names
+
+
+def test_importing_the_registry_imports_no_adapter_and_no_torch():
+    code = ("import sys, conformance, conformance.adapters\n"
+            "loaded = sorted(m for m in ('torch', 'impl', 'conformance.mutants', 'conformance.adapters.impl',\n"
+            "                            'conformance.adapters.vllm_v1') if m in sys.modules)\n"
+            "assert not loaded, loaded\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_registry_entry_resolves_to_a_factory():
+    from conformance.adapters import ADAPTER_PREFIXES, ADAPTERS, get_factory
+
+    assert {"reference", "impl", "impl-engine"} <= set(ADAPTERS)
+    assert {"mutant:", "vllm-v1@"} <= set(ADAPTER_PREFIXES)
+    for entry in [*ADAPTERS.values(), *ADAPTER_PREFIXES.values()]:
+        assert callable(get_factory(entry)), entry
+
+
+def test_make_sut_builds_every_kind_of_name():
+    from conformance.adapters import UnknownSut, make_sut
+    from conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
+    from conformance.adapters.vllm_v1 import VllmEnvNotReady, VllmV1Sut
+    from conformance.mutants import MutantSut
+
+    assert type(make_sut("impl")) is ImplSchedulerSut
+    assert type(make_sut("impl-engine")) is ImplEngineSut
+    mutant = make_sut("mutant:fcfs_victim_head")
+    assert isinstance(mutant, MutantSut) and mutant.name == "mutant:fcfs_victim_head"
+    with pytest.raises(UnknownSut, match="unknown mutant 'no_such_mutant'"):
+        make_sut("mutant:no_such_mutant")
+    try:
+        vllm = make_sut("vllm-v1@0.33.0")
+    except VllmEnvNotReady as exc:  # the usual case: the release's environment is not built here
+        assert "schedconf env vllm 0.33.0" in str(exc)
+    else:
+        assert isinstance(vllm, VllmV1Sut) and vllm.version == "0.33.0"
+    with pytest.raises(UnknownSut, match="no pinned environment"):
+        make_sut("vllm-v1@9.9.9")
+    with pytest.raises(UnknownSut, match="unknown --sut 'no-such-sut'"):
+        make_sut("no-such-sut")
