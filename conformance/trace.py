@@ -6,17 +6,28 @@ type, const, enum, properties, required, additionalProperties, items, $ref)
 and ``FORMAT.md`` is generated from it (``python -m conformance.format_doc``).
 
 A malformed trace raises :class:`TraceError` naming the file, the line, the
-field and what was expected; the CLI turns it into exit code 2.
+field and what was expected; the CLI turns it into exit code 2. That includes a
+header whose config the model refuses (``spec/config.py``, the profile's
+start-up checks): ``config.block_size: expected ... (invalid_block_size)``.
+
+Numbers are integers everywhere except ``add_request.arrival_time``, which is
+any finite number (vLLM's arrival times are floats): a float anywhere else, or
+NaN/Infinity anywhere, is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spec.config import SchedulerConfig
+from spec.errors import InvalidConfig
+from spec.profiles import PROFILES, check_config_for_profile
 
 FORMAT_NAME = "schedconf-trace"
 FORMAT_VERSION = 1
@@ -66,6 +77,7 @@ class Trace:
 
 _JSON_TYPES = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v)),
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
@@ -78,7 +90,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean " + json.dumps(value)
     if isinstance(value, float):
-        return f"float {value!r} (floats are not allowed)"
+        return f"float {value!r} (floats are allowed only in arrival_time)"
     text = json.dumps(value)
     return (text[:60] + "...") if len(text) > 60 else text
 
@@ -152,8 +164,56 @@ def validate_event(event: Any, path: str, line: int, is_header: bool) -> None:
     problem = validate_value(event, schema, "")
     if problem:
         raise TraceError(path, line, *problem)
+    where = _first_float(event, "", allow_top=("arrival_time",) if kind == "add_request" else ())
+    if where is not None:
+        raise TraceError(path, line, where[0], "an integer (floats are allowed only in add_request.arrival_time)",
+                         _describe(where[1]))
     if not is_header and kind in ("step", "model_output") and "expect" not in event and "expect_error" not in event:
         raise TraceError(path, line, "expect", "expect (or expect_error)", "nothing")
+    if is_header:
+        validate_header_config(event, path, line)
+
+
+def _first_float(value: Any, where: str, allow_top: tuple[str, ...] = ()) -> tuple[str, float] | None:
+    """The path and value of the first float in ``value`` (top-level keys in ``allow_top`` excepted)."""
+    if isinstance(value, float):
+        return where, value
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if name in allow_top:
+                continue
+            found = _first_float(item, f"{where}.{name}" if where else name)
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _first_float(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def validate_header_config(header: dict[str, Any], path: str, line: int) -> None:
+    """Raise TraceError unless the model accepts the header's config (and, for a
+    known profile, that release's start-up checks).
+
+    The field is ``config.<name>`` for a one-field rule, ``config`` for a rule
+    over several fields; the expected text names the error code.
+    """
+    config = header["config"]
+    try:
+        parsed = SchedulerConfig.from_dict(config)
+        if header["profile"] in PROFILES:
+            check_config_for_profile(parsed, PROFILES[header["profile"]])
+    except InvalidConfig as exc:
+        name = exc.context.get("field")
+        if isinstance(name, str):
+            field_name, found = f"config.{name}", _describe(config.get(name))
+        else:
+            field_name = "config"
+            found = ", ".join(f"{k}={_describe(v)}" for k, v in sorted(exc.context.items()))
+        expected = f"a config the model accepts: {exc.message} ({exc.code})"
+        raise TraceError(path, line, field_name, expected, found) from None
 
 
 # ------------------------------------------------------------------ reading
@@ -167,7 +227,7 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
         if not raw.strip():
             continue
         try:
-            event = json.loads(raw, parse_float=_refuse_float(path, number), parse_constant=_refuse_constant(path, number))
+            event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number))
         except json.JSONDecodeError as exc:
             raise TraceError(path, number, f"(column {exc.colno})", "valid JSON", exc.msg) from None
         validate_event(event, path, number, is_header=header is None)
@@ -181,16 +241,24 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
     return Trace(header=header, events=events, path=path, lines=lines)
 
 
-def _refuse_float(path: str, line: int):
+def _finite_float(path: str, line: int):
+    """Parse a JSON float; one too large for a double (``1e400``) is refused.
+
+    Which fields may hold a float is the schema's business (only
+    ``add_request.arrival_time``); validate_event refuses the others.
+    """
     def parse(text: str) -> Any:
-        raise TraceError(path, line, "(number)", "an integer (floats are not allowed in traces)", text)
+        value = float(text)
+        if not math.isfinite(value):
+            raise TraceError(path, line, "(number)", "a finite number", text)
+        return value
 
     return parse
 
 
 def _refuse_constant(path: str, line: int):
     def parse(text: str) -> Any:
-        raise TraceError(path, line, "(number)", "an integer", text)
+        raise TraceError(path, line, "(number)", "a finite number (NaN and Infinity are not JSON)", text)
 
     return parse
 

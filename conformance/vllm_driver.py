@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -147,6 +148,19 @@ def _require(condition: bool, code: str, message: str) -> None:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are int32, as the model's (spec/request.py MAX_TOKEN_ID)."""
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
+
+
+def _is_arrival_time(value: object) -> bool:
+    """Any finite number: vLLM's arrival times are floats (time.time())."""
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -513,13 +527,13 @@ class VllmSchedulerSut:
         _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
                  f"prompt of {len(prompt)} tokens leaves no room to generate within "
                  f"max_model_len={self.config['max_model_len']}")
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority),
-                            ("arrival_time", arrival)):
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
+        _require(_is_arrival_time(arrival), "invalid_field_type", "arrival_time must be a finite number")
         _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
         _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
         for token in (*prompt, *stops, *(() if eos is None else (eos,))):
-            _require(_is_int(token) and token >= 0, "invalid_token_id", "token ids must be non-negative integers")
+            _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
         # vLLM's update_from_output looks requests up by id: a request re-added
         # under the id of one aborted during the pending step would receive that
         # step's sampled tokens. The protocol refuses the re-add until the update.
@@ -615,7 +629,7 @@ class VllmSchedulerSut:
                      f"sampled tokens for {rid!r}, which was not scheduled this step")
             _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
-                _require(_is_int(token) and token >= 0, "invalid_token_id",
+                _require(_is_token_id(token), "invalid_token_id",
                          "sampled token ids must be non-negative integers")
         for rid in scheduled:
             request = s.requests.get(rid)
@@ -624,9 +638,15 @@ class VllmSchedulerSut:
             num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
             got = len(sampled.get(rid, ()))
             if self.pending_samples[rid]:
-                _require(1 <= got <= 1 + num_drafts, "bad_num_sampled_tokens",
-                         f"request {rid!r} reached the end of its sequence and must sample 1 to "
+                # vLLM skips an empty list (no token, no stop check); with drafts
+                # scheduled, 0.32/0.33 would then leave num_computed_tokens past
+                # the sequence, which the model refuses (a DEVIATION of spec/).
+                _require(got <= 1 + num_drafts, "bad_num_sampled_tokens",
+                         f"request {rid!r} reached the end of its sequence and may sample 0 to "
                          f"{1 + num_drafts} tokens, got {got}")
+                _require(not (got == 0 and num_drafts and self.v.profile_name() != "vllm-0.11"),
+                         "bad_num_sampled_tokens",
+                         f"request {rid!r} had {num_drafts} draft(s) scheduled and sampled nothing")
             else:
                 _require(got == 0, "bad_num_sampled_tokens",
                          f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens")
@@ -638,7 +658,7 @@ class VllmSchedulerSut:
             _require(len(tokens) <= self.num_spec_tokens, "too_many_draft_tokens",
                      f"{len(tokens)} drafts exceed num_spec_tokens={self.num_spec_tokens}")
             for token in tokens:
-                _require(_is_int(token) and token >= 0, "invalid_token_id", "draft token ids must be non-negative integers")
+                _require(_is_token_id(token), "invalid_token_id", "draft token ids must be non-negative integers")
 
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
                            draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -89,7 +90,7 @@ class Req:
     )
 
     def __init__(self, req_id: str, prompt: tuple[int, ...], max_tokens: int, min_tokens: int, priority: int,
-                 arrival: int, eos: int | None, stop_ids: tuple[int, ...], length_cap: int) -> None:
+                 arrival: int | float, eos: int | None, stop_ids: tuple[int, ...], length_cap: int) -> None:
         self.req_id = req_id
         self.prompt = prompt
         self.tokens: list[int] = list(prompt)
@@ -335,6 +336,21 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are int32 (vLLM's input ids); larger ids are refused with ``invalid_token_id``."""
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _is_arrival(value: object) -> bool:
+    """A finite int or float (not a boolean, NaN or infinity), as the reference accepts."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
 class FastScheduler:
     """The v1 scheduler for one config and profile ``vllm-0.33`` or ``vllm-0.32``.
 
@@ -411,17 +427,17 @@ class FastScheduler:
     # ------------------------------------------------------------------ inputs
 
     def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
-                    arrival_time: int = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
+                    arrival_time: int | float = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
                     stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
         """Queue a new request at the tail of ``waiting``; refuse invalid ones unchanged.
 
         Rules, checked in this order (first failure wins): list-like prompt and
         stop ids and a boolean ``ignore_eos``; a non-empty string id; not a live
         id; a non-empty prompt shorter than ``max_model_len``; integer
-        ``max_tokens``/``min_tokens``/``priority``/``arrival_time``;
-        ``max_tokens >= 1``; ``0 <= min_tokens <= max_tokens``; non-negative
-        integer token ids (prompt, stop ids, EOS); not the id of a request
-        aborted in the pending step.
+        ``max_tokens``/``min_tokens``/``priority``; a finite int or float
+        ``arrival_time``; ``max_tokens >= 1``; ``0 <= min_tokens <= max_tokens``;
+        integer token ids in ``[0, 2**31 - 1]`` (prompt, stop ids, EOS); not the
+        id of a request aborted in the pending step.
         """
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
             if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
@@ -439,17 +455,18 @@ class FastScheduler:
         if len(prompt) >= self.mml:
             raise InvalidEvent("prompt_too_long", f"prompt of {len(prompt)} tokens leaves no room to generate",
                                request_id=request_id)
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority),
-                            ("arrival_time", arrival_time)):
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             if not _is_int(value):
                 raise InvalidEvent("invalid_field_type", f"{name} must be an integer", request_id=request_id)
+        if not _is_arrival(arrival_time):
+            raise InvalidEvent("invalid_field_type", "arrival_time must be a finite number", request_id=request_id)
         if max_tokens < 1:
             raise InvalidEvent("invalid_max_tokens", "max_tokens must be >= 1", request_id=request_id)
         if not 0 <= min_tokens <= max_tokens:
             raise InvalidEvent("invalid_min_tokens", "min_tokens must be in [0, max_tokens]", request_id=request_id)
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
-            if not _is_int(token) or token < 0:
-                raise InvalidEvent("invalid_token_id", "token ids must be non-negative integers",
+            if not _is_token(token):
+                raise InvalidEvent("invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
                                    request_id=request_id)
         if self.pending is not None and any(e[0].req_id == request_id for e in self.pending.entries):
             raise InvalidEvent("request_id_in_flight", f"request {request_id!r} was aborted in the pending step",
@@ -763,7 +780,7 @@ class FastScheduler:
 
         Sampled ids must be scheduled and tokens non-negative integers; a live
         request that reached the end of its sequence samples 1 to 1 + its
-        drafts tokens, a prefill chunk none; drafts need spec decode, at most
+        drafts tokens (or none, when it had no drafts), a prefill chunk none; drafts need spec decode, at most
         ``num_spec_tokens`` of them, for scheduled requests.
         """
         if out is not self.pending:
@@ -773,16 +790,20 @@ class FastScheduler:
             if rid not in scheduled:
                 raise InvalidEvent("unscheduled_model_output", f"sampled tokens for unscheduled {rid!r}")
             for t in tokens:
-                if not _is_int(t) or t < 0:
-                    raise InvalidEvent("invalid_token_id", "sampled token ids must be non-negative integers")
+                if not _is_token(t):
+                    raise InvalidEvent("invalid_token_id", f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]")
         for rid, (_, n, before, ntok, _) in scheduled.items():
             req = self.requests.get(rid)
             if req is None or req.status >= FINISHED_STOPPED:
                 continue
             got = len(sampled.get(rid, ()))
             if before + n >= ntok:
-                if not 1 <= got <= 1 + len(out.spec_tokens.get(rid, ())):
-                    raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} must sample 1 to 1 + drafts")
+                # Nothing sampled is skipped (as vLLM does), except with drafts
+                # scheduled: refused, as the reference does under 0.32+.
+                num_drafts = len(out.spec_tokens.get(rid, ()))
+                if got > 1 + num_drafts or (got == 0 and num_drafts):
+                    raise InvalidEvent("bad_num_sampled_tokens",
+                                       f"request {rid!r} must sample 0 (without drafts) to 1 + drafts tokens")
             elif got != 0:
                 raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} ran a prefill chunk and samples nothing")
         for rid, d in drafts.items():
@@ -793,8 +814,8 @@ class FastScheduler:
             if len(d) > self.k:
                 raise InvalidEvent("too_many_draft_tokens", f"{len(d)} drafts exceed num_spec_tokens={self.k}")
             for t in d:
-                if not _is_int(t) or t < 0:
-                    raise InvalidEvent("invalid_token_id", "draft token ids must be non-negative integers")
+                if not _is_token(t):
+                    raise InvalidEvent("invalid_token_id", f"draft token ids must be integers in [0, {MAX_TOKEN_ID}]")
 
     def update_from_output(self, out: StepOutput, sampled: Sequence[Sequence[int]],
                            drafts: Mapping[str, Sequence[int]] | None = None) -> list[RequestOutputTuple]:

@@ -49,9 +49,12 @@ class FreeKVCacheBlockQueue:
         self.append_n(blocks)
 
     def popleft(self) -> KVCacheBlock:
-        """Remove and return the front block."""
+        """Remove and return the front block; ValueError when the queue is empty."""
         block = self._head.next_free
-        assert block is not None and block is not self._tail, "popleft on an empty free queue"
+        # vLLM's FreeKVCacheBlockQueue.popleft raises ValueError here; an
+        # assert would vanish under ``python -O``.
+        if block is None or block is self._tail:
+            raise ValueError("No free blocks available")
         self.remove(block)
         return block
 

@@ -8,11 +8,37 @@ scheduler lets ``num_computed_tokens`` catch up with ``num_tokens_with_spec``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
 from spec.errors import IllegalTransition
 from spec.hashing import extend_block_hashes
+
+
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id the model accepts. vLLM checks prompt ids against the
+tokenizer's vocabulary (``vllm/v1/engine/input_processor.py``, "out of
+vocabulary") and feeds ids to the model as int32 tensors; without a tokenizer
+the int32 range is the only bound, so we use it. Larger ids are refused with
+``invalid_token_id`` (an id of 10**30 used to crash the block hash)."""
+
+
+def is_token_id(value: object) -> bool:
+    """True for an integer (not a boolean) in ``[0, MAX_TOKEN_ID]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def is_arrival_time(value: object) -> bool:
+    """True for a finite real number: an int or a float, not a boolean, NaN or infinity.
+
+    vLLM's ``arrival_time`` is a float (``time.time()`` by default) and any
+    float is accepted; NaN would break the priority order (it compares false
+    with everything) and infinities are no time, so those are refused.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 class RequestStatus(Enum):
@@ -116,7 +142,8 @@ class Request:
     prompt_token_ids: tuple[int, ...]
     sampling_params: SamplingParams
     priority: int
-    arrival_time: int
+    arrival_time: int | float
+    """Any finite number; the priority order compares it as is (no truncation)."""
     block_size: int
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -163,12 +190,12 @@ class Request:
         return self.status.is_finished
 
     @property
-    def sort_key(self) -> tuple[int, int, str]:
+    def sort_key(self) -> tuple[int, int | float, str]:
         """Priority-queue order (§1 ``Request.__lt__``): priority, arrival, id."""
         return (self.priority, self.arrival_time, self.request_id)
 
     @property
-    def victim_key(self) -> tuple[int, int]:
+    def victim_key(self) -> tuple[int, int | float]:
         """Priority preemption key (§4.1): ``max`` of (priority, arrival_time).
 
         No request-id tie-break: ``max`` returns the first maximal request in

@@ -30,7 +30,7 @@ from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
 from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
 from spec.queues import create_request_queue
-from spec.request import Request, RequestStatus, SamplingParams
+from spec.request import LEGAL_TRANSITIONS, MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
 from spec.stop import compute_stop_status
 
 
@@ -46,7 +46,7 @@ class PreemptionRecord:
     requester_id: str
     victim_id: str
     policy: str
-    candidates: tuple[tuple[str, int, int], ...]
+    candidates: tuple[tuple[str, int, int | float], ...]
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Scheduler:
         max_tokens: int,
         *,
         priority: int = 0,
-        arrival_time: int = 0,
+        arrival_time: int | float = 0,
         eos_token_id: int | None = None,
         ignore_eos: bool = False,
         stop_token_ids: Iterable[int] = (),
@@ -151,8 +151,9 @@ class Scheduler:
         duplicate live id, an empty or too long prompt (vLLM's input processor
         needs ``prompt_len <= max_model_len - 1`` so one token can be
         generated), ``max_tokens < 1``, ``min_tokens`` outside ``[0,
-        max_tokens]``, a negative token id, or the id of a request aborted in
-        the step whose model output is still pending.
+        max_tokens]``, a token id outside ``[0, MAX_TOKEN_ID]``, or the id of a
+        request aborted in the step whose model output is still pending.
+        ``arrival_time`` is any finite int or float (vLLM's is a float).
         """
         # Field types first: a prompt and stop ids are sequences, ignore_eos a boolean.
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
@@ -171,18 +172,19 @@ class Scheduler:
         require(len(prompt) < self.max_model_len, InvalidEvent, "prompt_too_long",
                 f"prompt of {len(prompt)} tokens leaves no room to generate within "
                 f"max_model_len={self.max_model_len}", request_id=request_id, prompt_len=len(prompt))
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens),
-                            ("priority", priority), ("arrival_time", arrival_time)):
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             require(isinstance(value, int) and not isinstance(value, bool), InvalidEvent,
                     "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
+        require(is_arrival_time(arrival_time), InvalidEvent, "invalid_field_type",
+                "arrival_time must be a finite number (int or float; not a boolean, NaN or infinity)",
+                request_id=request_id, field="arrival_time")
         require(max_tokens >= 1, InvalidEvent, "invalid_max_tokens", "max_tokens must be >= 1",
                 request_id=request_id, max_tokens=max_tokens)
         require(0 <= min_tokens <= max_tokens, InvalidEvent, "invalid_min_tokens",
                 "min_tokens must be in [0, max_tokens]", request_id=request_id, min_tokens=min_tokens)
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
-            require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
-                    "invalid_token_id", "token ids must be non-negative integers",
-                    request_id=request_id, token=token)
+            require(is_token_id(token), InvalidEvent, "invalid_token_id",
+                    f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id, token=token)
         # DEVIATION(vllm 0.33.0): vLLM looks outputs up by id, so a request
         # re-added under the id of one aborted during the pending step would
         # receive that step's sampled tokens. We refuse the re-add until the
@@ -219,23 +221,47 @@ class Scheduler:
                 f"abort of request {request_id!r}, which was never added", request_id=request_id)
         return self.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
 
-    def finish_requests(self, request_ids: Iterable[str], finished_status: RequestStatus) -> list[str]:
+    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> list[str]:
         """Finish live requests from outside (§7): dequeue, set status, free blocks.
 
-        Unknown and already-finished ids are skipped. Returns the ids finished,
-        which appear in the next ``SchedulerOutput.finished_req_ids``.
+        ``request_ids`` is one id (a ``str``, as vLLM wraps it into a list), an
+        iterable of ids, or None for every live request (0.33). Unknown and
+        already-finished ids are skipped. Returns the ids finished, which
+        appear in the next ``SchedulerOutput.finished_req_ids``.
+
+        Raises InvalidEvent ``invalid_finish_status``, with nothing changed,
+        for a status that is not FINISHED_*, or a stop status (STOPPED,
+        LENGTH_CAPPED) for a request that is WAITING.
+        DEVIATION(vllm 0.33.0): vLLM asserts the status is a finished one and
+        sets any finished status on any request; a WAITING request has no
+        sampled token, so a stop status is no legal transition here
+        (LEGAL_TRANSITIONS) and is refused up front.
 
         DEVIATION(vllm 0.33.0): vLLM iterates the ids as a ``set`` (string hash
         order), so with several ids the free-queue order is not reproducible;
-        we free in the order given. Traces abort one id per event.
+        we free in the order given (``None``: the order requests were added).
+        Traces abort one id per event.
         """
-        assert finished_status.is_finished
+        require(isinstance(finished_status, RequestStatus) and finished_status.is_finished, InvalidEvent,
+                "invalid_finish_status", f"finish_requests needs a FINISHED_* status, got {finished_status!r}",
+                status=finished_status)
+        if request_ids is None:
+            ids: list[str] = list(self.requests)
+        elif isinstance(request_ids, str):
+            ids = [request_ids]
+        else:
+            ids = list(request_ids)
         valid: list[Request] = []
-        for request_id in request_ids:
+        for request_id in ids:
             request = self.requests.get(request_id)
             if request is None or request.is_finished or request in valid:
                 continue
             valid.append(request)
+        # Validate every transition before anything moves: a refusal changes nothing.
+        for request in valid:
+            require(finished_status in LEGAL_TRANSITIONS[request.status], InvalidEvent, "invalid_finish_status",
+                    f"request {request.request_id!r} is {request.status.value} and cannot become "
+                    f"{finished_status.value}", request_id=request.request_id, status=finished_status.value)
         running_to_remove = {r for r in valid if r.status is RequestStatus.RUNNING}
         waiting_to_remove = {r for r in valid if r.status is not RequestStatus.RUNNING}
         if running_to_remove:
@@ -638,8 +664,8 @@ class Scheduler:
                     f"sampled tokens for {request_id!r}, which was not scheduled this step",
                     request_id=request_id, step=record.step)
             for token in tokens:
-                require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
-                        "invalid_token_id", "sampled token ids must be non-negative integers",
+                require(is_token_id(token), InvalidEvent, "invalid_token_id",
+                        f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]",
                         request_id=request_id, token=token)
         for request_id in scheduled:
             request = self.requests.get(request_id)
@@ -648,9 +674,21 @@ class Scheduler:
             num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()))
             got = len(model_output.sampled_token_ids.get(request_id, ()))
             if record.samples[request_id]:
-                require(1 <= got <= 1 + num_drafts, InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {request_id!r} reached the end of its sequence and must sample "
-                        f"1 to {1 + num_drafts} tokens, got {got}", request_id=request_id, step=record.step)
+                # An empty list is what vLLM skips: no token, no stop, no output
+                # (update_from_output guards on ``if new_token_ids``).
+                require(got <= 1 + num_drafts, InvalidEvent, "bad_num_sampled_tokens",
+                        f"request {request_id!r} reached the end of its sequence and may sample "
+                        f"0 to {1 + num_drafts} tokens, got {got}", request_id=request_id, step=record.step)
+                # DEVIATION(vllm 0.33.0, 0.32.0): with drafts scheduled, vLLM
+                # skips the draft rejection on empty output and leaves
+                # num_computed_tokens past the sequence, so its next schedule()
+                # may give the request a negative token count. We refuse that
+                # output. Under <=0.11 (guard_empty_output_rejection False) the
+                # rejection runs and rolls the request back; accepted there.
+                require(not (got == 0 and num_drafts and self.profile.guard_empty_output_rejection),
+                        InvalidEvent, "bad_num_sampled_tokens",
+                        f"request {request_id!r} had {num_drafts} draft(s) scheduled and sampled nothing",
+                        request_id=request_id, step=record.step)
             else:
                 require(got == 0, InvalidEvent, "bad_num_sampled_tokens",
                         f"request {request_id!r} ran a prefill chunk and samples nothing, got {got} tokens",
@@ -664,8 +702,8 @@ class Scheduler:
                     f"{len(drafts)} drafts exceed num_spec_tokens={self.config.num_spec_tokens}",
                     request_id=request_id)
             for token in drafts:
-                require(isinstance(token, int) and not isinstance(token, bool) and token >= 0, InvalidEvent,
-                        "invalid_token_id", "draft token ids must be non-negative integers",
+                require(is_token_id(token), InvalidEvent, "invalid_token_id",
+                        f"draft token ids must be integers in [0, {MAX_TOKEN_ID}]",
                         request_id=request_id, token=token)
 
     def _reject_drafts(self, request: Request, drafts: tuple[int, ...], generated: list[int]) -> None:
@@ -677,12 +715,15 @@ class Scheduler:
         if not drafts:
             return
         if self.profile.guard_empty_output_rejection:
-            if not generated:
-                return
-            num_rejected = len(drafts) - max(len(generated) - 1, 0)
+            # Empty output with drafts is refused by _validate_model_output
+            # (vLLM would skip the rejection here).
+            assert generated
+            num_rejected = len(drafts) - (len(generated) - 1)
             if request.num_computed_tokens > 0:
                 request.num_computed_tokens -= num_rejected
         else:
+            # <=0.11: empty output accepts -1 drafts and rolls back one token
+            # more than was drafted; the last token is recomputed.
             request.num_computed_tokens -= len(drafts) - (len(generated) - 1)
 
     def _append_output_tokens(self, request: Request, generated: list[int]) -> tuple[list[int], bool]:

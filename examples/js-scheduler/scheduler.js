@@ -42,7 +42,8 @@ function check(condition, code, message) {
 
 // JSON booleans are not numbers in JS, so this also refuses true/false.
 const isInt = (v) => Number.isInteger(v);
-const isTokenId = (v) => Number.isInteger(v) && v >= 0;
+const MAX_TOKEN_ID = 2147483647; // int32, as the spec (spec/request.py MAX_TOKEN_ID)
+const isTokenId = (v) => Number.isInteger(v) && v >= 0 && v <= MAX_TOKEN_ID;
 const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const ownValue = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
 const cdiv = (a, b) => Math.floor((a + b - 1) / b);
@@ -61,14 +62,23 @@ function compareIds(a, b) {
 
 /**
  * JSON.parse reads `4.0` as the integer 4, but the spec (Python) sees a float
- * and refuses it. So before parsing, quote every number literal written with
- * a fraction or an exponent: it reaches validation as a non-integer. (String
- * literals are matched first and left alone.)
+ * and refuses it where an integer is due. So before parsing, wrap every number
+ * literal written with a fraction or an exponent as {"__float__": "4.0"}: it
+ * reaches validation as a non-integer, and floatValue() reads it back where a
+ * float is allowed (arrival_time). (String literals are matched first and left
+ * alone.)
  */
 function parseKeepingFloats(line) {
-  const quoted = line.replace(/"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g,
-    (token) => (token[0] !== '"' && /[.eE]/.test(token) ? `"${token}"` : token));
-  return JSON.parse(quoted);
+  const marked = line.replace(/"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g,
+    (token) => (token[0] !== '"' && /[.eE]/.test(token) ? `{"__float__":"${token}"}` : token));
+  return JSON.parse(marked);
+}
+
+/** A JSON number (integer or marked float) as a JS number; NaN for anything else. */
+function floatValue(v) {
+  if (typeof v === 'number') return v;
+  if (isObject(v) && typeof v.__float__ === 'string' && Object.keys(v).length === 1) return Number(v.__float__);
+  return NaN;
 }
 
 /** JSON with sorted keys and no spaces, as the protocol asks. */
@@ -204,9 +214,12 @@ function validateRequest(p, liveRequests, maxModelLen) {
   check(promptLen > 0, 'empty_prompt', 'the prompt has no tokens');
   check(promptLen < maxModelLen, 'prompt_too_long',
     `a prompt of ${promptLen} tokens leaves no room to generate within max_model_len=${maxModelLen}`);
-  for (const f of ['max_tokens', 'min_tokens', 'priority', 'arrival_time']) {
+  for (const f of ['max_tokens', 'min_tokens', 'priority']) {
     check(isInt(p[f]), 'invalid_field_type', `${f} must be an integer`);
   }
+  // vLLM's arrival times are floats (time.time()): any finite number.
+  check(Number.isFinite(floatValue(p.arrival_time)), 'invalid_field_type', 'arrival_time must be a finite number');
+  p.arrival_time = floatValue(p.arrival_time);
   check(p.max_tokens >= 1, 'invalid_max_tokens', 'max_tokens must be >= 1');
   check(p.min_tokens >= 0 && p.min_tokens <= p.max_tokens, 'invalid_min_tokens', 'min_tokens must be in [0, max_tokens]');
   const eos = p.eos_token_id === null ? [] : [p.eos_token_id];
@@ -571,8 +584,12 @@ class Scheduler {
       const got = (ownValue(sampled, id) ?? []).length;
       const maxGot = 1 + (step.drafts.get(id) ?? []).length;
       if (step.samples.get(id)) {
-        check(got >= 1 && got <= maxGot, 'bad_num_sampled_tokens',
-          `request ${id} reached the end of its sequence and must sample 1 to ${maxGot} tokens, got ${got}`);
+        // An empty list is skipped, as vLLM does (no token, no stop check); but
+        // with drafts scheduled vLLM would leave the request past its sequence.
+        check(got <= maxGot, 'bad_num_sampled_tokens',
+          `request ${id} reached the end of its sequence and may sample 0 to ${maxGot} tokens, got ${got}`);
+        check(got > 0 || maxGot === 1, 'bad_num_sampled_tokens',
+          `request ${id} had ${maxGot - 1} draft(s) scheduled and sampled nothing`);
       } else {
         check(got === 0, 'bad_num_sampled_tokens', `request ${id} ran a prefill chunk and samples nothing, got ${got}`);
       }

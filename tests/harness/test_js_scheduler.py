@@ -165,7 +165,7 @@ SESSION = [
     ("add", _request(rid="")),                         # invalid_request_id
     ("add", _request(max_tokens="4")),                 # invalid_field_type
     ("add", _request(priority=True)),                  # invalid_field_type
-    ("add", _request(arrival_time=1.5)),               # invalid_field_type
+    ("add", _request(arrival_time="1.5")),             # invalid_field_type (a float 1.5 is valid)
     ("add", _request(max_tokens=4.0)),                 # invalid_field_type: a float, even if integral
     ("add", _request(prompt_token_ids=[5, 6.0])),      # invalid_token_id
     ("add", _request()),
@@ -174,7 +174,6 @@ SESSION = [
     ("schedule",),
     ("schedule",),                                     # output_not_processed
     ("update", {"nobody": [3]}, {}),                   # unscheduled_model_output
-    ("update", {"a": []}, {}),                         # bad_num_sampled_tokens: a completes its prompt
     ("update", {"a": [3, 4]}, {}),                     # bad_num_sampled_tokens: no drafts were scheduled
     ("update", {"a": [3], "b": [-4]}, {}),             # invalid_token_id
     ("update", {"a": [3], "b": [4]}, {"nobody": [1]}),  # unscheduled_draft_tokens
@@ -185,7 +184,7 @@ SESSION = [
     ("update", {"a": [7, 8, 6], "b": [1]}, {}),        # a: both drafts accepted, max_tokens; b: EOS
     ("abort", "a"),                                    # already finished: accepted, no effect
     ("add", _request()),                               # a finished id may be used again
-    ("add", _request(rid="c")),
+    ("add", _request(rid="c", arrival_time=2.5)),      # a float arrival time, as vLLM's time.time()
     ("abort", "c"),                                    # aborted while waiting
     ("schedule",),
     ("update", {"a": [3]}, {}),

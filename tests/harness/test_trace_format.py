@@ -113,3 +113,44 @@ def test_fuzz_mutated_valid_traces(valid_text, data):
         parse_trace_text("\n".join(lines), "t")
     except TraceError:
         pass
+
+
+@pytest.mark.parametrize("field, value, code", [
+    ("block_size", -1, "invalid_block_size"),
+    ("num_gpu_blocks", 1, "invalid_num_gpu_blocks"),
+])
+def test_invalid_header_config_is_a_trace_error(valid_text, field, value, code):
+    # Issue 10 item 4a: the model's config validation runs when a trace is read,
+    # so `schedconf replay` reports line 1 and the field instead of a traceback.
+    lines = _lines(valid_text)
+    header = json.loads(lines[0])
+    header["config"][field] = value
+    with pytest.raises(TraceError) as e:
+        parse_trace_text("\n".join([json.dumps(header)] + lines[1:]), "cfg.jsonl")
+    assert e.value.line == 1 and e.value.field == f"config.{field}"
+    assert code in e.value.expected and e.value.found == str(value)
+
+
+def test_cross_field_and_profile_config_errors_are_trace_errors(valid_text):
+    lines = _lines(valid_text)
+    header = json.loads(lines[0])
+    header["config"].update(max_num_seqs=header["config"]["max_num_batched_tokens"] + 1)
+    with pytest.raises(TraceError) as e:
+        parse_trace_text("\n".join([json.dumps(header)] + lines[1:]), "cfg.jsonl")
+    assert e.value.line == 1 and e.value.field == "config" and "budget_below_max_num_seqs" in e.value.expected
+
+
+def test_huge_token_id_in_a_trace_is_a_typed_refusal(valid_text):
+    # Issue 10 item 4b: an id of 10**30 is read (JSON integers are unbounded)
+    # and refused by the scheduler with invalid_token_id: expect_error passes.
+    from conformance.adapters.impl import make_scheduler_sut
+    from conformance.adapters.reference import ReferenceSut
+    from conformance.replay import replay
+
+    lines = _lines(valid_text)
+    event = json.loads(lines[1])
+    assert event["kind"] == "add_request"
+    event.update(request_id="huge", prompt_token_ids=[1, 10**30], expect_error="invalid_token_id")
+    trace = parse_trace_text("\n".join([lines[0], json.dumps(event)] + lines[1:]), "huge.jsonl")
+    for sut in (ReferenceSut(), make_scheduler_sut()):
+        assert replay(trace, sut).verdict == "pass"

@@ -459,7 +459,7 @@ def test_driver_speaks_the_protocol() -> None:
         sut.schedule()
     assert info.value.code == "output_not_processed"
     with pytest.raises(SutInputError) as info:
-        sut.update_from_output({"a": []}, {})
+        sut.update_from_output({"a": [7, 8]}, {})  # no drafts were scheduled: 1 token at most
     assert info.value.code == "bad_num_sampled_tokens"
     assert sut.update_from_output({"a": [7]}, {}) == [
         {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]

@@ -1,0 +1,244 @@
+"""Every refusal of the reference model's API changes nothing (issue 10 items a-d).
+
+For each input error code in ``spec.errors.ERROR_CODES`` (configuration and
+protocol-only codes excepted) one case builds a state, snapshots the whole
+object graph of the scheduler (every request field, both queues, the block
+pool with its free-queue links and hash map, the pending step, counters), makes
+the refused call and checks the snapshot is identical afterwards.
+A code added to the table without a case here fails ``test_every_input_code_has_a_case``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+
+import pytest
+
+from spec.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from spec.config import SchedulerConfig
+from spec.errors import ERROR_CODES, InvalidEvent
+from spec.output import ModelRunnerOutput
+from spec.request import RequestStatus
+from spec.scheduler import Scheduler
+
+# Codes raised at construction (config) or only by the JSON-lines protocol.
+NOT_API_CODES = {
+    "invalid_config_type", "unknown_config_field", "unknown_profile", "invalid_block_size",
+    "invalid_num_gpu_blocks", "invalid_token_budget", "invalid_max_num_seqs", "invalid_max_model_len",
+    "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
+    "budget_below_max_model_len", "pool_below_max_model_len", "threshold_below_spec_tokens",
+    "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
+}
+
+
+def deep_state(root: object) -> object:
+    """The scheduler's whole object graph as plain nested values.
+
+    Objects are numbered in first-visit order, so shared references and cycles
+    (the free queue's links) are part of the dump; a change anywhere shows.
+    """
+    seen: dict[int, int] = {}
+
+    def walk(obj: object) -> object:
+        if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+            return obj
+        if isinstance(obj, enum.Enum):
+            return ("enum", type(obj).__name__, obj.name)
+        if id(obj) in seen:
+            return ("ref", seen[id(obj)])
+        seen[id(obj)] = len(seen)
+        if isinstance(obj, (list, tuple)):
+            return (type(obj).__name__, [walk(x) for x in obj])
+        if isinstance(obj, (set, frozenset)):
+            return (type(obj).__name__, sorted((walk(x) for x in obj), key=repr))
+        if isinstance(obj, dict):
+            return ("dict", [(walk(k), walk(v)) for k, v in obj.items()])
+        if hasattr(obj, "__iter__") and not hasattr(obj, "__dict__"):
+            return (type(obj).__name__, [walk(x) for x in obj])  # deques
+        fields = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+        for cls in type(obj).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if hasattr(obj, name):
+                    fields[name] = getattr(obj, name)
+        return (type(obj).__name__, [(k, walk(v)) for k, v in sorted(fields.items()) if not callable(v)])
+
+    return walk(root)
+
+
+def snapshot(sched: Scheduler) -> tuple[object, object]:
+    return deep_state(sched), sched.observe()
+
+
+CFG = dict(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=16)
+
+
+def base(**overrides: object) -> Scheduler:
+    """a (4 tokens, running after one step) and w (waiting: no seat), pending output none."""
+    sched = Scheduler(SchedulerConfig(**{**CFG, "max_num_seqs": 1, **overrides}))
+    sched.add_request("a", [1, 2, 3, 4], max_tokens=4)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput({"a": (5,)}))
+    sched.add_request("w", [7, 8], max_tokens=2)
+    return sched
+
+
+def pending(**overrides: object) -> Scheduler:
+    """``base`` plus a scheduled step whose output is pending (a decodes 1 token)."""
+    sched = base(**overrides)
+    sched.schedule()
+    return sched
+
+
+def with_drafts() -> Scheduler:
+    """Spec decode: a holds 2 drafts scheduled in the pending step."""
+    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2}))
+    sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput({"a": (5,)}, {"a": (6, 7)}))
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": (6, 7)}
+    return sched
+
+
+def update(sched: Scheduler, sampled: dict, drafts: dict | None = None) -> Callable[[], object]:
+    return lambda: sched.update_from_output(sched.pending_output, ModelRunnerOutput(sampled, drafts or {}))
+
+
+def in_flight() -> Scheduler:
+    sched = pending()
+    sched.abort("a")
+    return sched
+
+
+# (code, label, build the state, the refused call on that state)
+CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], object]]] = [
+    ("duplicate_request_id", "live id", base, lambda s: s.add_request("w", [1], max_tokens=1)),
+    ("empty_prompt", "no tokens", base, lambda s: s.add_request("x", [], max_tokens=1)),
+    ("prompt_too_long", "max_model_len tokens", base, lambda s: s.add_request("x", range(16), max_tokens=1)),
+    ("invalid_max_tokens", "0", base, lambda s: s.add_request("x", [1], max_tokens=0)),
+    ("invalid_min_tokens", "above max_tokens", base, lambda s: s.add_request("x", [1], max_tokens=1, min_tokens=2)),
+    ("invalid_token_id", "negative", base, lambda s: s.add_request("x", [1, -1], max_tokens=1)),
+    ("invalid_token_id", "10**30 in a prompt", base, lambda s: s.add_request("x", [1, 10**30], max_tokens=1)),
+    ("invalid_token_id", "2**31 as a stop id", base, lambda s: s.add_request("x", [1], max_tokens=1, stop_token_ids=[2**31])),
+    ("invalid_token_id", "10**30 sampled", pending, lambda s: update(s, {"a": (10**30,)})()),
+    ("invalid_token_id", "10**30 drafted", with_drafts, lambda s: update(s, {"a": (9,)}, {"a": (10**30,)})()),
+    ("invalid_request_id", "empty id", base, lambda s: s.add_request("", [1], max_tokens=1)),
+    ("invalid_field_type", "NaN arrival", base, lambda s: s.add_request("x", [1], max_tokens=1, arrival_time=math.nan)),
+    ("invalid_field_type", "inf arrival", base, lambda s: s.add_request("x", [1], max_tokens=1, arrival_time=math.inf)),
+    ("invalid_field_type", "bool arrival", base, lambda s: s.add_request("x", [1], max_tokens=1, arrival_time=True)),
+    ("invalid_field_type", "str max_tokens", base, lambda s: s.add_request("x", [1], max_tokens="2")),
+    ("unknown_request_id", "abort", base, lambda s: s.abort("never")),
+    ("request_id_in_flight", "re-add", in_flight, lambda s: s.add_request("a", [1], max_tokens=1)),
+    ("output_not_processed", "schedule twice", pending, lambda s: s.schedule()),
+    ("unexpected_model_output", "no step", base, lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
+    ("bad_num_sampled_tokens", "too many", pending, lambda s: update(s, {"a": (1, 2)})()),
+    ("bad_num_sampled_tokens", "empty with drafts (0.33)", with_drafts, lambda s: update(s, {"a": ()})()),
+    ("unscheduled_model_output", "waiting w", pending, lambda s: update(s, {"a": (1,), "w": (2,)})()),
+    ("unscheduled_draft_tokens", "waiting w", with_drafts, lambda s: update(s, {"a": (9,)}, {"w": (1,)})()),
+    ("too_many_draft_tokens", "3 > 2", with_drafts, lambda s: update(s, {"a": (9,)}, {"a": (1, 2, 3)})()),
+    ("drafts_without_spec_decode", "k = 0", pending, lambda s: update(s, {"a": (1,)}, {"a": (2,)})()),
+    ("invalid_finish_status", "WAITING -> STOPPED", base,
+     lambda s: s.finish_requests(["a", "w"], RequestStatus.FINISHED_STOPPED)),
+    ("invalid_finish_status", "WAITING -> LENGTH_CAPPED", base,
+     lambda s: s.finish_requests("w", RequestStatus.FINISHED_LENGTH_CAPPED)),
+    ("invalid_finish_status", "not a finished status", base, lambda s: s.finish_requests("a", RequestStatus.RUNNING)),
+]
+
+
+def test_every_input_code_has_a_case():
+    assert {c[0] for c in CASES} == set(ERROR_CODES) - NOT_API_CODES
+
+
+@pytest.mark.parametrize("code,label,build,call", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
+def test_refusal_changes_nothing(code, label, build, call):
+    sched = build()
+    before = snapshot(sched)
+    with pytest.raises(InvalidEvent) as exc:
+        call(sched)
+    assert exc.value.code == code
+    assert snapshot(sched) == before
+
+
+def test_deep_state_sees_a_change():
+    # The snapshot is not blind: one moved counter or one reordered free block shows.
+    sched = base()
+    before = snapshot(sched)
+    sched.requests["a"].num_preemptions += 1
+    assert snapshot(sched) != before
+    sched = base()
+    before = snapshot(sched)
+    queue = sched.block_pool.free_block_queue
+    queue.append_n([queue.popleft()])
+    assert snapshot(sched) != before
+
+
+# ---------------------------------------------------------------- item 10 a
+
+def test_finish_requests_takes_one_str_id_as_one_id():
+    # vLLM: ``if isinstance(request_ids, str): request_ids = (request_ids,)``.
+    sched = Scheduler(SchedulerConfig(**CFG))
+    for rid in ("10", "1", "0"):
+        sched.add_request(rid, [1], max_tokens=1)
+    assert sched.finish_requests("10", RequestStatus.FINISHED_ABORTED) == ["10"]
+    assert [r.request_id for r in sched.waiting] == ["1", "0"]
+
+
+def test_finish_requests_none_means_all():
+    sched = Scheduler(SchedulerConfig(**CFG))
+    sched.add_request("a", [1, 2], max_tokens=2)
+    sched.add_request("b", [3], max_tokens=2)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput({"a": (4,), "b": (5,)}))
+    sched.add_request("c", [6], max_tokens=2)
+    assert sched.finish_requests(None, RequestStatus.FINISHED_ABORTED) == ["a", "b", "c"]
+    assert not sched.has_unfinished_requests()
+    assert sched.block_pool.get_num_free_blocks() == CFG["num_gpu_blocks"] - 1
+
+
+def test_finish_waiting_as_stopped_leaves_the_queue_intact():
+    sched = base()
+    with pytest.raises(InvalidEvent):
+        sched.finish_requests("w", RequestStatus.FINISHED_STOPPED)
+    assert [r.request_id for r in sched.waiting] == ["w"]
+    assert sched.finish_requests("w", RequestStatus.FINISHED_ABORTED) == ["w"]
+
+
+# ---------------------------------------------------------------- item 10 c
+
+def test_empty_sample_at_end_of_sequence_is_skipped():
+    # vLLM update_from_output: ``if new_token_ids:`` guards the append and the
+    # stop check; no output is emitted for the request. It keeps running with
+    # nothing left to compute, so the next step skips it (num_new_tokens == 0).
+    sched = pending()
+    before = sched.requests["a"].num_tokens
+    assert sched.update_from_output(sched.pending_output, ModelRunnerOutput({"a": ()})) == []
+    req = sched.requests["a"]
+    assert (req.status, req.num_tokens, req.num_computed_tokens) == (RequestStatus.RUNNING, before, before)
+    out = sched.schedule()
+    assert "a" not in out.num_scheduled_tokens
+
+
+def test_empty_sample_with_drafts_rolls_back_under_0_11():
+    # vLLM 0.11 update_from_output: num_accepted = len(generated) - 1 = -1,
+    # num_rejected = 2 - (-1) = 3. a had 5 tokens + 2 drafts computed = 7;
+    # 7 - 3 = 4 = num_tokens - 1: the last token is recomputed next step.
+    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2}), profile="vllm-0.11")
+    sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput({"a": (5,)}, {"a": (6, 7)}))
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": (6, 7)}
+    assert sched.requests["a"].num_computed_tokens == 7
+    assert sched.update_from_output(out, ModelRunnerOutput({"a": ()})) == []
+    assert sched.requests["a"].num_computed_tokens == 4
+
+
+# ---------------------------------------------------------------- item 10 d
+
+def test_popleft_on_an_empty_free_queue_raises_value_error():
+    queue = FreeKVCacheBlockQueue([KVCacheBlock(block_id=1)])
+    queue.popleft()
+    with pytest.raises(ValueError, match="No free blocks available"):
+        queue.popleft()
