@@ -15,9 +15,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -46,6 +50,33 @@ class CampaignSpec:
     quiet: bool = False
     config_overrides: dict[str, Any] = field(default_factory=dict)
     """Config fields forced in every generated workload (e.g. enable_prefix_caching=False)."""
+
+    def __post_init__(self) -> None:
+        problems = get_spec_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def get_spec_problems(spec: CampaignSpec) -> list[str]:
+    """What is wrong with a campaign's numbers (a campaign of 0 traces must never pass)."""
+    problems = []
+    if spec.examples < 1:
+        problems.append(f"examples must be at least 1, got {spec.examples}")
+    if spec.jobs < 1:
+        problems.append(f"jobs must be at least 1, got {spec.jobs}")
+    if spec.step_timeout is not None and not spec.step_timeout > 0:
+        problems.append(f"step_timeout must be a positive number of seconds, got {spec.step_timeout}")
+    if not spec.shrink_budget_s >= 0:
+        problems.append(f"shrink_budget_s must be 0 or more seconds, got {spec.shrink_budget_s}")
+    return problems
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be made (``--out`` is a file or not writable, or ``--run-id`` is taken)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: handled like Ctrl-C (a valid report, children killed), with exit code 143."""
 
 
 @dataclass
@@ -136,6 +167,38 @@ def _init_worker(spec: CampaignSpec) -> None:
     _WORKER["sut"] = make_sut(spec.sut)
 
 
+def _init_worker_process(spec: CampaignSpec) -> None:
+    """A worker process: the parent handles Ctrl-C; SIGTERM and exit close the worker's SUT first."""
+    import multiprocessing.util
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_worker)
+    _init_worker(spec)
+    multiprocessing.util.Finalize(None, _leave_worker_process, exitpriority=100)
+
+
+def _close_worker_sut() -> None:
+    sut = _WORKER.pop("sut", None)
+    if sut is not None:
+        try:
+            sut.close()
+        except Exception:  # noqa: BLE001 - closing must not mask the run's result
+            pass
+
+
+def _leave_worker_process() -> None:
+    """A worker's last act: close its SUT and kill any scheduler process it started."""
+    from conformance.adapters.stdio import kill_all_started
+
+    _close_worker_sut()
+    kill_all_started()
+
+
+def _exit_worker(signum: int, frame: Any) -> None:  # noqa: ARG001
+    _leave_worker_process()
+    os._exit(128 + signum)
+
+
 def features_of(trace: Trace) -> list[str]:
     """The hard cases a trace reaches (for coverage shares in the summary)."""
     out = set()
@@ -193,6 +256,41 @@ def make_run_id(spec: CampaignSpec) -> str:
     return f"run-{stamp}-{safe}-s{spec.seed}"
 
 
+def make_run_dir(spec: CampaignSpec) -> tuple[str, Path]:
+    """Create the run folder, never reusing one: two runs in the same second get ``-2``, ``-3``, ...
+
+    An explicit ``run_id`` whose folder already holds a run is refused.
+    """
+    out = Path(spec.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunFolderError(f"--out {out}: not a folder (a file of that name exists)") from None
+    except OSError as exc:
+        raise RunFolderError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise RunFolderError(f"--out {out}: not a folder")
+    base = spec.run_id or make_run_id(spec)
+    if not base or base in (".", "..") or "/" in base or os.sep in base:
+        raise RunFolderError(f"--run-id {base!r}: expected a plain folder name")
+    for n in range(1, 1000):
+        run_id = base if n == 1 else f"{base}-{n}"
+        run_dir = out / run_id
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            if spec.run_id and not any(run_dir.iterdir()):
+                return run_id, run_dir  # an empty folder made for us: use it
+            if spec.run_id:
+                raise RunFolderError(f"--run-id {base}: {run_dir} already holds a run; choose another id "
+                                     "or remove the folder") from None
+            continue
+        except OSError as exc:
+            raise RunFolderError(f"--out {out}: cannot create {run_dir}: {exc.strerror or exc}") from None
+        return run_id, run_dir
+    raise RunFolderError(f"--out {out}: too many runs named {base}")
+
+
 class Progress:
     """A one-line progress display on stderr: done, failures, rate, time left."""
 
@@ -226,12 +324,11 @@ class Progress:
 def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run a campaign; return its summary (also written to ``reports/<run-id>/``)."""
     say = on_event or (lambda msg: None if spec.quiet else print(msg, file=sys.stderr))
-    run_id = spec.run_id or make_run_id(spec)
-    run_dir = Path(spec.out_dir) / run_id
+    run_id, run_dir = make_run_dir(spec)
     (run_dir / "failures").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     summary: dict[str, Any] = {
-        "run_id": run_id, "run_dir": str(run_dir), "spec": asdict(spec), "status": "running",
+        "run_id": run_id, "run_dir": str(run_dir), "spec": asdict(spec), "status": "starting",
         "examples_requested": spec.examples, "examples_run": 0, "passed": 0, "failed": 0, "unknown": 0,
         "discarded": 0, "interrupted": False, "failures": [], "unknowns": [], "features": {},
         "command": " ".join(sys.argv),
@@ -251,18 +348,27 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
         spec = replace(spec, config_overrides={**forced, **spec.config_overrides})
         summary["spec"] = asdict(spec)
         say(f"the SUT forces config {forced} in generated traces")
-    workloads = generate_workloads(spec)
+    try:
+        workloads = generate_workloads(spec)
+    except BaseException as exc:  # bad --set values, an interrupt: the folder must not say "starting"
+        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "harness_error"
+        summary["harness_error"] = f"generation failed: {type(exc).__name__}: {exc}"
+        _write_summary(run_dir, summary)
+        raise
     summary["generation_s"] = round(time.monotonic() - t0, 3)
+    summary["status"] = "replaying"
+    _write_summary(run_dir, summary)
     progress = Progress(len(workloads), spec.quiet)
     outcomes: list[TraceOutcome] = []
     failures: list[TraceOutcome] = []
-    executor: cf.Executor | None = None
+    executor: cf.ProcessPoolExecutor | None = None
     try:
         if spec.jobs <= 1:
             _init_worker(spec)
             stream = (run_one(i, w) for i, w in enumerate(workloads))
         else:
-            executor = cf.ProcessPoolExecutor(max_workers=spec.jobs, initializer=_init_worker, initargs=(spec,))
+            executor = cf.ProcessPoolExecutor(max_workers=spec.jobs, initializer=_init_worker_process,
+                                              initargs=(spec,))
             futures = [executor.submit(run_one, i, w) for i, w in enumerate(workloads)]
             stream = (f.result() for f in cf.as_completed(futures))
         for outcome in stream:
@@ -271,33 +377,72 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
             progress.update(len(outcomes), summary["failed"])
             if outcome.verdict == FAIL and len(failures) <= 3:
                 _write_summary(run_dir, summary)
-    except KeyboardInterrupt:
-        summary["interrupted"] = True
-        say("\ninterrupted: writing the report of what was found so far")
+    except KeyboardInterrupt as exc:
+        _mark_interrupted(summary, exc, say)
     except Exception as exc:  # noqa: BLE001 - a harness error still leaves a report
         summary["harness_error"] = f"{type(exc).__name__}: {exc}"
         summary["harness_traceback"] = traceback.format_exc()
     finally:
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        progress.update(len(outcomes), summary["failed"], force=True)
-        progress.finish()
+        with _no_interrupts():
+            _stop_workers(executor)
+            _close_worker_sut()
+            progress.update(len(outcomes), summary["failed"], force=True)
+            progress.finish()
     summary["replay_s"] = round(time.monotonic() - t0 - summary["generation_s"], 3)
-    if failures and not summary["interrupted"]:
+    if failures and not summary["interrupted"] and spec.shrink_budget_s > 0:
+        summary["status"] = "shrinking"
+        _write_summary(run_dir, summary)
         try:
             _shrink_failures(spec, summary, failures, run_dir, say)
-        except KeyboardInterrupt:
-            summary["interrupted"] = True
-    _finish(summary, outcomes, t0)
-    _write_summary(run_dir, summary)
-    from conformance.report import write_reports
+        except KeyboardInterrupt as exc:
+            _mark_interrupted(summary, exc, say)
+    with _no_interrupts():
+        _finish(summary, outcomes, t0)
+        _write_summary(run_dir, summary)
+        from conformance.report import write_reports
 
-    write_reports(run_dir, summary)
+        write_reports(run_dir, summary)
     if spec.junit_xml:
         from conformance.junit import write_junit
 
         write_junit(spec.junit_xml, summary, outcomes)
     return summary
+
+
+def _mark_interrupted(summary: dict[str, Any], exc: BaseException, say: Callable[[str], None]) -> None:
+    summary["interrupted"] = True
+    summary["interrupted_by"] = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+    say(f"\ninterrupted ({summary['interrupted_by']}): writing the report of what was found so far")
+
+
+@contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the report is written (a second Ctrl-C must not lose it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _stop_workers(executor: cf.ProcessPoolExecutor | None) -> None:
+    """Stop worker processes now: cancel what is queued, SIGTERM the workers (they close their SUTs)."""
+    if executor is None:
+        return
+    executor.shutdown(wait=False, cancel_futures=True)
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
 
 
 def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, failures: list[TraceOutcome]) -> None:
@@ -350,12 +495,16 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             seen.add(sec)
             first_of_kind.append(o)
     rest = [o for o in failures if o not in first_of_kind]
+    queue = first_of_kind + rest
     try:
-        for o in first_of_kind + rest:
+        for number, o in enumerate(queue, 1):
             left = deadline - time.monotonic()
             if left <= 1:
+                say(f"shrink budget spent: {len(queue) - number + 1} failure(s) left unshrunk")
                 break
             entry = by_index[o.index]
+            say(f"shrinking failure #{o.index} ({number}/{len(queue)}, {entry['signature']}), "
+                f"{left:.0f} s of the shrink budget left")
             trace = parse_trace_text(o.trace_text, entry["trace_file"])
             try:
                 result = shrink_trace(trace, sut, spec.comparison, step_timeout=spec.step_timeout,
@@ -368,9 +517,14 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             write_atomic(run_dir / "failures" / name, render_trace(result.trace))
             entry.update(shrunk_file=f"failures/{name}", shrunk_events=result.num_events,
                          shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2))
+            from conformance.replay import ReplayDeadline
             from conformance.replay import replay as _replay
 
-            detail = render_divergence(result.trace, _replay(result.trace, sut, spec.comparison))
+            try:
+                detail = render_divergence(result.trace, _replay(result.trace, sut, spec.comparison,
+                                                                 step_timeout=spec.step_timeout))
+            except ReplayDeadline:
+                detail = "(the minimal trace could not be replayed again within the time budget)"
             write_atomic(run_dir / "failures" / f"trace-{o.index:05d}.min.txt", detail + "\n")
             say(f"shrunk failure #{o.index} ({entry['signature']}): {entry['events']} -> {result.num_events} events")
             _write_summary(run_dir, summary)
@@ -402,13 +556,14 @@ def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """0 pass, 1 conformance failure, 2 harness error or nothing conclusive, 130 interrupted."""
+    """0 pass, 1 conformance failure, 2 harness error or nothing conclusive (every trace unknown),
+    130 interrupted by Ctrl-C, 143 by SIGTERM."""
     if summary["failed"]:
         return 1
     if summary.get("harness_error") or summary["status"] == "unknown":
         return 2
     if summary["interrupted"]:
-        return 130
+        return 143 if summary.get("interrupted_by") == "SIGTERM" else 130
     return 0
 
 

@@ -1,16 +1,23 @@
 """The ``schedconf`` command line (also ``python -m conformance``).
 
 Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error
-(a malformed trace, an unknown SUT, an inconclusive verdict), 130 interrupted.
-Errors are one clear line, never a traceback.
+(a malformed trace, an unknown SUT, a bad option, no conclusive verdict: every
+trace unknown), 130 interrupted by Ctrl-C, 143 by SIGTERM (both leave a valid
+report). Errors are one clear line, never a traceback (``SCHEDCONF_DEBUG=1``
+shows the traceback of an internal error).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import signal
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Callable
 
 EXAMPLES_HELP = textwrap.dedent("""
     examples:
@@ -26,8 +33,53 @@ EXAMPLES_HELP = textwrap.dedent("""
     """)
 
 
+EXIT_CODES_HELP = ("Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error (also when no "
+                   "verdict is conclusive: every trace unknown), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).")
+
+
 class UsageError(Exception):
     """A bad command line or input; exit code 2."""
+
+
+# ------------------------------------------------- numeric options, in one place
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, found {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, found {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def seconds(allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, found {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}, found {text}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+COUNT = int_at_least(1)
+SEED = int_at_least(-(2**63))
+TIMEOUT = seconds()
+BUDGET = seconds(allow_zero=True)
 
 
 def _sut_help() -> str:
@@ -95,10 +147,10 @@ def _print_summary(summary: dict) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
-    from conformance.adapters import make_sut
     from conformance.campaign import CampaignSpec, exit_code, run_campaign
 
-    make_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
+    check_profile(args.profile)
+    make_checked_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
     overrides = parse_overrides(args.set)
     summary = run_campaign(CampaignSpec(
         sut=args.sut, profile=args.profile, examples=args.examples, seed=args.seed, jobs=args.jobs,
@@ -108,6 +160,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     ))
     _print_summary(summary)
     return exit_code(summary)
+
+
+def check_profile(name: str) -> None:
+    """Refuse an unknown release profile before anything starts."""
+    from spec.profiles import PROFILES
+
+    if name not in PROFILES:
+        raise UsageError(f"--profile {name!r}: unknown profile; known: {', '.join(sorted(PROFILES))}")
+
+
+def make_checked_sut(name: str):  # noqa: ANN201
+    """``make_sut`` with a malformed name (``stdio:`` with no command) as a usage error."""
+    from conformance.adapters import make_sut
+
+    if name.startswith("stdio:") and not name.removeprefix("stdio:").strip():
+        raise UsageError(f"--sut {name!r}: expected stdio:'COMMAND ARGS', the command that starts your scheduler")
+    return make_sut(name)
+
+
+def check_output_folder(path: Path, option: str) -> None:
+    """Refuse an output folder that is a file."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: not a folder (a file of that name exists)")
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -136,9 +211,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from conformance.trace import write_trace
     from conformance.workload import WorkloadError, run_workload
 
+    check_profile(args.profile)
+    out = Path(args.out)
+    check_output_folder(out, "--out")
     spec = CampaignSpec(sut="reference", profile=args.profile, examples=args.examples, seed=args.seed,
                         generator=args.generator)
-    out = Path(args.out)
     written = 0
     for i, workload in enumerate(generate_workloads(spec)):
         try:
@@ -155,12 +232,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay traces against a SUT; print the first divergence of each."""
-    from conformance.adapters import make_sut
     from conformance.replay import FAIL, PASS, render_divergence, replay
     from conformance.trace import read_trace
 
     traces = [read_trace(p) for p in args.traces]  # all read (and validated) before any SUT starts
-    sut = make_sut(args.sut)
+    sut = make_checked_sut(args.sut)
     worst = 0
     try:
         for trace in traces:
@@ -181,14 +257,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_shrink(args: argparse.Namespace) -> int:
     """Shrink a failing trace (ours or not) against a SUT."""
-    from conformance.adapters import make_sut
     from conformance.replay import render_divergence, replay
     from conformance.shrink import shrink_trace
     from conformance.trace import read_trace, write_trace
 
     trace = read_trace(args.trace)
     comparison = args.comparison or trace.header.get("comparison", "strict")
-    sut = make_sut(args.sut)
+    sut = make_checked_sut(args.sut)
     try:
         try:
             result = shrink_trace(trace, sut, comparison, step_timeout=args.timeout, time_budget_s=args.budget,
@@ -214,7 +289,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "summary.json").exists():
         raise UsageError(f"{run_dir}: no summary.json (is this a run folder under reports/?)")
-    summary = load_summary(run_dir)
+    try:
+        summary = load_summary(run_dir)
+        summary["failed"], summary["run_dir"]  # noqa: B018 - the fields every report needs
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{run_dir / 'summary.json'}: not a schedconf run summary ({type(exc).__name__}: {exc})") from None
     write_reports(run_dir, summary)
     print(render_summary_md(summary))
     print(f"report: {run_dir.resolve() / 'report.html'}")
@@ -225,6 +304,7 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     """Export the fixed, versioned corpus of golden traces."""
     from conformance.vectors import export_vectors
 
+    check_output_folder(Path(args.dir), "DIR")
     manifest = export_vectors(Path(args.dir), profiles=args.profile or None)
     print(f"wrote {sum(len(v) for v in manifest['profiles'].values())} trace(s), corpus version "
           f"{manifest['corpus_version']}, to {args.dir}/ (see {args.dir}/manifest.json)")
@@ -256,7 +336,11 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_mutants(args: argparse.Namespace) -> int:
     """Run the kill campaign against every mutant and print the table."""
     from conformance.mutant_kill import kill_all, render_kill_table
+    from conformance.mutants import MUTANTS
 
+    unknown = [name for name in args.names if name not in MUTANTS]
+    if unknown:
+        raise UsageError(f"unknown mutant(s) {', '.join(unknown)}; known: {', '.join(sorted(MUTANTS))}")
     rows = kill_all(args.examples, args.shrink_budget, names=args.names or None, seed=args.seed)
     print(render_kill_table(rows))
     return 0 if all(r.killed for r in rows) else 1
@@ -268,14 +352,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedconf",
         description="Executable specification and conformance suite for LLM-serving schedulers. "
-                    "Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error.",
+                    + EXIT_CODES_HELP,
         epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=get_version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func, help_text: str) -> argparse.ArgumentParser:  # noqa: ANN001
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
+        p = sub.add_parser(name, help=help_text, description=help_text + " " + EXIT_CODES_HELP)
+        p.set_defaults(func=func, parser_=p)
         return p
 
     def comparison(p: argparse.ArgumentParser, default: str | None) -> None:
@@ -285,21 +370,22 @@ def build_parser() -> argparse.ArgumentParser:
                             + ("(default: the trace header's, else strict)" if default is None else f"(default: {default})"))
 
     def timeout(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                       help="seconds a scheduler may take to answer one call (default 30)")
+        p.add_argument("--timeout", type=TIMEOUT, default=30.0, metavar="S",
+                       help="seconds a scheduler may take to answer one call (default 30); a scheduler that does "
+                            "not answer in time is killed and the trace fails as sut_timeout")
 
     p = add("demo", cmd_demo, "run a built-in example and a small self-check campaign (the main job)")
-    p.add_argument("--example", default="mixed")
-    p.add_argument("--examples", type=int, default=50, help="traces in the self-check campaign (0: none)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--example", default="mixed", help="the built-in example to show (default mixed)")
+    p.add_argument("--examples", type=int_at_least(0), default=50, help="traces in the self-check campaign (0: none)")
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", default="reports", help="where run folders go (default reports/)")
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
     p.add_argument("--sut", required=True, help=_sut_help())
     p.add_argument("--profile", default="vllm-0.33", help="release profile of the expected outputs (default vllm-0.33)")
-    p.add_argument("--examples", type=int, default=100, help="number of generated traces (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed; the same seed gives the same traces")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1); see the README for several machines")
+    p.add_argument("--examples", type=COUNT, default=100, help="number of generated traces (default 100)")
+    p.add_argument("--seed", type=SEED, default=0, help="generator seed; the same seed gives the same traces")
+    p.add_argument("--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines")
     p.add_argument("--generator", choices=["random", "hypothesis"], default="random",
                    help="random (default): the seeded generator, the same traces on every machine and library "
                         "version; hypothesis: the same builder driven by Hypothesis strategies")
@@ -308,15 +394,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="force a config field in every generated trace, e.g. --set enable_prefix_caching=false "
                         "for a scheduler without prefix caching (repeatable)")
-    p.add_argument("--shrink-budget", type=float, default=60.0, metavar="S", help="seconds for shrinking failures")
+    p.add_argument("--shrink-budget", type=BUDGET, default=60.0, metavar="S",
+                   help="seconds for shrinking all failures together (default 60; 0: no shrinking)")
     p.add_argument("--out", default="reports", help="where the run folder goes (default reports/)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: run-<time>-<sut>-s<seed>)")
     p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML here")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
     p = add("generate", cmd_generate, "write N reference traces generated from a seed")
-    p.add_argument("--examples", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--examples", type=COUNT, default=20, help="number of traces (default 20)")
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--profile", default="vllm-0.33")
     p.add_argument("--generator", choices=["random", "hypothesis"], default="random")
     p.add_argument("--out", required=True, help="output folder")
@@ -331,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", metavar="TRACE")
     p.add_argument("--sut", required=True, help=_sut_help())
     p.add_argument("--out", default=None, help="where to write the minimal trace (default TRACE.min.jsonl)")
-    p.add_argument("--budget", type=float, default=120.0, metavar="S", help="seconds to spend (default 120)")
+    p.add_argument("--budget", type=TIMEOUT, default=120.0, metavar="S", help="seconds to spend (default 120)")
     comparison(p, None)
     timeout(p)
 
@@ -343,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = vsub.add_parser("export", help="write the corpus to DIR", description="write the corpus to DIR")
     e.add_argument("dir", metavar="DIR")
     e.add_argument("--profile", action="append", help="only this profile (repeatable)")
-    e.set_defaults(func=cmd_vectors)
+    e.set_defaults(func=cmd_vectors, parser_=e)
 
     p = add("scenario", cmd_scenario, "run golden scenario files (datadriven format) against the reference")
     p.add_argument("files", nargs="+")
@@ -357,36 +444,72 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.vllm_env import add_env_vllm_arguments
 
     add_env_vllm_arguments(v)
-    v.set_defaults(func=cmd_env)
+    v.set_defaults(func=cmd_env, parser_=v)
 
     p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it")
     p.add_argument("names", nargs="*", help="only these mutants")
-    p.add_argument("--examples", type=int, default=2000, help="traces to try per mutant before it survives")
-    p.add_argument("--shrink-budget", type=float, default=20.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--examples", type=COUNT, default=2000, help="traces to try per mutant before it survives")
+    p.add_argument("--shrink-budget", type=BUDGET, default=20.0, metavar="S")
+    p.add_argument("--seed", type=SEED, default=0)
     return parser
+
+
+def get_version_text() -> str:
+    """``schedconf X.Y.Z (trace format 1, protocol 1)``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from conformance.protocol import PROTOCOL_VERSION
+    from conformance.trace import FORMAT_VERSION
+
+    try:
+        number = version("schedconf")
+    except PackageNotFoundError:
+        number = "(not installed)"
+    return f"schedconf {number} (trace format {FORMAT_VERSION}, protocol {PROTOCOL_VERSION})"
+
+
+def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
+    from conformance.campaign import Terminated
+
+    raise Terminated("SIGTERM")
 
 
 def main(argv: list[str] | None = None) -> int:
     from conformance.adapters import UnknownSut
+    from conformance.campaign import RunFolderError, Terminated
     from conformance.datadriven import ScenarioFormatError
     from conformance.trace import TraceError
     from spec.errors import SpecError
 
-    args = build_parser().parse_args(argv)
+    args, extras = build_parser().parse_known_args(argv)
+    if extras:  # the subcommand's own usage, not the top-level one
+        args.parser_.error(f"unrecognized arguments: {' '.join(extras)}")
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if on_main_thread else None
     try:
         return args.func(args)
-    except (TraceError, UnknownSut, UsageError, ScenarioFormatError) as exc:
+    except (TraceError, UnknownSut, UsageError, ScenarioFormatError, RunFolderError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a harness bug: one line, the traceback on request
+        if os.environ.get("SCHEDCONF_DEBUG"):
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc}\n"
+              "(a bug in schedconf: SCHEDCONF_DEBUG=1 shows the traceback; please report it with the command)",
+              file=sys.stderr)
+        return 2
+    finally:
+        if on_main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

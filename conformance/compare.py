@@ -36,7 +36,10 @@ class Divergence:
 
     ``kind`` is one of: ``scheduler_output``, ``observation``,
     ``request_outputs``, ``input_error`` (an error code expected or not),
-    ``sut_error`` (the scheduler raised, crashed or timed out).
+    ``sut_error`` (the scheduler raised, or answered ``internal``),
+    ``sut_timeout`` (no answer in time), ``sut_exited`` (the process exited
+    or could not start), ``protocol_error`` (a reply that breaks the
+    protocol: not JSON, a stray line, a wrong id, too long, off-schema).
     """
 
     event_index: int

@@ -9,6 +9,8 @@ directory on PYTHONPATH::
 The server answers one request per line until ``shutdown`` or end of input.
 Exceptions with a ``code`` attribute become protocol errors with that code;
 any other exception becomes ``internal`` with its traceback on stderr.
+A request line that is not a JSON object is answered with an ``internal``
+error (id ``null``), so the harness sees the problem instead of waiting.
 """
 
 from __future__ import annotations
@@ -20,51 +22,23 @@ import traceback
 from typing import Any, Callable
 
 
-def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: ANN001
-    """Answer protocol requests on ``stdin`` with a SUT built by ``factory``."""
-    stdin = stdin or sys.stdin
-    stdout = stdout or sys.stdout
-    sut = None
-    for line in stdin:
-        if not line.strip():
-            continue
+class ProtocolSession:
+    """One scheduler behind the protocol: ``process_message`` answers one request."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self.sut: Any = None
+        self.shut_down = False
+
+    def process_message(self, msg: Any) -> dict[str, Any]:
+        """The reply object to one request (``shut_down`` is set by ``shutdown``)."""
+        if not isinstance(msg, dict):
+            return {"id": None, "error": {"code": "internal", "message": "a request must be a JSON object"}}
+        msg_id = msg.get("id")
+        method = msg.get("method")
+        params = msg.get("params") or {}
         try:
-            msg = json.loads(line)
-            msg_id = msg.get("id")
-            method = msg.get("method")
-            params = msg.get("params") or {}
-        except (json.JSONDecodeError, AttributeError) as exc:
-            print(f"protocol_server: bad request line: {exc}", file=sys.stderr)
-            continue
-        try:
-            if method == "init":
-                if sut is None:
-                    sut = factory()
-                sut.start(params["config"], params["profile"])
-                caps = {"observe": bool(getattr(sut, "supports_observe", True))}
-                result: Any = {"name": getattr(sut, "name", "python-sut"), "capabilities": caps}
-            elif sut is None:
-                raise RuntimeError("init must come first")
-            elif method == "add_request":
-                sut.add_request({"kind": "add_request", **params})
-                result = None
-            elif method == "abort":
-                sut.abort(params["request_id"])
-                result = None
-            elif method == "schedule":
-                result = sut.schedule()
-            elif method == "update":
-                result = {"outputs": sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"])}
-            elif method == "observe":
-                result = sut.observe()
-            elif method == "shutdown":
-                _reply(stdout, {"id": msg_id, "result": None})
-                if sut is not None:
-                    sut.close()
-                return 0
-            else:
-                raise RuntimeError(f"unknown method {method!r}")
-            _reply(stdout, {"id": msg_id, "result": result})
+            return {"id": msg_id, "result": self._dispatch(method, params)}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a protocol error
             code = getattr(exc, "code", None)
             if type(exc).__name__ == "SutUnsupported":
@@ -72,11 +46,58 @@ def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: 
             if not isinstance(code, str):
                 code = "internal"
                 traceback.print_exc(file=sys.stderr)
-            _reply(stdout, {"id": msg_id, "error": {"code": code, "message": str(exc)}})
+            return {"id": msg_id, "error": {"code": code, "message": str(exc)}}
+
+    def _dispatch(self, method: Any, params: dict[str, Any]) -> Any:
+        if method == "init":
+            if self.sut is None:
+                self.sut = self.factory()
+            self.sut.start(params["config"], params["profile"])
+            caps = {"observe": bool(getattr(self.sut, "supports_observe", True))}
+            return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
+        if method == "shutdown":
+            self.shut_down = True
+            if self.sut is not None:
+                self.sut.close()
+            return None
+        if self.sut is None:
+            raise RuntimeError("init must come first")
+        if method == "add_request":
+            self.sut.add_request({"kind": "add_request", **params})
+            return None
+        if method == "abort":
+            self.sut.abort(params["request_id"])
+            return None
+        if method == "schedule":
+            return self.sut.schedule()
+        if method == "update":
+            return {"outputs": self.sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"])}
+        if method == "observe":
+            return self.sut.observe()
+        raise RuntimeError(f"unknown method {method!r}")
+
+
+def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: ANN001
+    """Answer protocol requests on ``stdin`` with a SUT built by ``factory``."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    session = ProtocolSession(factory)
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError as exc:
+            print(f"protocol_server: bad request line: {exc}", file=sys.stderr)
+            msg = None
+        write_reply(stdout, session.process_message(msg))
+        if session.shut_down:
+            return 0
     return 0
 
 
-def _reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001
+def write_reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001
+    """One reply line, flushed."""
     stdout.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
     stdout.flush()
 

@@ -5,12 +5,20 @@ expected SchedulerOutput (and, under ``strict``, the free queue when both sides
 observe it); each ``model_output`` compares the request outputs. The first
 difference stops the replay and becomes the verdict ``fail``; a SUT that
 declares a configuration unsupported gives ``unknown``.
+
+Timeouts: every call gets ``step_timeout`` seconds. A SUT that enforces its
+own timeouts (``enforces_timeouts``, the stdio adapter) is given the
+timeout and the deadline; for an in-process SUT an alarm interrupts the
+call (main thread only). A call that runs out of time is a failure of kind
+``sut_timeout``; when the caller's ``deadline`` (a shrink budget) passes
+instead, :class:`ReplayDeadline` is raised: no verdict, the caller stops.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +33,12 @@ PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 
 class StepTimeout(Exception):
     """A call into an in-process SUT took longer than the per-step timeout."""
+
+    kind = "sut_timeout"
+
+
+class ReplayDeadline(Exception):
+    """The caller's deadline passed during a replay: the replay has no verdict."""
 
 
 @dataclass
@@ -60,9 +74,47 @@ def _deadline(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _failure_of(exc: BaseException) -> tuple[str, str]:
+    """The divergence kind and message of a SUT that raised ``exc``.
+
+    The stdio adapter's errors carry their kind (``sut_timeout``,
+    ``sut_exited``, ``protocol_error``) and a message without the stderr
+    tail, which the report shows on its own.
+    """
+    kind = getattr(exc, "kind", "sut_error")
+    message = getattr(exc, "plain_message", None) or str(exc)
+    return kind, message if kind != "sut_error" else f"{type(exc).__name__}: {message}"
+
+
 def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
-           step_timeout: float | None = None, start: bool = True) -> ReplayResult:
-    """Run every event of ``trace`` on ``sut``; stop at the first divergence."""
+           step_timeout: float | None = None, start: bool = True, deadline: float | None = None) -> ReplayResult:
+    """Run every event of ``trace`` on ``sut``; stop at the first divergence.
+
+    ``deadline`` (a ``time.monotonic()`` value) bounds the whole replay:
+    past it, :class:`ReplayDeadline` is raised.
+    """
+    enforced = bool(getattr(sut, "enforces_timeouts", False))
+    if enforced:
+        if step_timeout:
+            sut.timeout_s = step_timeout  # type: ignore[attr-defined]
+        sut.deadline = deadline  # type: ignore[attr-defined]
+    try:
+        return _replay(trace, sut, comparison, step_timeout, start, deadline, enforced)
+    finally:
+        if enforced:
+            sut.deadline = None  # type: ignore[attr-defined]
+
+
+def _alarm_s(seconds: float | None, deadline: float | None) -> float | None:
+    """Seconds until the alarm for an in-process call: the timeout or the deadline, whichever is first."""
+    if deadline is None:
+        return seconds
+    left = max(deadline - time.monotonic(), 0.001)
+    return min(seconds, left) if seconds else left
+
+
+def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout: float | None, start: bool,
+            deadline: float | None, enforced: bool) -> ReplayResult:
     comparator = Comparator(comparison)
     events = trace.events
     step: int | None = None
@@ -77,14 +129,25 @@ def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
             sut_stderr=_stderr_of(sut),
         )
 
+    def past_deadline() -> bool:
+        return deadline is not None and time.monotonic() >= deadline - 0.01
+
+    def raised(index: int, what: str, exc: BaseException) -> ReplayResult:
+        kind, message = _failure_of(exc)
+        if kind == "sut_timeout" and past_deadline():
+            raise ReplayDeadline(f"deadline passed during {what}") from None
+        detail = traceback.format_exc() if kind == "sut_error" else ""
+        return fail(index, kind, message=f"{what}: {message}", detail=detail)
+
     try:
         if start:
-            with _deadline(step_timeout and max(step_timeout, 120.0)):
+            # an in-process scheduler may import heavy modules on its first start
+            with _deadline(None if enforced else _alarm_s(step_timeout and max(step_timeout, 120.0), deadline)):
                 sut.start(dict(trace.config), trace.profile)
     except SutUnsupported as exc:
         return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: {exc}")
     except Exception as exc:  # noqa: BLE001
-        return fail(0, "sut_error", message=f"start failed: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+        return raised(0, "start", exc)
 
     def call(kind: str, event: dict[str, Any]) -> Any:
         if kind == "add_request":
@@ -101,11 +164,8 @@ def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
         if kind == "step":
             step = event["step"]
         try:
-            if step_timeout:
-                with _deadline(step_timeout):
-                    actual: Any = call(kind, event)
-            else:
-                actual = call(kind, event)
+            with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
+                actual: Any = call(kind, event)
             if kind == "step":
                 steps_run += 1
         except SutInputError as exc:
@@ -116,7 +176,7 @@ def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
         except SutUnsupported as exc:
             return ReplayResult(verdict=UNKNOWN, events_run=index, steps_run=steps_run, detail=f"unsupported: {exc}")
         except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
-            return fail(index, "sut_error", message=f"{kind}: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+            return raised(index, kind, exc)
         if expect_error is not None:
             return fail(index, "input_error", [FieldDiff("error", expect_error, None)],
                         message=f"{kind}: expected error {expect_error}, the scheduler accepted it")
@@ -126,9 +186,10 @@ def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
                 return fail(index, "scheduler_output", diffs, message=f"step {step}: schedule() differs")
             if comparison == "strict" and "observe" in event:
                 try:
-                    observed = sut.observe()
+                    with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
+                        observed = sut.observe()
                 except Exception as exc:  # noqa: BLE001
-                    return fail(index, "sut_error", message=f"observe: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+                    return raised(index, "observe", exc)
                 diffs = comparator.compare_observation(event["observe"], observed)
                 if diffs:
                     return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")

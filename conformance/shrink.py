@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from conformance.compare import Divergence
-from conformance.replay import FAIL, replay
+from conformance.replay import FAIL, ReplayDeadline, replay
 from conformance.sut import SchedulerUnderTest
 from conformance.trace import Trace
 from conformance.workload import RequestSpec, Workload, WorkloadError, run_workload, workload_from_trace
@@ -57,15 +57,19 @@ Probe = Callable[[Workload], "tuple[Trace, Divergence] | None"]
 
 
 def differential_probe(sut: SchedulerUnderTest, comparison: str, section: str,
-                       step_timeout: float | None = None) -> Probe:
-    """Fails when the SUT's first divergence on the workload's trace has ``section``."""
+                       step_timeout: float | None = None, deadline: float | None = None) -> Probe:
+    """Fails when the SUT's first divergence on the workload's trace has ``section``.
+
+    A replay still running at ``deadline`` is cut short (``ReplayDeadline``
+    propagates to the shrinker, which stops with what it has).
+    """
 
     def probe(workload: Workload) -> tuple[Trace, Divergence] | None:
         try:
             trace = run_workload(workload, max_steps=2_000)
         except (SpecError, WorkloadError, AssertionError, ValueError):
             return None  # not a valid workload for the reference
-        result = replay(trace, sut, comparison, step_timeout=step_timeout)
+        result = replay(trace, sut, comparison, step_timeout=step_timeout, deadline=deadline)
         if result.verdict != FAIL or result.divergence is None or result.divergence.section() != section:
             return None
         return cut_after_divergence(trace, result.divergence), result.divergence
@@ -84,14 +88,19 @@ class Shrinker:
         self.attempts = 0
         self.accepted = 0
         self.best: tuple[Trace, Divergence] | None = None
+        self.timed_out = False
 
     def check(self, workload: Workload) -> tuple[Trace, Divergence] | None:
-        """Run the probe on ``workload``."""
+        """Run the probe on ``workload`` (None, and out of time, if the deadline cut it short)."""
         self.attempts += 1
-        return self.probe(workload)
+        try:
+            return self.probe(workload)
+        except ReplayDeadline:
+            self.timed_out = True
+            return None
 
     def out_of_time(self) -> bool:
-        return time.monotonic() > self.deadline
+        return self.timed_out or time.monotonic() > self.deadline
 
     def run(self, workload: Workload) -> Workload:
         """Reduce ``workload`` until no reduction keeps the failure (or time runs out).
@@ -101,6 +110,8 @@ class Shrinker:
         """
         found = self.check(workload)
         if found is None:
+            if self.timed_out:
+                raise ValueError("the time budget ran out before the trace replayed once")
             raise ValueError("the trace does not fail with the expected divergence before shrinking")
         self.best = found
         while not self.out_of_time():
@@ -156,11 +167,15 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
                  on_progress: Callable[[str], None] | None = None) -> ShrinkResult:
     """Shrink a failing trace against ``sut`` (see the module docstring)."""
     t0 = time.monotonic()
-    original = replay(trace, sut, comparison, step_timeout=step_timeout)
+    deadline = t0 + time_budget_s
+    try:
+        original = replay(trace, sut, comparison, step_timeout=step_timeout, deadline=deadline)
+    except ReplayDeadline:
+        raise ValueError(f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once") from None
     if original.verdict != FAIL or original.divergence is None:
         raise ValueError(f"nothing to shrink: the trace's verdict is {original.verdict}")
-    probe = differential_probe(sut, comparison, original.divergence.section(), step_timeout)
-    shrinker = Shrinker(probe, time_budget_s, on_progress)
+    probe = differential_probe(sut, comparison, original.divergence.section(), step_timeout, deadline)
+    shrinker = Shrinker(probe, time_budget_s - (time.monotonic() - t0), on_progress)
     workload = workload_from_trace(trace)
     try:
         shrinker.run(workload)

@@ -296,6 +296,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600: reports and traces are for reading
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

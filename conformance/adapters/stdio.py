@@ -1,49 +1,150 @@
-"""A scheduler in a subprocess, driven over the JSON-lines protocol (PROTOCOL.md)."""
+"""A scheduler in a subprocess, driven over the JSON-lines protocol (PROTOCOL.md).
+
+A scheduler under test misbehaves by nature, so nothing it does may hang the
+harness, outlive it, or be blamed on the wrong request:
+
+* every call has a timeout (``timeout_s``; ``startup_timeout_s`` for the
+  first ``init`` of a new process) and an optional absolute ``deadline``
+  (the harness's budget for a trace or a shrink); writes to its stdin time
+  out too, for a process that stops reading;
+* the process runs in its own session (process group): a timeout, a
+  protocol error or ``close`` kills the whole group, grandchildren included;
+* one reader thread per process, with a queue of its own: after a kill, a
+  late answer of the old process can never be read as the reply to a
+  request sent to the new one; any broken reply (not JSON, a stray line, a
+  wrong id, too long, not matching the protocol's schema) kills the process,
+  so the next trace starts from a fresh one;
+* every reply is validated against ``protocol.schema.json`` (error codes
+  against the spec's table), with ``stdout line N: field: expected ...``;
+* an exit is reported with its exit code or signal and the stderr tail.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
+import select
 import shlex
+import signal
 import subprocess
 import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.protocol import PROTOCOL_VERSION, validate_reply
 from conformance.sut import SutInputError, SutUnsupported
 
-PROTOCOL_VERSION = 1
 DEFAULT_TIMEOUT_S = 30.0
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+"""A reply line longer than this is a protocol error (a runaway scheduler must not exhaust memory)."""
+STDERR_LINES_KEPT = 200
+STDERR_LINE_CHARS = 2000
 
 
 class SutProtocolError(Exception):
-    """The subprocess broke the protocol, crashed or timed out; carries its stderr."""
+    """The subprocess broke the protocol; carries its stderr. Kind ``protocol_error``."""
+
+    kind = "protocol_error"
 
     def __init__(self, message: str, stderr: str = "") -> None:
         self.stderr = stderr
+        self.plain_message = message
         super().__init__(message + (f"\n--- scheduler stderr (last lines) ---\n{stderr}" if stderr else ""))
 
 
-class StdioSut:
-    """Starts ``command`` once and speaks the protocol with it.
+class SutTimeout(SutProtocolError):
+    """No answer within the call's timeout or the harness's deadline (process killed)."""
 
-    One subprocess serves a whole campaign: ``start`` sends a fresh ``init``
-    for every trace. A message that gets no answer within ``timeout_s``
-    kills the process (it is restarted on the next ``start``).
+    kind = "sut_timeout"
+
+
+class SutInternalError(SutProtocolError):
+    """The scheduler answered ``internal``: it failed on a valid input (a scheduler error, not a protocol one)."""
+
+    kind = "sut_error"
+
+
+class SutExited(SutProtocolError):
+    """The process exited or could not be started."""
+
+    kind = "sut_exited"
+
+
+@dataclass
+class _Process:
+    """One child process and what its reader threads collected (never shared with a later process)."""
+
+    proc: subprocess.Popen[bytes]
+    replies: queue.Queue[tuple[int, bytes] | None] = field(default_factory=queue.Queue)
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_LINES_KEPT))
+    messages: int = 0
+
+
+_LIVE: set[int] = set()
+"""Process groups started by this process and not yet killed (killed at exit, whatever happens)."""
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    _LIVE.discard(pid)
+
+
+def kill_all_started() -> None:
+    """Kill every scheduler process group this process started (at exit, and on a worker's way out)."""
+    for pid in list(_LIVE):
+        _kill_group(pid)
+
+
+atexit.register(kill_all_started)
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 3``, ``killed by SIGABRT`` or ``still running``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class StdioSut:
+    """Starts ``command`` and speaks the protocol with it.
+
+    One subprocess serves many traces: ``start`` sends a fresh ``init`` for
+    every trace. A timeout or any broken reply kills it; the next ``start``
+    starts a new one.
     """
 
+    enforces_timeouts = True
+    """The harness sets ``timeout_s`` and ``deadline`` instead of using alarms around the calls."""
+
     def __init__(self, command: str, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, startup_timeout_s: float | None = None) -> None:
         self.command = command
         self.argv = shlex.split(command)
         self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.deadline: float | None = None
         self.env = env
         self.name = name or f"stdio:{command}"
-        self.proc: subprocess.Popen[str] | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stderr: list[str] = []
+        self.child: _Process | None = None
+        self._last_stderr: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
         self._next_id = 0
         self.capabilities: dict[str, Any] = {}
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc if self.child else None
 
     # -------------------------------------------------------------- process
 
@@ -52,91 +153,125 @@ class StdioSut:
         if self.env:
             env.update(self.env)
         try:
-            self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, bufsize=1, env=env,
-            )
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)
         except OSError as exc:
-            raise SutProtocolError(f"cannot start {self.command!r}: {exc}") from None
-        self._lines = queue.Queue()
-        self._stderr = []
-        threading.Thread(target=self._pump_stdout, args=(self.proc,), daemon=True).start()
-        threading.Thread(target=self._pump_stderr, args=(self.proc,), daemon=True).start()
-
-    def _pump_stdout(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _pump_stderr(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self._stderr.append(line.rstrip("\n"))
-            if len(self._stderr) > 2000:
-                del self._stderr[:1000]
+            raise SutExited(f"{self.name}: cannot start {self.command!r}: {exc.strerror or exc}") from None
+        _LIVE.add(proc.pid)
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        child = _Process(proc)
+        self._last_stderr = child.stderr
+        threading.Thread(target=_read_replies, args=(child,), daemon=True).start()
+        threading.Thread(target=_read_stderr, args=(child,), daemon=True).start()
+        self.child = child
 
     def stderr_tail(self, n: int = 40) -> str:
-        """The last ``n`` lines the process wrote to stderr."""
-        return "\n".join(self._stderr[-n:])
+        """The last ``n`` lines the (current or last) process wrote to stderr."""
+        return "\n".join(list(self._last_stderr)[-n:])
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        """Kill the process and its whole group; a later ``start`` starts a new one."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        _kill_group(child.proc.pid)
+        try:
+            child.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (child.proc.stdin, child.proc.stdout, child.proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        time.sleep(0)  # let the reader threads see the closed pipes
+
+    def _broken(self, exc_type: type[SutProtocolError], message: str) -> SutProtocolError:
+        """Kill the process (its state is unknown now) and build the error to raise."""
+        time.sleep(0.05)  # a crashing process may still be writing its last words to stderr
+        self.kill()
+        return exc_type(f"{self.name}: {message}", self.stderr_tail())
+
+    def _limit(self, timeout_s: float) -> tuple[float, str]:
+        """Seconds to wait for an answer, and what the limit is called in a message."""
+        if self.deadline is not None and self.deadline - time.monotonic() < timeout_s:
+            return max(self.deadline - time.monotonic(), 0.0), "the harness's deadline"
+        return timeout_s, f"{timeout_s:g} s"
+
+    def _exited(self, method: str) -> SutProtocolError:
+        assert self.child is not None
+        try:
+            code = self.child.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        words = describe_exit(code) if code is not None else "closed its stdout"
+        return self._broken(SutExited, f"the process {words} instead of answering {method}")
 
     def call(self, method: str, params: dict[str, Any], timeout_s: float | None = None) -> Any:
-        """Send one request and return its result (raising SutInputError for an error reply)."""
-        if self.proc is None or self.proc.poll() is not None:
-            raise SutProtocolError(f"{self.name}: the scheduler process is not running", self.stderr_tail())
+        """Send one request and return its validated result (SutInputError for an error reply)."""
+        child = self.child
+        if child is None or child.proc.poll() is not None:
+            code = child.proc.poll() if child else None
+            self.kill()
+            state = describe_exit(code) if child else "not started"
+            raise SutExited(f"{self.name}: the scheduler process is not running ({state})", self.stderr_tail())
         self._next_id += 1
         msg_id = self._next_id
+        child.messages += 1
+        wait_s, limit_words = self._limit(timeout_s or self.timeout_s)
         line = json.dumps({"id": msg_id, "method": method, "params": params}, sort_keys=True, separators=(",", ":"))
+        started = time.monotonic()
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise SutProtocolError(f"{self.name}: cannot write {method}: {exc}", self.stderr_tail()) from None
+            _write_all(child.proc, (line + "\n").encode(), started + wait_s)
+        except TimeoutError:
+            raise self._broken(SutTimeout, f"no answer to {method} within {limit_words}: it stopped reading "
+                                           "its stdin (process killed)") from None
+        except (BrokenPipeError, OSError):
+            raise self._exited(method) from None
         try:
-            reply_line = self._lines.get(timeout=timeout_s or self.timeout_s)
+            item = child.replies.get(timeout=max(wait_s - (time.monotonic() - started), 0.0))
         except queue.Empty:
-            self.kill()
-            raise SutProtocolError(
-                f"{self.name}: no answer to {method} within {timeout_s or self.timeout_s:.0f} s (process killed)",
-                self.stderr_tail(),
-            ) from None
-        if reply_line is None:
-            code = self.proc.poll() if self.proc else None
-            raise SutProtocolError(f"{self.name}: the process exited (code {code}) instead of answering {method}",
-                                   self.stderr_tail())
+            raise self._broken(SutTimeout, f"no answer to {method} within {limit_words} (process killed)") from None
+        if item is None:
+            raise self._exited(method)
+        stdout_line, raw = item
+        where = f"reply to {method} (request id {msg_id}, stdout line {stdout_line})"
+        if len(raw) > MAX_REPLY_BYTES:
+            raise self._broken(SutProtocolError, f"{where}: longer than {MAX_REPLY_BYTES} bytes")
         try:
-            reply = json.loads(reply_line)
-        except json.JSONDecodeError:
-            raise SutProtocolError(f"{self.name}: answer to {method} is not JSON: {reply_line[:200]!r}",
-                                   self.stderr_tail()) from None
+            reply = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        except (UnicodeDecodeError, ValueError):
+            shown = raw[:200].decode("utf-8", "replace").rstrip("\n")
+            raise self._broken(SutProtocolError, f"{where}: not JSON (stdout carries only protocol lines; "
+                                                 f"write logs to stderr): {shown!r}") from None
         if not isinstance(reply, dict) or reply.get("id") != msg_id:
-            raise SutProtocolError(f"{self.name}: answer to {method} (id {msg_id}) has the wrong id: {reply_line[:200]!r}",
-                                   self.stderr_tail())
+            found = reply.get("id") if isinstance(reply, dict) else reply
+            raise self._broken(SutProtocolError, f"{where}: wrong id: expected {msg_id}, found {json.dumps(found)[:80]}")
+        problem = validate_reply(method, reply)
+        if problem:
+            raise self._broken(SutProtocolError, f"{where}: {problem}")
         if "error" in reply:
-            err = reply["error"] or {}
-            code = err.get("code", "internal")
+            err = reply["error"]
+            code, message = err["code"], err.get("message", "")
             if code == "unsupported":
-                raise SutUnsupported(err.get("message", "unsupported"))
+                raise SutUnsupported(message or "unsupported")
             if code == "internal":
-                raise SutProtocolError(f"{self.name}: internal error in {method}: {err.get('message', '')}",
-                                       self.stderr_tail())
-            raise SutInputError(code, err.get("message", ""))
-        return reply.get("result")
+                raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail())
+            raise SutInputError(code, message)
+        return reply["result"]
 
     # ------------------------------------------------------ SchedulerUnderTest
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        timeout_s = None
+        if self.child is None or self.child.proc.poll() is not None:
+            self.kill()
             self._spawn()
+            timeout_s = self.startup_timeout_s
         result = self.call("init", {"protocol_version": PROTOCOL_VERSION, "config": config, "profile": profile},
-                           timeout_s=max(self.timeout_s, 120.0))
+                           timeout_s=timeout_s)
         self.capabilities = (result or {}).get("capabilities", {})
 
     def add_request(self, event: dict[str, Any]) -> None:
@@ -148,9 +283,10 @@ class StdioSut:
     def schedule(self) -> dict[str, Any]:
         return self.call("schedule", {})
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
         result = self.call("update", {"sampled_token_ids": sampled_token_ids, "draft_token_ids": draft_token_ids})
-        return (result or {}).get("outputs", [])
+        return result["outputs"]
 
     def observe(self) -> dict[str, Any] | None:
         if not self.capabilities.get("observe"):
@@ -158,13 +294,68 @@ class StdioSut:
         return self.call("observe", {})
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Ask the process to shut down, then kill its group whatever it did (grandchildren too)."""
+        child = self.child
+        if child is not None and child.proc.poll() is None:
+            self.deadline = None
             try:
-                self.call("shutdown", {}, timeout_s=5.0)
-            except (SutProtocolError, SutInputError):
+                self.call("shutdown", {}, timeout_s=2.0)
+                if self.child is not None:
+                    self.child.proc.wait(timeout=2)
+            except (SutProtocolError, SutInputError, SutUnsupported, subprocess.TimeoutExpired):
                 pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
+        self.kill()
+
+
+def _refuse_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _write_all(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
+    """Write ``data`` to the non-blocking stdin of ``proc`` before ``deadline`` (TimeoutError after)."""
+    assert proc.stdin is not None
+    fd = proc.stdin.fileno()
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        _, writable, _ = select.select([], [fd], [], left)
+        if not writable:
+            continue
+        try:
+            sent = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        view = view[sent:]
+
+
+def _read_replies(child: _Process) -> None:
+    """Queue each stdout line (with its number) of one process; None at its end."""
+    stream = child.proc.stdout
+    assert stream is not None
+    number = 0
+    try:
+        while True:
+            raw = stream.readline(MAX_REPLY_BYTES + 1)
+            if not raw:
+                break
+            number += 1
+            if len(raw) > MAX_REPLY_BYTES:
+                child.replies.put((number, raw))  # reported as too long; the process is killed
+                break
+            if raw.strip():
+                child.replies.put((number, raw))
+    except (OSError, ValueError):
+        pass
+    child.replies.put(None)
+
+
+def _read_stderr(child: _Process) -> None:
+    stream = child.proc.stderr
+    assert stream is not None
+    try:
+        while raw := stream.readline(4 * STDERR_LINE_CHARS):
+            child.stderr.append(raw.decode("utf-8", "replace").rstrip("\n")[:STDERR_LINE_CHARS])
+    except (OSError, ValueError):
+        pass

@@ -6,8 +6,9 @@ VERSION``) on ``conformance/vllm_driver.py`` and speaks the JSON-lines protocol
 with it through :class:`~conformance.adapters.stdio.StdioSut`. One subprocess
 serves a whole campaign: every trace sends a fresh ``init``.
 
-Importing this module registers the ``vllm-v1@`` prefix in
-``conformance.adapters.ADAPTER_PREFIXES``.
+The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+:func:`make_vllm_sut` for the ``vllm-v1@`` prefix and imports this module
+only when such a SUT is asked for.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import ADAPTER_PREFIXES, UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, SutProtocolError, StdioSut
+from conformance.adapters import UnknownSut
+from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
 from conformance.sut import SchedulerUnderTest
 from conformance.vllm_env import (
     REPO_ROOT,
@@ -49,18 +50,9 @@ class VllmV1Sut(StdioSut):
         self.version = version
         python = vllm_python(version, root)
         command = f"{shlex.quote(str(python))} -m conformance.vllm_driver"
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}")
-
-    def start(self, config: dict[str, Any], profile: str) -> None:
-        """Start the process if needed (importing vLLM takes a while), then ``init``."""
-        if self.proc is None or self.proc.poll() is not None:
-            saved, self.timeout_s = self.timeout_s, max(self.timeout_s, IMPORT_TIMEOUT_S)
-            try:
-                super().start(config, profile)
-            finally:
-                self.timeout_s = saved
-            return
-        super().start(config, profile)
+        # importing vLLM takes a while: the first init of a new process gets IMPORT_TIMEOUT_S
+        super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}",
+                         startup_timeout_s=IMPORT_TIMEOUT_S)
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Seconds spent inside vLLM's ``schedule()`` + ``update_from_output()`` since ``init``.
@@ -68,8 +60,6 @@ class VllmV1Sut(StdioSut):
         The driver's optional ``stats`` method (not part of protocol version 1):
         ``{"scheduler_seconds", "schedule_seconds", "update_seconds", "steps"}``.
         """
-        if self.proc is None or self.proc.poll() is not None:
-            raise SutProtocolError(f"{self.name}: the scheduler process is not running")
         return self.call("stats", {"reset": reset})
 
 
@@ -86,8 +76,6 @@ def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
         raise VllmEnvNotReady(f"--sut {name!r}: {not_ready_message(version)}")
     return VllmV1Sut(version, root=root)
 
-
-ADAPTER_PREFIXES.setdefault(PREFIX, make_vllm_sut)
 
 __all__ = ["PREFIX", "VllmEnvNotReady", "VllmV1Sut", "make_vllm_sut", "REPO_ROOT"]
 

@@ -1,0 +1,61 @@
+"""The JSON-lines protocol's replies: their schema and their validation.
+
+``protocol.schema.json`` beside this file states what a scheduler may answer
+to each method (the result shapes reuse the trace format's definitions); a
+reply is checked as strictly as a trace line: integers never floats, no
+unknown fields, an error code from the spec's table (``FORMAT.md``) or one of
+``unsupported`` / ``internal``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conformance.trace import validate_value
+from spec.errors import ERROR_CODES
+
+PROTOCOL_VERSION = 1
+SCHEMA: dict[str, Any] = json.loads(Path(__file__).with_name("protocol.schema.json").read_text())
+PROTOCOL_ONLY_CODES = ("unsupported", "internal")
+
+
+def _resolve_local(schema: dict[str, Any]) -> dict[str, Any]:
+    """Follow this file's own ``#/name`` references (``#/$defs/...`` stay for the trace validator)."""
+    ref = schema.get("$ref", "")
+    if ref.startswith("#/") and not ref.startswith("#/$defs/"):
+        return SCHEMA[ref[2:]]
+    return schema
+
+
+def get_known_error_codes() -> list[str]:
+    return [*ERROR_CODES, *PROTOCOL_ONLY_CODES]
+
+
+def validate_reply(method: str, reply: dict[str, Any]) -> str | None:
+    """``field: expected X, found Y`` for the first thing wrong with ``reply`` to ``method``, or None."""
+    envelope = dict(SCHEMA["envelope"], properties={
+        "id": SCHEMA["envelope"]["properties"]["id"], "result": {}, "error": _resolve_local(SCHEMA["error"]),
+    })
+    problem = validate_value(reply, envelope, "")
+    if problem:
+        return _words(problem)
+    if ("result" in reply) == ("error" in reply):
+        return "(reply): expected exactly one of result and error"
+    if "error" in reply:
+        code = reply["error"]["code"]
+        if code not in ERROR_CODES and code not in PROTOCOL_ONLY_CODES:
+            return (f"error.code: unknown error code {code!r}; expected one of the codes in FORMAT.md's table "
+                    f"or {', '.join(PROTOCOL_ONLY_CODES)}")
+        return None
+    schema = SCHEMA["results"].get(method)
+    if schema is None:
+        return None
+    problem = validate_value(reply["result"], schema, "result")
+    return _words(problem) if problem else None
+
+
+def _words(problem: tuple[str, str, str]) -> str:
+    where, expected, found = problem
+    return f"{where or '(reply)'}: expected {expected}" + (f", found {found}" if found else "")

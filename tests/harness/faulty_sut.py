@@ -1,0 +1,127 @@
+"""A stdio scheduler that misbehaves on purpose (the fault-injection suite's SUT).
+
+It is the reference model behind the JSON-lines protocol, except that from
+its ``--at``-th message (counted over the process's life, 1 = the first
+``init``) it does what ``--mode`` says:
+
+==============  ============================================================
+hang            stops answering for good (and ignores SIGTERM)
+hang_once       answers that one message ``--delay`` seconds late, then goes on
+slow            answers every message ``--delay`` seconds late
+stray           writes one non-protocol line on stdout before the answer
+crash           dies of SIGABRT (a crash, no answer)
+exit            writes to stderr and exits with code 3 (no answer)
+garbage         answers with a line that is not JSON
+wrong_id        answers with an id nobody asked for
+wrong_request   answers with the previous request's id
+huge            answers with a 40 MB line
+float           answers ``schedule`` with 7.0-style floats for token counts
+bad_code        refuses ``add_request`` with an error code that does not exist
+grandchild      like hang, after starting a ``sleep`` grandchild at ``init``
+none            behaves (a control)
+==============  ============================================================
+
+With ``--once-file F`` the fault strikes once over all processes (the file
+marks it as done), so a test can check that the next trace runs clean.
+Every process it starts (itself, a grandchild) is recorded in the folder
+``$FAULTY_SUT_PIDS`` (one file per pid), so tests can check none survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from conformance.adapters.reference import ReferenceSut  # noqa: E402
+from conformance.protocol_server import ProtocolSession, write_reply  # noqa: E402
+
+
+def record_pid(pid: int) -> None:
+    folder = os.environ.get("FAULTY_SUT_PIDS")
+    if folder:
+        Path(folder, str(pid)).write_text("")
+
+
+def floats_in(result: object) -> object:
+    """The schedule result with its token counts as floats (7 -> 7.0)."""
+    if isinstance(result, dict) and isinstance(result.get("num_scheduled_tokens"), dict):
+        result = dict(result)
+        result["num_scheduled_tokens"] = {k: float(v) for k, v in result["num_scheduled_tokens"].items()}
+        result["total_num_scheduled_tokens"] = float(result["total_num_scheduled_tokens"])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="none")
+    parser.add_argument("--at", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=3.0)
+    parser.add_argument("--once-file", default=None,
+                        help="strike only once over all processes: not if this file exists (it is made on striking)")
+    args = parser.parse_args()
+    record_pid(os.getpid())
+    if args.mode in ("hang", "grandchild"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    session = ProtocolSession(ReferenceSut)
+    out = sys.stdout
+    count = 0
+    previous_id = None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        count += 1
+        msg = json.loads(line)
+        reply = session.process_message(msg)
+        due = count >= args.at
+        if due and args.once_file:
+            due = count == args.at and not os.path.exists(args.once_file)
+            if due:
+                Path(args.once_file).write_text("")
+        mode = args.mode if due else "none"
+        if args.mode == "grandchild" and msg.get("method") == "init" and count == 1:
+            child = subprocess.Popen(["sleep", "300"])
+            record_pid(child.pid)
+        if mode in ("hang", "grandchild"):
+            while True:
+                time.sleep(60)
+        if mode == "slow" or (mode == "hang_once" and count == args.at):
+            time.sleep(args.delay)
+        if mode == "stray" and count == args.at:
+            out.write("debug: scheduling a step\n")
+        if mode == "crash":
+            os.kill(os.getpid(), signal.SIGABRT)
+        if mode == "exit":
+            print("faulty_sut: giving up", file=sys.stderr, flush=True)
+            os._exit(3)
+        if mode == "garbage":
+            out.write("{this is not json\n")
+            out.flush()
+            previous_id = msg.get("id")
+            continue
+        if mode == "wrong_id":
+            reply["id"] = 10_000 + count
+        if mode == "wrong_request" and previous_id is not None:
+            reply["id"] = previous_id
+        if mode == "huge":
+            reply = {"id": reply["id"], "result": {"padding": "x" * 40_000_000}}
+        if mode == "float" and msg.get("method") == "schedule" and "result" in reply:
+            reply["result"] = floats_in(reply["result"])
+        if mode == "bad_code" and msg.get("method") == "add_request":
+            reply = {"id": reply["id"], "error": {"code": "not_a_code", "message": "refused for no reason"}}
+        write_reply(out, reply)
+        previous_id = msg.get("id")
+        if session.shut_down:
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

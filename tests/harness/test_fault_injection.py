@@ -1,0 +1,201 @@
+"""Fault injection: a stdio scheduler that misbehaves in every way we know of.
+
+``faulty_sut.py`` is the reference model behind the protocol, made to hang,
+answer late, write stray lines, crash, exit, answer garbage, answer with the
+wrong id or for the wrong request, answer 40 MB, send floats where integers
+are due, or invent an error code. For each mode we check the verdict (a
+failure of the right kind, with a message that says what happened), that the
+SUT is usable again on the next trace (no stale answer is read as the reply
+to a later request), and that no process it started survives.
+
+Campaign bounds, stated here and checked below: with ``--timeout T`` a hung
+scheduler costs at most T seconds per trace (plus a process start), and
+shrinking stops within ``--shrink-budget`` plus one call's timeout. A
+2-trace campaign with ``--timeout 2 --shrink-budget 5`` against a scheduler
+that hangs therefore ends within 2 x 2 + 5 + 2 seconds of SUT time; we allow
+30 s in all for process starts and the report on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.adapters.stdio import StdioSut
+from conformance.examples import EXAMPLES
+from conformance.replay import FAIL, PASS, replay
+from conformance.workload import run_workload
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+FAULTY = HERE / "faulty_sut.py"
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def survivors(pid_dir: Path) -> list[int]:
+    return [int(p.name) for p in pid_dir.iterdir() if is_alive(int(p.name))]
+
+
+@pytest.fixture
+def pid_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    monkeypatch.setenv("FAULTY_SUT_PIDS", str(folder))
+    yield folder
+    for pid in survivors(folder):  # never leave one behind, even when a test fails
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    t = run_workload(EXAMPLES["mixed"]())
+    assert len(t.events) > 12  # the faults below strike at message 5
+    return t
+
+
+def faulty(mode: str, at: int = 5, delay: float = 3.0) -> str:
+    return f"{sys.executable} {FAULTY} --mode {mode} --at {at} --delay {delay}"
+
+
+# mode -> (divergence kind, words the message must hold)
+CASES = {
+    "hang": ("sut_timeout", "no answer to"),
+    "grandchild": ("sut_timeout", "no answer to"),
+    "slow": ("sut_timeout", "no answer to"),
+    "crash": ("sut_exited", "SIGABRT"),
+    "exit": ("sut_exited", "exit code 3"),
+    "garbage": ("protocol_error", "not JSON"),
+    "stray": ("protocol_error", "not JSON"),
+    "wrong_id": ("protocol_error", "wrong id"),
+    "wrong_request": ("protocol_error", "wrong id"),
+    "huge": ("protocol_error", "longer than"),
+    "float": ("protocol_error", "expected integer, found float"),
+    "bad_code": ("protocol_error", "unknown error code 'not_a_code'"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(CASES))
+def test_each_fault_is_a_failure_of_its_kind_and_leaves_no_process(mode, trace, pid_dir):
+    kind, words = CASES[mode]
+    sut = StdioSut(faulty(mode), timeout_s=2.0)
+    t0 = time.monotonic()
+    try:
+        result = replay(trace, sut, "strict", step_timeout=2.0)
+    finally:
+        sut.close()
+    elapsed = time.monotonic() - t0
+    assert result.verdict == FAIL, result
+    assert result.divergence.kind == kind, result.divergence
+    assert words in result.divergence.message, result.divergence.message
+    assert elapsed < 15, f"{mode}: {elapsed:.1f} s"
+    assert survivors(pid_dir) == []
+
+
+def test_an_exit_is_reported_with_its_code_and_stderr(trace, pid_dir):
+    sut = StdioSut(faulty("exit"), timeout_s=2.0)
+    try:
+        result = replay(trace, sut, "strict", step_timeout=2.0)
+    finally:
+        sut.close()
+    assert "code None" not in result.divergence.message
+    assert "giving up" in result.sut_stderr
+
+
+@pytest.mark.parametrize("mode", ["hang_once", "stray", "garbage", "wrong_request"])
+def test_after_a_fault_the_next_trace_gets_a_fresh_process(mode, trace, pid_dir, tmp_path):
+    """A late or stray answer must never be read as the reply to a later request."""
+    sut = StdioSut(faulty(mode, at=5, delay=3.0) + f" --once-file {tmp_path / 'once'}", timeout_s=2.0)
+    try:
+        first = replay(trace, sut, "strict", step_timeout=2.0)
+        time.sleep(1.5 if mode == "hang_once" else 0)  # the late answer is written now
+        second = replay(trace, sut, "strict", step_timeout=2.0)
+        third = replay(trace, sut, "strict", step_timeout=2.0)
+    finally:
+        sut.close()
+    assert first.verdict == FAIL
+    assert second.verdict == PASS, second.divergence
+    assert third.verdict == PASS, third.divergence
+    assert survivors(pid_dir) == []
+
+
+def test_slow_within_the_timeout_passes(trace, pid_dir):
+    sut = StdioSut(faulty("slow", at=1, delay=0.01), timeout_s=2.0)
+    try:
+        assert replay(trace, sut, "strict", step_timeout=2.0).verdict == PASS
+    finally:
+        sut.close()
+    assert survivors(pid_dir) == []
+
+
+def run_cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_hanging_scheduler_cannot_hang_a_campaign(jobs, tmp_path, pid_dir):
+    t0 = time.monotonic()
+    proc = run_cli(["run", "--sut", "stdio:" + faulty("hang"), "--examples", "2", "--timeout", "2", "--jobs",
+                    str(jobs), "--shrink-budget", "5", "--out", str(tmp_path / "r"), "--run-id", "hang"],
+                   cwd=tmp_path, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert "shrinking failure" in proc.stderr  # the progress goes on while shrinking
+    summary = json.loads((tmp_path / "r" / "hang" / "summary.json").read_text())
+    assert summary["status"] == "fail" and summary["failed"] == 2
+    assert {f["signature"] for f in summary["failures"]} == {"sut_timeout"}
+    assert "Traceback" not in proc.stderr
+    assert survivors(pid_dir) == []
+
+
+def test_an_exiting_scheduler_is_restarted_per_trace_quickly(tmp_path, pid_dir):
+    t0 = time.monotonic()
+    proc = run_cli(["run", "--sut", "stdio:" + faulty("exit", at=3), "--examples", "3", "--timeout", "2",
+                    "--shrink-budget", "3", "--out", str(tmp_path / "r"), "--run-id", "exit"],
+                   cwd=tmp_path, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    summary = json.loads((tmp_path / "r" / "exit" / "summary.json").read_text())
+    assert summary["failed"] == 3 and {f["signature"] for f in summary["failures"]} == {"sut_exited"}
+    assert survivors(pid_dir) == []
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_leaves_an_interrupted_summary_and_no_process(jobs, tmp_path, pid_dir):
+    run_dir = tmp_path / "r" / "term"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "run", "--sut", "stdio:" + faulty("slow", at=1, delay=0.02),
+         "--examples", "200", "--jobs", str(jobs), "--out", str(tmp_path / "r"), "--run-id", "term", "--quiet"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the campaign is replaying
+        if (run_dir / "summary.json").exists() and len(list(pid_dir.iterdir())) >= 1:
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGTERM"
+    assert (run_dir / "report.html").exists()
+    assert "Traceback" not in err
+    assert survivors(pid_dir) == []
