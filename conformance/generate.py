@@ -13,12 +13,24 @@ preemption and budget exhaustion happen), shared prefixes (prefix hits, hits on
 block boundaries), equal priorities and arrival times (tie-breaks), aborts
 mid-prefill, prompts near ``max_model_len``, EOS at the first token, drafts
 (right and wrong), and occasional invalid inputs that must be refused.
+
+Two more, drawn from a separate stream of choices (``Chooser.fork``) so that
+the workloads that do not get them stay byte-identical to earlier releases of
+this generator:
+
+* configs exactly at a boundary of what vLLM accepts (:data:`BOUNDARIES`), and
+* inputs that arrive while a step executes, between ``schedule()`` and its
+  model output: requests, aborts (of requests in the running batch too) and
+  re-adds of an aborted id, including the refused re-add of an id aborted in
+  the pending step (``request_id_in_flight``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
@@ -36,13 +48,22 @@ class Chooser(Protocol):
     def integer(self, lo: int, hi: int, label: str) -> int: ...
     def boolean(self, p_true: float, label: str) -> bool: ...
     def choice(self, options: Sequence[T], label: str) -> T: ...
+    def fork(self, label: str) -> "Chooser":
+        """A chooser for a group of later-added choices (see the module docstring)."""
+        ...
 
 
 class RandomChooser:
     """Choices from a seeded ``random.Random``: reproducible across library versions."""
 
     def __init__(self, seed: int) -> None:
+        self.seed = seed
         self.rng = random.Random(seed)
+
+    def fork(self, label: str) -> "RandomChooser":
+        """An independent seeded stream: drawing from it leaves this one's draws unchanged."""
+        digest = hashlib.sha256(f"{self.seed}\x1f{label}".encode()).digest()
+        return RandomChooser(int.from_bytes(digest[:8], "little"))
 
     def integer(self, lo: int, hi: int, label: str) -> int:
         return self.rng.randint(lo, hi)
@@ -70,6 +91,10 @@ class HypothesisChooser:
     def choice(self, options: Sequence[T], label: str) -> T:
         return self.draw(st.sampled_from(list(options)), label=label)
 
+    def fork(self, label: str) -> "HypothesisChooser":
+        # One Hypothesis stream: the forked choices are drawn inline (and shrink too).
+        return self
+
 
 FAMILIES = ("mixed", "pressure", "burst")
 """mixed: anything. pressure: a pool that holds about one sequence, long outputs,
@@ -78,8 +103,24 @@ burst: chunked prefill off, requests arriving together with mixed sizes
 (skipped and re-queued waiting requests under older releases)."""
 
 
+BOUNDARIES = ("min_pool", "budget_eq_max_num_seqs", "budget_one", "budget_eq_max_model_len_unchunked",
+              "threshold_eq_max_model_len")
+"""Configs exactly at a limit of what vLLM (and spec/config.py) accepts, one unit
+from a refusal: a pool of one usable block (``num_gpu_blocks == 2``, the
+smallest pool, holding exactly one sequence of ``max_model_len <= block_size``);
+``max_num_batched_tokens == max_num_seqs``; a budget of one token; chunked
+prefill off with ``max_num_batched_tokens == max_model_len``;
+``long_prefill_token_threshold == max_model_len``. The other limits are drawn
+often enough by the ordinary choices: a pool of exactly ``cdiv(max_model_len,
+block_size)`` usable blocks, ``block_size == 1``, a threshold of
+``num_spec_tokens + 1``."""
+
+BOUNDARY_RATE = 0.2
+"""Share of workloads whose config sits on one of :data:`BOUNDARIES`."""
+
+
 def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
-    """A small config whose pool and budget sit close to the prompt sizes."""
+    """A small config whose pool and budget sit close to the prompt sizes (sometimes on a boundary)."""
     block_size = c.choice([4, 2, 1, 8, 16], "block_size")
     max_model_len = c.integer(max(4, block_size + 1), 12 * block_size, "max_model_len")
     min_blocks = cdiv(max_model_len, block_size)
@@ -94,19 +135,54 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
     else:
         budget = c.integer(max_model_len, 2 * max_model_len, "budget")
     threshold = min(max_model_len, c.choice([0, 0, 0, num_spec + 1, num_spec + 2 + block_size], "long_prefill_threshold"))
+    max_num_seqs = c.integer(1, min(6, budget), "max_num_seqs")
+    prefix_caching = c.boolean(0.8, "prefix_caching")
+    policy = c.choice(["fcfs", "priority"], "policy")
+    lookahead = c.choice([0, 0, 0, 1, 2], "lookahead")
+    reserve_full_isl = c.choice([None, None, None, False, True], "reserve_full_isl")
+    num_gpu_blocks = 1 + min_blocks + tightness
+
+    x = c.fork("boundary")
+    if x.boolean(BOUNDARY_RATE, "boundary_config"):
+        boundary = x.choice(BOUNDARIES, "boundary")
+        if boundary == "min_pool":
+            block_size = max(block_size, x.choice([2, 4, 8], "min_pool_block_size"))
+            max_model_len = x.integer(2, block_size, "min_pool_max_model_len")
+            num_gpu_blocks = 2
+        elif boundary == "budget_eq_max_num_seqs":
+            if chunked:
+                budget = x.integer(num_spec + 2 if num_spec else 1, 6, "seats")
+            max_num_seqs = budget
+        elif boundary == "budget_one":
+            # One token a step: keep sequences short so the trace stays small.
+            max_model_len = min(max_model_len, max(block_size + 1, 16))
+            num_gpu_blocks = 1 + cdiv(max_model_len, block_size) + tightness
+            chunked, num_spec, budget, max_num_seqs = True, 0, 1, 1
+            threshold = x.choice([0, 1], "budget_one_threshold")
+        elif boundary == "budget_eq_max_model_len_unchunked":
+            chunked, budget = False, max_model_len
+        else:  # threshold_eq_max_model_len
+            threshold = max_model_len
+        # Keep the other rules satisfied after the change.
+        if not chunked:
+            budget = max(budget, max_model_len)
+        max_num_seqs = min(max_num_seqs, budget)
+        threshold = min(threshold, max_model_len)
+        if 0 < threshold <= num_spec:
+            threshold = 0
     return SchedulerConfig(
         block_size=block_size,
-        num_gpu_blocks=1 + min_blocks + tightness,
+        num_gpu_blocks=num_gpu_blocks,
         max_num_batched_tokens=budget,
-        max_num_seqs=c.integer(1, min(6, budget), "max_num_seqs"),
+        max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=threshold,
-        enable_prefix_caching=c.boolean(0.8, "prefix_caching"),
-        policy=c.choice(["fcfs", "priority"], "policy"),
+        enable_prefix_caching=prefix_caching,
+        policy=policy,
         num_spec_tokens=num_spec,
-        num_lookahead_tokens=c.choice([0, 0, 0, 1, 2], "lookahead"),
-        scheduler_reserve_full_isl=c.choice([None, None, None, False, True], "reserve_full_isl"),
+        num_lookahead_tokens=lookahead,
+        scheduler_reserve_full_isl=reserve_full_isl,
     )
 
 
@@ -190,8 +266,104 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
             event.update(request_id="bad", max_tokens=0)
         # "duplicate" keeps the first request's id, while it is still live.
         invalid.append(InvalidInput(event, first.at_step))
+    add_in_flight_inputs(c.fork("in_flight"), requests, aborts, invalid)
     return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
                     invalid_inputs=tuple(invalid), oracle=oracle, seed=seed, origin="generate")
+
+
+IN_FLIGHT_RATES = {"arrivals": 0.2, "aborts": 0.2, "re_add": 0.25}
+"""Share of workloads that get each kind of in-flight input (independently)."""
+
+
+def _abort_after(at: int, in_flight: bool, arrival: RequestSpec) -> tuple[int, bool]:
+    """The earliest abort slot at or after ``(at, in_flight)`` that comes after ``arrival``.
+
+    The loop applies, at one step, arrivals then aborts before ``schedule()``,
+    and aborts then arrivals in flight (conformance.workload._timed_inputs).
+    """
+    if (at, in_flight) < (arrival.at_step, arrival.in_flight):
+        at, in_flight = arrival.at_step, arrival.in_flight
+    if arrival.in_flight and in_flight and at == arrival.at_step:
+        at, in_flight = at + 1, False
+    return at, in_flight
+
+
+def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[AbortSpec],
+                         invalid: list[InvalidInput]) -> None:
+    """Move some inputs between a step's ``schedule()`` and its model output, and re-add an aborted id.
+
+    Each kind is drawn independently (:data:`IN_FLIGHT_RATES`):
+
+    * arrivals: later requests (never the first, whose id the "duplicate"
+      invalid input reuses) arrive while the step of their ``at_step`` runs;
+    * aborts: aborts arrive in flight, often of a request in the running batch
+      (vLLM drops the output of a request aborted while its step executed);
+    * re-add: an aborted id comes back as a new request, either after the
+      abort's step is over (valid), or in the very step it was aborted in,
+      which is refused with ``request_id_in_flight`` when the aborted request
+      was scheduled in that step (and accepted otherwise), then again once the
+      step's output is applied. Re-adds are :class:`InvalidInput` s, which the
+      loop records as valid inputs when they are accepted.
+    """
+    if len(requests) > 1 and c.boolean(IN_FLIGHT_RATES["arrivals"], "in_flight_arrivals"):
+        for i in range(1, len(requests)):
+            if c.boolean(0.5, "arrives_in_flight"):
+                requests[i] = replace(requests[i], in_flight=True)
+        by_id = {r.request_id: r for r in requests}
+        for j, a in enumerate(aborts):
+            aborts[j] = replace(a, **dict(zip(("at_step", "in_flight"),
+                                              _abort_after(a.at_step, a.in_flight, by_id[a.request_id]))))
+    by_id = {r.request_id: r for r in requests}
+    if c.boolean(IN_FLIGHT_RATES["aborts"], "in_flight_aborts"):
+        for j, a in enumerate(aborts):
+            if c.boolean(0.5, "abort_in_flight"):
+                at, fl = _abort_after(a.at_step, True, by_id[a.request_id])
+                aborts[j] = replace(a, at_step=at, in_flight=fl)
+        if not aborts or c.boolean(0.5, "extra_in_flight_abort"):
+            target = c.choice(requests, "in_flight_abort_target")
+            # A step or two after arrival: often while the request is in the batch.
+            at, fl = _abort_after(target.at_step + c.integer(0, 3, "in_flight_abort_delay"), True, target)
+            aborts.append(AbortSpec(target.request_id, at, fl))
+    if c.boolean(IN_FLIGHT_RATES["re_add"], "re_add"):
+        same_step = c.boolean(0.5, "re_add_same_step")
+        if aborts and not same_step and c.boolean(0.5, "re_add_existing_abort"):
+            abort = c.choice(aborts, "re_add_abort")
+        else:
+            # Soon after arrival, in flight for a same-step re-add: the request is
+            # then often in the pending step's batch.
+            target = c.choice(requests, "re_add_target")
+            at, fl = _abort_after(target.at_step + c.integer(0, 2, "re_add_abort_delay"),
+                                  same_step or c.boolean(0.5, "re_add_abort_in_flight"), target)
+            abort = AbortSpec(target.request_id, at, fl)
+            aborts.append(abort)
+        old = by_id[abort.request_id]
+        # The same prompt (prefix hits on the aborted request's freed blocks) or
+        # one that leaves it after ``keep`` tokens.
+        n = len(old.prompt_token_ids)
+        keep = n if c.boolean(0.5, "re_add_same_prompt") else c.integer(0, n - 1, "re_add_keep")
+        prompt = old.prompt_token_ids[:keep] + tuple(7000 + j for j in range(n - keep))
+        again = replace(old, prompt_token_ids=prompt, in_flight=False,
+                        arrival_time=max(r.arrival_time for r in requests) + c.choice([0, 1], "re_add_clock"))
+        if abort.in_flight and same_step:
+            # In the step the abort arrived in: refused while the aborted request's
+            # output is pending, unless it was not scheduled in that step.
+            invalid.append(InvalidInput(again.to_event(), abort.at_step, in_flight=True))
+            later = abort.at_step + 1 + c.integer(0, 1, "re_add_retry_delay")
+            # The retry is valid if the first try was refused; a duplicate if it was accepted.
+            invalid.append(InvalidInput(again.to_event(), later, in_flight=c.boolean(0.5, "re_add_retry_in_flight")))
+        else:
+            # After the abort's step: valid (the first request is gone).
+            if abort.in_flight:
+                at = abort.at_step + 1 + c.integer(0, 2, "re_add_delay")
+                fl = c.boolean(0.5, "re_add_in_flight")
+            else:
+                at = abort.at_step + c.integer(0, 2, "re_add_delay")
+                # Before schedule() the re-add would precede the abort: it comes in flight then.
+                fl = at == abort.at_step or c.boolean(0.5, "re_add_in_flight")
+            # An InvalidInput all the same (recorded as a valid add_request when
+            # accepted): a driver that ignores ``in_flight`` may apply it while the
+            # first request is live, and then gets a refusal, not a crash.
+            invalid.append(InvalidInput(again.to_event(), at, in_flight=fl))
 
 
 def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.SearchStrategy[Workload]:

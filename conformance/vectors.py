@@ -8,7 +8,7 @@ pass.
 
 The corpus is built deterministically (seeded PRNG workloads, the built-in
 examples, and the Z3 witnesses of ``vectors/witnesses/`` when present) and is
-committed under ``conformance/vectors/v1/``. ``schedconf vectors export DIR``
+committed under ``conformance/vectors/v2/``. ``schedconf vectors export DIR``
 copies it; ``python -m conformance.vectors --rebuild`` regenerates it after a
 deliberate model change (a test fails until then, and the corpus version must
 be bumped when an existing trace changes).
@@ -26,7 +26,7 @@ from conformance.campaign import features_of
 from conformance.trace import Trace, read_trace, render_trace, write_atomic
 from conformance.workload import WorkloadError, run_workload
 
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
 WITNESS_DIR = Path(__file__).with_name("vectors") / "witnesses"
 PROFILES = ("vllm-0.33", "vllm-0.32", "vllm-0.11")
@@ -130,7 +130,7 @@ def iter_corpus(profile: str | None = None) -> list[tuple[str, Path, dict[str, A
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args != ["--rebuild"]:
-        print("usage: python -m conformance.vectors --rebuild   (regenerates conformance/vectors/v1/)")
+        print("usage: python -m conformance.vectors --rebuild   (regenerates conformance/vectors/v2/)")
         return 2
     if CORPUS_DIR.exists():
         shutil.rmtree(CORPUS_DIR)

@@ -4,7 +4,10 @@ A workload is everything outside the scheduler: the config and profile, the
 requests with the step at which each arrives, aborts, invalid inputs, and a
 token oracle standing in for the model. ``run_workload`` drives the reference
 scheduler the way vLLM's ``EngineCore.step`` does (schedule, model output,
-update) and records every input and every expected output as a trace.
+update) and records every input and every expected output as a trace. An
+input marked ``in_flight`` arrives while a step executes: after that step's
+``schedule()`` and before its model output is applied (as under vLLM's async
+scheduling, where requests come and go between the two calls).
 
 The oracle is a greedy model made of a hash: the token a request samples at
 output position ``pos`` depends only on (seed, request id, pos), so the same
@@ -17,6 +20,7 @@ model samples, exactly like greedy speculative decoding.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +41,12 @@ class WorkloadError(Exception):
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request of a workload, added once ``at_step`` steps have run."""
+    """One request of a workload, added once ``at_step`` steps have run.
+
+    With ``in_flight`` it is added while step ``at_step + 1`` is pending
+    (after its ``schedule()``, before its model output); with nothing to
+    schedule there is no pending step and it is added at once.
+    """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -49,6 +58,9 @@ class RequestSpec:
     ignore_eos: bool = False
     min_tokens: int = 0
     at_step: int = 0
+    in_flight: bool = False
+    order: int | None = None
+    """Position among the inputs of the same slot (see ``_timed_inputs``); None: the default."""
 
     def to_event(self) -> dict[str, Any]:
         """The trace's ``add_request`` event."""
@@ -68,10 +80,16 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class AbortSpec:
-    """Abort ``request_id`` once ``at_step`` steps have run (a no-op if it already finished)."""
+    """Abort ``request_id`` once ``at_step`` steps have run (a no-op if it already finished).
+
+    ``in_flight`` and ``order`` as for :class:`RequestSpec`: in flight, while
+    step ``at_step + 1`` is pending.
+    """
 
     request_id: str
     at_step: int
+    in_flight: bool = False
+    order: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,10 +97,13 @@ class InvalidInput:
     """A deliberately invalid input event; the reference's error code becomes its expect_error.
 
     If the reference accepts it after all, it is recorded as a valid input.
+    ``in_flight`` and ``order`` as for :class:`RequestSpec`.
     """
 
     event: dict[str, Any]
     at_step: int
+    in_flight: bool = False
+    order: int | None = None
 
 
 def _hash_int(*parts: object) -> int:
@@ -170,44 +191,70 @@ class Workload:
         return replace(self, **changes)
 
 
+def oracle_id(request_id: str, incarnation: int) -> str:
+    """The oracle's name for one incarnation of a request id (0: the first add).
+
+    A re-added id is a new request with its own text: the oracle (and a
+    RecordedOracle's tokens) key it apart from the earlier request of that id.
+    """
+    return request_id if incarnation == 0 else f"{request_id}#{incarnation}"
+
+
 def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
-            num_spec_tokens: int) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """The model's output for one step: sampled tokens (greedy verification) and next drafts."""
+            num_spec_tokens: int, oracle_ids: Mapping[str, str] | None = None,
+            ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The model's output for one step: sampled tokens (greedy verification) and next drafts.
+
+    ``oracle_ids`` maps a request id to its oracle name (see :func:`oracle_id`)
+    when an id has been re-added; ids it lacks are their own name.
+    """
     num_outputs = {c.req_id: c.num_output_tokens for c in output.scheduled_cached_reqs}
     sampled: dict[str, tuple[int, ...]] = {}
     drafts: dict[str, tuple[int, ...]] = {}
     for rid in output.num_scheduled_tokens:
         if not samples.get(rid):
             continue
+        oid = rid if oracle_ids is None else oracle_ids.get(rid, rid)
         pos = num_outputs.get(rid, 0)
         proposed = output.scheduled_spec_decode_tokens.get(rid, ())
         accepted = 0
-        while accepted < len(proposed) and proposed[accepted] == oracle.token(rid, pos + accepted):
+        while accepted < len(proposed) and proposed[accepted] == oracle.token(oid, pos + accepted):
             accepted += 1
-        sampled[rid] = tuple(oracle.token(rid, pos + i) for i in range(accepted + 1))
+        sampled[rid] = tuple(oracle.token(oid, pos + i) for i in range(accepted + 1))
         if num_spec_tokens:
             nxt = pos + accepted + 1
-            k = oracle.num_drafts(rid, nxt, num_spec_tokens)
+            k = oracle.num_drafts(oid, nxt, num_spec_tokens)
             if isinstance(oracle, RecordedOracle):
-                drafts[rid] = tuple(oracle.draft_list(rid, nxt, k))
+                drafts[rid] = tuple(oracle.draft_list(oid, nxt, k))
             else:
-                drafts[rid] = tuple(oracle.draft(rid, nxt + j) for j in range(k))
+                drafts[rid] = tuple(oracle.draft(oid, nxt + j) for j in range(k))
     return sampled, drafts
 
 
-def _timed_inputs(workload: Workload) -> list[tuple[int, int, object]]:
-    """Every input as (at_step, order, input), in the order the loop applies them."""
-    # At one step: arrivals, then invalid inputs, then aborts.
-    items: list[tuple[int, int, object]] = []
+def _timed_inputs(workload: Workload) -> list[tuple[int, bool, tuple[int, int], object]]:
+    """Every input as (at_step, in_flight, rank, input), in the order the loop applies them.
+
+    At one step: the inputs before ``schedule()``, then those in flight.
+    Inputs with an explicit ``order`` come first in their slot, by ``order``
+    (a rebuilt trace keeps its exact sequence). The others follow: before the
+    step, arrivals, invalid inputs, aborts (an abort can hit a request arriving
+    at the same step); in flight, aborts, arrivals, invalid inputs (a re-add of
+    an id aborted in that very step is refused, ``request_id_in_flight``, and
+    is an invalid input).
+    """
+    items: list[tuple[int, bool, tuple[int, int], object]] = []
+    n_req, n_inv, n_abort = len(workload.requests), len(workload.invalid_inputs), len(workload.aborts)
+
+    def rank(item: RequestSpec | InvalidInput | AbortSpec, default: int) -> tuple[int, int]:
+        return (0, item.order) if item.order is not None else (1, default)
+
     for i, r in enumerate(workload.requests):
-        items.append((r.at_step, i, r))
-    base = len(workload.requests)
+        items.append((r.at_step, r.in_flight, rank(r, i + (n_abort if r.in_flight else 0)), r))
     for i, v in enumerate(workload.invalid_inputs):
-        items.append((v.at_step, base + i, v))
-    base += len(workload.invalid_inputs)
+        items.append((v.at_step, v.in_flight, rank(v, n_req + i + (n_abort if v.in_flight else 0)), v))
     for i, a in enumerate(workload.aborts):
-        items.append((a.at_step, base + i, a))
-    items.sort(key=lambda t: (t[0], t[1]))
+        items.append((a.at_step, a.in_flight, rank(a, (0 if a.in_flight else n_req + n_inv) + i), a))
+    items.sort(key=lambda t: (t[0], t[1], t[2]))
     return items
 
 
@@ -267,7 +314,8 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
                  scheduler_class: type[Scheduler] = Scheduler) -> Trace:
     """Run the workload on the reference scheduler and record the trace.
 
-    Inputs due at step k are applied after k steps have run. When the
+    Inputs due at step k are applied after k steps have run; ``in_flight``
+    ones after the schedule() of step k + 1, before its model output. When the
     scheduler has nothing to do, time skips to the next input (so idle
     stretches produce no empty steps). With
     ``check`` every invariant is checked after each call. ``scheduler_class``
@@ -282,14 +330,32 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     next_input = 0
     steps_done = 0
     now = 0  # steps done plus idle time skipped
+    adds: dict[str, int] = {}  # request id -> number of accepted add_requests
+    oracle_ids: dict[str, str] = {}  # re-added ids -> the oracle's name of the live incarnation
+
+    def apply_due(in_flight: bool) -> None:
+        """Apply the inputs due at ``now`` (before the step, or while it is pending)."""
+        nonlocal next_input
+        while next_input < len(inputs):
+            at, item_in_flight, _, item = inputs[next_input]
+            # With nothing to schedule no step is pending: an in-flight input is applied now.
+            if (at, item_in_flight) > (now, in_flight or not sched.has_requests()):
+                break
+            event = _apply_input(sched, item)
+            events.append(event)
+            next_input += 1
+            if event["kind"] == "add_request" and "expect_error" not in event:
+                rid = event["request_id"]
+                adds[rid] = adds.get(rid, 0) + 1
+                if adds[rid] > 1:
+                    oracle_ids[rid] = oracle_id(rid, adds[rid] - 1)
+            if check:
+                check_invariants(sched)
+
     while True:
         if not sched.has_requests() and next_input < len(inputs):
             now = max(now, inputs[next_input][0])  # nothing to do: skip to the next input
-        while next_input < len(inputs) and inputs[next_input][0] <= now:
-            events.append(_apply_input(sched, inputs[next_input][2]))
-            next_input += 1
-            if check:
-                check_invariants(sched)
+        apply_due(in_flight=False)
         if not sched.has_requests():
             if next_input < len(inputs):
                 continue
@@ -305,7 +371,13 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
             step_event["observe"] = {"free_block_queue": obs["free_block_queue"], "num_free_blocks": obs["num_free_blocks"]}
         events.append(step_event)
         assert sched.last_step is not None
-        sampled, drafts = respond(workload.oracle, output, sched.last_step.samples, workload.config.num_spec_tokens)
+        samples = sched.last_step.samples
+        # The oracle names of this step's requests: an id scheduled here cannot
+        # be re-added before the update (request_id_in_flight).
+        step_oracle_ids = {rid: oracle_ids[rid] for rid in output.num_scheduled_tokens if rid in oracle_ids}
+        apply_due(in_flight=True)
+        sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
+                                  step_oracle_ids)
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
         if check:
             check_invariants(sched)
@@ -327,34 +399,55 @@ def workload_from_trace(trace: Trace) -> Workload:
     """Rebuild a workload from any trace (ours or not), for shrinking.
 
     Arrival and abort steps come from the number of step events before them;
-    the model's tokens and drafts become a RecordedOracle.
+    an input between a ``step`` and its ``model_output`` is ``in_flight``; the
+    event's index is its ``order``, so the inputs keep the trace's sequence.
+    A re-add of an id already added becomes an :class:`InvalidInput` (the
+    loop records it as a valid input when it is accepted, and a driver that
+    ignores ``in_flight`` or ``order`` sees a refusal rather than a crash).
+    The model's tokens and drafts become a RecordedOracle, each incarnation of
+    a re-added id under its own oracle name (:func:`oracle_id`).
     """
     requests: list[RequestSpec] = []
     aborts: list[AbortSpec] = []
     invalid: list[InvalidInput] = []
     tokens: dict[str, list[int]] = {}
     drafts: dict[tuple[str, int], tuple[int, ...]] = {}
+    adds: dict[str, int] = {}
     steps = 0
-    for event in trace.events:
+    pending = False  # a step whose model output has not come yet
+    for index, event in enumerate(trace.events):
         kind = event["kind"]
+        at, in_flight = (steps - 1, True) if pending else (steps, False)
         if kind == "step":
             steps += 1
-        elif kind == "add_request" and "expect_error" not in event:
+            pending = "expect_error" not in event
+        elif kind == "add_request" and "expect_error" not in event and event["request_id"] not in adds:
             requests.append(RequestSpec(
                 request_id=event["request_id"], prompt_token_ids=tuple(event["prompt_token_ids"]),
                 max_tokens=event["max_tokens"], priority=event["priority"], arrival_time=event["arrival_time"],
                 eos_token_id=event["eos_token_id"], stop_token_ids=tuple(event["stop_token_ids"]),
-                ignore_eos=event["ignore_eos"], min_tokens=event["min_tokens"], at_step=steps,
+                ignore_eos=event["ignore_eos"], min_tokens=event["min_tokens"], at_step=at, in_flight=in_flight,
+                order=index,
             ))
+            adds[event["request_id"]] = adds.get(event["request_id"], 0) + 1
         elif kind == "abort" and "expect_error" not in event:
-            aborts.append(AbortSpec(event["request_id"], steps))
+            aborts.append(AbortSpec(event["request_id"], at, in_flight, order=index))
         elif kind in ("add_request", "abort"):
-            invalid.append(InvalidInput({k: v for k, v in event.items() if k != "expect_error"}, steps))
+            # Refused inputs, and re-adds of an id (refused too if they move
+            # before the first request's end, e.g. in a driver that ignores
+            # ``in_flight``; recorded as valid inputs when accepted).
+            invalid.append(InvalidInput({k: v for k, v in event.items() if k != "expect_error"}, at, in_flight,
+                                        order=index))
+            if kind == "add_request" and "expect_error" not in event:
+                adds[event["request_id"]] += 1
         elif kind == "model_output":
+            if "expect_error" not in event:
+                pending = False
             for rid, toks in event["sampled_token_ids"].items():
-                tokens.setdefault(rid, []).extend(toks)
+                tokens.setdefault(oracle_id(rid, adds.get(rid, 1) - 1), []).extend(toks)
             for rid, d in event["draft_token_ids"].items():
-                drafts[(rid, len(tokens.get(rid, ())))] = tuple(d)
+                oid = oracle_id(rid, adds.get(rid, 1) - 1)
+                drafts[(oid, len(tokens.get(oid, ())))] = tuple(d)
     oracle = RecordedOracle(tokens={k: tuple(v) for k, v in tokens.items()}, drafts=drafts)
     return Workload(
         config=SchedulerConfig.from_dict(trace.config), profile=trace.profile, requests=tuple(requests),

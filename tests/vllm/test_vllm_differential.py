@@ -547,7 +547,7 @@ def test_generated_traces_replay_on_vllm(version: str) -> None:
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_golden_corpus_replays_on_vllm(version: str) -> None:
-    """Every trace of the release's golden corpus (conformance/vectors/v1), the Z3 witnesses included."""
+    """Every trace of the release's golden corpus (conformance/vectors/v2), the Z3 witnesses included."""
     from conformance.vectors import iter_corpus
 
     sut = vllm_sut(version)
