@@ -139,6 +139,16 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         detail = traceback.format_exc() if kind == "sut_error" else ""
         return fail(index, kind, message=f"{what}: {message}", detail=detail)
 
+    refused_config = trace.header.get("expect_error")
+
+    def config_verdict(code: str | None, message: str) -> ReplayResult:
+        """The verdict of ``start`` on a trace whose header expects (or not) a refused config."""
+        if code == refused_config:
+            return ReplayResult(verdict=PASS)
+        return ReplayResult(verdict=FAIL, sut_stderr=_stderr_of(sut), divergence=Divergence(
+            event_index=0, line=1, step=None, kind="input_error",
+            diffs=(FieldDiff("error", refused_config, code),), message=message))
+
     try:
         if start:
             # an in-process scheduler may import heavy modules on its first start
@@ -146,8 +156,13 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
                 sut.start(dict(trace.config), trace.profile)
     except SutUnsupported as exc:
         return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: {exc}")
+    except SutInputError as exc:
+        expected = f"expected error {refused_config}" if refused_config else "a valid config"
+        return config_verdict(exc.code, f"init: {expected}, the scheduler refused the config with {exc}")
     except Exception as exc:  # noqa: BLE001
         return raised(0, "start", exc)
+    if refused_config:
+        return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
 
     def call(kind: str, event: dict[str, Any]) -> Any:
         if kind == "add_request":
@@ -247,8 +262,11 @@ def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -
             lines.append(f"  {x.field.ljust(width)} | {_short(x.expected)} | {_short(x.actual)}")
         if len(d.diffs) > max_diffs:
             lines.append(f"  ... {len(d.diffs) - max_diffs} more differing fields")
-    lines.append("  reference state before this event:")
-    lines.extend("    " + ln for ln in render_reference_state(trace, d.event_index).splitlines())
+    if "expect_error" in trace.header:
+        lines.append(f"  the reference refuses this config: {trace.header['expect_error']}")
+    else:
+        lines.append("  reference state before this event:")
+        lines.extend("    " + ln for ln in render_reference_state(trace, d.event_index).splitlines())
     if result.detail:
         lines.append("  detail:")
         lines.extend("    " + ln for ln in result.detail.rstrip().splitlines()[-15:])

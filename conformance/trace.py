@@ -195,25 +195,35 @@ def _first_float(value: Any, where: str, allow_top: tuple[str, ...] = ()) -> tup
 
 def validate_header_config(header: dict[str, Any], path: str, line: int) -> None:
     """Raise TraceError unless the model accepts the header's config (and, for a
-    known profile, that release's start-up checks).
+    known profile, that release's start-up checks), or, when the header has
+    ``expect_error``, refuses it with exactly that code.
 
     The field is ``config.<name>`` for a one-field rule, ``config`` for a rule
     over several fields; the expected text names the error code.
     """
     config = header["config"]
+    expected = header.get("expect_error")
     try:
         parsed = SchedulerConfig.from_dict(config)
         if header["profile"] in PROFILES:
             check_config_for_profile(parsed, PROFILES[header["profile"]])
     except InvalidConfig as exc:
+        if expected == exc.code:
+            return  # a refused-config trace: the refusal is what it checks
+        if expected is not None:
+            raise TraceError(path, line, "expect_error", f"the code the model refuses this config with, {exc.code}",
+                             json.dumps(expected)) from None
         name = exc.context.get("field")
         if isinstance(name, str):
             field_name, found = f"config.{name}", _describe(config.get(name))
         else:
             field_name = "config"
             found = ", ".join(f"{k}={_describe(v)}" for k, v in sorted(exc.context.items()))
-        expected = f"a config the model accepts: {exc.message} ({exc.code})"
-        raise TraceError(path, line, field_name, expected, found) from None
+        wanted = f"a config the model accepts: {exc.message} ({exc.code})"
+        raise TraceError(path, line, field_name, wanted, found) from None
+    if expected is not None:
+        raise TraceError(path, line, "expect_error", "no expect_error: the model accepts this config",
+                         json.dumps(expected))
 
 
 # ------------------------------------------------------------------ reading
@@ -238,6 +248,9 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
             lines.append(number)
     if header is None:
         raise TraceError(path, 1, "(file)", "a header line", "an empty file")
+    if "expect_error" in header and events:
+        raise TraceError(path, lines[0], "kind", "no events: the header's config is refused (expect_error)",
+                         _describe(events[0]["kind"]))
     return Trace(header=header, events=events, path=path, lines=lines)
 
 

@@ -35,6 +35,7 @@ NUM_RANDOM = {"vllm-0.33": 48, "vllm-0.32": 24, "vllm-0.11": 24}
 
 def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[str, Trace]]]:
     """Build every corpus trace (deterministic)."""
+    from conformance.config_limits import make_refused_config_traces
     from conformance.examples import EXAMPLES
     from conformance.generate import random_workload
 
@@ -59,6 +60,8 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
             feats = ",".join(features_of(trace)) or "plain"
             trace.header["description"] = f"random workload, generator seed {seed - 1}: {feats}"
             items.append((f"random-{seed - 1:04d}", trace))
+        for rule, trace in make_refused_config_traces(profile):
+            items.append((f"refused-{rule}", trace))
         if WITNESS_DIR.is_dir():
             for path in sorted(WITNESS_DIR.glob("*.jsonl")):
                 witness = read_trace(path)

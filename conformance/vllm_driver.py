@@ -150,6 +150,14 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+VLLM_CONFIG_REFUSALS = (
+    # words of vLLM's own SchedulerConfig error -> the protocol's code for that refusal
+    # (config/scheduler.py: 0.11.0:245, 0.32.0:328/352, 0.33.0:331/355; reports/findings.md 1 and 2)
+    ("must be greater than or equal to max_num_seqs", "budget_below_max_num_seqs"),
+    ("cannot be greater than the max_model_len", "threshold_above_max_model_len"),
+)
+"""A config vLLM refuses with one of these messages is answered with the code, not ``unsupported``."""
+
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids are int32, as the model's (spec/request.py MAX_TOKEN_ID)."""
 
@@ -414,6 +422,9 @@ class VllmSchedulerSut:
                                        scheduler_config=scheduler_config, speculative_config=speculative_config)
         except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
             message = " ".join(str(exc).split())
+            for words, code in VLLM_CONFIG_REFUSALS:  # a refusal the protocol has a code for
+                if words in message:
+                    raise DriverError(code, f"vLLM {v.version} refuses this config: {message}") from None
             raise SutUnsupported(f"vLLM {v.version} refuses this config: {message}") from None
         if len(self._vllm_configs) >= VLLM_CONFIG_CACHE_SIZE:  # drop the oldest (dicts keep insertion order)
             del self._vllm_configs[next(iter(self._vllm_configs))]

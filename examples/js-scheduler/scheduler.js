@@ -140,12 +140,17 @@ function readConfig(params) {
   check(c.long_prefill_token_threshold >= 0, 'invalid_threshold', 'long_prefill_token_threshold must be >= 0');
   check(c.num_spec_tokens >= 0, 'invalid_num_spec_tokens', 'num_spec_tokens must be >= 0');
   check(c.num_lookahead_tokens >= 0, 'invalid_num_lookahead_tokens', 'num_lookahead_tokens must be >= 0');
-  check(c.long_prefill_token_threshold === 0 || c.long_prefill_token_threshold > c.num_spec_tokens,
-    'threshold_below_spec_tokens', 'long_prefill_token_threshold must exceed num_spec_tokens (or be 0)');
   check(c.enable_chunked_prefill || c.max_num_batched_tokens >= c.max_model_len,
     'budget_below_max_model_len', 'without chunked prefill, max_num_batched_tokens must be >= max_model_len');
+  check(c.max_num_batched_tokens >= c.max_num_seqs, 'budget_below_max_num_seqs',
+    'max_num_batched_tokens must be >= max_num_seqs');
   check(cdiv(c.max_model_len, c.block_size) <= c.num_gpu_blocks - 1,
     'pool_below_max_model_len', 'num_gpu_blocks - 1 usable blocks must hold max_model_len tokens');
+  // The vllm-0.33 profile's own start-up checks (spec/profiles.py), after the config's.
+  check(c.long_prefill_token_threshold <= c.max_model_len, 'threshold_above_max_model_len',
+    'long_prefill_token_threshold cannot exceed max_model_len');
+  check(c.long_prefill_token_threshold === 0 || c.long_prefill_token_threshold > c.num_spec_tokens,
+    'threshold_below_spec_tokens', 'long_prefill_token_threshold must exceed num_spec_tokens (or be 0)');
 
   // A valid config and profile that this small scheduler does not implement:
   // the harness records the verdict as "unknown", not as a failure.
