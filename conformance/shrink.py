@@ -174,6 +174,9 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
         raise ValueError(f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once") from None
     if original.verdict != FAIL or original.divergence is None:
         raise ValueError(f"nothing to shrink: the trace's verdict is {original.verdict}")
+    if "expect_error" in trace.header:  # a refused config: the header alone is already minimal
+        return ShrinkResult(trace=trace, divergence=original.divergence, original_events=0, attempts=0, accepted=0,
+                            seconds=time.monotonic() - t0)
     probe = differential_probe(sut, comparison, original.divergence.section(), step_timeout, deadline)
     shrinker = Shrinker(probe, time_budget_s - (time.monotonic() - t0), on_progress)
     workload = workload_from_trace(trace)

@@ -106,3 +106,24 @@ def test_the_corpus_holds_them_for_every_profile():
     for profile in ("vllm-0.33", "vllm-0.32", "vllm-0.11"):
         names = {path.stem for prof, path, _ in iter_corpus(profile) if path.stem.startswith("refused-")}
         assert names == {f"refused-{rule}" for rule, _ in make_refused_config_traces(profile)}, profile
+
+
+def test_shrinking_a_refused_config_trace_keeps_its_header(tmp_path, capsys):
+    from conformance.cli import main
+    from conformance.trace import write_trace
+
+    _, trace = make_refused_config_traces("vllm-0.33")[0]
+    path = tmp_path / "refused.jsonl"
+    write_trace(path, trace)
+    adapter = tmp_path / "accepting_adapter.py"
+    adapter.write_text("from tests.harness.test_refused_configs import AcceptsAnyConfig\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = main(["shrink", str(path), "--sut", "module:accepting_adapter:AcceptsAnyConfig", "--out",
+                     str(tmp_path / "min.jsonl")])
+    finally:
+        sys.path.remove(str(tmp_path))
+    out = capsys.readouterr().out
+    assert code == 1 and "0 -> 0 events" in out and "the scheduler accepted the config" in out
