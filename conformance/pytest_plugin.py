@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from conformance.cli import int_at_least
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("schedconf", "scheduler conformance (schedconf)")
@@ -31,7 +33,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run conformance items against this scheduler (same names as `schedconf run --sut`)")
     group.addoption("--schedconf-profile", default="vllm-0.33", help="release profile (default vllm-0.33)")
     group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable"])
-    group.addoption("--schedconf-examples", type=int, default=100, help="generated traces (default 100; 0: corpus only)")
+    group.addoption("--schedconf-examples", type=int_at_least(0), default=100,
+                    help="generated traces (default 100; 0: corpus only)")
     group.addoption("--schedconf-seed", type=int, default=0)
     group.addoption("--schedconf-shard-size", type=int, default=None,
                     help="deprecated, ignored: there is one item per generated trace now, so every failure shows")

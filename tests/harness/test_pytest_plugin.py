@@ -79,3 +79,9 @@ def test_xdist_workers_and_the_deprecated_shard_size_give_the_same_items(tmp_pat
     assert _items(spread.stdout, "FAILED") == _items(serial.stdout, "FAILED")
     assert len(_items(spread.stdout, "FAILED")) > 2
     assert "--schedconf-shard-size is deprecated and ignored" in spread.stdout + spread.stderr
+
+
+def test_a_negative_number_of_examples_is_a_usage_error_not_a_green_run(tmp_path):
+    r = _run(tmp_path, "reference", "--schedconf-no-corpus", examples=-5)
+    assert r.returncode == 4, r.stdout + r.stderr  # pytest's usage error
+    assert "--schedconf-examples: expected an integer >= 0, found -5" in r.stderr
