@@ -10,11 +10,13 @@ The accepted side of each limit (the config exactly at it) is drawn by the
 seeded generator (``conformance/generate.py`` ``BOUNDARIES``); both sides of
 every rule are checked in ``tests/harness/test_generator_boundaries.py``.
 
-Left out: ``threshold_below_spec_tokens``. The model refuses a threshold of at
-most ``num_spec_tokens`` under 0.32/0.33, but vLLM accepts it at start and
-fails an assertion later, in ``schedule()`` (reports/findings.md, divergence
-3): a trace expecting the refusal would fail on vLLM for a reason that is not
-a scheduling one.
+Not a start-up rule: a ``long_prefill_token_threshold`` of at most
+``num_spec_tokens``. vLLM 0.32/0.33 accept it and fail an assertion later, in
+``schedule()``, when the threshold cuts a padded one-token admission
+(reports/findings.md, divergence 3); the model accepts it too and crashes at
+that step (``engine_assertion_padded_admission``): generated traces end with a
+``step`` expecting that error (``conformance/generate.py``
+``SPEC_CUT_THRESHOLD_RATE``).
 """
 
 from __future__ import annotations

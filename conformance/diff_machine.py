@@ -112,6 +112,8 @@ class DiffMachineBase(RuleBasedStateMachine):
     def step(self, data: Any) -> None:
         expected, actual = self._both("step", {"kind": "step", "step": self.ref.scheduler.current_step + 1},
                                       self.ref.schedule, self.sut.schedule)
+        if expected is None:
+            return  # both engines died at this step (an engine crash both model): later calls must say engine_dead
         self.events[-1]["expect"] = expected
         diffs = self.comparator.compare_scheduler_output(expected, actual)
         if diffs:

@@ -18,7 +18,11 @@ Two more, drawn from a separate stream of choices (``Chooser.fork``) so that
 the workloads that do not get them stay byte-identical to earlier releases of
 this generator:
 
-* configs exactly at a boundary of what vLLM accepts (:data:`BOUNDARIES`), and
+* configs exactly at a boundary of what vLLM accepts (:data:`BOUNDARIES`),
+* a long-prefill threshold of at most ``num_spec_tokens``
+  (:data:`SPEC_CUT_THRESHOLD_RATE`), on which vLLM 0.32/0.33 crash at the first
+  padded admission it cuts (the trace then ends with that step's
+  ``expect_error``), and
 * inputs that arrive while a step executes, between ``schedule()`` and its
   model output: requests, aborts (of requests in the running batch too) and
   re-adds of an aborted id, including the refused re-add of an id aborted in
@@ -118,6 +122,15 @@ block_size)`` usable blocks, ``block_size == 1``, a threshold of
 BOUNDARY_RATE = 0.2
 """Share of workloads whose config sits on one of :data:`BOUNDARIES`."""
 
+SPEC_CUT_THRESHOLD_RATE = 0.1
+"""Share of spec-decode configs (``num_spec_tokens > 0``, about half of them)
+whose ``long_prefill_token_threshold`` is drawn in ``[1, num_spec_tokens]``:
+about 5% of all workloads. vLLM 0.32/0.33 accept such a config and crash in
+``schedule()`` when the threshold cuts a padded one-token admission
+(reports/findings.md, divergence 3); the model crashes at the same step
+(``engine_assertion_padded_admission``), so campaigns check these configs up
+to the crash. 0.11 runs them to the end."""
+
 
 def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
     """A small config whose pool and budget sit close to the prompt sizes (sometimes on a boundary)."""
@@ -170,6 +183,11 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
         threshold = min(threshold, max_model_len)
         if 0 < threshold <= num_spec:
             threshold = 0
+    # Drawn from its own stream, so that configs without it keep their bytes.
+    y = c.fork("spec_cut_threshold")
+    if num_spec > 0 and y.boolean(SPEC_CUT_THRESHOLD_RATE, "spec_cut_threshold"):
+        # max_model_len >= 4 > num_spec: within every profile's limits.
+        threshold = y.integer(1, num_spec, "spec_cut_threshold_value")
     return SchedulerConfig(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
@@ -246,6 +264,18 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
             eos_token_id=eos, stop_token_ids=stops, ignore_eos=c.boolean(0.15, "ignore_eos"),
             min_tokens=min(max_tokens, c.choice([0, 0, 0, 1, 3], "min_tokens")), at_step=step,
         ))
+    if 0 < config.long_prefill_token_threshold <= config.num_spec_tokens and len(requests) > 1:
+        # A one-token prompt arriving later is what 0.32/0.33 pad (and the
+        # threshold cuts) when a running request is scheduled in its step.
+        y = c.fork("spec_cut_prompt")
+        if y.boolean(0.5, "one_token_prompt"):
+            i = y.integer(1, len(requests) - 1, "one_token_request")
+            # The threshold chunks every prefill into pieces of T tokens, and no
+            # admission is padded while a running prefill chunk is scheduled:
+            # arrive about when the first request's prefill is done.
+            done = cdiv(len(requests[0].prompt_token_ids), config.long_prefill_token_threshold)
+            at_step = max(requests[i].at_step, requests[0].at_step + done + y.integer(0, 2, "one_token_delay"))
+            requests[i] = replace(requests[i], prompt_token_ids=(5000 + 100 * i,), at_step=at_step)
     aborts: list[AbortSpec] = []
     for r in requests:
         if c.boolean(0.15, "abort"):

@@ -51,7 +51,14 @@ What each protocol method does (PROTOCOL.md):
     ``finish_requests(id, FINISHED_ABORTED)``; an id never added is
     ``unknown_request_id``.
 ``schedule``
-    ``Scheduler.schedule()``, converted to the canonical SchedulerOutput.
+    ``Scheduler.schedule()``, converted to the canonical SchedulerOutput. If
+    ``schedule()`` raises, vLLM's engine core would die: the driver is dead
+    until the next ``init`` and answers every other call ``engine_dead``. The
+    failure itself is ``engine_assertion_padded_admission`` when it is vLLM's
+    ``assert num_new_tokens == 1 + self.num_spec_tokens`` in ``schedule()``
+    (0.32/0.33: a padded one-token admission cut by
+    ``long_prefill_token_threshold <= num_spec_tokens``; identified by the
+    failing source line of the traceback), ``internal`` otherwise.
 ``update``
     Validated (the protocol's model-output codes), then a ``ModelRunnerOutput``
     (every scheduled request, ``[]`` for a prefill chunk) through
@@ -169,6 +176,38 @@ def _is_token_id(value: object) -> bool:
 def _is_arrival_time(value: object) -> bool:
     """Any finite number: vLLM's arrival times are floats (time.time())."""
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+PADDED_ADMISSION_ASSERT = "assert num_new_tokens == 1 + self.num_spec_tokens"
+"""The source line of vLLM 0.32/0.33's assertion on a padded admission (0.33.0
+``vllm/v1/core/sched/scheduler.py:1579``, 0.32.0 ``:1372``), in ``schedule()``."""
+
+
+def _failing_line(exc: BaseException) -> str:
+    """The source text of the line that raised ``exc`` (its innermost frame)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return (frames[-1].line or "").strip() if frames else ""
+
+
+def _is_padded_admission_assert(exc: BaseException) -> bool:
+    """True iff ``exc`` is vLLM's assertion on a cut padded admission, and no other failure.
+
+    An AssertionError whose innermost frame is ``schedule()`` in vLLM's
+    ``v1/core/sched/scheduler.py`` at exactly that source line.
+    """
+    import traceback
+
+    if not isinstance(exc, AssertionError):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    last = frames[-1]
+    return (last.name == "schedule"
+            and last.filename.replace(os.sep, "/").endswith("vllm/v1/core/sched/scheduler.py")
+            and (last.line or "").strip() == PADDED_ADMISSION_ASSERT)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -365,6 +404,7 @@ class VllmSchedulerSut:
         self.pending: Any = None
         self.pending_samples: dict[str, bool] = {}
         self.num_spec_tokens = 0
+        self.crashed: str | None = None  # why vLLM's schedule() died; None while alive
         self._vllm_configs: dict[tuple[Any, ...], Any] = {}
         self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
 
@@ -384,6 +424,7 @@ class VllmSchedulerSut:
             raise SutUnsupported(f"vLLM {self.v.version} has no full-sequence admission gate "
                                  "(scheduler_reserve_full_isl)")
         self.scheduler = None
+        self.crashed = None
         self.scheduler = self._build_scheduler(cfg)
         self.config = cfg
         self.num_spec_tokens = cfg["num_spec_tokens"]
@@ -515,6 +556,8 @@ class VllmSchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
+        _require(self.crashed is None, "engine_dead",
+                 f"vLLM's schedule() failed ({self.crashed}): its engine core is dead until the next init")
         return self.scheduler
 
     # --------------------------------------------------------------- inputs
@@ -581,7 +624,15 @@ class VllmSchedulerSut:
         _require(self.pending is None, "output_not_processed",
                  "schedule() called before update_from_output() for the previous step")
         t0 = time.perf_counter()
-        output = s.schedule()
+        try:
+            output = s.schedule()
+        except Exception as exc:
+            # An exception in schedule() kills vLLM's engine core: we are dead too.
+            self.crashed = "engine_assertion_padded_admission" if _is_padded_admission_assert(exc) else "internal"
+            if self.crashed == "internal":
+                raise  # the protocol server answers internal, with the traceback on stderr
+            raise DriverError(self.crashed, f"vLLM's schedule() failed its assertion {_failing_line(exc)!r} "
+                              "(a padded admission cut by long_prefill_token_threshold)") from exc
         self.stats["schedule_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.pending = output

@@ -27,7 +27,7 @@ from typing import Any
 from conformance.sut import add_request_kwargs
 from conformance.trace import Trace, make_header
 from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent
+from spec.errors import EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput, SchedulerOutput
 from spec.scheduler import Scheduler
 
@@ -317,7 +317,10 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     Inputs due at step k are applied after k steps have run; ``in_flight``
     ones after the schedule() of step k + 1, before its model output. When the
     scheduler has nothing to do, time skips to the next input (so idle
-    stretches produce no empty steps). With
+    stretches produce no empty steps). A ``schedule()`` at which the modelled
+    release's engine crashes (``EngineCrash``, e.g. vLLM 0.32/0.33's assertion
+    on a cut padded admission) becomes the trace's last event: a ``step`` with
+    that ``expect_error``; the engine is dead, so nothing follows it. With
     ``check`` every invariant is checked after each call. ``scheduler_class``
     swaps in a variant of the model (a mutant) to run the workload on.
     """
@@ -362,7 +365,12 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
             break
         if steps_done >= max_steps:
             raise WorkloadError(f"workload still running after {max_steps} steps")
-        output = sched.schedule()
+        try:
+            output = sched.schedule()
+        except EngineCrash as exc:
+            # The engine core dies in this step: the trace ends with the crash.
+            events.append({"kind": "step", "step": sched.current_step, "expect_error": exc.code})
+            break
         if check:
             check_invariants(sched)
         step_event: dict[str, Any] = {"kind": "step", "step": output.step, "expect": output.to_canonical()}

@@ -51,7 +51,7 @@ from impl.dense import dense_generate
 from impl.engine import Engine
 from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
 from impl.sampling import NearTie
-from spec.errors import InvalidEvent
+from spec.errors import EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput
 from spec.scheduler import Scheduler
 
@@ -172,8 +172,22 @@ def check_engine(workload: Workload, model: LlamaModel, *, name: str = "", max_s
         if report.steps >= max_steps:
             report.divergence = f"still running after {max_steps} steps"
             break
-        out = engine.schedule()
-        ref_out = ref.schedule()
+        crashes = []
+        try:
+            out = engine.schedule()
+        except EngineCrash as exc:  # the modelled release's engine core dies here (e.g. vLLM 0.32/0.33)
+            crashes.append(exc.code)
+        try:
+            ref_out = ref.schedule()
+        except EngineCrash as exc:
+            crashes.insert(0, exc.code)
+        if crashes:
+            if len(crashes) != 2 or crashes[0] != crashes[1]:
+                report.divergence = f"step {ref.current_step}: only one side crashed: {crashes}"
+            else:  # both died at this step: the trace ends with the crash, as run_workload's do
+                events.append({"kind": "step", "step": ref.current_step, "expect_error": crashes[0]})
+                next_input = len(inputs)
+            break
         expect = ref_out.to_canonical()
         actual = out.to_canonical()
         obs = ref.observe()

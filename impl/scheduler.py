@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent
+from spec.errors import EngineCrash, InvalidEvent
 from spec.profiles import check_config_for_profile, get_profile
 
 # Request statuses, as small integers (compared with ==, never ordered).
@@ -389,6 +389,7 @@ class FastScheduler:
         self.current_step = 0
         self.pending: StepOutput | None = None
         self.num_preemptions = 0
+        self.crashed: str | None = None  # the engine crash that killed this scheduler
 
     # ------------------------------------------------------------------ waiting queue
 
@@ -424,6 +425,12 @@ class FastScheduler:
             return [item[3].req_id for item in sorted(self._heap, key=lambda item: item[:3])]
         return [r.req_id for r in self._fcfs]
 
+    def _require_alive(self) -> None:
+        """After an engine crash every call is refused (``engine_dead``)."""
+        if self.crashed is not None:
+            raise EngineCrash("engine_dead", f"the engine core died in step {self.current_step} ({self.crashed})",
+                              step=self.current_step)
+
     # ------------------------------------------------------------------ inputs
 
     def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
@@ -439,6 +446,7 @@ class FastScheduler:
         integer token ids in ``[0, 2**31 - 1]`` (prompt, stop ids, EOS); not the
         id of a request aborted in the pending step.
         """
+        self._require_alive()
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
             if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
                 raise InvalidEvent("invalid_field_type", f"{name} must be a list of token ids", request_id=request_id)
@@ -487,6 +495,7 @@ class FastScheduler:
         An id never added is refused (``unknown_request_id``); an id that already
         finished is ignored. Returns the ids finished.
         """
+        self._require_alive()
         if request_id not in self.seen_ids:
             raise InvalidEvent("unknown_request_id", f"abort of request {request_id!r}, which was never added",
                                request_id=request_id)
@@ -564,6 +573,7 @@ class FastScheduler:
 
     def schedule(self) -> StepOutput:
         """Decide this step's batch: the running loop, then (without preemption) the waiting loop."""
+        self._require_alive()
         if self.pending is not None:
             raise InvalidEvent("output_not_processed", "schedule() called before update_from_output()",
                                step=self.current_step)
@@ -769,6 +779,14 @@ class FastScheduler:
             req.num_computed = hit + n
             req.is_prefill_chunk = hit + n < ntok
             if pad:
+                if n != 1 + k:
+                    # vLLM 0.32/0.33 assert a padded admission kept all 1 + k
+                    # tokens; the threshold cut it, so their engine core dies
+                    # here (a vLLM bug the reference models; reports/findings.md 3).
+                    self.crashed = "engine_assertion_padded_admission"
+                    raise EngineCrash("engine_assertion_padded_admission",
+                                      f"step {self.current_step}: {req.req_id!r} padded to {1 + k} tokens, "
+                                      f"cut to {n} by long_prefill_token_threshold", request_id=req.req_id)
                 spec_out[req.req_id] = [-1] * k
         return budget
 
@@ -783,6 +801,7 @@ class FastScheduler:
         drafts tokens (or none, when it had no drafts), a prefill chunk none; drafts need spec decode, at most
         ``num_spec_tokens`` of them, for scheduled requests.
         """
+        self._require_alive()
         if out is not self.pending:
             raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
         scheduled = {e[0].req_id: e for e in out.entries}
@@ -826,6 +845,7 @@ class FastScheduler:
         (0.33), free the request if it stopped. Then store the next drafts.
         Trusts its input: run ``validate_model_output`` first for untrusted output.
         """
+        self._require_alive()
         if out is not self.pending:
             raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
         self.pending = None

@@ -12,6 +12,10 @@ the JSON-lines protocol use verbatim (the table lives in
 * :class:`InvariantViolation`: a safety rule of the model failed after a step.
   This means the model (or a mutant of it) is wrong, never the input.
 
+Besides these, :class:`EngineCrash` (a kind of InvalidEvent) models a call at
+which the modelled vLLM release's engine core dies; after it the scheduler is
+dead and refuses every call.
+
 Divergences between two schedulers are *values*, not exceptions; they live in
 ``conformance/``.
 """
@@ -42,6 +46,21 @@ class InvalidConfig(SpecError):
 
 class InvalidEvent(SpecError):
     """An input event (add_request, abort, model_output) breaks a precondition."""
+
+
+class EngineCrash(InvalidEvent):
+    """The modelled release's engine core dies at this call: a vLLM bug modelled on purpose.
+
+    ``engine_assertion_padded_admission``: ``schedule()`` reached the point at
+    which vLLM 0.32/0.33 fail their own assertion (reports/findings.md,
+    divergence 3). ``engine_dead``: any call after that. Unlike the other
+    InvalidEvents this is no refusal that changes nothing: the scheduler is
+    dead, its state is whatever it was when the engine died, and every later
+    call raises ``engine_dead``. It subclasses InvalidEvent so that every
+    adapter answers it like an input error, with its code
+    (``conformance.sut.refused_as_input_error``, the protocol server), and a
+    trace can expect it on a ``step`` (``expect_error``).
+    """
 
 
 class IllegalTransition(SpecError):
@@ -115,9 +134,11 @@ ERROR_CODES: dict[str, str] = {
     "invalid_policy": "a policy other than fcfs or priority",
     "budget_below_max_model_len": "chunked prefill off and max_num_batched_tokens < max_model_len",
     "pool_below_max_model_len": "the usable blocks cannot hold one max_model_len sequence",
-    "threshold_below_spec_tokens": "a long-prefill threshold that would cut a padded spec-decode admission (0.32+)",
     "threshold_above_max_model_len": "long_prefill_token_threshold > max_model_len (refused by 0.32+)",
     "budget_below_max_num_seqs": "max_num_batched_tokens < max_num_seqs",
+    # engine crashes (terminal: the scheduler refuses every later call with engine_dead)
+    "engine_assertion_padded_admission": "(schedule, 0.32/0.33) vLLM's engine core dies on its own assertion: a one-token admission padded to 1 + num_spec_tokens was cut by long_prefill_token_threshold <= num_spec_tokens (a vLLM bug, modelled)",
+    "engine_dead": "any call after an engine crash: the engine core is dead and the trace ends at the crash",
     # protocol only
     "unsupported": "(protocol, init) the scheduler cannot run this config or profile: verdict unknown",
     "internal": "(protocol) an unexpected failure inside the scheduler: recorded as a failure",

@@ -104,7 +104,15 @@ class Profile:
     request with exactly one token to compute is padded to ``1 + num_spec_tokens``
     with placeholder drafts (-1) when no running prefill chunk was scheduled and
     a running request was scheduled or the request has computed tokens
-    (0.32 and 0.33; absent in 0.11.0)."""
+    (0.32 and 0.33; absent in 0.11.0).
+
+    The padding comes with vLLM's assertion that the admitted request got
+    exactly ``1 + num_spec_tokens`` tokens (read in 0.33.0 ``scheduler.py:1579``;
+    0.32.0 ``:1372``). The long-prefill threshold is applied after the padding
+    (``:1332``), so a threshold ``0 < T <= num_spec_tokens`` cuts a padded
+    admission to ``T``; once its slots are allocated the assertion fails and
+    the engine core dies (reports/findings.md, divergence 3). With this knob the
+    scheduler crashes there too (``engine_assertion_padded_admission``)."""
 
     cache_blocks_after_spec_update: bool
     """Not in the notes; read in 0.33.0 ``update_from_output``: with
@@ -197,15 +205,10 @@ def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> Non
             InvalidConfig, "threshold_above_max_model_len",
             "long_prefill_token_threshold cannot exceed max_model_len under this profile",
             long_prefill_token_threshold=config.long_prefill_token_threshold, max_model_len=config.max_model_len)
-    # DEVIATION(vllm 0.33.0, 0.32.0): those releases accept a threshold that
-    # cuts a padded spec-decode admission short, then fail their own assert
-    # (num_new_tokens == 1 + num_spec_tokens) in schedule(); we refuse the
-    # config. 0.11.0 has no padding and runs it correctly, so it is accepted there.
-    require(not profile.pad_new_decodes_to_spec_size or config.long_prefill_token_threshold == 0
-            or config.long_prefill_token_threshold > config.num_spec_tokens,
-            InvalidConfig, "threshold_below_spec_tokens",
-            "long_prefill_token_threshold must exceed num_spec_tokens (or be 0) under this profile",
-            long_prefill_token_threshold=config.long_prefill_token_threshold, num_spec_tokens=config.num_spec_tokens)
+    # Not refused: a long_prefill_token_threshold of at most num_spec_tokens.
+    # 0.32.0/0.33.0 accept it and crash later, in schedule(), on the first
+    # padded admission the threshold cuts; the scheduler models that crash
+    # where it happens (pad_new_decodes_to_spec_size, engine_assertion_padded_admission).
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -25,7 +25,7 @@ from typing import Any
 
 from spec.block_pool import BlockPool, KVCacheBlock
 from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent, require
+from spec.errors import EngineCrash, InvalidEvent, require
 from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
 from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
@@ -129,6 +129,8 @@ class Scheduler:
         self.pending_output: SchedulerOutput | None = None
         self.last_step: StepRecord | None = None
         self.stats = SchedulerStats()
+        # The code of the engine crash that killed this scheduler (None: alive).
+        self.crashed: str | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -155,6 +157,7 @@ class Scheduler:
         request aborted in the step whose model output is still pending.
         ``arrival_time`` is any finite int or float (vLLM's is a float).
         """
+        self._require_alive()
         # Field types first: a prompt and stop ids are sequences, ignore_eos a boolean.
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
             require(not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"), InvalidEvent,
@@ -217,6 +220,7 @@ class Scheduler:
         Aborting an id never added raises InvalidEvent; aborting one that has
         already finished does nothing (the race vLLM tolerates).
         """
+        self._require_alive()
         require(request_id in self.seen_request_ids, InvalidEvent, "unknown_request_id",
                 f"abort of request {request_id!r}, which was never added", request_id=request_id)
         return self.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
@@ -242,6 +246,7 @@ class Scheduler:
         we free in the order given (``None``: the order requests were added).
         Traces abort one id per event.
         """
+        self._require_alive()
         require(isinstance(finished_status, RequestStatus) and finished_status.is_finished, InvalidEvent,
                 "invalid_finish_status", f"finish_requests needs a FINISHED_* status, got {finished_status!r}",
                 status=finished_status)
@@ -276,7 +281,13 @@ class Scheduler:
     # --------------------------------------------------------------- schedule
 
     def schedule(self) -> SchedulerOutput:
-        """Decide this step's batch (§4): running loop, then maybe the waiting loop."""
+        """Decide this step's batch (§4): running loop, then maybe the waiting loop.
+
+        Raises EngineCrash ``engine_assertion_padded_admission`` where the
+        profile's release dies (see ``_schedule_waiting``); the scheduler is
+        dead afterwards.
+        """
+        self._require_alive()
         require(self.pending_output is None, InvalidEvent, "output_not_processed",
                 f"schedule() called before update_from_output() for step {self.current_step}",
                 step=self.current_step)
@@ -302,6 +313,12 @@ class Scheduler:
         )
         self._count_step(st, output)
         return output
+
+    def _require_alive(self) -> None:
+        """Refuse every call once the engine has crashed (``engine_dead``)."""
+        require(self.crashed is None, EngineCrash, "engine_dead",
+                f"the engine core died in step {self.current_step} ({self.crashed}); it takes no more calls",
+                step=self.current_step, crash=self.crashed)
 
     def get_long_prefill_token_threshold(self) -> int:
         """The step's effective long-prefill threshold (§4.0 step 4); 0 means none.
@@ -517,6 +534,7 @@ class Scheduler:
             request.transition(RequestStatus.RUNNING)
             request.num_computed_tokens = num_computed_tokens
             if pad_spec_decode:
+                self._check_padded_admission(request, num_new_tokens)
                 st.scheduled_spec_decode_tokens[request.request_id] = [-1] * self.config.num_spec_tokens
             self.stats.num_admissions += 1
             if hit.num_tokens:
@@ -525,6 +543,35 @@ class Scheduler:
 
         if skipped:
             self.waiting.prepend_requests(skipped, self.profile.skipped_requeue_order)
+
+    def _check_padded_admission(self, request: Request, num_new_tokens: int) -> None:
+        """vLLM's ``assert num_new_tokens == 1 + self.num_spec_tokens`` on a padded admission.
+
+        NOTE(vllm 0.33.0 scheduler.py:1579, 0.32.0 :1372): a vLLM bug modelled
+        on purpose. The padding (``:1318``) comes before the long-prefill
+        threshold (``:1332``), so a threshold ``0 < T <= num_spec_tokens`` cuts a
+        padded admission to ``T`` (the budget cannot cut it: a padding that does
+        not fit the budget ends the loop instead; the ``max_model_len`` check
+        comes before the padding, and chunked prefill off cannot stop it: ``T`` is
+        below the padding that fit). The request is already popped, running
+        and holding its new blocks when the assertion fails, and vLLM's engine
+        core dies in ``schedule()``: the scheduler dies here too
+        (``engine_assertion_padded_admission``, then ``engine_dead``). An
+        admission whose blocks do not fit ends the loop before the assertion.
+        """
+        if num_new_tokens == 1 + self.config.num_spec_tokens:
+            return
+        self.crashed = "engine_assertion_padded_admission"
+        raise EngineCrash(
+            "engine_assertion_padded_admission",
+            f"step {self.current_step}: request {request.request_id!r} was padded to "
+            f"{1 + self.config.num_spec_tokens} tokens and cut to {num_new_tokens} by "
+            f"long_prefill_token_threshold={self.config.long_prefill_token_threshold}; vLLM fails "
+            f"assert num_new_tokens == 1 + num_spec_tokens and its engine core dies",
+            request_id=request.request_id, step=self.current_step, num_new_tokens=num_new_tokens,
+            num_spec_tokens=self.config.num_spec_tokens,
+            long_prefill_token_threshold=self.config.long_prefill_token_threshold,
+        )
 
     def _should_pad_to_spec_size(self, st: _StepState, num_new_tokens: int, num_computed_tokens: int) -> bool:
         """The 0.32+ padding rule (§4.3 step 8.2): a one-token admission joins a
@@ -604,6 +651,7 @@ class Scheduler:
         if it stopped. Then store the drafts proposed for the next step.
         Returns one RequestOutput per request that gained tokens or stopped.
         """
+        self._require_alive()
         require(scheduler_output is self.pending_output, InvalidEvent, "unexpected_model_output",
                 "update_from_output() needs the output of the last schedule() call, once",
                 step=self.current_step)

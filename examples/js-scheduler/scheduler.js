@@ -149,8 +149,8 @@ function readConfig(params) {
   // The vllm-0.33 profile's own start-up checks (spec/profiles.py), after the config's.
   check(c.long_prefill_token_threshold <= c.max_model_len, 'threshold_above_max_model_len',
     'long_prefill_token_threshold cannot exceed max_model_len');
-  check(c.long_prefill_token_threshold === 0 || c.long_prefill_token_threshold > c.num_spec_tokens,
-    'threshold_below_spec_tokens', 'long_prefill_token_threshold must exceed num_spec_tokens (or be 0)');
+  // A threshold of at most num_spec_tokens is accepted, as vLLM does; vLLM then
+  // dies in schedule() when it cuts a padded admission, and so do we (6b).
 
   // A valid config and profile that this small scheduler does not implement:
   // the harness records the verdict as "unknown", not as a failure.
@@ -305,6 +305,7 @@ class Scheduler {
     this.finishedIds = new Set(); // finished / preempted since the last schedule()
     this.preemptedIds = new Set();
     this.pending = null; // the last step, until its update() arrives
+    this.crashed = null; // the engine crash that killed us: every later call is refused
   }
 
   addRequest(p) {
@@ -483,6 +484,14 @@ class Scheduler {
       st.tokens.set(r.id, n);
       st.newBlocks.set(r.id, [...r.blocks]); // an admitted request reports all its blocks
       st.budget -= n;
+      if (padded && n !== 1 + numSpec) {
+        // vLLM 0.32/0.33 pad before the threshold cuts, then assert the
+        // admission kept all 1 + num_spec_tokens tokens: the assertion fails
+        // and the engine core dies in schedule() (a vLLM bug the reference
+        // models). We die here too; every later call is refused (engine_dead).
+        this.crashed = 'engine_assertion_padded_admission';
+        throw new ProtocolError(this.crashed, `${r.id} was padded to ${1 + numSpec} tokens and cut to ${n}`);
+      }
       if (padded) st.drafts.set(r.id, new Array(numSpec).fill(-1));
     }
   }
@@ -627,6 +636,7 @@ function handle(method, params) {
   }
   if (method === 'shutdown') return null;
   if (scheduler === null) throw new Error(`${method} before a successful init`);
+  check(scheduler.crashed === null, 'engine_dead', `the engine died (${scheduler.crashed}); it takes no more calls`);
   switch (method) {
     case 'add_request': scheduler.addRequest(params); return null;
     case 'abort': scheduler.abort(params.request_id); return null;

@@ -87,9 +87,11 @@ RULES = [
     ("pool_tokens", BASE, dict(max_model_len=33), "pool_below_max_model_len"),
     ("threshold_vs_max_model_len", replace(BASE, long_prefill_token_threshold=32),
      dict(long_prefill_token_threshold=33), "threshold_above_max_model_len"),
-    ("threshold_vs_spec_tokens", replace(BASE, num_spec_tokens=2, long_prefill_token_threshold=3),
-     dict(num_spec_tokens=2, long_prefill_token_threshold=2), "threshold_below_spec_tokens"),
 ]
+# Not a start-up rule any more: a threshold of at most num_spec_tokens is accepted
+# by every profile; 0.32/0.33 crash in schedule() on the first padded admission it
+# cuts (test_threshold_at_spec_tokens_is_accepted_and_runs_without_one_token_admissions
+# below, tests/harness/test_engine_crash.py).
 
 
 def _refused(rule_config: SchedulerConfig, overrides: dict) -> dict:
@@ -130,6 +132,19 @@ def test_at_the_limit_runs_one_past_it_is_refused(name, accepted, refused, code)
         with pytest.raises(SutInputError) as refusal:
             sut.start(bad, "vllm-0.33")
         assert refusal.value.code == code, getattr(sut, "name", sut)
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.32"])
+def test_threshold_at_spec_tokens_is_accepted_and_runs_without_one_token_admissions(profile):
+    """threshold == num_spec_tokens: accepted at start; the long workload (no one-token
+    admission, so no padding) runs to the end and replays on the reference and impl."""
+    config = replace(BASE, num_spec_tokens=2, long_prefill_token_threshold=2)
+    Scheduler(config, profile)
+    trace = run_workload(_long_workload(config, profile), check=True)
+    assert trace.num_steps() > 10 and "expect_error" not in trace.events[-1]
+    for sut in (ReferenceSut(), make_sut("impl")):
+        result = replay(trace, sut, "strict")
+        assert result.verdict == PASS, render_divergence(trace, result)
 
 
 def test_max_model_len_one_admits_no_prompt():

@@ -123,7 +123,7 @@ BAD_CONFIGS = [
     {"max_model_len": 0}, {"long_prefill_token_threshold": -1}, {"num_spec_tokens": -1},
     {"num_lookahead_tokens": -1}, {"policy": "lifo"}, {"bogus_field": 1}, {"block_size": "4"},
     {"block_size": True}, {"block_size": 4.0}, {"enable_chunked_prefill": 1}, {"scheduler_reserve_full_isl": 0},
-    {"long_prefill_token_threshold": 2}, {"num_gpu_blocks": 4},
+    {"num_gpu_blocks": 4},
     {"enable_chunked_prefill": False, "max_num_batched_tokens": 8},
 ]
 

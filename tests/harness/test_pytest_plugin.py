@@ -55,12 +55,12 @@ def test_plugin_fails_a_broken_scheduler_with_the_trace_path(tmp_path):
 
 
 def test_every_failing_trace_is_its_own_failed_item(tmp_path):
-    """Shards of 25 showed at most one failure each (2 for 30 traces); one item per trace shows them all."""
-    r = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=30)
+    """Shards of 25 showed at most one failure each (2 for 50 traces); one item per trace shows them all."""
+    r = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=50)
     assert r.returncode == 1, r.stdout + r.stderr
     failed = _items(r.stdout, "FAILED")
     assert len(failed) > 2, r.stdout[-3000:]
-    assert len(failed) + len(_items(r.stdout, "PASSED")) == 30
+    assert len(failed) + len(_items(r.stdout, "PASSED")) == 50
     for name in failed:
         index = name[len("schedconf-campaign[s0-"):-1]
         saved = tmp_path / "out" / f"campaign-s0-{index}.jsonl"
@@ -72,9 +72,9 @@ def test_every_failing_trace_is_its_own_failed_item(tmp_path):
 
 
 def test_xdist_workers_and_the_deprecated_shard_size_give_the_same_items(tmp_path):
-    serial = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=30)
+    serial = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=50)
     spread = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", "-n", "2",
-                  "--schedconf-shard-size=10", examples=30)
+                  "--schedconf-shard-size=10", examples=50)
     assert spread.returncode == 1, spread.stdout + spread.stderr
     assert _items(spread.stdout, "FAILED") == _items(serial.stdout, "FAILED")
     assert len(_items(spread.stdout, "FAILED")) > 2

@@ -6,6 +6,11 @@ object graph of the scheduler (every request field, both queues, the block
 pool with its free-queue links and hash map, the pending step, counters), makes
 the refused call and checks the snapshot is identical afterwards.
 A code added to the table without a case here fails ``test_every_input_code_has_a_case``.
+
+The engine-crash codes are no refusals that change nothing: the modelled
+release's engine dies. They have their own table (``CRASH_CASES``): the call
+raises the code, and afterwards the scheduler is dead (every call refused with
+``engine_dead``, its state frozen).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import pytest
 
 from spec.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
 from spec.config import SchedulerConfig
-from spec.errors import ERROR_CODES, InvalidEvent
+from spec.errors import ERROR_CODES, EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput
 from spec.request import RequestStatus
 from spec.scheduler import Scheduler
@@ -28,7 +33,7 @@ NOT_API_CODES = {
     "invalid_config_type", "unknown_config_field", "unknown_profile", "invalid_block_size",
     "invalid_num_gpu_blocks", "invalid_token_budget", "invalid_max_num_seqs", "invalid_max_model_len",
     "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
-    "budget_below_max_model_len", "pool_below_max_model_len", "threshold_below_spec_tokens",
+    "budget_below_max_model_len", "pool_below_max_model_len",
     "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
 }
 
@@ -147,8 +152,53 @@ CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], objec
 ]
 
 
+def crash_at_step_2() -> Scheduler:
+    """spec decode k=2, threshold 2: a decodes in step 2 while b (one token) is padded to 3, cut to 2."""
+    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2, "long_prefill_token_threshold": 2}))
+    sched.add_request("a", [1, 2, 3], max_tokens=8)
+    out = sched.schedule()  # a alone: the threshold does not apply, 3 tokens
+    sched.update_from_output(out, ModelRunnerOutput({"a": (5,)}))
+    sched.add_request("b", [9], max_tokens=8)
+    return sched
+
+
+def crashed() -> Scheduler:
+    sched = crash_at_step_2()
+    with pytest.raises(EngineCrash):
+        sched.schedule()
+    return sched
+
+
+# (code, label, build the state, the call that crashes or meets the dead engine)
+CRASH_CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], object]]] = [
+    ("engine_assertion_padded_admission", "padded 3, cut to 2", crash_at_step_2, lambda s: s.schedule()),
+    ("engine_dead", "schedule", crashed, lambda s: s.schedule()),
+    ("engine_dead", "add_request", crashed, lambda s: s.add_request("x", [1], max_tokens=1)),
+    ("engine_dead", "abort", crashed, lambda s: s.abort("a")),
+    ("engine_dead", "finish_requests", crashed, lambda s: s.finish_requests(None, RequestStatus.FINISHED_ABORTED)),
+    ("engine_dead", "model output", crashed, lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
+]
+
+
 def test_every_input_code_has_a_case():
-    assert {c[0] for c in CASES} == set(ERROR_CODES) - NOT_API_CODES
+    assert {c[0] for c in CASES} | {c[0] for c in CRASH_CASES} == set(ERROR_CODES) - NOT_API_CODES
+    assert not {c[0] for c in CASES} & {c[0] for c in CRASH_CASES}
+
+
+@pytest.mark.parametrize("code,label,build,call", CRASH_CASES, ids=[f"{c[0]}:{c[1]}" for c in CRASH_CASES])
+def test_crash_is_terminal(code, label, build, call):
+    sched = build()
+    with pytest.raises(EngineCrash) as exc:
+        call(sched)
+    assert exc.value.code == code
+    # Dead from now on: every call is refused with engine_dead and changes nothing.
+    after = snapshot(sched)
+    for later in (lambda s: s.schedule(), lambda s: s.add_request("y", [1], max_tokens=1), lambda s: s.abort("a"),
+                  lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())):
+        with pytest.raises(EngineCrash) as dead:
+            later(sched)
+        assert dead.value.code == "engine_dead"
+        assert snapshot(sched) == after
 
 
 @pytest.mark.parametrize("code,label,build,call", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
