@@ -327,10 +327,10 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Build (or check) the virtual environment of a vLLM release."""
-    from conformance.vllm_env import run_env_vllm
+    """Build (or check) the virtual environment of an engine release (vLLM, nano-vllm)."""
+    from conformance.engine_env import run_env
 
-    return run_env_vllm(args)
+    return run_env(args)
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
@@ -445,6 +445,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_env_vllm_arguments(v)
     v.set_defaults(func=cmd_env, parser_=v)
+    from conformance.engine_env import add_env_arguments
+
+    nv = esub.add_parser("nano-vllm", help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/envs/",
+                         description="build .venvs/nano-vllm-VERSION (nano-vllm-fork from PyPI, its scheduler's "
+                                     "import chain only, no torch) from the pinned files in conformance/envs/")
+    add_env_arguments(nv, "nano-vllm")
+    nv.set_defaults(func=cmd_env, parser_=nv)
 
     p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it")
     p.add_argument("names", nargs="*", help="only these mutants")

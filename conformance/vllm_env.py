@@ -40,61 +40,48 @@ Command line (what follows ``schedconf env vllm``)::
 
 ``--check`` only reports whether the environment is ready (exit 0) or not
 (exit 1). Exit status 2 is a build failure.
+
+The builder itself is :mod:`conformance.engine_env` (one builder for every
+engine family); this module keeps the vLLM names as thin wrappers over it.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The repository root (the folder holding ``conformance/``)."""
+from conformance import engine_env
+from conformance.engine_env import ENVS_DIR, READY_MARKER, REPO_ROOT, SELF_CHECK_TIMEOUT_S, EngineEnvError
 
-ENVS_DIR = Path(__file__).resolve().parent / "envs"
-"""Where the pinned ``vllm-VERSION.txt`` lists live."""
+FAMILY = "vllm"
+DRIVER_MODULE = engine_env.FAMILIES[FAMILY].driver_module
 
-READY_MARKER = ".schedconf-ready"
-DRIVER_MODULE = "conformance.vllm_driver"
-SELF_CHECK_TIMEOUT_S = 600.0
-
-
-class VllmEnvError(Exception):
-    """A vLLM environment that cannot be built or used; the message says what to do."""
+VllmEnvError = EngineEnvError
+"""A vLLM environment that cannot be built or used (the builder's EngineEnvError)."""
 
 
 # ------------------------------------------------------------------ locations
 
 def supported_versions() -> list[str]:
     """The releases that have a pinned list in ``conformance/envs/``, oldest first."""
-    versions = [p.stem.removeprefix("vllm-") for p in ENVS_DIR.glob("vllm-*.txt")]
-    return sorted(versions, key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return engine_env.supported_versions(FAMILY)
 
 
 def requirements_file(version: str) -> Path:
     """The pinned ``--no-deps`` list of ``version``; raises VllmEnvError if there is none."""
-    path = ENVS_DIR / f"vllm-{version}.txt"
-    if not path.is_file():
-        known = ", ".join(supported_versions()) or "none"
-        raise VllmEnvError(f"no pinned environment for vLLM {version!r} (conformance/envs/vllm-{version}.txt); "
-                           f"known releases: {known}")
-    return path
+    return engine_env.requirements_file(FAMILY, version)
 
 
 def venv_dir(version: str, root: Path | None = None) -> Path:
     """``<root>/.venvs/vllm-VERSION`` (root defaults to the repository root)."""
-    return (root or REPO_ROOT) / ".venvs" / f"vllm-{version}"
+    return engine_env.venv_dir(FAMILY, version, root)
 
 
 def vllm_python(version: str, root: Path | None = None) -> Path:
     """The interpreter of ``version``'s environment (it may not exist yet)."""
-    return venv_dir(version, root) / "bin" / "python"
+    return engine_env.env_python(FAMILY, version, root)
 
 
 def driver_env(version: str, root: Path | None = None) -> dict[str, str]:
@@ -105,38 +92,12 @@ def driver_env(version: str, root: Path | None = None) -> dict[str, str]:
     folder live inside the venv, the hub is offline, the CPU platform and the
     V1 model-runner layout of ``SchedulerOutput`` are forced.
     """
-    home = venv_dir(version, root)
-    return {
-        "PYTHONPATH": str(REPO_ROOT),  # the code of this checkout, wherever the venvs live
-        "VLLM_CACHE_ROOT": str(home / "vllm-cache"),
-        "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_USE_V2_MODEL_RUNNER": "0",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_LOGGING_LEVEL": "ERROR",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONHASHSEED": "0",
-        "OMP_NUM_THREADS": "1",
-    }
-
-
-def _requirements_digest(version: str) -> str:
-    return hashlib.sha256(requirements_file(version).read_bytes()).hexdigest()
+    return engine_env.driver_env(FAMILY, version, root)
 
 
 def is_vllm_env_ready(version: str, root: Path | None = None) -> bool:
-    """True if the environment was built from the current pinned list and passed its self-check.
-
-    Cheap (reads one file): the full import check ran when the marker was written.
-    """
-    home = venv_dir(version, root)
-    marker = home / READY_MARKER
-    try:
-        return vllm_python(version, root).exists() and marker.read_text().strip() == _requirements_digest(version)
-    except (OSError, VllmEnvError):
-        return False
+    """True if the environment was built from the current pinned list and passed its self-check."""
+    return engine_env.is_env_ready(FAMILY, version, root)
 
 
 def not_ready_message(version: str) -> str:
@@ -147,138 +108,32 @@ def not_ready_message(version: str) -> str:
 
 # ---------------------------------------------------------------------- build
 
-def _log(message: str) -> None:
-    print(f"[schedconf env vllm] {message}", file=sys.stderr, flush=True)
-
-
-def _run(step: str, argv: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None) -> str:
-    """Run one build command; raise VllmEnvError with its output tail if it fails."""
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise VllmEnvError(f"{step}: timed out after {timeout:.0f} s: {' '.join(argv)}") from exc
-    except OSError as exc:
-        raise VllmEnvError(f"{step}: cannot run {argv[0]}: {exc}") from exc
-    tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
-    if proc.returncode != 0:
-        raise VllmEnvError(f"{step} failed (exit {proc.returncode}): {' '.join(argv)}\n--- output (last lines) ---\n{tail}")
-    _log(f"{step}: done in {time.monotonic() - started:.1f} s")
-    return proc.stdout
-
-
-def _pip_source_args() -> list[str]:
-    args: list[str] = []
-    for folder in filter(None, os.environ.get("SCHEDCONF_VLLM_FIND_LINKS", "").split(os.pathsep)):
-        args += ["--find-links", folder]
-    index = os.environ.get("SCHEDCONF_TORCH_INDEX_URL")
-    if index:
-        args += ["--extra-index-url", index]
-    return args
-
-
 def check_vllm_env(version: str, root: Path | None = None) -> str:
-    """Run the driver's self-check in the environment; return its report line.
-
-    The self-check imports vLLM, verifies its version is ``version`` and builds
-    one scheduler with a tiny config (which also fills the inspection cache).
-    """
-    python = vllm_python(version, root)
-    if not python.exists():
-        raise VllmEnvError(not_ready_message(version))
-    env = {**os.environ, **driver_env(version, root)}
-    out = _run("self-check (import vLLM, build one scheduler)",
-               [str(python), "-m", DRIVER_MODULE, "--self-check", "--expect-version", version],
-               env=env, timeout=SELF_CHECK_TIMEOUT_S)
-    lines = [ln for ln in out.splitlines() if ln.startswith("self-check ok")]
-    if not lines:
-        raise VllmEnvError(f"self-check of vLLM {version} printed no 'self-check ok' line:\n{out[-2000:]}")
-    return lines[-1]
-
-
-def _lock(path: Path):  # noqa: ANN202 - a file object held open for the lock's lifetime
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "w")  # noqa: SIM115 - closed by the caller
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
+    """Run the driver's self-check in the environment; return its report line."""
+    return engine_env.check_env(FAMILY, version, root)
 
 
 def build_vllm_env(version: str, root: Path | None = None, force: bool = False,
                    python: str | None = None) -> Path:
-    """Build (or find) the environment of vLLM ``version``; return its interpreter.
-
-    See the module docstring for the steps and rules. ``python`` is the base
-    interpreter for the venv (default: the one running this code).
-    """
-    requirements = requirements_file(version)
-    home = venv_dir(version, root)
-    lock = _lock(home.parent / f"vllm-{version}.lock")
-    try:
-        if not force and is_vllm_env_ready(version, root):
-            _log(f"vLLM {version}: ready at {home} (nothing to do)")
-            return vllm_python(version, root)
-        started = time.monotonic()
-        if home.exists():
-            _log(f"vLLM {version}: removing the incomplete or outdated environment {home}")
-            shutil.rmtree(home)
-        base = python or sys.executable
-        _log(f"vLLM {version}: building {home} from {requirements.relative_to(REPO_ROOT)} with {base}")
-        _run("create venv", [base, "-m", "venv", str(home)])
-        py = str(vllm_python(version, root))
-        pip_env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-        _run("upgrade pip", [py, "-m", "pip", "install", "-q", "-U", "pip"], env=pip_env)
-        _log(f"vLLM {version}: installing {sum(1 for ln in requirements.read_text().splitlines() if ln and not ln.startswith('#'))}"
-             " pinned packages with --no-deps (downloads ~1 GB on a cold pip cache)")
-        _run("pip install --no-deps", [py, "-m", "pip", "install", "-q", "--no-deps", "-r", str(requirements),
-                                       *_pip_source_args()], env=pip_env)
-        report = check_vllm_env(version, root)
-        (home / READY_MARKER).write_text(_requirements_digest(version) + "\n")
-        _log(f"vLLM {version}: {report}")
-        _log(f"vLLM {version}: ready at {home} after {time.monotonic() - started:.0f} s")
-        return vllm_python(version, root)
-    except BaseException:
-        # Never leave a half-built environment behind: the marker is written
-        # last, so a failed build has none and is removed whole.
-        if home.exists() and not (home / READY_MARKER).exists():
-            shutil.rmtree(home, ignore_errors=True)
-        raise
-    finally:
-        lock.close()
+    """Build (or find) the environment of vLLM ``version``; return its interpreter."""
+    return engine_env.build_env(FAMILY, version, root, force=force, python=python)
 
 
 def ensure_vllm_env(version: str, root: Path | None = None) -> Path:
     """The interpreter of ``version``'s environment, building it first if needed."""
-    if is_vllm_env_ready(version, root):
-        return vllm_python(version, root)
-    return build_vllm_env(version, root)
+    return engine_env.ensure_env(FAMILY, version, root)
 
 
 # ----------------------------------------------------------------------- CLI
 
 def add_env_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of ``schedconf env vllm`` to ``parser``."""
-    parser.add_argument("version", help=f"vLLM release; pinned: {', '.join(supported_versions())}")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the environment is ready")
-    parser.add_argument("--check", action="store_true", help="only report whether it is ready (exit 0/1)")
-    parser.add_argument("--root", type=Path, default=None, help="project root holding .venvs/ (default: this repo)")
+    engine_env.add_env_arguments(parser, FAMILY)
 
 
 def run_env_vllm(args: argparse.Namespace) -> int:
     """Carry out parsed ``schedconf env vllm`` arguments; return the exit status."""
-    try:
-        if args.check:
-            ready = is_vllm_env_ready(args.version, args.root)
-            print(f"vLLM {args.version}: {'ready' if ready else 'not built'} ({venv_dir(args.version, args.root)})")
-            return 0 if ready else 1
-        python = build_vllm_env(args.version, args.root, force=args.force)
-    except VllmEnvError as exc:
-        print(f"schedconf env vllm: error: {exc}", file=sys.stderr)
-        return 2
-    print(python)
-    return 0
+    return engine_env.run_env(args, FAMILY)
 
 
 def main_env(argv: Sequence[str] | None = None) -> int:
@@ -287,6 +142,12 @@ def main_env(argv: Sequence[str] | None = None) -> int:
                                      description="Build the virtual environment that runs a vLLM release's scheduler.")
     add_env_vllm_arguments(parser)
     return run_env_vllm(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
+
+
+__all__ = ["DRIVER_MODULE", "ENVS_DIR", "READY_MARKER", "REPO_ROOT", "SELF_CHECK_TIMEOUT_S", "VllmEnvError",
+           "add_env_vllm_arguments", "build_vllm_env", "check_vllm_env", "driver_env", "ensure_vllm_env",
+           "is_vllm_env_ready", "main_env", "not_ready_message", "requirements_file", "run_env_vllm",
+           "supported_versions", "venv_dir", "vllm_python"]
 
 
 if __name__ == "__main__":

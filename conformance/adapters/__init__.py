@@ -42,6 +42,7 @@ ADAPTERS: dict[str, AdapterEntry] = {
 ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
     "mutant:": "conformance.mutants:make_mutant_sut",
     "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
+    "nano-vllm@": "conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
 }
 """SUT name prefix -> factory(name) (or its ``"module:attr"`` path)."""
 

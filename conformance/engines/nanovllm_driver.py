@@ -1,0 +1,547 @@
+"""Serve nano-vllm's own ``Scheduler`` over the schedconf JSON-lines protocol.
+
+Runs INSIDE the environment built by ``schedconf env nano-vllm VERSION``
+(``.venvs/nano-vllm-VERSION``, the PyPI distribution ``nano-vllm-fork``), as
+``<venv python> -m conformance.engines.nanovllm_driver`` with the repository
+root on ``PYTHONPATH`` (``conformance.adapters.nanovllm`` starts it). It
+imports the standard library, nano-vllm's ``nanovllm.engine.scheduler``,
+``block_manager``, ``sequence`` and ``sampling_params`` modules, and
+``conformance.protocol_server``; never ``spec/``.
+
+What is bypassed, and why:
+
+* ``nanovllm/__init__.py`` is not run: it imports the whole LLM engine
+  (``nanovllm.llm`` -> ``model_runner`` -> torch, triton and ``flash_attn``,
+  which has no CPU build). The driver registers the ``nanovllm`` package
+  object with its real ``__path__`` and imports the scheduler modules from the
+  installed files; those need only xxhash, numpy and transformers.
+* ``nanovllm.config.Config`` is imported (``scheduler.py`` imports it) but not
+  instantiated: its ``__post_init__`` asserts a model folder, loads the model's
+  ``AutoConfig`` and asserts ``kvcache_block_size % 256 == 0`` (a flash-attn
+  paged-KV kernel rule; the scheduler and block manager work with any block
+  size). ``Scheduler(config)`` reads exactly five fields (``max_num_seqs``,
+  ``max_num_batched_tokens``, ``eos``, ``num_kvcache_blocks``,
+  ``kvcache_block_size``), so it gets a plain namespace carrying them.
+* The model runner: the protocol's ``update`` supplies the sampled tokens that
+  ``LLMEngine.step`` would get from ``model_runner.run``.
+
+Mapping (PROTOCOL.md -> nano-vllm):
+
+``init``
+    ``Scheduler`` over ``num_gpu_blocks - 1`` blocks: vLLM's pool holds block
+    0 back as the null block and nano-vllm has none, so the usable pools are
+    the same size. Block ids are reported **plus one** (nano-vllm block ``i``
+    is protocol block ``i + 1``), so they fall in vLLM's range ``1..n-1``.
+    ``Sequence.block_size`` (a class attribute) is set to the trace's block
+    size. ``max_num_seqs`` and ``max_num_batched_tokens`` map one to one (note:
+    nano-vllm's ``max_num_seqs`` caps the sequences of one batch, not the
+    running ones). Configs are refused with the protocol's codes first (field
+    types and ranges, ``budget_below_max_model_len``, and
+    ``pool_below_max_model_len``: the ``n - 1`` blocks must hold one
+    ``max_model_len`` sequence). ``unsupported`` (verdict unknown) for what
+    nano-vllm cannot express: ``block_size < 2`` (``may_append`` detects the
+    first token of a new block by ``len % block_size == 1``, never true for
+    1: decode would never allocate and its hash assertion fails; nano-vllm's
+    Config only allows multiples of 256), ``policy: priority`` (FCFS only),
+    ``num_spec_tokens > 0``, ``num_lookahead_tokens > 0``,
+    ``long_prefill_token_threshold > 0``, ``enable_chunked_prefill: true``
+    (it always prefills whole sequences) and ``enable_prefix_caching: false``
+    (it always caches). ``scheduler_reserve_full_isl`` is accepted either way:
+    with whole-sequence prefill, admission always needs blocks for the whole
+    current sequence (``BlockManager.can_allocate``). Any ``profile`` is
+    accepted; ``preempted_req_ids`` is null under ``vllm-0.11`` (no such field).
+``add_request``
+    Validated with the protocol's codes (nano-vllm checks nothing), then
+    ``Scheduler.add(Sequence(prompt, SamplingParams(max_tokens, ignore_eos)))``.
+    nano-vllm has no per-request EOS (``Scheduler.eos`` is the tokenizer's), no
+    ``stop_token_ids``, no ``min_tokens`` and no ``max_model_len`` stop:
+    ``max_tokens`` is capped at ``max_model_len - len(prompt)`` (the
+    protocol's length limit; without it a sequence could outgrow the pool and
+    nano-vllm's ``schedule()`` would fail its ``assert scheduled_seqs``
+    forever); the EOS of each request is set as ``Scheduler.eos`` just before
+    its own ``postprocess`` call; stop ids and ``min_tokens`` are accepted, and
+    the first ``update`` at which one of them would change the outcome (a
+    sampled stop id, or EOS before ``min_tokens``) is answered ``unsupported``.
+``abort``
+    nano-vllm has no abort: the driver removes the sequence from ``waiting``
+    and ``running`` (every occurrence), frees its blocks with
+    ``BlockManager.deallocate`` and marks it FINISHED. An id never added is
+    ``unknown_request_id``; a finished one is ignored. Aborted ids are
+    reported in the next ``finished_req_ids``.
+``schedule``
+    With no request waiting or running, an empty output without calling
+    nano-vllm (its engine loop never steps then; ``schedule()`` would assert).
+    Otherwise ``Scheduler.schedule()`` -> ``(seqs, is_prefill)``. A prefill
+    step: a sequence admitted for the first time is a ``scheduled_new_reqs``
+    entry (all its blocks, ``num_computed_tokens`` = its prefix hit
+    ``num_cached_tokens``); one admitted again after a preemption is a
+    ``scheduled_cached_reqs`` entry with ``resumed: true`` and all its blocks.
+    A decode step: every sequence is a cached entry with the block
+    ``may_append`` added (if any), ``num_computed_tokens = len - 1``.
+    ``num_scheduled_tokens`` is ``len - num_cached_tokens`` (prefill) or 1.
+    ``preempted_req_ids``: the sequences RUNNING before the call and WAITING
+    after it. ``finished_req_ids``: finished or aborted since the previous
+    step. If ``schedule()`` raises or returns a sequence twice, nano-vllm's
+    engine would die or corrupt its state: the reply is ``internal`` (with the
+    failing line) and every later call ``engine_dead`` until the next ``init``.
+``update``
+    Validated (``unexpected_model_output``, ``unscheduled_model_output``,
+    ``invalid_token_id``, ``bad_num_sampled_tokens`` above one token,
+    ``drafts_without_spec_decode``); a scheduled live sequence that samples
+    nothing is ``unsupported`` (nano-vllm's runner always samples one token per
+    sequence, and its block accounting assumes it). Then nano-vllm's own
+    ``Scheduler.postprocess([seq], [token])`` per sequence, in scheduled order
+    (its stop rule: EOS unless ``ignore_eos``, or ``max_tokens`` reached).
+    The outputs: one per sequence, ``finish_reason`` ``stop`` when it sampled
+    its EOS (not ignored; nano-vllm's condition tests EOS first, as vLLM 0.12+
+    does; ``stop_reason`` null), else ``length`` when it finished, else null.
+``observe``
+    ``free_block_queue`` (``BlockManager.free_block_ids``, front first: the
+    next block ``allocate`` takes), ``num_free_blocks`` and ``block_tables``
+    (each live request holding blocks, sorted by id).
+
+``python -m conformance.engines.nanovllm_driver --self-check [--expect-version V]``
+builds one scheduler, runs two steps and prints ``self-check ok: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import sys
+import time
+import types
+from typing import Any, TextIO
+
+DISTRIBUTION = "nano-vllm-fork"
+
+CONFIG_FIELDS = (
+    "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+    "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
+    "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
+)
+MAX_TOKEN_ID = 2**31 - 1
+NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
+"""Profiles whose SchedulerOutput has no ``preempted_req_ids`` (reported as null)."""
+
+
+class DriverError(Exception):
+    """An input the protocol refuses; ``code`` is the stable error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class SutUnsupported(Exception):  # noqa: N818 - protocol_server matches this class name
+    """nano-vllm cannot express this config or input (the verdict is unknown)."""
+
+
+def _require(condition: bool, code: str, message: str) -> None:
+    if not condition:
+        raise DriverError(code, message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------- nano-vllm
+
+class _Nano:
+    """nano-vllm's scheduler modules, imported without ``nanovllm/__init__.py`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        if "nanovllm" not in sys.modules:
+            spec = importlib.util.find_spec("nanovllm")
+            if spec is None or not spec.submodule_search_locations:
+                raise ImportError("nano-vllm is not installed in this environment (pip install nano-vllm-fork)")
+            package = types.ModuleType("nanovllm")
+            package.__path__ = list(spec.submodule_search_locations)
+            package.__file__ = spec.origin
+            package.__spec__ = spec
+            package.__package__ = "nanovllm"
+            sys.modules["nanovllm"] = package  # its __init__ (the LLM engine) is never executed
+        from importlib.metadata import version
+
+        from nanovllm.engine.block_manager import BlockManager
+        from nanovllm.engine.scheduler import Scheduler
+        from nanovllm.engine.sequence import Sequence, SequenceStatus
+        from nanovllm.sampling_params import SamplingParams
+
+        self.version: str = version(DISTRIBUTION)
+        self.Scheduler = Scheduler
+        self.BlockManager = BlockManager
+        self.Sequence = Sequence
+        self.SequenceStatus = SequenceStatus
+        self.SamplingParams = SamplingParams
+
+
+# ------------------------------------------------------------------- config
+
+def validate_config(config: Any) -> dict[str, Any]:
+    """Refuse a config with the protocol's codes (as the vLLM driver does); return it."""
+    _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
+    missing = [f for f in CONFIG_FIELDS if f not in config]
+    unknown = sorted(set(config) - set(CONFIG_FIELDS))
+    _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
+    _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
+    for name in CONFIG_FIELDS:
+        value = config[name]
+        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
+        elif name == "scheduler_reserve_full_isl":
+            _require(value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null")
+        elif name == "policy":
+            _require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
+        else:
+            _require(_is_int(value), "invalid_config_type", f"{name} must be an integer")
+    c = config
+    _require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
+    _require(c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)")
+    _require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
+    _require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
+    _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
+    _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
+    _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
+    _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
+    _require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
+             "budget_below_max_model_len",
+             "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len")
+    _require(_cdiv(c["max_model_len"], c["block_size"]) <= c["num_gpu_blocks"] - 1, "pool_below_max_model_len",
+             "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens")
+    return dict(config)
+
+
+def unsupported_reason(cfg: dict[str, Any]) -> str | None:
+    """Why nano-vllm cannot run ``cfg`` (None if it can)."""
+    if cfg["block_size"] < 2:
+        return ("nano-vllm's block arithmetic needs block_size >= 2 (may_append detects a new block by "
+                "len % block_size == 1; its Config requires multiples of 256)")
+    if cfg["policy"] != "fcfs":
+        return "nano-vllm schedules FCFS only (no priority policy)"
+    if cfg["num_spec_tokens"]:
+        return "nano-vllm has no speculative decoding (num_spec_tokens must be 0)"
+    if cfg["num_lookahead_tokens"]:
+        return "nano-vllm allocates no lookahead slots (num_lookahead_tokens must be 0)"
+    if cfg["long_prefill_token_threshold"]:
+        return "nano-vllm has no long-prefill threshold (it prefills whole sequences)"
+    if cfg["enable_chunked_prefill"]:
+        return "nano-vllm has no chunked prefill (it prefills whole sequences)"
+    if not cfg["enable_prefix_caching"]:
+        return "nano-vllm always caches prefixes (enable_prefix_caching must be true)"
+    return None
+
+
+# ---------------------------------------------------------------------- SUT
+
+class NanoVllmSchedulerSut:
+    """One nano-vllm scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
+
+    supports_observe = True
+
+    def __init__(self, nano: _Nano | None = None) -> None:
+        self.n = nano or _Nano()
+        self.name = f"nano-vllm@{self.n.version}"
+        self.scheduler: Any = None
+        self.config: dict[str, Any] = {}
+        self.profile = ""
+        self.dead: str | None = None
+
+    # ----------------------------------------------------------------- init
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        cfg = validate_config(config)
+        reason = unsupported_reason(cfg)
+        if reason:
+            raise SutUnsupported(reason)
+        self.n.Sequence.block_size = cfg["block_size"]  # a class attribute (256 in nano-vllm)
+        fields = types.SimpleNamespace(  # exactly what Scheduler.__init__ reads from its Config
+            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"], eos=-1,
+            num_kvcache_blocks=cfg["num_gpu_blocks"] - 1, kvcache_block_size=cfg["block_size"])
+        self.scheduler = self.n.Scheduler(fields)
+        self.config = cfg
+        self.profile = profile
+        self.dead = None
+        self.seqs: dict[str, Any] = {}  # live requests
+        self.meta: dict[int, dict[str, Any]] = {}  # seq_id -> request fields nano-vllm has no place for
+        self.seen: set[str] = set()
+        self.admitted: set[int] = set()  # seq_ids prefilled at least once
+        self.finished_since: set[str] = set()
+        self.pending: list[tuple[str, Any]] | None = None  # (req_id, seq) scheduled in the step awaiting update
+        self.aborted_in_pending: set[str] = set()
+
+    def _sched(self) -> Any:
+        if self.scheduler is None:
+            raise RuntimeError("init must come first")
+        _require(self.dead is None, "engine_dead",
+                 f"nano-vllm's scheduler failed ({self.dead}); it is dead until the next init")
+        return self.scheduler
+
+    # --------------------------------------------------------------- inputs
+
+    def add_request(self, event: dict[str, Any]) -> None:
+        s = self._sched()
+        rid: Any = event.get("request_id")
+        prompt: Any = event.get("prompt_token_ids")
+        stops: Any = event.get("stop_token_ids", [])
+        eos: Any = event.get("eos_token_id")
+        max_tokens: Any = event.get("max_tokens")
+        min_tokens: Any = event.get("min_tokens", 0)
+        priority: Any = event.get("priority", 0)
+        arrival: Any = event.get("arrival_time", 0)
+        ignore_eos: Any = event.get("ignore_eos", False)
+        _require(isinstance(rid, str) and rid != "", "invalid_request_id", "request id must be a non-empty string")
+        _require(rid not in self.seqs, "duplicate_request_id", f"request {rid!r} is already live")
+        _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
+        _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
+        _require(isinstance(ignore_eos, bool), "invalid_field_type", "ignore_eos must be a boolean")
+        _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
+        _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
+                 f"prompt of {len(prompt)} tokens leaves no room within max_model_len={self.config['max_model_len']}")
+        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
+            _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
+        _require((_is_int(arrival) or isinstance(arrival, float)) and math.isfinite(arrival), "invalid_field_type",
+                 "arrival_time must be a finite number")
+        _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
+        _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
+        for token in (*prompt, *stops, *(() if eos is None else (eos,))):
+            _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
+        _require(rid not in self.aborted_in_pending, "request_id_in_flight",
+                 f"request {rid!r} was aborted in the pending step; apply its model output first")
+        capped = min(max_tokens, self.config["max_model_len"] - len(prompt))
+        seq = self.n.Sequence(list(prompt), self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos))
+        s.add(seq)
+        self.seqs[rid] = seq
+        self.meta[seq.seq_id] = {"req_id": rid, "eos": -1 if eos is None else eos, "stops": set(stops),
+                                 "min_tokens": min_tokens}
+        self.seen.add(rid)
+
+    def abort(self, request_id: str) -> None:
+        s = self._sched()
+        _require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
+                 f"abort of request {request_id!r}, which was never added")
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return  # already finished
+        for queue in (s.waiting, s.running):
+            while seq in queue:
+                queue.remove(seq)
+        if seq.block_table:
+            s.block_manager.deallocate(seq)
+        seq.status = self.n.SequenceStatus.FINISHED
+        self.finished_since.add(request_id)
+        if self.pending is not None and any(r == request_id for r, _ in self.pending):
+            self.aborted_in_pending.add(request_id)
+
+    # ------------------------------------------------------------- schedule
+
+    def _rid(self, seq: Any) -> str:
+        return self.meta[seq.seq_id]["req_id"]
+
+    def schedule(self) -> dict[str, Any]:
+        s = self._sched()
+        _require(self.pending is None, "output_not_processed",
+                 "schedule() called before update_from_output() for the previous step")
+        running_before = {seq.seq_id: seq for seq in s.running
+                          if seq.status == self.n.SequenceStatus.RUNNING}
+        blocks_before = {seq.seq_id: len(seq.block_table) for seq in running_before.values()}
+        if s.is_finished():
+            seqs, is_prefill = [], False
+        else:
+            try:
+                seqs, is_prefill = s.schedule()
+            except Exception as exc:  # nano-vllm's engine loop would die here
+                import traceback
+
+                frames = traceback.extract_tb(exc.__traceback__)
+                where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line!r}" if frames else "?"
+                self.dead = f"{type(exc).__name__} at {where}"
+                raise RuntimeError(f"nano-vllm's Scheduler.schedule() raised {type(exc).__name__}: {exc} "
+                                   f"at {where}") from exc
+        ids = [seq.seq_id for seq in seqs]
+        if len(set(ids)) != len(ids):
+            dup = sorted({self._rid(q) for q in seqs if ids.count(q.seq_id) > 1})
+            self.dead = f"scheduled {dup} twice in one step"
+            raise RuntimeError(f"nano-vllm's Scheduler.schedule() returned {dup} twice in one step "
+                               "(a sequence listed twice in Scheduler.running)")
+        new_reqs: list[dict[str, Any]] = []
+        cached: list[dict[str, Any]] = []
+        num_scheduled: dict[str, int] = {}
+        for seq in seqs:
+            rid = self._rid(seq)
+            blocks = [b + 1 for b in seq.block_table]
+            if is_prefill:
+                num_scheduled[rid] = len(seq) - seq.num_cached_tokens
+                if seq.seq_id in self.admitted:
+                    cached.append({"req_id": rid, "resumed": True, "new_block_ids": blocks,
+                                   "num_computed_tokens": seq.num_cached_tokens,
+                                   "num_output_tokens": seq.num_completion_tokens})
+                else:
+                    new_reqs.append({"req_id": rid, "block_ids": blocks, "num_computed_tokens": seq.num_cached_tokens})
+                    self.admitted.add(seq.seq_id)
+            else:
+                num_scheduled[rid] = 1
+                cached.append({"req_id": rid, "resumed": False,
+                               "new_block_ids": blocks[blocks_before.get(seq.seq_id, len(blocks)):],
+                               "num_computed_tokens": len(seq) - 1,
+                               "num_output_tokens": seq.num_completion_tokens})
+        preempted = sorted(self._rid(seq) for sid, seq in running_before.items()
+                           if seq.status == self.n.SequenceStatus.WAITING)
+        finished, self.finished_since = sorted(self.finished_since), set()
+        self.pending = [(self._rid(seq), seq) for seq in seqs]
+        self.aborted_in_pending = set()
+        return {
+            "scheduled_new_reqs": new_reqs,
+            "scheduled_cached_reqs": cached,
+            "num_scheduled_tokens": dict(sorted(num_scheduled.items())),
+            "total_num_scheduled_tokens": sum(num_scheduled.values()),
+            "scheduled_spec_decode_tokens": {},
+            "finished_req_ids": finished,
+            "preempted_req_ids": None if self.profile in NO_PREEMPTED_FIELD_PROFILES else preempted,
+        }
+
+    # --------------------------------------------------------------- update
+
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        s = self._sched()
+        _require(self.pending is not None, "unexpected_model_output", "update without a pending step")
+        sampled, drafts = sampled_token_ids, draft_token_ids
+        _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
+                 "sampled_token_ids and draft_token_ids must be objects")
+        scheduled = dict(self.pending or [])
+        for rid, tokens in sampled.items():
+            _require(rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled")
+            _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
+            for token in tokens:
+                _require(_is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
+            _require(len(tokens) <= 1, "bad_num_sampled_tokens",
+                     f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
+        for rid, tokens in drafts.items():
+            _require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+        live = [(rid, seq) for rid, seq in self.pending or [] if rid not in self.aborted_in_pending
+                and self.seqs.get(rid) is seq]
+        for rid, seq in live:
+            tokens = sampled.get(rid, [])
+            if not tokens:
+                raise SutUnsupported(f"request {rid!r} sampled no token: nano-vllm's model runner samples exactly one "
+                                     "token per scheduled sequence and its block accounting assumes it")
+            m = self.meta[seq.seq_id]
+            token = tokens[0]
+            k = seq.num_completion_tokens + 1
+            eos_stops = token == m["eos"] and not seq.ignore_eos
+            if token in m["stops"] and k < seq.max_tokens and not eos_stops and k >= m["min_tokens"]:
+                raise SutUnsupported(f"request {rid!r} sampled its stop token {token}: nano-vllm has no stop_token_ids")
+            if k < m["min_tokens"] and eos_stops:
+                raise SutUnsupported(f"request {rid!r} sampled EOS before min_tokens={m['min_tokens']}: "
+                                     "nano-vllm has no min_tokens")
+        self.pending = None
+        self.aborted_in_pending = set()
+        outputs: list[dict[str, Any]] = []
+        for rid, seq in live:
+            token = sampled[rid][0]
+            s.eos = self.meta[seq.seq_id]["eos"]  # nano-vllm's EOS is engine-wide; each request has its own here
+            s.postprocess([seq], [token])  # nano-vllm's own stop rule
+            reason = None
+            if seq.is_finished:
+                # nano-vllm's own condition tests EOS first: (not ignore_eos and token == eos) or length
+                reason = "stop" if token == self.meta[seq.seq_id]["eos"] and not seq.ignore_eos else "length"
+                self.seqs.pop(rid, None)
+                self.finished_since.add(rid)
+            outputs.append({"req_id": rid, "new_token_ids": [token], "finish_reason": reason, "stop_reason": None})
+        return outputs
+
+    # -------------------------------------------------------------- observe
+
+    def observe(self) -> dict[str, Any]:
+        bm = self._sched().block_manager
+        return {
+            "free_block_queue": [b + 1 for b in bm.free_block_ids],
+            "num_free_blocks": len(bm.free_block_ids),
+            "block_tables": {rid: [b + 1 for b in seq.block_table]
+                             for rid, seq in sorted(self.seqs.items()) if seq.block_table},
+        }
+
+    def close(self) -> None:
+        self.scheduler = None
+
+
+# -------------------------------------------------------------------- serve
+
+def _protocol_stdout() -> TextIO:
+    """Keep fd 1 for protocol lines only: return a private copy of it, send everything else to stderr."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def serve_stdio() -> int:
+    from conformance.protocol_server import serve
+
+    proto_out = _protocol_stdout()
+    nano = _Nano()
+    return serve(lambda: NanoVllmSchedulerSut(nano), stdin=sys.stdin, stdout=proto_out)
+
+
+SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 32, "max_num_seqs": 4,
+                     "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
+                     "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0,
+                     "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}
+
+
+def self_check(expect_version: str | None) -> int:
+    """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
+    proto_out = _protocol_stdout()
+    started = time.monotonic()
+    nano = _Nano()
+    if expect_version and nano.version != expect_version:
+        print(f"self-check failed: expected nano-vllm {expect_version}, this environment has {nano.version}", file=proto_out)
+        return 1
+    sut = NanoVllmSchedulerSut(nano)
+    sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
+    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
+                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    first = sut.schedule()
+    sut.update_from_output({"a": [5]}, {})
+    second = sut.schedule()
+    ok = (first["num_scheduled_tokens"] == {"a": 10} and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
+          and second["num_scheduled_tokens"] == {"a": 1})
+    if not ok:
+        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
+        return 1
+    print(f"self-check ok: nano-vllm {nano.version} (nano-vllm-fork), {time.monotonic() - started:.1f} s", file=proto_out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = argparse.ArgumentParser(prog="python -m conformance.engines.nanovllm_driver",
+                                     description="Serve nano-vllm's scheduler over the schedconf protocol.")
+    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
+    parser.add_argument("--expect-version", default=None, help="with --self-check: the nano-vllm version required")
+    args = parser.parse_args(argv)
+    if args.self_check:
+        return self_check(args.expect_version)
+    return serve_stdio()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
