@@ -282,6 +282,45 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     return 1
 
 
+REPRO_EXIT_HELP = ("Exit codes: 0 the reproduction was written (it fails on the release, as checked by running "
+                   "it), 1 no rule breaks (the divergence is a difference from the reference model, not an engine "
+                   "bug: nothing written), 2 bad input or harness error.")
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    """Write a trace as a standalone vLLM test file that fails on the rule the engine breaks."""
+    from conformance.repro import (
+        ReproRunError,
+        get_divergence_step,
+        get_repro_version,
+        make_repro,
+        render_no_repro_message,
+    )
+    from conformance.trace import read_trace
+
+    trace = read_trace(args.trace)
+    version = get_repro_version(args.sut)
+    out = Path(args.out) if args.out else Path(args.trace).with_name(
+        "repro_" + "".join(c if c.isalnum() else "_" for c in Path(args.trace).stem.lower())
+        + f"_vllm_{version.replace('.', '_')}.py")
+    if out.is_dir():
+        raise UsageError(f"--out {out}: a folder; expected the path of the .py file to write")
+    try:
+        result = make_repro(trace, args.sut, check_others=not args.no_other_releases, timeout_s=args.timeout)
+    except ReproRunError as exc:
+        raise UsageError(str(exc)) from None
+    if result.text is None:
+        print(render_no_repro_message(get_divergence_step(trace, args.sut)))
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(result.text)
+    print(f"wrote {out}")
+    print(f"  vLLM {version}: {result.outcome.describe()}")
+    for other, outcome in result.others.items():
+        print(f"  vLLM {other}: {outcome.describe()}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Re-render the reports of a run folder and print its summary."""
     from conformance.report import load_summary, render_summary_md, write_reports
@@ -421,6 +460,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=TIMEOUT, default=120.0, metavar="S", help="seconds to spend (default 120)")
     comparison(p, None)
     timeout(p)
+
+    p = add("repro", cmd_repro, "write a trace as one standalone vLLM test file (vLLM's own API, no schedconf) that "
+            "fails on the rule the engine breaks; nothing is written if no rule breaks")
+    p.description += " " + REPRO_EXIT_HELP
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--sut", required=True, help="the engine release: vllm-v1@VERSION (its environment must be built)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where to write the test file (default: repro_<trace>_vllm_<version>.py beside the trace)")
+    p.add_argument("--timeout", type=TIMEOUT, default=300.0, metavar="S",
+                   help="seconds one run of the file may take (default 300)")
+    p.add_argument("--no-other-releases", action="store_true",
+                   help="do not also run the reproduction on the other built vLLM releases")
 
     p = add("report", cmd_report, "re-render summary.md and report.html of a run folder and print the summary")
     p.add_argument("run_dir", metavar="RUN_DIR")

@@ -36,6 +36,10 @@ def files(tmp_path):
     (tmp_path / "not_json.jsonl").write_text('{"kind": "header",\n')
     (tmp_path / "bad_config.jsonl").write_text(json.dumps({**HEADER, "config": config(block_size=-1)}) + "\n")
     (tmp_path / "bad_scenario.txt").write_text("add-request id=r1\n")
+    from conformance.config_limits import make_refused_config_traces
+    from conformance.trace import write_trace
+
+    write_trace(tmp_path / "valid.jsonl", make_refused_config_traces("vllm-0.33")[0][1])
     run = tmp_path / "broken_run"
     run.mkdir()
     (run / "summary.json").write_text("{broken")
@@ -91,6 +95,8 @@ ROWS = [
     (["env", "vllm", "9.9.9"], "no pinned environment"),
     (["mutants", "no_such_mutant"], "unknown mutant(s) no_such_mutant"),
     (["mutants", "--examples", "0"], "--examples: expected an integer >= 1"),
+    (["repro", "{tmp}/not_json.jsonl", "--sut", "vllm-v1@0.33.0"], "{tmp}/not_json.jsonl:1"),
+    (["repro", "{tmp}/valid.jsonl", "--sut", "stdio:./my-scheduler"], "supported: vllm-v1@"),
     (["demo", "--example", "nope"], "unknown example 'nope'"),
     (["demo", "--examples", "-1"], "--examples: expected an integer >= 0"),
 ]

@@ -1,0 +1,103 @@
+"""``schedconf repro`` against real vLLM: the committed reproductions fail where the bug is.
+
+Marked ``vllm``; a missing environment is built (``ensure_vllm_env``), never
+skipped, as in ``test_vllm_differential.py``. CI (``-m "vllm and not deep"``)
+runs the 0.33.0 checks: the committed F7 file fails with its plain-words
+message at step 6, ``schedconf repro`` regenerates it byte for byte, the F9
+file fails on the output rule, and a trace whose divergence is only the
+intended 0.32/0.33 difference gets no reproduction. The 0.11.0 findings (F4,
+F5) are ``deep`` (local), since CI builds only 0.33.0.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+from conformance.repro import run_repro_file
+from conformance.trace import Trace, write_trace
+from conformance.vllm_env import REPO_ROOT, ensure_vllm_env
+
+pytestmark = pytest.mark.vllm
+
+FINDINGS = REPO_ROOT / "reports" / "findings"
+F7 = FINDINGS / "F7-same-step-priority-victim-cache-hit.jsonl"
+
+
+def run_committed(name: str, version: str, tmp_path: Path):  # noqa: ANN201
+    """Run a committed reproduction from a folder outside the checkout, with the release's interpreter."""
+    ensure_vllm_env(version)
+    copy = tmp_path / name
+    shutil.copy(FINDINGS / name, copy)
+    return run_repro_file(copy, version)
+
+
+def test_the_f7_reproduction_fails_on_033_with_the_plain_words_message(tmp_path):
+    outcome = run_committed("repro_f7_vllm_0_33_0.py", "0.33.0", tmp_path)
+    assert (outcome.status, outcome.rule, outcome.step) == ("broken", "prefix_hit_kv_was_computed", 6), outcome.output
+    assert ("request 'r0' is scheduled with 20 computed tokens (a prefix-cache hit or tokens kept from earlier "
+            "steps), but block 3, which holds its tokens 16-19, has no KV computed for its token 16") in outcome.message
+    assert "Rule: a request may start or resume with computed tokens only if its blocks hold KV" in outcome.output
+
+
+def test_repro_regenerates_the_committed_f7_file(tmp_path, capsys):
+    ensure_vllm_env("0.33.0")
+    out = tmp_path / "f7.py"
+    code = main(["repro", str(F7.relative_to(REPO_ROOT)) if Path.cwd() == REPO_ROOT else str(F7),
+                 "--sut", "vllm-v1@0.33.0", "--out", str(out), "--no-other-releases"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "vLLM 0.33.0: fails: rule prefix_hit_kv_was_computed broken at step 6" in printed
+    assert out.read_text() == (FINDINGS / "repro_f7_vllm_0_33_0.py").read_text()
+
+
+def test_the_f9_reproduction_fails_on_the_output_rule(tmp_path):
+    outcome = run_committed("repro_f9_vllm_0_33_0.py", "0.33.0", tmp_path)
+    assert (outcome.status, outcome.rule, outcome.step) == ("broken", "output_goes_to_its_request", 1), outcome.output
+    assert "yet update_from_output() gave it that step's tokens [5]" in outcome.message
+
+
+def test_a_model_difference_gets_no_reproduction(tmp_path, capsys):
+    """The vllm-0.32 trace of the self-preemption scenario, announced as 0.33, diverges on 0.33.0 at step 3
+    by the intended release difference (break vs continue): no rule breaks, nothing is written, exit 1."""
+    from test_vllm_differential import scenario_traces
+
+    ensure_vllm_env("0.33.0")
+    path = REPO_ROOT / "conformance" / "testdata" / "scenarios" / "profile_priority_self_preemption.txt"
+    (t32,) = [t for t in scenario_traces(path) if t.profile == "vllm-0.32"]
+    trace_path = tmp_path / "self_preemption_032.jsonl"
+    write_trace(trace_path, Trace(header={**t32.header, "profile": "vllm-0.33"}, events=t32.events))
+    out = tmp_path / "none.py"
+    code = main(["repro", str(trace_path), "--sut", "vllm-v1@0.33.0", "--out", str(out), "--no-other-releases"])
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    assert ("the engine keeps every rule a reproduction can assert on this trace; the divergence at step 3 is a "
+            "difference from the reference model (a model error or an intended difference), not an engine bug: "
+            "no reproduction written") in printed
+    assert not out.exists()
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("name,rule,step", [
+    ("repro_f4_vllm_0_11_0.py", "engine_does_not_crash", 1),
+    ("repro_f5_vllm_0_11_0.py", "lone_request_is_served", 2),
+])
+def test_the_011_reproductions_fail_on_011(name, rule, step, tmp_path):
+    outcome = run_committed(name, "0.11.0", tmp_path)
+    assert (outcome.status, outcome.rule, outcome.step) == ("broken", rule, step), outcome.output
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("name,version", [("repro_f4_vllm_0_11_0.py", "0.33.0")])
+def test_a_fixed_release_passes(name, version, tmp_path):
+    """F4 is fixed in 0.33 (Request.__lt__); the 0.11 file uses 0.11's API, so the check is the
+    0.33-rendered file: ``schedconf repro`` runs it on every other built release."""
+    ensure_vllm_env(version)
+    out = tmp_path / "f4_033.py"
+    code = main(["repro", str(FINDINGS / "F4-priority-tie-crash.jsonl"), "--sut", f"vllm-v1@{version}",
+                 "--out", str(out), "--no-other-releases"])
+    assert code == 1 and not out.exists()
+    assert name.startswith("repro_f4")
