@@ -403,9 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def comparison(p: argparse.ArgumentParser, default: str | None) -> None:
-        p.add_argument("--comparison", choices=["strict", "observable"], default=default,
+        p.add_argument("--comparison", choices=["strict", "observable", "safety"], default=default,
                        help="strict: block ids and free-queue order must match (vLLM-exact); observable: ids, "
-                            "token counts, sets and reasons, block ids up to a consistent renaming "
+                            "token counts, sets and reasons, block ids up to a consistent renaming; safety: no "
+                            "equality with the trace, the scheduler's own schedule is checked against "
+                            "policy-independent properties (conformance/CHECKS.md) "
                             + ("(default: the trace header's, else strict)" if default is None else f"(default: {default})"))
 
     def timeout(p: argparse.ArgumentParser) -> None:

@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--schedconf-sut", default=None, metavar="SUT",
                     help="run conformance items against this scheduler (same names as `schedconf run --sut`)")
     group.addoption("--schedconf-profile", default="vllm-0.33", help="release profile (default vllm-0.33)")
-    group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable"])
+    group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable", "safety"])
     group.addoption("--schedconf-examples", type=int_at_least(0), default=100,
                     help="generated traces (default 100; 0: corpus only)")
     group.addoption("--schedconf-seed", type=int, default=0)

@@ -21,14 +21,13 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from conformance.compare import Comparator, Divergence, FieldDiff
 from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
 from conformance.trace import Trace
+from conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
 
-PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 
 
 class StepTimeout(Exception):
@@ -39,20 +38,6 @@ class StepTimeout(Exception):
 
 class ReplayDeadline(Exception):
     """The caller's deadline passed during a replay: the replay has no verdict."""
-
-
-@dataclass
-class ReplayResult:
-    """The verdict of one trace against one SUT."""
-
-    verdict: str
-    divergence: Divergence | None = None
-    events_run: int = 0
-    steps_run: int = 0
-    detail: str = ""
-    """A traceback or the reason for ``unknown``."""
-    sut_stderr: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @contextmanager
@@ -115,7 +100,7 @@ def _alarm_s(seconds: float | None, deadline: float | None) -> float | None:
 
 def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout: float | None, start: bool,
             deadline: float | None, enforced: bool) -> ReplayResult:
-    comparator = Comparator(comparison)
+    comparator = Comparator(comparison) if comparison != "safety" else None
     events = trace.events
     step: int | None = None
     steps_run = 0
@@ -163,6 +148,15 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         return raised(0, "start", exc)
     if refused_config:
         return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
+    if comparison == "safety":
+        from conformance.safety.drive import run_safety
+
+        def timed_call(fn: Any, *args: Any) -> Any:
+            with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
+                return fn(*args)
+
+        return run_safety(trace, sut, timed_call, raised)
+    assert comparator is not None
 
     def call(kind: str, event: dict[str, Any]) -> Any:
         if kind == "add_request":

@@ -70,7 +70,10 @@ class ImplSchedulerSut(InProcessSut):
         return canonical_request_outputs(results)
 
     def observe(self) -> dict[str, Any] | None:
-        return self._sched().observe()
+        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``)."""
+        sched = self._sched()
+        return {**sched.observe(), "block_tables": {rid: list(req.blocks) for rid, req in sorted(sched.requests.items())
+                                                    if req.blocks}}
 
 
 def make_scheduler_sut() -> ImplSchedulerSut:

@@ -35,8 +35,12 @@ class ReferenceSut(InProcessSut):
         return [o.to_canonical() for o in outputs]
 
     def observe(self) -> dict[str, Any] | None:
-        pool = self._sched().block_pool
+        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``)."""
+        sched = self._sched()
+        pool = sched.block_pool
         return {
             "free_block_queue": [b.block_id for b in pool.free_block_queue],
             "num_free_blocks": pool.get_num_free_blocks(),
+            "block_tables": {rid: [b.block_id for b in blocks]
+                             for rid, blocks in sorted(sched.kv_cache_manager.req_to_blocks.items()) if blocks},
         }

@@ -1,0 +1,11 @@
+"""The ``safety`` comparison: policy-independent properties over a scheduler's own schedule.
+
+``properties.py`` states the rules (one ``check_*`` function each);
+``drive.py`` runs a scheduler on a trace's inputs, builds the model outputs
+from its own schedule and checks the rules after every call.
+``conformance/CHECKS.md`` lists them with what each needs.
+
+Import from the modules (``conformance.safety.drive.run_safety``,
+``conformance.safety.properties.PROPERTIES``): this package file imports
+nothing, so its modules can import each other without a cycle.
+"""
