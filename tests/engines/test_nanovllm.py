@@ -179,3 +179,26 @@ def test_campaign_of_300_traces_has_no_harness_error(tmp_path: Path) -> None:
     not_engine = [f for f in harness_level if not (f["section"] == "sut_error" and ENGINE_FAILURE in f["message"])]
     assert not not_engine, [f["message"][:300] for f in not_engine]
     assert summary["passed"] > 0
+
+
+def test_safety_campaign_finds_only_the_two_known_bugs(tmp_path: Path) -> None:
+    """Under --comparison safety (nano-vllm's own schedule, conformance/CHECKS.md) the violations
+    are the fork's two bugs of reports/findings.md ('Other engines') and nothing else:
+    a wholly cached block-aligned prompt scheduled for 0 tokens (progress), and a preempted
+    sequence left in Scheduler.running, which later crashes its schedule() (sut_error), gets
+    scheduled in the very step that preempts it (progress) or gets a finished request scheduled
+    again (known_requests). A driver mistake would show as any other kind, and a fixed fork as no
+    progress failure."""
+    ensure_env("nano-vllm", VERSION)
+    subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "200",
+                    "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
+                   capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
+    assert summary["examples_run"] == 200 and summary["passed"] > 100
+    unexplained = [f for f in summary["failures"] if not (
+        (f["signature"] == "sut_error" and ENGINE_FAILURE in f["message"])
+        or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
+        or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
+        or f["signature"] == "safety:known_requests")]
+    assert not unexplained, [f["message"][:300] for f in unexplained]
+    assert any("is scheduled for 0 tokens" in f["message"] for f in summary["failures"])

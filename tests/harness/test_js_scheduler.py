@@ -86,6 +86,32 @@ def test_passes_generated_traces_without_prefix_caching(js):
     assert passed >= NUM_GENERATED * 0.9
 
 
+def test_keeps_the_safety_properties(js):
+    """Under --comparison safety (its own schedule, checked against conformance/CHECKS.md's
+    properties): a failure is allowed only where the reference fails the same way, i.e. where both
+    model a vLLM bug on purpose (the 0.32/0.33 padded-admission crash)."""
+    reference = ReferenceSut()
+    checked, failures = 0, []
+    for seed in range(NUM_GENERATED):
+        workload = random_workload(seed)
+        workload = workload.replace(config=dataclasses.replace(workload.config, enable_prefix_caching=False))
+        try:
+            trace = run_workload(workload)
+        except WorkloadError:
+            continue
+        trace.path = f"random_workload({seed}) without prefix caching"
+        result = replay(trace, js, "safety")
+        if result.verdict == PASS:
+            checked += 1
+            continue
+        ref = replay(trace, reference, "safety")
+        if ref.verdict != result.verdict or (ref.divergence and ref.divergence.signature()) != (
+                result.divergence and result.divergence.signature()):
+            failures.append(render_divergence(trace, result))
+    assert not failures, f"{len(failures)} trace(s) break a safety property; the first:\n" + failures[0]
+    assert checked >= NUM_GENERATED * 0.9
+
+
 def test_answers_unsupported_for_what_it_leaves_out(js):
     prefix_cached = next(path for _, path, e in iter_corpus("vllm-0.33") if e["prefix_caching"])
     assert replay(read_trace(prefix_cached), js, "observable").verdict == UNKNOWN

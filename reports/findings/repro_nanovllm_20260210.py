@@ -1,4 +1,4 @@
-"""Reproduction for nano-vllm-fork 20260210: a sequence preempted in the decode loop stays in `running`.
+"""Reproductions for nano-vllm-fork 20260210: a preempted sequence stays in `running`; a wholly cached prompt computes nothing.
 
 Rule: a preempted sequence leaves the running queue (it is WAITING and holds no blocks); a
     scheduler must never hold one request in two queues.
@@ -52,3 +52,27 @@ def test_a_preempted_sequence_leaves_the_running_queue():
     assert b not in scheduler.running, (
         "b was preempted (WAITING, blocks freed, at the front of waiting) but is still in "
         "Scheduler.running: it is in two queues at once")
+
+
+def test_a_wholly_cached_prompt_still_computes_a_token():
+    """The second finding (safety property `progress`): a block-aligned prompt found whole in the
+    prefix cache is scheduled for 0 tokens. BlockManager.allocate (block_manager.py:59-82) counts
+    every full cached block, the last one included, so num_cached_tokens == len(seq); the model
+    runner's prepare_prefill (model_runner.py:251-255) then adds no query token for it, and
+    ParallelLMHead (embed_head.py:59) samples at cu_seqlens_q[1:] - 1: the previous sequence's last
+    position. vLLM caps a hit at num_tokens - 1 so that one token is always computed."""
+    Sequence.block_size = 4
+    scheduler = Scheduler(SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64, eos=-1,
+                                          num_kvcache_blocks=8, kvcache_block_size=4))
+    first = Sequence([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=4))
+    scheduler.add(first)
+    seqs, _ = scheduler.schedule()  # first computes its 8 tokens; its two full blocks are cached
+    scheduler.postprocess(seqs, [0] * len(seqs))
+    again = Sequence([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(max_tokens=4))
+    scheduler.add(again)
+    seqs, prefill = scheduler.schedule()
+    assert prefill and again in seqs
+    assert again.num_cached_tokens < len(again), (
+        f"the prompt of {len(again)} tokens is wholly served from the prefix cache "
+        f"(num_cached_tokens={again.num_cached_tokens}): no token is computed for it, so the model "
+        "has no position of its own to sample its first output token from")
