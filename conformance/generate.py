@@ -186,8 +186,9 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
     # Drawn from its own stream, so that configs without it keep their bytes.
     y = c.fork("spec_cut_threshold")
     if num_spec > 0 and y.boolean(SPEC_CUT_THRESHOLD_RATE, "spec_cut_threshold"):
-        # max_model_len >= 4 > num_spec: within every profile's limits.
-        threshold = y.integer(1, num_spec, "spec_cut_threshold_value")
+        # At most max_model_len: 0.32/0.33 refuse a threshold above it (a boundary config may
+        # have max_model_len below num_spec_tokens).
+        threshold = y.integer(1, min(num_spec, max_model_len), "spec_cut_threshold_value")
     return SchedulerConfig(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
