@@ -505,6 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "import chain only, no torch) from the pinned files in conformance/envs/")
     add_env_arguments(nv, "nano-vllm")
     nv.set_defaults(func=cmd_env, parser_=nv)
+    for family, what in (("aphrodite", "Aphrodite Engine's scheduler import chain"),
+                         ("lmdeploy", "LMDeploy's PyTorch-engine scheduler import chain, CPU torch"),
+                         ("sglang", "SGLang's scheduling classes' import chain, CPU torch")):
+        e = esub.add_parser(family, help=f"build .venvs/{family}-VERSION ({what}) from conformance/envs/",
+                            description=f"build .venvs/{family}-VERSION ({what}) from the pinned files in "
+                                        "conformance/envs/")
+        add_env_arguments(e, family)
+        e.set_defaults(func=cmd_env, parser_=e)
 
     p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it")
     p.add_argument("names", nargs="*", help="only these mutants")

@@ -85,6 +85,30 @@ def _nanovllm_env_vars(home: Path) -> dict[str, str]:
     }
 
 
+def _lmdeploy_env_vars(home: Path) -> dict[str, str]:
+    """What ``conformance.engines.lmdeploy_driver`` needs (offline, quiet, deterministic)."""
+    return {"PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(home / "hf-home"), "DO_NOT_TRACK": "1",
+            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+def _sglang_env_vars(home: Path) -> dict[str, str]:
+    """What ``conformance.engines.sglang_driver`` needs (a config.json-only model folder, offline, quiet)."""
+    return {"PYTHONPATH": str(REPO_ROOT), "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HOME": str(home / "hf-home"), "SGLANG_LOGGING_LEVEL": "error", "DO_NOT_TRACK": "1",
+            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+def _aphrodite_env_vars(home: Path) -> dict[str, str]:
+    """What ``conformance.engines.aphrodite_driver`` needs (Aphrodite's CPU platform, V1 runner layout, offline)."""
+    return {"PYTHONPATH": str(REPO_ROOT), "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
+            "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_HOME": str(home / "hf-home"), "APHRODITE_USE_V2_MODEL_RUNNER": "0", "APHRODITE_TARGET_DEVICE": "cpu",
+            "APHRODITE_LOGGING_LEVEL": "ERROR", "APHRODITE_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
 @dataclass(frozen=True)
 class EngineFamily:
     """What the builder needs to know about one engine family."""
@@ -114,6 +138,21 @@ FAMILIES: dict[str, EngineFamily] = {
         env_vars=_nanovllm_env_vars,
         self_check_step="self-check (import nano-vllm's scheduler, run two steps)",
         install_note=" (~35 MB of wheels, no torch)"),
+    "aphrodite": EngineFamily(
+        name="aphrodite", label="Aphrodite", driver_module="conformance.engines.aphrodite_driver",
+        env_vars=_aphrodite_env_vars,
+        self_check_step="self-check (import Aphrodite's scheduler, run two steps)",
+        install_note=" (the 336 MB aphrodite-engine wheel on a cold pip cache)"),
+    "lmdeploy": EngineFamily(
+        name="lmdeploy", label="LMDeploy", driver_module="conformance.engines.lmdeploy_driver",
+        env_vars=_lmdeploy_env_vars,
+        self_check_step="self-check (import LMDeploy's PyTorch-engine scheduler, run two steps)",
+        install_note=" (the 107 MB lmdeploy wheel and the 190 MB CPU torch on a cold pip cache)"),
+    "sglang": EngineFamily(
+        name="sglang", label="SGLang", driver_module="conformance.engines.sglang_driver",
+        env_vars=_sglang_env_vars,
+        self_check_step="self-check (import SGLang's scheduling classes, run two steps)",
+        install_note=" (the 39 MB sglang wheel, triton ~1 GB, CPU torch; 2.5 GB on disk)"),
 }
 """Engine family name -> its description; ``schedconf env NAME VERSION`` for each."""
 

@@ -43,6 +43,9 @@ ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
     "mutant:": "conformance.mutants:make_mutant_sut",
     "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
     "nano-vllm@": "conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
+    "aphrodite@": "conformance.adapters.aphrodite:make_aphrodite_sut",  # never imports Aphrodite itself
+    "lmdeploy@": "conformance.adapters.lmdeploy:make_lmdeploy_sut",  # never imports LMDeploy itself
+    "sglang@": "conformance.adapters.sglang:make_sglang_sut",  # never imports SGLang itself
 }
 """SUT name prefix -> factory(name) (or its ``"module:attr"`` path)."""
 

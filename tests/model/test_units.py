@@ -147,10 +147,14 @@ def test_legal_transitions_table():
 
 
 def test_profiles_table_names_and_differences():
-    assert set(PROFILES) == {"vllm-0.33", "vllm-0.32", "vllm-0.11"}
+    assert set(PROFILES) == {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24"}
     diff = [k for k in VLLM_0_33.knob_names() if getattr(VLLM_0_33, k) != getattr(VLLM_0_32, k)]
     # The two differences found by diffing the 0.32.0 and 0.33.0 wheels.
     assert diff == ["priority_self_preemption", "cache_blocks_after_spec_update"]
+    aphrodite = PROFILES["aphrodite-0.24"]
+    # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request.
+    assert [k for k in VLLM_0_32.knob_names() if getattr(VLLM_0_32, k) != getattr(aphrodite, k)] == [
+        "exempt_lone_request_from_threshold"]
     with pytest.raises(InvalidConfig) as e:
         get_profile("vllm-9")
     assert e.value.code == "unknown_profile"
@@ -214,8 +218,10 @@ def test_invalid_event_leaves_state_unchanged():
         # 0.32/0.33 accept a threshold of at most num_spec_tokens at start (they
         # crash later, in schedule(): tests/harness/test_engine_crash.py).
         (dict(num_spec_tokens=2, long_prefill_token_threshold=2), None, set()),
-        # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len).
-        (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len", {"vllm-0.33", "vllm-0.32"}),
+        # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len); so does
+        # Aphrodite 0.24, which tracks 0.32 (its config refusals are 0.32's: tests/engines/test_aphrodite.py).
+        (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len",
+         {"vllm-0.33", "vllm-0.32", "aphrodite-0.24"}),
     ],
 )
 def test_profile_dependent_config_checks(fields, code, refused_by):
