@@ -114,3 +114,20 @@ def test_cli_accepts_the_safety_comparison(command: str) -> None:
     argv = {"run": ["run", "--sut", "reference"], "replay": ["replay", "x.jsonl", "--sut", "reference"],
             "shrink": ["shrink", "x.jsonl", "--sut", "reference"]}[command]
     assert build_parser().parse_args([*argv, "--comparison", "safety"]).comparison == "safety"
+
+
+def test_max_model_len_catches_a_step_past_the_last_computable_position():
+    """max_model_len has no broken scheduler of its own (under the safety driver, progress or
+    stop_rules report such a scheduler first: CHECKS.md), so the check itself is held to a step
+    that a scheduler with drafts of its own could schedule: 14 computed + 2 new tokens with
+    max_model_len 16 puts the next sampled token at position 16, past the last one (15)."""
+    from conformance.safety.properties import check_max_model_len
+
+    def step(computed: int, n: int) -> dict:
+        return {"scheduled_new_reqs": [], "num_scheduled_tokens": {"r0": n},
+                "scheduled_cached_reqs": [{"req_id": "r0", "resumed": False, "new_block_ids": [],
+                                           "num_computed_tokens": computed, "num_output_tokens": 1}]}
+
+    assert check_max_model_len(step(14, 1), 16) == []  # positions 14..14, the sampled token at 15
+    problems = check_max_model_len(step(14, 2), 16)
+    assert len(problems) == 1 and "positions 14..15" in problems[0] and "max_model_len - 2 = 14" in problems[0]
