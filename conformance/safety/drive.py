@@ -31,6 +31,7 @@ violation.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -333,8 +334,10 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
                 return bad
         return None
 
+    current_step = 1  # the step being worked on: its inputs, schedule() and update
     try:
         while True:
+            current_step = run.steps_run + 1
             if not run.has_live() and nxt < len(inputs):
                 # nothing to do: time skips to the next input (no empty steps); one due in flight
                 # has no pending step to wait for and arrives at once
@@ -390,4 +393,7 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
     except SutUnsupported as exc:
         return result(UNKNOWN, detail=f"unsupported: {exc}")
     except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
-        return raised(run.used_index, "safety step", exc)
+        failed = raised(run.used_index, f"step {current_step}", exc)
+        if failed.divergence is not None:  # the SUT's own step it failed in (the trace's steps do not apply)
+            failed.divergence = dataclasses.replace(failed.divergence, step=current_step)
+        return failed
