@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 from typing import Any, Callable
@@ -94,6 +95,16 @@ def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: 
         if session.shut_down:
             return 0
     return 0
+
+
+def take_protocol_stdout():  # noqa: ANN201 - a text file
+    """Keep fd 1 for protocol lines only: return a private copy of it, and send everything else
+    (an engine's prints, its libraries' banners) to stderr, which the harness keeps for reports."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
 
 
 def write_reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001

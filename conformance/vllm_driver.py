@@ -99,6 +99,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from conformance.protocol_server import take_protocol_stdout
+
 DEFAULT_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -794,15 +796,6 @@ class VllmSchedulerSut:
 
 # -------------------------------------------------------------------- serve
 
-def _protocol_stdout() -> TextIO:
-    """Keep fd 1 for protocol lines only: return a private copy of it, send everything else to stderr."""
-    sys.stdout.flush()
-    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return proto
-
-
 def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSchedulerSut]) -> Iterator[str]:
     """Answer the ``stats`` extension here; pass every other line on to ``serve``.
 
@@ -832,7 +825,7 @@ def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
     from conformance.protocol_server import serve
 
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     holder: dict[str, VllmSchedulerSut] = {}
     api = _Vllm()
 
@@ -845,7 +838,7 @@ def serve_stdio() -> int:
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     started = time.monotonic()
     api = _Vllm()
     if expect_version and api.version.split("+")[0] != expect_version:

@@ -65,11 +65,11 @@ import sys
 import time
 from typing import Any
 
+from conformance.protocol_server import take_protocol_stdout
 from conformance.vllm_driver import (
     DriverError,
     SutUnsupported,
     VllmSchedulerSut,
-    _protocol_stdout,
     _with_extensions,
     _Vllm,
 )
@@ -223,7 +223,7 @@ def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
     from conformance.protocol_server import serve
 
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     holder: dict[str, Any] = {}
     api = _Aphrodite()
 
@@ -242,7 +242,7 @@ SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tok
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     started = time.monotonic()
     api = _Aphrodite()
     if expect_version and api.version.split("+")[0] != expect_version:

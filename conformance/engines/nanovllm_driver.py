@@ -113,7 +113,9 @@ import os
 import sys
 import time
 import types
-from typing import Any, TextIO
+from typing import Any
+
+from conformance.protocol_server import take_protocol_stdout
 
 DISTRIBUTION = "nano-vllm-fork"
 
@@ -479,19 +481,10 @@ class NanoVllmSchedulerSut:
 
 # -------------------------------------------------------------------- serve
 
-def _protocol_stdout() -> TextIO:
-    """Keep fd 1 for protocol lines only: return a private copy of it, send everything else to stderr."""
-    sys.stdout.flush()
-    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return proto
-
-
 def serve_stdio() -> int:
     from conformance.protocol_server import serve
 
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     nano = _Nano()
     return serve(lambda: NanoVllmSchedulerSut(nano), stdin=sys.stdin, stdout=proto_out)
 
@@ -504,7 +497,7 @@ SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tok
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     started = time.monotonic()
     nano = _Nano()
     if expect_version and nano.version != expect_version:

@@ -153,7 +153,9 @@ import os
 import sys
 import time
 import types
-from typing import Any, TextIO
+from typing import Any
+
+from conformance.protocol_server import take_protocol_stdout
 
 DISTRIBUTION = "sglang"
 
@@ -783,19 +785,10 @@ class SglangSchedulerSut:
 
 # -------------------------------------------------------------------- serve
 
-def _protocol_stdout() -> TextIO:
-    """Keep fd 1 for protocol lines only: return a private copy of it, send everything else to stderr."""
-    sys.stdout.flush()
-    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return proto
-
-
 def serve_stdio() -> int:
     from conformance.protocol_server import serve
 
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     sgl = _Sgl()
     return serve(lambda: SglangSchedulerSut(sgl), stdin=sys.stdin, stdout=proto_out)
 
@@ -808,7 +801,7 @@ SELF_CHECK_CONFIG = {"block_size": 1, "num_gpu_blocks": 64, "max_num_batched_tok
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = _protocol_stdout()
+    proto_out = take_protocol_stdout()
     started = time.monotonic()
     sgl = _Sgl()
     if expect_version and sgl.version != expect_version:
