@@ -54,9 +54,9 @@ Mapping (PROTOCOL.md -> LMDeploy):
     ``do_prefill_default``). vLLM's pool holds block 0 back as the null block,
     LMDeploy has none: block ``i`` is reported as ``i + 1``. ``unsupported``:
     ``policy: priority`` (FCFS by arrival only), ``num_spec_tokens > 0``,
-    ``num_lookahead_tokens > 0``, ``long_prefill_token_threshold > 0`` and
-    ``max_num_batched_tokens < max_num_seqs`` (a decode step runs every running
-    sequence, up to ``max_batches``, with no token budget).
+    ``num_lookahead_tokens > 0`` and ``long_prefill_token_threshold > 0``
+    (``max_num_batched_tokens < max_num_seqs`` is refused with the protocol's
+    ``budget_below_max_num_seqs``, as vLLM refuses it).
 ``add_request``
     Validated with the protocol's codes, then one session per request
     (``Scheduler.add_session``, as ``Engine._on_add_session``) and the engine's
@@ -109,23 +109,23 @@ import argparse
 import importlib
 import importlib.util
 import logging
-import math
 import os
 import sys
 import time
 import types
 from typing import Any
 
+from conformance.engines.protocol_checks import (
+    SutUnsupported,
+    is_token_id,
+    require,
+    validate_add_request,
+    validate_config,
+)
 from conformance.protocol_server import take_protocol_stdout
 
 DISTRIBUTION = "lmdeploy"
 
-CONFIG_FIELDS = (
-    "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-    "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
-    "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
-)
-MAX_TOKEN_ID = 2**31 - 1
 NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
 PREFILL_INTERVAL = 16
 """LMDeploy's default ``PytorchEngineConfig.prefill_interval``; it is also the number of tokens preallocated
@@ -134,31 +134,6 @@ length (``Engine._get_max_session_len``), which covers the preallocation only wh
 block_size`` (LMDeploy's default block size is 64): the driver uses ``min(16, block_size)``, or the value of
 ``SCHEDCONF_LMDEPLOY_PREFILL_INTERVAL`` (set it to 16 to see the liveness failure of a larger interval:
 reports/findings/repro_lmdeploy_0_18_0_prealloc_liveness.py)."""
-
-
-class DriverError(Exception):
-    """An input the protocol refuses; ``code`` is the stable error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-class SutUnsupported(Exception):  # noqa: N818 - protocol_server matches this class name
-    """LMDeploy cannot express this config or input (the verdict is unknown)."""
-
-
-def _require(condition: bool, code: str, message: str) -> None:
-    if not condition:
-        raise DriverError(code, message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_token_id(value: object) -> bool:
-    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
 
 
 # ----------------------------------------------------------------- LMDeploy
@@ -237,38 +212,6 @@ class _NoSampling:
 
 # ------------------------------------------------------------------- config
 
-def validate_config(config: Any) -> dict[str, Any]:
-    """Refuse a config with the protocol's codes (as the vLLM driver does); return it."""
-    _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
-    missing = [f for f in CONFIG_FIELDS if f not in config]
-    unknown = sorted(set(config) - set(CONFIG_FIELDS))
-    _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
-    _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
-    for name in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-                 "long_prefill_token_threshold", "num_spec_tokens", "num_lookahead_tokens"):
-        _require(_is_int(config[name]), "invalid_config_type", f"{name} must be an integer")
-    for name in ("enable_chunked_prefill", "enable_prefix_caching"):
-        _require(isinstance(config[name], bool), "invalid_config_type", f"{name} must be a boolean")
-    _require(config["policy"] in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
-    isl = config["scheduler_reserve_full_isl"]
-    _require(isl is None or isinstance(isl, bool), "invalid_config_type",
-             "scheduler_reserve_full_isl must be a boolean or null")
-    _require(config["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    _require(config["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2")
-    _require(config["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
-    _require(config["max_model_len"] >= 2, "invalid_max_model_len", "max_model_len must be >= 2")
-    _require(config["max_num_batched_tokens"] >= 1, "invalid_max_num_batched_tokens",
-             "max_num_batched_tokens must be >= 1")
-    for name in ("long_prefill_token_threshold", "num_spec_tokens", "num_lookahead_tokens"):
-        _require(config[name] >= 0, f"invalid_{name}", f"{name} must be >= 0")
-    if not config["enable_chunked_prefill"]:
-        _require(config["max_num_batched_tokens"] >= config["max_model_len"], "budget_below_max_model_len",
-                 "max_num_batched_tokens must be >= max_model_len without chunked prefill")
-    _require((config["num_gpu_blocks"] - 1) * config["block_size"] >= config["max_model_len"],
-             "pool_below_max_model_len", "the usable blocks must hold one max_model_len sequence")
-    return config
-
-
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why LMDeploy cannot run ``cfg`` (the verdict is then unknown), or None."""
     if cfg["policy"] != "fcfs":
@@ -279,9 +222,6 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
         return "LMDeploy has no lookahead slots"
     if cfg["long_prefill_token_threshold"] > 0:
         return "LMDeploy has no long_prefill_token_threshold (it chunks only prompts over max_prefill_token_num)"
-    if cfg["max_num_batched_tokens"] < cfg["max_num_seqs"]:
-        return ("LMDeploy's decode step runs every running sequence (up to max_batches) with no token budget: "
-                "max_num_batched_tokens must be >= max_num_seqs")
     return None
 
 
@@ -358,7 +298,7 @@ class LmdeploySchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        _require(self.dead is None, "engine_dead",
+        require(self.dead is None, "engine_dead",
                  f"LMDeploy's scheduler failed ({self.dead}); it is dead until the next init")
         return self.scheduler
 
@@ -376,33 +316,11 @@ class LmdeploySchedulerSut:
 
     def add_request(self, event: dict[str, Any]) -> None:
         s = self._sched()
-        rid: Any = event.get("request_id")
-        prompt: Any = event.get("prompt_token_ids")
-        stops: Any = event.get("stop_token_ids", [])
-        eos: Any = event.get("eos_token_id")
-        max_tokens: Any = event.get("max_tokens")
-        min_tokens: Any = event.get("min_tokens", 0)
-        priority: Any = event.get("priority", 0)
-        arrival: Any = event.get("arrival_time", 0)
-        ignore_eos: Any = event.get("ignore_eos", False)
-        _require(isinstance(rid, str) and rid != "", "invalid_request_id", "request id must be a non-empty string")
-        _require(rid not in self.seqs, "duplicate_request_id", f"request {rid!r} is already live")
-        _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
-        _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
-        _require(isinstance(ignore_eos, bool), "invalid_field_type", "ignore_eos must be a boolean")
-        _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
-        _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
-                 f"prompt of {len(prompt)} tokens leaves no room within max_model_len={self.config['max_model_len']}")
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
-        _require((_is_int(arrival) or isinstance(arrival, float)) and math.isfinite(arrival), "invalid_field_type",
-                 "arrival_time must be a finite number")
-        _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
-        _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
-        for token in (*prompt, *stops, *(() if eos is None else (eos,))):
-            _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
-        _require(rid not in self.aborted_in_pending, "request_id_in_flight",
-                 f"request {rid!r} was aborted in the pending step; apply its model output first")
+        fields = validate_add_request(event, self.seqs, self.aborted_in_pending, self.config["max_model_len"])
+        rid, prompt, stops, eos = (fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids",
+                                                         "eos_token_id"))
+        max_tokens, min_tokens, priority, arrival, ignore_eos = (
+            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
         final_len = min(len(prompt) + max_tokens, self.config["max_model_len"])
         if final_len > self.session_len:
             raise SutUnsupported(
@@ -433,7 +351,7 @@ class LmdeploySchedulerSut:
 
     def abort(self, request_id: str) -> None:
         s = self._sched()
-        _require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
+        require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
                  f"abort of request {request_id!r}, which was never added")
         seq = self.seqs.pop(request_id, None)
         if seq is None:
@@ -460,7 +378,7 @@ class LmdeploySchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         s = self._sched()
-        _require(self.pending is None, "output_not_processed",
+        require(self.pending is None, "output_not_processed",
                  "schedule() called before update_from_output() for the previous step")
         running_status = self.m.MessageStatus.RUNNING
         running_before = [seq for seq in self.seqs.values() if seq.status == running_status]
@@ -540,24 +458,24 @@ class LmdeploySchedulerSut:
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
                            draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
         s = self._sched()
-        _require(self.pending is not None, "unexpected_model_output", "update without a pending step")
+        require(self.pending is not None, "unexpected_model_output", "update without a pending step")
         sampled, drafts = sampled_token_ids, draft_token_ids
-        _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
+        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
                  "sampled_token_ids and draft_token_ids must be objects")
         pending = self.pending
         assert pending is not None
         for rid, tokens in sampled.items():
-            _require(rid in pending["ids"], "unscheduled_model_output",
+            require(rid in pending["ids"], "unscheduled_model_output",
                      f"sampled tokens for {rid!r}, which was not scheduled")
-            _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
+            require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
-                _require(_is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
-            _require(len(tokens) <= 1, "bad_num_sampled_tokens",
+                require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
+            require(len(tokens) <= 1, "bad_num_sampled_tokens",
                      f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
-            _require(pending["samples"] or not tokens, "bad_num_sampled_tokens",
+            require(pending["samples"] or not tokens, "bad_num_sampled_tokens",
                      f"request {rid!r}: a prefill chunk samples no token")
         for _rid in drafts:
-            _require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         running = pending["running"]
         live_ids = [self._rid(seq) for seq in running]
         live = [(rid, seq) for rid, seq in zip(live_ids, running)

@@ -108,54 +108,25 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import sys
 import time
 import types
 from typing import Any
 
+from conformance.engines.protocol_checks import (
+    SutUnsupported,
+    is_token_id,
+    require,
+    validate_add_request,
+    validate_config,
+)
 from conformance.protocol_server import take_protocol_stdout
 
 DISTRIBUTION = "nano-vllm-fork"
 
-CONFIG_FIELDS = (
-    "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-    "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
-    "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
-)
-MAX_TOKEN_ID = 2**31 - 1
 NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
 """Profiles whose SchedulerOutput has no ``preempted_req_ids`` (reported as null)."""
-
-
-class DriverError(Exception):
-    """An input the protocol refuses; ``code`` is the stable error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-class SutUnsupported(Exception):  # noqa: N818 - protocol_server matches this class name
-    """nano-vllm cannot express this config or input (the verdict is unknown)."""
-
-
-def _require(condition: bool, code: str, message: str) -> None:
-    if not condition:
-        raise DriverError(code, message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_token_id(value: object) -> bool:
-    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------- nano-vllm
@@ -190,40 +161,6 @@ class _Nano:
 
 
 # ------------------------------------------------------------------- config
-
-def validate_config(config: Any) -> dict[str, Any]:
-    """Refuse a config with the protocol's codes (as the vLLM driver does); return it."""
-    _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
-    missing = [f for f in CONFIG_FIELDS if f not in config]
-    unknown = sorted(set(config) - set(CONFIG_FIELDS))
-    _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
-    _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
-    for name in CONFIG_FIELDS:
-        value = config[name]
-        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
-            _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
-        elif name == "scheduler_reserve_full_isl":
-            _require(value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null")
-        elif name == "policy":
-            _require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
-        else:
-            _require(_is_int(value), "invalid_config_type", f"{name} must be an integer")
-    c = config
-    _require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    _require(c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)")
-    _require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
-    _require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
-    _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
-    _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
-    _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
-    _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
-    _require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
-             "budget_below_max_model_len",
-             "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len")
-    _require(_cdiv(c["max_model_len"], c["block_size"]) <= c["num_gpu_blocks"] - 1, "pool_below_max_model_len",
-             "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens")
-    return dict(config)
-
 
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why nano-vllm cannot run ``cfg`` (None if it can)."""
@@ -286,7 +223,7 @@ class NanoVllmSchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        _require(self.dead is None, "engine_dead",
+        require(self.dead is None, "engine_dead",
                  f"nano-vllm's scheduler failed ({self.dead}); it is dead until the next init")
         return self.scheduler
 
@@ -294,33 +231,11 @@ class NanoVllmSchedulerSut:
 
     def add_request(self, event: dict[str, Any]) -> None:
         s = self._sched()
-        rid: Any = event.get("request_id")
-        prompt: Any = event.get("prompt_token_ids")
-        stops: Any = event.get("stop_token_ids", [])
-        eos: Any = event.get("eos_token_id")
-        max_tokens: Any = event.get("max_tokens")
-        min_tokens: Any = event.get("min_tokens", 0)
-        priority: Any = event.get("priority", 0)
-        arrival: Any = event.get("arrival_time", 0)
-        ignore_eos: Any = event.get("ignore_eos", False)
-        _require(isinstance(rid, str) and rid != "", "invalid_request_id", "request id must be a non-empty string")
-        _require(rid not in self.seqs, "duplicate_request_id", f"request {rid!r} is already live")
-        _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
-        _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
-        _require(isinstance(ignore_eos, bool), "invalid_field_type", "ignore_eos must be a boolean")
-        _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
-        _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
-                 f"prompt of {len(prompt)} tokens leaves no room within max_model_len={self.config['max_model_len']}")
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
-        _require((_is_int(arrival) or isinstance(arrival, float)) and math.isfinite(arrival), "invalid_field_type",
-                 "arrival_time must be a finite number")
-        _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
-        _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
-        for token in (*prompt, *stops, *(() if eos is None else (eos,))):
-            _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
-        _require(rid not in self.aborted_in_pending, "request_id_in_flight",
-                 f"request {rid!r} was aborted in the pending step; apply its model output first")
+        fields = validate_add_request(event, self.seqs, self.aborted_in_pending, self.config["max_model_len"])
+        rid, prompt, stops, eos = (fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids",
+                                                         "eos_token_id"))
+        max_tokens, min_tokens, priority, arrival, ignore_eos = (
+            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
         capped = min(max_tokens, self.config["max_model_len"] - len(prompt))
         seq = self.n.Sequence(list(prompt), self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos))
         s.add(seq)
@@ -331,7 +246,7 @@ class NanoVllmSchedulerSut:
 
     def abort(self, request_id: str) -> None:
         s = self._sched()
-        _require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
+        require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
                  f"abort of request {request_id!r}, which was never added")
         seq = self.seqs.pop(request_id, None)
         if seq is None:
@@ -353,7 +268,7 @@ class NanoVllmSchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         s = self._sched()
-        _require(self.pending is None, "output_not_processed",
+        require(self.pending is None, "output_not_processed",
                  "schedule() called before update_from_output() for the previous step")
         running_before = {seq.seq_id: seq for seq in s.running
                           if seq.status == self.n.SequenceStatus.RUNNING}
@@ -418,20 +333,20 @@ class NanoVllmSchedulerSut:
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
                            draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
         s = self._sched()
-        _require(self.pending is not None, "unexpected_model_output", "update without a pending step")
+        require(self.pending is not None, "unexpected_model_output", "update without a pending step")
         sampled, drafts = sampled_token_ids, draft_token_ids
-        _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
+        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
                  "sampled_token_ids and draft_token_ids must be objects")
         scheduled = dict(self.pending or [])
         for rid, tokens in sampled.items():
-            _require(rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled")
-            _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
+            require(rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled")
+            require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
-                _require(_is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
-            _require(len(tokens) <= 1, "bad_num_sampled_tokens",
+                require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
+            require(len(tokens) <= 1, "bad_num_sampled_tokens",
                      f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
         for rid, tokens in drafts.items():
-            _require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         live = [(rid, seq) for rid, seq in self.pending or [] if rid not in self.aborted_in_pending
                 and self.seqs.get(rid) is seq]
         for rid, seq in live:

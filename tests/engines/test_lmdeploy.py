@@ -104,7 +104,7 @@ def test_session_through_the_harness_adapter(sut: LmdeploySut) -> None:
 
 
 @pytest.mark.parametrize("field, value", [("policy", "priority"), ("num_spec_tokens", 2), ("num_lookahead_tokens", 1),
-                                          ("long_prefill_token_threshold", 4), ("max_num_seqs", 40)])
+                                          ("long_prefill_token_threshold", 4)])
 def test_unsupported_configs_are_unknown(sut: LmdeploySut, field: str, value: Any) -> None:
     with pytest.raises(SutUnsupported):
         sut.start({**CONFIG, field: value}, "vllm-0.33")
@@ -121,7 +121,12 @@ def test_requests_past_lmdeploys_session_length_are_unknown(sut: LmdeploySut) ->
 def test_config_refusals_use_protocol_codes(sut: LmdeploySut) -> None:
     for config, code in (({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
                          ({**CONFIG, "max_num_batched_tokens": 16}, "budget_below_max_model_len"),
-                         ({**CONFIG, "block_size": 0}, "invalid_block_size")):
+                         ({**CONFIG, "block_size": 0}, "invalid_block_size"),
+                         # the protocol's codes, not LMDeploy-flavoured ones (an earlier copy of these checks
+                         # answered invalid_max_num_batched_tokens and invalid_long_prefill_token_threshold)
+                         ({**CONFIG, "max_num_batched_tokens": 0, "max_num_seqs": 1}, "invalid_token_budget"),
+                         ({**CONFIG, "long_prefill_token_threshold": -1}, "invalid_threshold"),
+                         ({**CONFIG, "max_num_seqs": 40}, "budget_below_max_num_seqs")):
         with pytest.raises(SutInputError) as err:
             sut.start(config, "vllm-0.33")
         assert err.value.code == code
