@@ -16,6 +16,7 @@ instead, :class:`ReplayDeadline` is raised: no verdict, the caller stops.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -145,7 +146,10 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         expected = f"expected error {refused_config}" if refused_config else "a valid config"
         return config_verdict(exc.code, f"init: {expected}, the scheduler refused the config with {exc}")
     except Exception as exc:  # noqa: BLE001
-        return raised(0, "start", exc)
+        failed = raised(0, "start", exc)
+        if failed.divergence is not None:  # init answers for the header (line 1), not for the first event
+            failed.divergence = dataclasses.replace(failed.divergence, line=1)
+        return failed
     if refused_config:
         return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
     if comparison == "safety":

@@ -127,3 +127,13 @@ def test_shrinking_a_refused_config_trace_keeps_its_header(tmp_path, capsys):
         sys.path.remove(str(tmp_path))
     out = capsys.readouterr().out
     assert code == 1 and "0 -> 0 events" in out and "the scheduler accepted the config" in out
+
+
+def test_a_crash_at_start_is_reported_at_the_header_line():
+    class CrashesAtStart(ReferenceSut):
+        def start(self, config, profile):
+            raise RuntimeError("no scheduler today")
+
+    _, trace = make_refused_config_traces("vllm-0.33")[0]
+    result = replay(trace, CrashesAtStart())
+    assert result.verdict == FAIL and result.divergence.kind == "sut_error" and result.divergence.line == 1
