@@ -17,8 +17,11 @@ def _codes_raised_in(folder: Path) -> set[str]:
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "id", getattr(node.func, "attr", ""))
                 args = node.args
-                if name == "require" and len(args) >= 3 and isinstance(args[2], ast.Constant):
-                    codes.add(args[2].value)
+                # spec's require(cond, ErrorClass, code, message); the drivers' require(cond, code, message)
+                if name in ("require", "_require") and len(args) >= 3:
+                    code = args[1] if isinstance(args[1], ast.Constant) else args[2]
+                    if isinstance(code, ast.Constant):
+                        codes.add(code.value)
                 if name in ("InvalidEvent", "InvalidConfig") and args and isinstance(args[0], ast.Constant):
                     codes.add(args[0].value)
     return codes
