@@ -188,7 +188,9 @@ class SafetyRun:
                 if pending is not None and rid in pending["num_scheduled_tokens"]:
                     self.in_flight_aborted.add(rid)
         self.last_input_step = self.clock
-        self.deadline = self.clock + P.compute_liveness_bound(self.records.values(), self.max_model_len)
+        # An input in flight arrives after this step's schedule(): the bound counts the steps after it.
+        in_flight = 1 if pending is not None else 0
+        self.deadline = self.clock + in_flight + P.compute_liveness_bound(self.records.values(), self.max_model_len)
         return None
 
     def add_record(self, event: dict[str, Any]) -> None:

@@ -424,37 +424,38 @@ def check_stop_rules(sampled: Mapping[str, list[int]], outputs: list[dict[str, A
 # ---------------------------------------------------------------- liveness
 
 def compute_liveness_bound(records: Iterable[RequestRecord], max_model_len: int) -> int:
-    """Steps within which every live request must end once no input arrives: ``N * sum(W_r + 1) + 2``.
+    """Steps within which every live request must end once no input arrives (spec/symbolic/LIVENESS.md).
 
     ``W_r = min(prompt + max_tokens, max_model_len) - 1`` is the most tokens
-    request r ever computes in one go (its last token is sampled, never
-    computed); ``+ 1`` a step to admit it; ``N`` the live requests. Argument:
-    with a fixed set of requests a correct scheduler computes at least one
-    token in every step (progress: one seat and one budget token suffice,
-    and every request fits the pool alone), so without preemption all end
-    within ``sum(W_r + 1)`` steps. A preemption throws away at most ``W_r``
-    of a victim's work and is made for another live request; the factor
-    ``N`` lets every request be recomputed from scratch once per live
-    request, which covers FCFS and priority preemption (a request is only a
-    victim of one ranked ahead of it) and SGLang-style retraction. The
-    ``+ 2``: one step to report the last finish, one of slack. A scheduler
-    that never runs some request exceeds any such bound.
+    request r computes from scratch (its last token is sampled, never
+    computed; a resumed request re-prefills its outputs, so the total stays
+    ``W_r``). With the live requests' works sorted ascending,
+    ``W_1 <= ... <= W_n``, the bound is ``sum_i (W_i + sum_{j > i} (W_j + 1))``:
+    what vLLM 0.32/0.33 provably meet under priority (distinct keys) for the
+    worst assignment of priorities, and above their FCFS bound
+    ``sum_r (ceil(P_r / c) + W_r - P_r)``. It asks of any scheduler what the
+    proof uses: some request leads (is never preempted) until it ends, and
+    each step either gives the leader a token, or gives another request a
+    token it keeps, or preempts one (at most ``W_j + 1`` such steps per other
+    request and leader). A scheduler that starves a request, or throws work
+    away more often, exceeds it.
     """
+    from spec.symbolic.liveness_bound import compute_any_order_bound
+
     live = [r for r in records if r.ended is None]
-    total = sum(min(r.max_len, max_model_len) - 1 + 1 for r in live)
-    return len(live) * total + 2
+    return compute_any_order_bound(min(r.max_len, max_model_len) - 1 for r in live)
 
 
 def check_liveness(step: int, deadline: int | None, records: Mapping[str, RequestRecord],
                    num_usable_blocks: int, block_size: int, last_input_step: int) -> list[str]:
     """After the last input, every live request that fits the pool alone ends by the deadline
-    (:func:`compute_liveness_bound` steps after it).
+    (:func:`compute_liveness_bound` steps after it): still live at ``step >= deadline`` fails.
 
     Safety alone is met by a scheduler that runs nothing; the clients are not
     served by it. A request fits alone when ``min(prompt + max_tokens,
     max_model_len)`` tokens fit the usable blocks.
     """
-    if deadline is None or step <= deadline:
+    if deadline is None or step < deadline:
         return []
     stuck = [r for r in records.values() if r.ended is None
              and (r.max_len + block_size - 1) // block_size <= num_usable_blocks]

@@ -27,7 +27,11 @@ def test_golden_corpus_passes_safety(sut_name: str) -> None:
     verdicts = {path: replay(read_trace(path), sut, "safety") for path in CORPUS}
     assert len(verdicts) > 100
     failed = {p: r.divergence.message for p, r in verdicts.items() if r.verdict == FAIL}
-    assert failed == {}
+    # The liveness witnesses (spec/symbolic/LIVENESS.md) never finish: they fail `liveness` by design.
+    never_finish = {p for p in CORPUS if "witness-liveness_" in p}
+    assert {p for p in failed if p not in never_finish} == set(), failed
+    assert all(": liveness: " in failed[p] for p in never_finish if p in failed), failed
+    assert sut_name != "reference" or set(failed) == never_finish
     assert sum(r.verdict == PASS for r in verdicts.values()) >= (119 if sut_name == "reference" else 90)
 
 
@@ -37,9 +41,9 @@ def test_reference_safety_run_reproduces_the_trace_schedule() -> None:
     checked = same = 0
     for path in CORPUS:
         trace = read_trace(path)
-        if ("expect_error" in trace.header or trace.config["num_spec_tokens"]
+        if ("expect_error" in trace.header or trace.config["num_spec_tokens"] or "witness-liveness_" in path
                 or any("expect_error" in e for e in trace.events if e["kind"] == "step")):
-            continue
+            continue  # (the liveness witnesses never finish: test_golden_corpus_passes_safety)
         result = replay(trace, make_sut("reference"), "safety")
         assert result.verdict == PASS and 0 < result.steps_run <= trace.num_steps(), path
         checked += 1
@@ -105,8 +109,10 @@ def test_liveness_bound_grows_with_the_work_and_the_requests() -> None:
     def rec(rid: str, prompt: int, max_tokens: int) -> RequestRecord:
         return RequestRecord(rid, [5] * prompt, prompt, max_tokens, 0, None, (), 0)
 
-    assert compute_liveness_bound([rec("a", 3, 2)], 100) == 1 * (4 + 1) + 2
-    assert compute_liveness_bound([rec("a", 3, 2), rec("b", 10, 50)], 32) == 2 * ((4 + 1) + (31 + 1)) + 2
+    # W = min(prompt + max_tokens, max_model_len) - 1; bound = sum_i (W_i + sum_{j>i} (W_j + 1)), W ascending.
+    assert compute_liveness_bound([rec("a", 3, 2)], 100) == 4  # W_a = 5 - 1
+    # W_a = 4, W_b = min(60, 32) - 1 = 31: (4 + (31 + 1)) + 31
+    assert compute_liveness_bound([rec("a", 3, 2), rec("b", 10, 50)], 32) == 67
 
 
 @pytest.mark.parametrize("command", ["run", "replay", "shrink"])
