@@ -556,6 +556,11 @@ def test_golden_corpus_replays_on_vllm(version: str) -> None:
         name = entry["file"]
         trace = read_trace(path)
         result = replay(trace, sut, "strict")
+        if version == V011 and name.startswith("witness-liveness_thrash"):
+            # Tied (priority, arrival_time) keys, which the 0.11 thrash needs: real 0.11.0
+            # crashes in its priority heap first (findings.md F4, F8; spec/symbolic/LIVENESS.md).
+            assert result.verdict == FAIL and "not supported between instances" in (result.detail + str(result.divergence)), name
+            continue
         if result.verdict == UNKNOWN:
             # Configs vLLM refuses or cannot express (model-only lookahead, findings.md
             # F6; no admission gate knob in 0.11), as the driver declares them.
