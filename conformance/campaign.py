@@ -8,6 +8,11 @@ within a time budget. Everything lands in ``reports/<run-id>/``:
 ``summary.json`` (rewritten atomically as the run goes, so a crash or Ctrl-C
 leaves a valid one), ``summary.md``, ``report.html``, ``failures/`` (original
 and minimal traces) and, on request, a JUnit XML file.
+
+A campaign of a v0 profile (``vllm-0.10``, vLLM's legacy scheduler) draws v0
+workloads (``conformance/workload_v0.py``) and its summary states the v0
+coverage shares (``coverage``: swap-out, swap-in, recompute, ignored, partial
+prefills, prefix hits; zeros included), in ``summary.json`` and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
         return drawn
     from dataclasses import replace as dc_replace
 
-    from conformance.generate import random_workload
+    from conformance.workload_v0 import make_random_workload
     from spec.errors import InvalidConfig
 
     out: list[Workload] = []
@@ -121,36 +126,32 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
                 extra += 1
                 if extra > 100 * spec.examples + 100:
                     raise
-                w = random_workload(spec.seed * 1_000_003 + 10_000_000 + extra, spec.profile).replace(
+                w = make_random_workload(spec.seed * 1_000_003 + 10_000_000 + extra, spec.profile).replace(
                     seed=w.seed, origin=w.origin)
     return out
 
 
 def _draw(spec: CampaignSpec) -> list[Workload]:
-    if spec.generator == "random":
-        from conformance.generate import random_workload
+    from conformance.workload_v0 import make_random_workload, make_workload_strategy
 
-        return [random_workload(spec.seed * 1_000_003 + i, spec.profile) for i in range(spec.examples)]
+    if spec.generator == "random":
+        return [make_random_workload(spec.seed * 1_000_003 + i, spec.profile) for i in range(spec.examples)]
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
-
-    from conformance.generate import workloads
 
     drawn: list[Workload] = []
 
     @hypothesis_seed(spec.seed)
     @settings(max_examples=spec.examples, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck), derandomize=False)
-    @given(workloads(spec.profile))
+    @given(make_workload_strategy(spec.profile))
     def draw(workload: Workload) -> None:
         drawn.append(workload)
 
     draw()
     # Hypothesis may stop short of max_examples; top up from the PRNG generator.
     if len(drawn) < spec.examples:
-        from conformance.generate import random_workload
-
-        drawn.extend(random_workload(spec.seed * 1_000_003 + i, spec.profile)
+        drawn.extend(make_random_workload(spec.seed * 1_000_003 + i, spec.profile)
                      for i in range(len(drawn), spec.examples))
     return [w.replace(seed=spec.seed, origin=f"{spec.generator}#{i}") for i, w in enumerate(drawn)]
 
@@ -200,7 +201,14 @@ def _exit_worker(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def features_of(trace: Trace) -> list[str]:
-    """The hard cases a trace reaches (for coverage shares in the summary)."""
+    """The hard cases a trace reaches (for coverage shares in the summary).
+
+    A v0 trace: :func:`conformance.workload_v0.get_v0_features`.
+    """
+    if trace.scheduler == "v0":
+        from conformance.workload_v0 import get_v0_features
+
+        return get_v0_features(trace)
     out = set()
     cfg = trace.config
     for e in trace.events:
@@ -539,6 +547,13 @@ def _finish(summary: dict[str, Any], outcomes: list[TraceOutcome], t0: float) ->
     summary["traces_per_s"] = round(run / summary["replay_s"], 2) if summary.get("replay_s") else None
     summary["steps_run"] = sum(o.steps for o in outcomes)
     summary["feature_shares"] = {k: round(v / run, 3) for k, v in sorted(summary["features"].items())} if run else {}
+    from conformance.workload import is_v0_profile
+
+    if is_v0_profile(summary["spec"]["profile"]):
+        from conformance.workload_v0 import V0_COVERAGE
+
+        # The v0 shares the issue asks every run to state, zeros included.
+        summary["coverage"] = {k: round(summary["features"].get(k, 0) / run, 3) if run else 0.0 for k in V0_COVERAGE}
     if summary.get("harness_error"):
         summary["status"] = "harness_error"
     elif summary["failed"]:

@@ -28,6 +28,7 @@ EXAMPLES_HELP = textwrap.dedent("""
       schedconf replay reports/<run>/failures/trace-00003.min.jsonl --sut mutant:fcfs_victim_head
       schedconf shrink my_failing_trace.jsonl --sut stdio:'./my-scheduler'
       schedconf generate --examples 20 --seed 7 --out traces/
+      schedconf run --sut reference --profile vllm-0.10 --examples 200   # vLLM's legacy v0 scheduler
       schedconf vectors export vectors/
       schedconf env vllm 0.33.0 && schedconf run --sut vllm-v1@0.33.0 --examples 200
     """)
@@ -139,6 +140,8 @@ def _print_summary(summary: dict) -> None:
         print(f"  ... {len(summary['failures']) - 10} more in summary.md")
     if summary.get("harness_error"):
         print(f"  harness error: {summary['harness_error']}")
+    if summary.get("coverage"):
+        print("v0 coverage: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in summary["coverage"].items()))
     print(f"report: {Path(summary['run_dir']).resolve() / 'report.html'}")
     print(f"        {Path(summary['run_dir']).resolve() / 'summary.md'}")
 
@@ -151,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_profile(args.profile)
     make_checked_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
-    overrides = parse_overrides(args.set)
+    overrides = parse_overrides(args.set, args.profile)
     summary = run_campaign(CampaignSpec(
         sut=args.sut, profile=args.profile, examples=args.examples, seed=args.seed, jobs=args.jobs,
         comparison=args.comparison, generator=args.generator, step_timeout=args.timeout,
@@ -163,11 +166,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def check_profile(name: str) -> None:
-    """Refuse an unknown release profile before anything starts."""
+    """Refuse an unknown release profile before anything starts (v1 profiles, and v0's ``vllm-0.10``)."""
     from spec.profiles import PROFILES
+    from spec.v0.profiles import V0_PROFILES
 
-    if name not in PROFILES:
-        raise UsageError(f"--profile {name!r}: unknown profile; known: {', '.join(sorted(PROFILES))}")
+    if name not in PROFILES and name not in V0_PROFILES:
+        known = sorted(PROFILES) + [f"{p} (v0)" for p in sorted(V0_PROFILES)]
+        raise UsageError(f"--profile {name!r}: unknown profile; known: {', '.join(known)}")
 
 
 def make_checked_sut(name: str):  # noqa: ANN201
@@ -185,11 +190,13 @@ def check_output_folder(path: Path, option: str) -> None:
         raise UsageError(f"{option} {path}: not a folder (a file of that name exists)")
 
 
-def parse_overrides(items: list[str] | None) -> dict:
-    """``KEY=VALUE`` pairs into config fields (true/false/null/integers/strings)."""
+def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict:
+    """``KEY=VALUE`` pairs into config fields (true/false/null/integers/strings); a v0 profile's fields for v0."""
+    from conformance.workload import is_v0_profile
     from spec.config import SchedulerConfig
+    from spec.v0.config import V0SchedulerConfig
 
-    known = set(SchedulerConfig.__dataclass_fields__)
+    known = set((V0SchedulerConfig if is_v0_profile(profile) else SchedulerConfig).__dataclass_fields__)
     out: dict = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
@@ -422,8 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="where run folders go (default reports/)")
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
-    p.add_argument("--sut", required=True, help=_sut_help())
-    p.add_argument("--profile", default="vllm-0.33", help="release profile of the expected outputs (default vllm-0.33)")
+    p.add_argument("--sut", default="reference", help=_sut_help() + " (default: reference, a self-check)")
+    p.add_argument("--profile", default="vllm-0.33", help="release profile of the expected outputs (default vllm-0.33; "
+                   "vllm-0.10: vLLM 0.10.2's legacy v0 scheduler)")
     p.add_argument("--examples", type=COUNT, default=100, help="number of generated traces (default 100)")
     p.add_argument("--seed", type=SEED, default=0, help="generator seed; the same seed gives the same traces")
     p.add_argument("--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines")

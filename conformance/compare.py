@@ -10,6 +10,13 @@ preempted and finished sets, sampled tokens and finish reasons, and the
 *number* of blocks each request gets. Block ids must agree only up to one
 consistent renaming over the whole trace; list orders are not compared.
 
+A v0 output (``scheduled_seq_groups``, vLLM's legacy scheduler) is compared
+the same way: ``strict`` as it is; ``observable`` per scheduled group
+(token chunk size, prompt or not, sampling, the number of blocks and computed
+blocks, GPU block ids up to the renaming), the step's counts, the ignored and
+finished sets, and the number of swap and copy pairs; its observation by the
+free GPU and CPU block counts.
+
 Divergences are values (:class:`Divergence`), never exceptions.
 """
 
@@ -115,6 +122,30 @@ SIGNATURE_FIELDS = (
     "observe.num_free_blocks",
     "observe.free_block_queue",
     "total_num_scheduled_tokens",
+    # v0 (vLLM's legacy scheduler): the same idea, its own fields.
+    "preempted",
+    "blocks_to_swap_out",
+    "blocks_to_swap_in",
+    "ignored_seq_groups",
+    "finished_requests_ids",
+    "scheduled_seq_groups",
+    "scheduled_seq_groups.request_id",
+    "scheduled_seq_groups.token_chunk_size",
+    "scheduled_seq_groups.is_prompt",
+    "scheduled_seq_groups.do_sample",
+    "num_prefill_groups",
+    "scheduled_seq_groups.computed_block_nums",
+    "scheduled_seq_groups.num_computed_blocks",
+    "scheduled_seq_groups.num_blocks",
+    "scheduled_seq_groups.block_table",
+    "blocks_to_copy",
+    "num_batched_tokens",
+    "running_queue_size",
+    "num_lookahead_slots",
+    "observe.num_free_gpu_blocks",
+    "observe.num_free_cpu_blocks",
+    "observe.block_tables",
+    "observe.cpu_block_tables",
 )
 
 
@@ -194,7 +225,10 @@ class Comparator:
         if expected == actual:
             # Keep the renaming in step even when equal (identity on these ids).
             if self.comparison == "observable":
-                self._rename_blocks(expected, actual, [])
+                if "scheduled_seq_groups" in expected:
+                    self._compare_v0_observable(expected, actual)
+                else:
+                    self._rename_blocks(expected, actual, [])
             return []
         if not isinstance(actual, dict):
             return [FieldDiff("(output)", "a SchedulerOutput object", actual)]
@@ -202,6 +236,8 @@ class Comparator:
         if self.comparison == "strict":
             _diff_values("", expected, actual, diffs)
             return diffs
+        if "scheduled_seq_groups" in expected:
+            return self._compare_v0_observable(expected, actual)
         for key in ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_spec_decode_tokens"):
             _diff_values(key, expected.get(key), actual.get(key), diffs)
         for key in ("finished_req_ids", "preempted_req_ids"):
@@ -233,6 +269,41 @@ class Comparator:
                 elif not self.renaming.match(e, a):
                     diffs.append(FieldDiff(f"{group}.{key}.<{rid}>", e, a))
 
+    def _compare_v0_observable(self, expected: dict[str, Any], actual: dict[str, Any]) -> list[FieldDiff]:
+        """The observable comparison of a v0 output (see the module docstring)."""
+        diffs: list[FieldDiff] = []
+        for key in ("num_prefill_groups", "num_batched_tokens", "preempted", "running_queue_size",
+                    "num_lookahead_slots"):
+            if expected.get(key) != actual.get(key):
+                diffs.append(FieldDiff(key, expected.get(key), actual.get(key)))
+        for key in ("ignored_seq_groups", "finished_requests_ids"):
+            e, a = expected.get(key), actual.get(key)
+            if sorted(e or ()) != sorted(a or ()):
+                diffs.append(FieldDiff(key, e, a))
+        for key in ("blocks_to_swap_out", "blocks_to_swap_in", "blocks_to_copy"):
+            e, a = expected.get(key) or [], actual.get(key) or []
+            if len(e) != len(a):
+                diffs.append(FieldDiff(key, e, a))
+        exp = {g["request_id"]: g for g in expected.get("scheduled_seq_groups", [])}
+        act = {g.get("request_id"): g for g in actual.get("scheduled_seq_groups") or [] if isinstance(g, dict)}
+        if set(exp) != set(act):
+            diffs.append(FieldDiff("scheduled_seq_groups.<ids>", sorted(exp), sorted(map(str, act))))
+            return diffs
+        for rid in sorted(exp):
+            e, a = exp[rid], act[rid]
+            for f in ("token_chunk_size", "is_prompt", "do_sample"):
+                if e.get(f) != a.get(f):
+                    diffs.append(FieldDiff(f"scheduled_seq_groups.{f}.<{rid}>", e.get(f), a.get(f)))
+            if len(e["computed_block_nums"]) != len(a.get("computed_block_nums") or []):
+                diffs.append(FieldDiff(f"scheduled_seq_groups.num_computed_blocks.<{rid}>",
+                                       len(e["computed_block_nums"]), len(a.get("computed_block_nums") or [])))
+            table = a.get("block_table") or []
+            if len(e["block_table"]) != len(table):
+                diffs.append(FieldDiff(f"scheduled_seq_groups.num_blocks.<{rid}>", len(e["block_table"]), len(table)))
+            elif not self.renaming.match(e["block_table"], table):
+                diffs.append(FieldDiff(f"scheduled_seq_groups.block_table.<{rid}>", e["block_table"], table))
+        return diffs
+
     def compare_observation(self, expected: dict[str, Any] | None, actual: dict[str, Any] | None) -> list[FieldDiff]:
         """Strict: the free queue in order. Observable: the number of free blocks."""
         if expected is None or actual is None or expected == actual:
@@ -245,6 +316,9 @@ class Comparator:
             diffs: list[FieldDiff] = []
             _diff_values("observe", expected, actual, diffs)
             return diffs
+        if "num_free_gpu_blocks" in expected:  # v0: the free GPU and CPU block counts
+            return [FieldDiff(f"observe.{key}", expected.get(key), actual.get(key))
+                    for key in ("num_free_gpu_blocks", "num_free_cpu_blocks") if expected.get(key) != actual.get(key)]
         if expected.get("num_free_blocks") != actual.get("num_free_blocks"):
             return [FieldDiff("observe.num_free_blocks", expected.get("num_free_blocks"), actual.get("num_free_blocks"))]
         return []

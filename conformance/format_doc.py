@@ -65,6 +65,21 @@ def render_format_md() -> str:
     ]
     for kind, schema in SCHEMA["events"].items():
         out += [f"### `{kind}`", "", schema.get("description", ""), ""] + _fields(schema) + [""]
+    out += [
+        "## Schedulers",
+        "",
+        "The header's `scheduler` says which vLLM scheduler the trace is for; it decides what the",
+        "shapes below mean in that trace (a header without it is a v1 trace, as every trace written",
+        "before v0 support). The event kinds are the same; a v0 trace's `model_output` carries",
+        "`draft_token_ids: {}` always.",
+        "",
+        "| scheduler | what | shapes replaced |",
+        "|---|---|---|",
+    ]
+    for kind, entry in SCHEMA["schedulers"].items():
+        replaced = ", ".join(f"{a} -> [{b}](#{b.replace('_', '-')})" for a, b in entry["replace"].items()) or "none"
+        out.append(f"| `{kind}` | {entry['description']} | {replaced} |")
+    out.append("")
     out += ["## Shared shapes", ""]
     for name, schema in SCHEMA["$defs"].items():
         out += [f"### {name}", "", schema.get("description", "")]
@@ -76,6 +91,7 @@ def render_format_md() -> str:
     out += ["## Error codes", "", "| code | meaning |", "|---|---|"]
     out += [f"| `{code}` | {meaning} |" for code, meaning in ERROR_CODES.items()]
     out += ["", "## An example", "", "```", *_example_lines(), "```", ""]
+    out += ["## A v0 example", "", "```", *_v0_example_lines(), "```", ""]
     return "\n".join(out)
 
 
@@ -93,6 +109,14 @@ def _example_lines() -> list[str]:
         description="one request of 5 tokens, 2 output tokens",
     )
     return render_trace(run_workload(workload)).splitlines()
+
+
+def _v0_example_lines() -> list[str]:
+    from conformance.trace import render_trace
+    from conformance.workload import run_workload
+    from conformance.workload_v0 import example_v0_swap
+
+    return render_trace(run_workload(example_v0_swap().replace(origin="hand"))).splitlines()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@ to each method (the result shapes reuse the trace format's definitions); a
 reply is checked as strictly as a trace line: integers never floats, no
 unknown fields, an error code from the spec's table (``FORMAT.md``) or one of
 ``unsupported`` / ``internal``.
+
+A v0 scheduler (profile ``vllm-0.10``) answers ``schedule`` and ``observe``
+with the v0 shapes (``trace.schema.json``'s ``schedulers`` table). The caller
+may say which scheduler it talks to; when it does not, the reply's own keys
+tell (a v0 output has ``scheduled_seq_groups``, a v0 observation
+``num_free_gpu_blocks``), so a v1 reply is checked exactly as before.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.trace import validate_value
+from conformance.trace import SCHEDULER_KINDS, validate_value
 from spec.errors import ERROR_CODES
 
 PROTOCOL_VERSION = 1
@@ -33,8 +39,22 @@ def get_known_error_codes() -> list[str]:
     return [*ERROR_CODES, *PROTOCOL_ONLY_CODES]
 
 
-def validate_reply(method: str, reply: dict[str, Any]) -> str | None:
-    """``field: expected X, found Y`` for the first thing wrong with ``reply`` to ``method``, or None."""
+V0_MARKERS = {"schedule": "scheduled_seq_groups", "observe": "num_free_gpu_blocks"}
+"""The key that marks a v0 result of these methods (when the caller does not name the scheduler)."""
+
+
+def get_reply_scheduler(method: str, reply: dict[str, Any]) -> str:
+    """``v0`` if the result of ``method`` has the v0 marker key, else ``v1``."""
+    result = reply.get("result")
+    marker = V0_MARKERS.get(method)
+    return "v0" if marker and isinstance(result, dict) and marker in result else "v1"
+
+
+def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = None) -> str | None:
+    """``field: expected X, found Y`` for the first thing wrong with ``reply`` to ``method``, or None.
+
+    ``scheduler`` (``v1`` or ``v0``) picks the result shapes; None: the reply's keys tell.
+    """
     envelope = dict(SCHEMA["envelope"], properties={
         "id": SCHEMA["envelope"]["properties"]["id"], "result": {}, "error": _resolve_local(SCHEMA["error"]),
     })
@@ -52,7 +72,8 @@ def validate_reply(method: str, reply: dict[str, Any]) -> str | None:
     schema = SCHEMA["results"].get(method)
     if schema is None:
         return None
-    problem = validate_value(reply["result"], schema, "result")
+    kind = scheduler if scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
+    problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
 
 

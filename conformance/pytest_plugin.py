@@ -15,6 +15,8 @@ collection, which stays cheap), so every xdist worker and every host collects
 the same items, and every failing trace is its own failed item. A failing
 item reports the first divergence, the path of the saved failing trace and of
 its shrunk version. ``--schedconf-shard-size`` is deprecated and ignored.
+``--schedconf-profile vllm-0.10`` checks a v0 scheduler (vLLM's legacy one):
+the v0 corpus and v0 workloads.
 """
 
 from __future__ import annotations
@@ -151,13 +153,13 @@ class CampaignItem(_SchedconfItem):
         self.index = index
 
     def runtest(self) -> None:
-        from conformance.generate import random_workload
         from conformance.workload import WorkloadError, run_workload
+        from conformance.workload_v0 import make_random_workload
 
         seed = self.config.getoption("--schedconf-seed")
         profile = self.config.getoption("--schedconf-profile")
         try:
-            trace = run_workload(random_workload(seed * 1_000_003 + self.index, profile))
+            trace = run_workload(make_random_workload(seed * 1_000_003 + self.index, profile))
         except WorkloadError as exc:
             pytest.skip(f"discarded: the reference did not finish this workload ({exc})")
         trace.path = f"campaign-s{seed}-{self.index:05d}"

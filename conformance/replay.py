@@ -152,6 +152,9 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         return failed
     if refused_config:
         return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
+    if comparison == "safety" and trace.scheduler == "v0":
+        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison checks v1 schedulers; "
+                                                    "replay a v0 trace with --comparison strict or observable")
     if comparison == "safety":
         from conformance.safety.drive import run_safety
 
@@ -238,8 +241,28 @@ def render_reference_state(trace: Trace, event_index: int) -> str:
         except SutInputError:
             continue
     assert ref.scheduler is not None
+    if ref.is_v0():
+        return render_v0_state(ref.scheduler)
     obs = ref.scheduler.observe()
     return render_queues(obs) + "\n" + render_blocks(obs)
+
+
+def render_v0_state(sched: Any) -> str:
+    """The v0 model's queues (in order, with each group's progress) and its GPU and CPU blocks."""
+    queues = sched.get_queues()
+    obs = sched.observe()
+    lines = []
+    for name in ("waiting", "running", "swapped"):
+        parts = []
+        for rid in queues[name]:
+            g = queues["groups"][rid]
+            parts.append(f"{rid}({g['stage'].lower()} {g['num_computed_tokens']}/{g['len']}, {g['outputs']} out)")
+        lines.append(f"{name}: {' '.join(parts) or '-'}")
+    lines.append(f"free blocks: gpu {obs['num_free_gpu_blocks']}, cpu {obs['num_free_cpu_blocks']}")
+    tables = [f"{rid}={blocks}" for rid, blocks in obs["block_tables"].items()]
+    tables += [f"{rid}=cpu{blocks}" for rid, blocks in obs["cpu_block_tables"].items()]
+    lines.append(f"block tables: {' '.join(tables) or '-'}")
+    return "\n".join(lines)
 
 
 def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -> str:

@@ -13,6 +13,12 @@ The HTML has no scripts and loads nothing: tables, and inline SVG for the
 smallest trace of each kind: a per-request timeline (state per step, tokens
 scheduled) and the KV blocks in use over the steps. Everything that comes
 from traces or from the scheduler's output is escaped (autoescape).
+
+A v0 trace (vLLM's legacy scheduler) gets its own timeline, read from the
+trace alone (prefill chunks, decodes, swapped out, preempted, ignored), and a
+step table (scheduled groups with their chunk sizes, swap and copy pairs,
+ignored and finished requests); a v0 run shows its coverage shares (swap-out,
+swap-in, recompute, ignored, partial prefills, prefix hits) first.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ STATE_COLORS = {
     "finished": "#252525",
     "aborted": "#756bb1",
 }
+
+V0_STATE_COLORS = {**STATE_COLORS, "swapped": "#fdae6b", "ignored": "#969696"}
+"""The v0 timeline's states: v1's, plus swapped out (CPU blocks) and ignored (prompt over the limit)."""
 
 
 def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str, int]]], list[int]]:
@@ -108,9 +117,118 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
     return requests, rows, used
 
 
+def compute_v0_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str, int]]], list[int]]:
+    """:func:`compute_timeline` for a v0 trace, from the trace alone.
+
+    States: prefill (a chunk that does not sample), decode (it samples),
+    waiting, idle (holds GPU blocks, not scheduled), swapped (holds CPU
+    blocks), preempted (lost its GPU blocks while live: recomputed), ignored,
+    finished, aborted. Queues come from the steps' observations when the
+    trace has them; blocks in use are ``num_gpu_blocks - num_free_gpu_blocks``
+    (0 without an observation).
+    """
+    total = trace.config["num_gpu_blocks"]
+    requests: list[str] = []
+    state: dict[str, str] = {}
+    rows: list[dict[str, tuple[str, int]]] = []
+    used: list[int] = []
+    for event in trace.events:
+        kind = event["kind"]
+        if "expect_error" in event:
+            continue
+        if kind == "add_request":
+            rid = event["request_id"]
+            if rid not in requests:
+                requests.append(rid)
+            state[rid] = "waiting"
+        elif kind == "abort" and state.get(event["request_id"]) not in (None, "finished", "ignored"):
+            state[event["request_id"]] = "aborted"
+        elif kind == "step":
+            x = event["expect"]
+            obs = event.get("observe")
+            current: dict[str, tuple[str, int]] = {}
+            for group in x["scheduled_seq_groups"]:
+                st = "decode" if group["do_sample"] else "prefill"
+                current[group["request_id"]] = (st, group["token_chunk_size"])
+                state[group["request_id"]] = st
+            for rid in x["ignored_seq_groups"]:
+                state[rid] = "ignored"
+            for rid, s in state.items():
+                if rid in current or s in ("finished", "aborted", "ignored"):
+                    continue
+                if obs is not None:
+                    if obs["cpu_block_tables"].get(rid):
+                        state[rid] = "swapped"
+                    elif obs["block_tables"].get(rid):
+                        state[rid] = "idle"
+                    elif s in ("decode", "prefill", "idle"):
+                        state[rid] = "preempted"
+                elif s in ("decode", "prefill"):
+                    state[rid] = "idle"
+            used.append(total - obs["num_free_gpu_blocks"] if obs is not None else 0)
+            rows.append(current)
+        elif kind == "model_output":
+            for o in event["expect"]["outputs"]:
+                if o["finish_reason"] is not None and state.get(o["req_id"]) != "ignored":
+                    state[o["req_id"]] = "finished"
+        if rows and kind in ("model_output", "abort"):
+            row = rows[-1]
+            for rid, s in state.items():
+                if rid not in row or s in ("finished", "aborted", "ignored"):
+                    if s not in ("decode", "prefill"):
+                        row[rid] = (s, row.get(rid, (s, 0))[1])
+    return requests, rows, used
+
+
+def compute_v0_step_rows(trace: Trace, limit: int = 60) -> list[dict[str, str]]:
+    """One readable row per v0 step (the first ``limit``): what ran, what moved between GPU and CPU, what ended.
+
+    A scheduled group reads ``r1 P4`` (a prompt chunk of 4 tokens that does
+    not sample), ``r1 P4*`` (a prompt chunk that samples) or ``r1 D`` (a
+    decode), with its GPU block table.
+    """
+    rows = []
+    for event in trace.events:
+        if event["kind"] != "step":
+            continue
+        if len(rows) >= limit:
+            break
+        if "expect_error" in event:
+            rows.append({"step": str(event["step"]), "scheduled": f"engine crash: {event['expect_error']}",
+                         "swap": "", "other": ""})
+            continue
+        x = event["expect"]
+        groups = []
+        for g in x["scheduled_seq_groups"]:
+            what = f"P{g['token_chunk_size']}{'*' if g['do_sample'] else ''}" if g["is_prompt"] else "D"
+            groups.append(f"{g['request_id']} {what} {g['block_table']}")
+        swap = []
+        if x["blocks_to_swap_out"]:
+            swap.append(f"out gpu->cpu {x['blocks_to_swap_out']}")
+        if x["blocks_to_swap_in"]:
+            swap.append(f"in cpu->gpu {x['blocks_to_swap_in']}")
+        if x["blocks_to_copy"]:
+            swap.append(f"copy {x['blocks_to_copy']}")
+        other = []
+        if x["preempted"]:
+            other.append(f"preempted {x['preempted']}")
+        if x["ignored_seq_groups"]:
+            other.append(f"ignored {', '.join(x['ignored_seq_groups'])}")
+        if x["finished_requests_ids"]:
+            other.append(f"finished {', '.join(x['finished_requests_ids'])}")
+        other.append(f"{x['num_batched_tokens']} tokens, running {x['running_queue_size']}")
+        if "observe" in event:
+            other.append(f"free gpu {event['observe']['num_free_gpu_blocks']}, cpu {event['observe']['num_free_cpu_blocks']}")
+        rows.append({"step": str(event["step"]), "scheduled": "; ".join(groups) or "-", "swap": "; ".join(swap),
+                     "other": "; ".join(other)})
+    return rows
+
+
 def render_timeline_svg(trace: Trace, title: str = "") -> str:
     """The timeline and block-usage charts of one trace, as inline SVG."""
-    requests, rows, used = compute_timeline(trace)
+    v0 = trace.scheduler == "v0"
+    colors = V0_STATE_COLORS if v0 else STATE_COLORS
+    requests, rows, used = compute_v0_timeline(trace) if v0 else compute_timeline(trace)
     cell_w = max(14, min(40, 900 // max(len(rows), 1)))
     row_h, label_w, top = 18, 90, 20
     width = label_w + cell_w * max(len(rows), 1) + 10
@@ -128,14 +246,14 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
                 continue
             st, n = row[rid]
             x = label_w + j * cell_w
-            parts.append(f'<rect x="{x}" y="{y}" width="{cell_w - 1}" height="{row_h - 2}" fill="{STATE_COLORS[st]}">'
+            parts.append(f'<rect x="{x}" y="{y}" width="{cell_w - 1}" height="{row_h - 2}" fill="{colors[st]}">'
                          f'<title>step {j + 1}: {html.escape(rid)} {st}{f" ({n} tokens)" if n else ""}</title></rect>')
             if n and cell_w >= 18:
                 color = "#fff" if st in ("finished", "aborted") else "#000"
                 parts.append(f'<text x="{x + 2}" y="{y + 12}" fill="{color}">{n}</text>')
     parts.append("</svg>")
     # Block usage over steps.
-    usable = trace.config["num_gpu_blocks"] - 1
+    usable = trace.config["num_gpu_blocks"] - (0 if v0 else 1)  # v0 has no null block
     ch, cw = 80, cell_w * max(len(used), 1)
     bars = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + cw + 10}" height="{ch + 30}" role="img" '
             f'aria-label="KV blocks in use per step" font-family="monospace" font-size="10">',
@@ -147,7 +265,7 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
     bars.append(f'<line x1="{label_w}" y1="{10 + ch}" x2="{label_w + cw}" y2="{10 + ch}" stroke="#000"/>')
     bars.append("</svg>")
     legend = " ".join(f'<span style="background:{c};color:{"#fff" if s in ("finished", "aborted") else "#000"};'
-                      f'padding:0 4px">{s}</span>' for s, c in STATE_COLORS.items())
+                      f'padding:0 4px">{s}</span>' for s, c in colors.items())
     return f"<div>{legend}</div>\n" + "\n".join(parts) + "\n" + "\n".join(bars)
 
 
@@ -225,6 +343,9 @@ def get_section_rule(signature: str) -> tuple[str, tuple[str, ...]]:
 def compute_relevant_config(signature: str, header: dict[str, Any]) -> list[dict[str, Any]]:
     """The config fields that matter to a kind of divergence, each with why it is shown."""
     config = header.get("config") or {}
+    if header.get("scheduler") == "v0":  # no defaults to be off of: every v0 field is shown
+        return [{"name": "profile", "value": header.get("profile", "?"), "why": "always"}] + [
+            {"name": name, "value": json.dumps(value), "why": "v0 config"} for name, value in config.items()]
     defaults = get_config_defaults()
     topic, names = get_section_rule(signature)
     rows = [{"name": "profile", "value": header.get("profile", "?"), "why": "always"},
@@ -357,7 +478,14 @@ def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None)
     shares = summary.get("feature_shares") or {}
     if not shares and summary.get("features") and summary.get("examples_run"):
         shares = {k: v / summary["examples_run"] for k, v in sorted(summary["features"].items())}
+    coverage = summary.get("coverage") or {}
+    if coverage:
+        from conformance.workload_v0 import V0_COVERAGE
+
+        coverage = dict(sorted(coverage.items(), key=lambda kv: V0_COVERAGE.index(kv[0]) if kv[0] in V0_COVERAGE
+                               else len(V0_COVERAGE)))  # the issue's order (summary.json sorts its keys)
     return {
+        "coverage": [{"name": k, "pct": round(100 * float(v), 1)} for k, v in coverage.items()],
         "run_id": str(summary.get("run_id", run_dir.name)), "status": status, "label": label, "meaning": meaning,
         "notes": notes, "counts": counts, "facts": facts, "command": summary.get("command") or "",
         "harness_error": summary.get("harness_error"), "harness_traceback": summary.get("harness_traceback"),
@@ -406,7 +534,7 @@ def render_html(summary: dict[str, Any], run_dir: Path, max_traces: int = 5) -> 
 
     context = compute_report_context(summary, run_dir)
     for i, group in enumerate(context["groups"]):
-        group["timeline"], group["detail"], group["trace_error"] = None, "", ""
+        group["timeline"], group["detail"], group["trace_error"], group["v0_steps"] = None, "", "", []
         if i >= max_traces:
             continue
         report = run_dir / group["report_file"] if group["report_file"] else None
@@ -415,6 +543,8 @@ def render_html(summary: dict[str, Any], run_dir: Path, max_traces: int = 5) -> 
         try:
             trace = read_trace(run_dir / group["trace_file"])
             group["timeline"] = Markup(render_timeline_svg(trace, f"trace {group['best'].get('index', '?')}"))
+            if trace.scheduler == "v0":
+                group["v0_steps"] = compute_v0_step_rows(trace)
         except Exception as exc:  # noqa: BLE001 - a broken file must not lose the rest of the page
             group["trace_error"] = f"cannot read {run_dir / group['trace_file']}: {exc}"
     context["max_traces"] = max_traces
@@ -423,7 +553,8 @@ def render_html(summary: dict[str, Any], run_dir: Path, max_traces: int = 5) -> 
     if not context["groups"] and sample.is_file():
         try:
             trace = read_trace(sample)
-            context["sample"] = {"events": len(trace.events), "timeline": Markup(render_timeline_svg(trace, "sample"))}
+            context["sample"] = {"events": len(trace.events), "timeline": Markup(render_timeline_svg(trace, "sample")),
+                                 "v0_steps": compute_v0_step_rows(trace) if trace.scheduler == "v0" else []}
         except Exception:  # noqa: BLE001
             pass
     return get_template("report.html.j2").render(**context)

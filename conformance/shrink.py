@@ -13,7 +13,10 @@ Reductions, tried until none helps: drop requests (halves first, then one by
 one), drop aborts and invalid inputs, bring arrivals earlier, shorten prompts,
 lower ``max_tokens``, shrink the pool, the budget, ``max_num_seqs``,
 ``max_model_len``, the spec-decode and lookahead sizes, and turn optional
-features off (threshold, priorities, stop tokens, ``min_tokens``).
+features off (threshold, priorities, stop tokens, ``min_tokens``). A v0
+trace (``"scheduler": "v0"``) gets the v0 machine's reductions
+(``conformance.workload_v0.get_v0_config_candidates``: the GPU and CPU pools,
+the budgets, partial prefills, chunking, prefix caching, the preemption mode).
 """
 
 from __future__ import annotations
@@ -242,6 +245,11 @@ def _candidates(w: Workload) -> Iterator[Workload]:
         if r.ignore_eos:
             yield _with_request(w, i, replace(r, ignore_eos=False))
     # A smaller machine.
+    if not isinstance(w.config, SchedulerConfig):  # the v0 scheduler's config
+        from conformance.workload_v0 import get_v0_config_candidates
+
+        yield from get_v0_config_candidates(w)
+        return
     cfg = w.config.to_dict()
     longest = max((len(r.prompt_token_ids) for r in reqs), default=1)
     tweaks: list[dict[str, object]] = []

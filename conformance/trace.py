@@ -10,6 +10,13 @@ field and what was expected; the CLI turns it into exit code 2. That includes a
 header whose config the model refuses (``spec/config.py``, the profile's
 start-up checks): ``config.block_size: expected ... (invalid_block_size)``.
 
+Two schedulers share the format: a header without ``scheduler`` (or with
+``"scheduler": "v1"``) is a v1 trace, as every trace written before v0 support;
+``"scheduler": "v0"`` is a trace of vLLM's legacy v0 scheduler (profile
+``vllm-0.10``), whose config, step output and observation use the v0 shapes of
+the schema (its ``schedulers`` table names the replacements). The header's
+scheduler and profile must agree (``spec.schedulers.get_scheduler_kind``).
+
 Numbers are integers everywhere except ``add_request.arrival_time``, which is
 any finite number (vLLM's arrival times are floats): a float anywhere else, or
 NaN/Infinity anywhere, is refused.
@@ -34,6 +41,8 @@ FORMAT_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 EVENT_KINDS = tuple(k for k in SCHEMA["events"] if k != "header")
+SCHEDULER_KINDS = tuple(SCHEMA["schedulers"])
+"""``v1`` (the default: a header without ``scheduler``) and ``v0``."""
 
 
 class TraceError(Exception):
@@ -65,6 +74,11 @@ class Trace:
     def profile(self) -> str:
         return self.header["profile"]
 
+    @property
+    def scheduler(self) -> str:
+        """``v1`` or ``v0``: the header's ``scheduler`` (absent = v1)."""
+        return get_header_scheduler(self.header)
+
     def num_steps(self) -> int:
         return sum(1 for e in self.events if e["kind"] == "step")
 
@@ -95,16 +109,26 @@ def _describe(value: Any) -> str:
     return (text[:60] + "...") if len(text) > 60 else text
 
 
-def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+def get_header_scheduler(header: dict[str, Any]) -> str:
+    """The scheduler kind a header declares: ``v0``, or ``v1`` when it says none."""
+    kind = header.get("scheduler", "v1")
+    return kind if kind in SCHEDULER_KINDS else "v1"
+
+
+def _resolve(schema: dict[str, Any], scheduler: str = "v1") -> dict[str, Any]:
+    replace = SCHEMA["schedulers"][scheduler]["replace"]
     while "$ref" in schema:
         name = schema["$ref"].split("/")[-1]
-        schema = SCHEMA["$defs"][name]
+        schema = SCHEMA["$defs"][replace.get(name, name)]
     return schema
 
 
-def validate_value(value: Any, schema: dict[str, Any], where: str) -> tuple[str, str, str] | None:
-    """Return ``(field, expected, found)`` for the first mismatch, or None."""
-    schema = _resolve(schema)
+def validate_value(value: Any, schema: dict[str, Any], where: str, scheduler: str = "v1") -> tuple[str, str, str] | None:
+    """Return ``(field, expected, found)`` for the first mismatch, or None.
+
+    ``scheduler`` picks the shapes a ``$ref`` means (the schema's ``schedulers`` table).
+    """
+    schema = _resolve(schema, scheduler)
     if "const" in schema and value != schema["const"]:
         return where, json.dumps(schema["const"]), _describe(value)
     if "enum" in schema and value not in schema["enum"]:
@@ -121,26 +145,34 @@ def validate_value(value: Any, schema: dict[str, Any], where: str) -> tuple[str,
         for name, item in value.items():
             sub = f"{where}.{name}" if where else name
             if name in props:
-                problem = validate_value(item, props[name], sub)
+                problem = validate_value(item, props[name], sub, scheduler)
             elif schema.get("additionalProperties") is False:
                 known = ", ".join(sorted(props)) or "none"
                 return sub, f"no such field (known fields: {known})", _describe(item)
             elif isinstance(schema.get("additionalProperties"), dict):
-                problem = validate_value(item, schema["additionalProperties"], sub)
+                problem = validate_value(item, schema["additionalProperties"], sub, scheduler)
             else:
                 problem = None
             if problem:
                 return problem
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problem = validate_value(item, schema["items"], f"{where}[{i}]")
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"] or "maxItems" in schema and len(value) > schema["maxItems"]:
+            low, high = schema.get("minItems", 0), schema.get("maxItems")
+            wanted = f"{low} items" if low == high else f"{low} to {high if high is not None else 'any number of'} items"
+            return where, wanted, _describe(value)
+        for i, item in enumerate(value if "items" in schema else ()):
+            problem = validate_value(item, schema["items"], f"{where}[{i}]", scheduler)
             if problem:
                 return problem
     return None
 
 
-def validate_event(event: Any, path: str, line: int, is_header: bool) -> None:
-    """Raise TraceError unless ``event`` matches the schema of its kind."""
+def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler: str = "v1") -> None:
+    """Raise TraceError unless ``event`` matches the schema of its kind.
+
+    ``scheduler`` is the trace's (its header's) scheduler kind; a header
+    brings its own.
+    """
     if not isinstance(event, dict):
         raise TraceError(path, line, "(line)", "a JSON object", _describe(event))
     kind = event.get("kind")
@@ -157,11 +189,14 @@ def validate_event(event: Any, path: str, line: int, is_header: bool) -> None:
                 "a newer trace needs a newer schedconf)", _describe(version),
             )
         schema = SCHEMA["events"]["header"]
+        scheduler = get_header_scheduler(event)
+        if isinstance(event.get("profile"), str):  # before the shapes: a v0 config in a v1 header says why
+            validate_header_scheduler(event, path, line)
     else:
         if kind not in EVENT_KINDS:
             raise TraceError(path, line, "kind", "one of " + ", ".join(EVENT_KINDS), _describe(kind))
         schema = SCHEMA["events"][kind]
-    problem = validate_value(event, schema, "")
+    problem = validate_value(event, schema, "", scheduler)
     if problem:
         raise TraceError(path, line, *problem)
     where = _first_float(event, "", allow_top=("arrival_time",) if kind == "add_request" else ())
@@ -193,6 +228,50 @@ def _first_float(value: Any, where: str, allow_top: tuple[str, ...] = ()) -> tup
     return None
 
 
+def get_profile_scheduler(profile: str) -> str | None:
+    """``v1`` or ``v0`` for a profile the model knows, None for an unknown one.
+
+    The v1 profiles are answered without importing the v0 model.
+    """
+    if profile in PROFILES:
+        return "v1"
+    from spec.errors import SpecError
+    from spec.schedulers import get_scheduler_kind
+
+    try:
+        return get_scheduler_kind(profile)
+    except (SpecError, KeyError, ValueError):
+        return None
+
+
+def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> None:
+    """Raise TraceError unless the header's scheduler and profile agree.
+
+    A v0 trace names a v0 profile; a v0 profile needs ``"scheduler": "v0"``
+    (an unknown profile is a v1 trace's business, as before: a SUT answers it).
+    """
+    kind = get_header_scheduler(header)
+    profile_kind = get_profile_scheduler(header["profile"])
+    if kind == "v0" and profile_kind != "v0":
+        raise TraceError(path, line, "profile", "a v0 profile (vllm-0.10) for a trace with \"scheduler\": \"v0\"",
+                         _describe(header["profile"]))
+    if kind == "v1" and profile_kind == "v0":
+        raise TraceError(path, line, "scheduler", f'"v0" (profile {header["profile"]} is a v0 profile)',
+                         _describe(header.get("scheduler")) if "scheduler" in header else "nothing")
+
+
+def _parse_config(config: dict[str, Any], profile: str, scheduler: str) -> None:
+    """Raise InvalidConfig unless the model accepts ``config`` under ``profile``."""
+    if scheduler == "v0":
+        from spec.schedulers import make_config
+
+        make_config(config, profile)
+        return
+    parsed = SchedulerConfig.from_dict(config)
+    if profile in PROFILES:
+        check_config_for_profile(parsed, PROFILES[profile])
+
+
 def validate_header_config(header: dict[str, Any], path: str, line: int) -> None:
     """Raise TraceError unless the model accepts the header's config (and, for a
     known profile, that release's start-up checks), or, when the header has
@@ -204,9 +283,7 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
     config = header["config"]
     expected = header.get("expect_error")
     try:
-        parsed = SchedulerConfig.from_dict(config)
-        if header["profile"] in PROFILES:
-            check_config_for_profile(parsed, PROFILES[header["profile"]])
+        _parse_config(config, header["profile"], get_header_scheduler(header))
     except InvalidConfig as exc:
         if expected == exc.code:
             return  # a refused-config trace: the refusal is what it checks
@@ -240,7 +317,8 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
             event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number))
         except json.JSONDecodeError as exc:
             raise TraceError(path, number, f"(column {exc.colno})", "valid JSON", exc.msg) from None
-        validate_event(event, path, number, is_header=header is None)
+        validate_event(event, path, number, is_header=header is None,
+                       scheduler=get_header_scheduler(header) if header is not None else "v1")
         if header is None:
             header = event
         else:

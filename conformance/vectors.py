@@ -12,6 +12,12 @@ committed under ``conformance/vectors/v2/``. ``schedconf vectors export DIR``
 copies it; ``python -m conformance.vectors --rebuild`` regenerates it after a
 deliberate model change (a test fails until then, and the corpus version must
 be bumped when an existing trace changes).
+
+vLLM's legacy v0 scheduler (profile ``vllm-0.10``) has a corpus of its own,
+``conformance/vectors/v0/`` (its own version, :data:`V0_CORPUS_VERSION`, and
+``manifest.json``), built the same way from the v0 model
+(``conformance/workload_v0.py``): ``python -m conformance.vectors
+--rebuild-v0``. :func:`iter_corpus` and ``schedconf vectors export`` serve both.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
 WITNESS_DIR = Path(__file__).with_name("vectors") / "witnesses"
 PROFILES = ("vllm-0.33", "vllm-0.32", "vllm-0.11")
 NUM_RANDOM = {"vllm-0.33": 48, "vllm-0.32": 24, "vllm-0.11": 24}
+V0_CORPUS_VERSION = 1
+V0_CORPUS_DIR = Path(__file__).with_name("vectors") / "v0"
+V0_PROFILES = ("vllm-0.10",)
+V0_NUM_RANDOM = {"vllm-0.10": 40}
 
 
 def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[str, Trace]]]:
@@ -71,8 +81,53 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
     return corpus
 
 
+def build_v0_corpus(profiles: tuple[str, ...] = V0_PROFILES) -> dict[str, list[tuple[str, Trace]]]:
+    """Build every v0 corpus trace (deterministic): the v0 examples, seeded v0 workloads, refused configs."""
+    from conformance.config_limits import make_v0_refused_config_traces
+    from conformance.workload_v0 import V0_EXAMPLES, random_v0_workload
+
+    corpus: dict[str, list[tuple[str, Trace]]] = {}
+    for profile in profiles:
+        items: list[tuple[str, Trace]] = []
+        for name, make in sorted(V0_EXAMPLES.items()):
+            workload = make().replace(profile=profile, origin="vectors")
+            trace = run_workload(workload)
+            trace.header["description"] = f"built-in v0 example {name!r}: {workload.description}"
+            items.append((f"example-{name}", trace))
+        seed = 0
+        while sum(1 for n, _ in items if n.startswith("random-")) < V0_NUM_RANDOM[profile]:
+            workload = random_v0_workload(seed, profile).replace(origin="vectors")
+            seed += 1
+            try:
+                trace = run_workload(workload)
+            except WorkloadError:
+                continue
+            feats = ",".join(features_of(trace)) or "plain"
+            trace.header["description"] = f"random v0 workload ({workload.description}), generator seed {seed - 1}: {feats}"
+            items.append((f"random-{seed - 1:04d}", trace))
+        for rule, trace in make_v0_refused_config_traces(profile):
+            items.append((f"refused-{rule}", trace))
+        corpus[profile] = items
+    return corpus
+
+
 def manifest_entry(name: str, trace: Trace) -> dict[str, Any]:
     cfg = trace.config
+    if trace.scheduler == "v0":
+        return {
+            "file": f"{name}.jsonl",
+            "description": trace.header.get("description", ""),
+            "comparison": trace.header.get("comparison", "strict"),
+            "features": features_of(trace),
+            "prefix_caching": cfg["enable_prefix_caching"],
+            "policy": cfg["policy"],
+            "spec_decode": False,
+            "chunked_prefill": cfg["enable_chunked_prefill"],
+            "preemption_mode": cfg["preemption_mode"],
+            "partial_prefills": cfg["max_num_partial_prefills"] > 1,
+            "events": len(trace.events),
+            "steps": trace.num_steps(),
+        }
     return {
         "file": f"{name}.jsonl",
         "description": trace.header.get("description", ""),
@@ -87,10 +142,10 @@ def manifest_entry(name: str, trace: Trace) -> dict[str, Any]:
     }
 
 
-def write_corpus(root: Path, corpus: dict[str, list[tuple[str, Trace]]]) -> dict[str, Any]:
+def write_corpus(root: Path, corpus: dict[str, list[tuple[str, Trace]]], version: int = CORPUS_VERSION) -> dict[str, Any]:
     """Write traces and manifest.json under ``root``."""
     manifest: dict[str, Any] = {
-        "corpus_version": CORPUS_VERSION,
+        "corpus_version": version,
         "format": "schedconf-trace",
         "format_version": 1,
         "how_to_use": "replay each trace: feed add_request/abort/step/model_output in order and compare "
@@ -108,32 +163,53 @@ def write_corpus(root: Path, corpus: dict[str, list[tuple[str, Trace]]]) -> dict
 
 
 def export_vectors(target: Path, profiles: list[str] | None = None) -> dict[str, Any]:
-    """Copy the committed corpus (or the chosen profiles of it) to ``target``."""
+    """Copy the committed corpus (or the chosen profiles of it) to ``target``.
+
+    The v0 profiles come from the v0 corpus; when one is exported the manifest
+    also says ``v0_corpus_version``.
+    """
     manifest = json.loads((CORPUS_DIR / "manifest.json").read_text())
-    chosen = profiles or list(manifest["profiles"])
-    unknown = [p for p in chosen if p not in manifest["profiles"]]
+    v0_manifest = json.loads((V0_CORPUS_DIR / "manifest.json").read_text())
+    sources = {p: CORPUS_DIR for p in manifest["profiles"]}
+    sources.update({p: V0_CORPUS_DIR for p in v0_manifest["profiles"]})
+    entries = {**manifest["profiles"], **v0_manifest["profiles"]}
+    chosen = profiles or list(entries)
+    unknown = [p for p in chosen if p not in entries]
     if unknown:
-        raise ValueError(f"no vectors for profile(s) {', '.join(unknown)}; known: {', '.join(manifest['profiles'])}")
-    out = dict(manifest, profiles={p: manifest["profiles"][p] for p in chosen})
+        raise ValueError(f"no vectors for profile(s) {', '.join(unknown)}; known: {', '.join(entries)}")
+    out = dict(manifest, profiles={p: entries[p] for p in chosen})
+    if any(sources[p] == V0_CORPUS_DIR for p in chosen):
+        out["v0_corpus_version"] = v0_manifest["corpus_version"]
     for profile in chosen:
         (target / profile).mkdir(parents=True, exist_ok=True)
-        for entry in manifest["profiles"][profile]:
-            shutil.copyfile(CORPUS_DIR / profile / entry["file"], target / profile / entry["file"])
+        for entry in entries[profile]:
+            shutil.copyfile(sources[profile] / profile / entry["file"], target / profile / entry["file"])
     write_atomic(target / "manifest.json", json.dumps(out, indent=2, sort_keys=True) + "\n")
     return out
 
 
 def iter_corpus(profile: str | None = None) -> list[tuple[str, Path, dict[str, Any]]]:
-    """(profile, path, manifest entry) for every committed corpus trace."""
-    manifest = json.loads((CORPUS_DIR / "manifest.json").read_text())
-    return [(p, CORPUS_DIR / p / e["file"], e) for p, entries in manifest["profiles"].items()
-            if profile in (None, p) for e in entries]
+    """(profile, path, manifest entry) for every committed corpus trace (the v0 corpus's after the v1 ones)."""
+    out = []
+    for root in (CORPUS_DIR, V0_CORPUS_DIR):
+        manifest = json.loads((root / "manifest.json").read_text())
+        out += [(p, root / p / e["file"], e) for p, entries in manifest["profiles"].items()
+                if profile in (None, p) for e in entries]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--rebuild-v0"]:
+        if V0_CORPUS_DIR.exists():
+            for path in V0_CORPUS_DIR.glob("*/*.jsonl"):
+                path.unlink()
+        manifest = write_corpus(V0_CORPUS_DIR, build_v0_corpus(), version=V0_CORPUS_VERSION)
+        print(f"rebuilt {sum(len(v) for v in manifest['profiles'].values())} v0 traces in {V0_CORPUS_DIR}")
+        return 0
     if args != ["--rebuild"]:
-        print("usage: python -m conformance.vectors --rebuild   (regenerates conformance/vectors/v2/)")
+        print("usage: python -m conformance.vectors --rebuild      (regenerates conformance/vectors/v2/)\n"
+              "       python -m conformance.vectors --rebuild-v0   (regenerates conformance/vectors/v0/)")
         return 2
     if CORPUS_DIR.exists():
         shutil.rmtree(CORPUS_DIR)

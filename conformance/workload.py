@@ -9,6 +9,12 @@ input marked ``in_flight`` arrives while a step executes: after that step's
 ``schedule()`` and before its model output is applied (as under vLLM's async
 scheduling, where requests come and go between the two calls).
 
+A workload of a v0 profile (``vllm-0.10``, vLLM's legacy scheduler) runs on
+the v0 model in a loop of its own (:func:`run_v0_workload`: one sampled token
+per group that samples, no drafts, no in-flight inputs in generated
+workloads); its config is the v0 config record and its trace says
+``"scheduler": "v0"``. The v0 generator is ``conformance/workload_v0.py``.
+
 The oracle is a greedy model made of a hash: the token a request samples at
 output position ``pos`` depends only on (seed, request id, pos), so the same
 request produces the same text however it is chunked, batched, preempted or
@@ -323,7 +329,12 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     that ``expect_error``; the engine is dead, so nothing follows it. With
     ``check`` every invariant is checked after each call. ``scheduler_class``
     swaps in a variant of the model (a mutant) to run the workload on.
+
+    A workload of a v0 profile (``vllm-0.10``) runs on the v0 model
+    (:func:`run_v0_workload`).
     """
+    if is_v0_profile(workload.profile):
+        return run_v0_workload(workload, max_steps=max_steps, check=check)
     from spec.invariants import check_invariants
 
     sched = scheduler_class(workload.config, workload.profile)
@@ -403,6 +414,202 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     return Trace(header=header, events=events)
 
 
+# ------------------------------------------------- the v0 engine loop
+
+class _EngineDied(Exception):
+    """An input crashed the model's engine: the trace ends with it."""
+
+
+def is_engine_crash_code(code: str) -> bool:
+    """True for the codes of an engine crash (``engine_*``), as opposed to a refused input."""
+    return code.startswith("engine_")
+
+
+def _apply_v0_input(sched: Any, item: object) -> dict[str, Any]:
+    """Apply one input to the v0 model and return its trace event.
+
+    A refusal becomes its expect_error; so does an engine crash (vLLM 0.10.2
+    crashes freeing an aborted swapped group under prefix caching), after
+    which the engine is dead (the loop ends the trace there).
+    """
+    if isinstance(item, RequestSpec):
+        event = item.to_event()
+    elif isinstance(item, AbortSpec):
+        event = {"kind": "abort", "request_id": item.request_id}
+    else:
+        assert isinstance(item, InvalidInput)
+        event = dict(item.event)
+    try:
+        if event["kind"] == "add_request":
+            sched.add_request(**add_request_kwargs(event))
+        else:
+            sched.abort(event["request_id"])
+    except InvalidEvent as exc:
+        event["expect_error"] = exc.code
+    return event
+
+
+def get_v0_observation(sched: Any) -> dict[str, Any]:
+    """The v0 observation after ``schedule()`` (PROTOCOL.md ``observe``): free blocks and block tables."""
+    obs = sched.observe()
+    return {key: obs[key] for key in ("num_free_gpu_blocks", "num_free_cpu_blocks", "block_tables",
+                                      "cpu_block_tables")}
+
+
+LIVELOCK_STEPS = 50
+"""Steps in a row that change nothing (nothing scheduled, swapped, ignored or reported finished), with
+no input left to come, after which a v0 workload is declared a livelock."""
+
+
+THRASH_STEPS = 1000
+"""Steps in a row in which no request samples a token (nor finishes), with no input left to come,
+after which a v0 workload is declared a livelock: more than any prompt of our sizes needs, chunked
+one token a step."""
+
+
+def _does_nothing(expect: dict[str, Any]) -> bool:
+    return not (expect["scheduled_seq_groups"] or expect["blocks_to_swap_in"] or expect["blocks_to_swap_out"]
+                or expect["ignored_seq_groups"] or expect["finished_requests_ids"] or expect["preempted"])
+
+
+def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = False,
+                    step_times: list[int] | None = None) -> Trace:
+    """Run a v0 workload on the v0 model and record the trace.
+
+    As :func:`conformance.workload.run_workload`: inputs due at step k are
+    applied after k steps, ``in_flight`` ones between step k + 1's
+    ``schedule()`` and its model output, idle stretches are skipped. The model
+    stands in for ``LLMEngine.step``: every group that samples gets the
+    oracle's next token for its request (one token; no drafts in v0). An
+    engine crash (``engine_swap_space_exhausted``, ...) is the trace's last event.
+    A livelock (:data:`LIVELOCK_STEPS` steps in a row that do nothing, or
+    :data:`THRASH_STEPS` in which no request samples a token, with no input
+    left to come) raises WorkloadError: vLLM 0.10.2 spins there forever too
+    (a prefix-caching chunk rounded down to 0 tokens; requests swapped or
+    recomputed in turn without ever decoding).
+    ``check`` runs the model's invariant checks after each call, when it has
+    them (``check_invariants``). ``step_times``, when given, gets each step's
+    time in the workload's clock (``at_step`` units: steps run plus idle time
+    skipped) before the step runs.
+    """
+    from spec.output import ModelRunnerOutput
+    from spec.schedulers import make_scheduler
+
+    sched = make_scheduler(workload.config.to_dict(), workload.profile)
+    checker = getattr(sched, "check_invariants", None) if check else None
+    observe = workload.config.to_dict()["num_gpu_blocks"] <= OBSERVE_MAX_BLOCKS
+    events: list[dict[str, Any]] = []
+    inputs = _timed_inputs(workload)
+    next_input = 0
+    steps_done = 0
+    now = 0
+    adds: dict[str, int] = {}
+    oracle_ids: dict[str, str] = {}
+    num_sampled: dict[str, int] = {}  # oracle name -> tokens sampled so far (v0 keeps them over a recompute)
+    idle_steps = 0
+    steps_without_tokens = 0
+
+    def apply_due(in_flight: bool) -> None:
+        nonlocal next_input
+        while next_input < len(inputs):
+            at, item_in_flight, _, item = inputs[next_input]
+            if (at, item_in_flight) > (now, in_flight or not sched.has_requests()):
+                break
+            event = _apply_v0_input(sched, item)
+            events.append(event)
+            next_input += 1
+            if is_engine_crash_code(event.get("expect_error", "")):
+                raise _EngineDied
+            if event["kind"] == "add_request" and "expect_error" not in event:
+                rid = event["request_id"]
+                adds[rid] = adds.get(rid, 0) + 1
+                if adds[rid] > 1:
+                    oracle_ids[rid] = oracle_id(rid, adds[rid] - 1)
+            if checker:
+                checker()
+
+    while True:
+        if not sched.has_requests() and next_input < len(inputs):
+            now = max(now, inputs[next_input][0])
+        try:
+            apply_due(in_flight=False)
+        except _EngineDied:
+            break
+        if not sched.has_requests():
+            if next_input < len(inputs):
+                continue
+            break
+        if steps_done >= max_steps:
+            raise WorkloadError(f"workload still running after {max_steps} steps")
+        step = steps_done + 1
+        if step_times is not None:
+            step_times.append(now)
+        try:
+            output = sched.schedule()
+        except EngineCrash as exc:
+            events.append({"kind": "step", "step": step, "expect_error": exc.code})
+            break
+        if checker:
+            checker()
+        expect = output.to_canonical()
+        idle_steps = idle_steps + 1 if _does_nothing(expect) and next_input == len(inputs) else 0
+        sampling = any(g["do_sample"] for g in expect["scheduled_seq_groups"]) or expect["finished_requests_ids"]
+        steps_without_tokens = 0 if sampling or next_input < len(inputs) else steps_without_tokens + 1
+        if idle_steps >= LIVELOCK_STEPS or steps_without_tokens >= THRASH_STEPS:
+            raise WorkloadError(f"livelock: {max(idle_steps, steps_without_tokens)} steps in a row without a sampled "
+                                f"token, no input left (step {step})")
+        step_event: dict[str, Any] = {"kind": "step", "step": step, "expect": expect}
+        if observe:
+            step_event["observe"] = get_v0_observation(sched)
+        events.append(step_event)
+        step_oracle_ids = {g["request_id"]: oracle_ids.get(g["request_id"], g["request_id"])
+                           for g in expect["scheduled_seq_groups"]}
+        try:
+            apply_due(in_flight=True)
+        except _EngineDied:
+            break
+        sampled: dict[str, tuple[int, ...]] = {}
+        for group in expect["scheduled_seq_groups"]:
+            if group["do_sample"]:
+                oid = step_oracle_ids[group["request_id"]]
+                sampled[group["request_id"]] = (workload.oracle.token(oid, num_sampled.get(oid, 0)),)
+        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, {}))
+        for rid in sampled:
+            oid = step_oracle_ids[rid]
+            num_sampled[oid] = num_sampled.get(oid, 0) + 1
+        if checker:
+            checker()
+        events.append({
+            "kind": "model_output",
+            "step": step,
+            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+            "draft_token_ids": {},
+            "expect": {"outputs": [o.to_canonical() for o in outputs]},
+        })
+        steps_done += 1
+        now += 1
+    extra = {"description": workload.description} if workload.description else {}
+    header = make_header(workload.config.to_dict(), workload.profile, workload.seed, workload.origin,
+                         scheduler="v0", **extra)
+    return Trace(header=header, events=events)
+
+
+def is_v0_profile(profile: str) -> bool:
+    """True for a profile of vLLM's legacy v0 scheduler (the v1 profiles are answered without the v0 model)."""
+    from conformance.trace import get_profile_scheduler
+
+    return get_profile_scheduler(profile) == "v0"
+
+
+def get_config_of(trace: Trace) -> Any:
+    """The model's config record for a trace's header: v1 ``SchedulerConfig`` or the v0 config."""
+    if trace.scheduler == "v0":
+        from spec.schedulers import make_config
+
+        return make_config(trace.config, trace.profile)
+    return SchedulerConfig.from_dict(trace.config)
+
+
 def workload_from_trace(trace: Trace) -> Workload:
     """Rebuild a workload from any trace (ours or not), for shrinking.
 
@@ -458,7 +665,7 @@ def workload_from_trace(trace: Trace) -> Workload:
                 drafts[(oid, len(tokens.get(oid, ())))] = tuple(d)
     oracle = RecordedOracle(tokens={k: tuple(v) for k, v in tokens.items()}, drafts=drafts)
     return Workload(
-        config=SchedulerConfig.from_dict(trace.config), profile=trace.profile, requests=tuple(requests),
+        config=get_config_of(trace), profile=trace.profile, requests=tuple(requests),
         aborts=tuple(aborts), invalid_inputs=tuple(invalid), oracle=oracle, seed=trace.header.get("seed", 0),
         origin=trace.header.get("origin", "trace"),
     )

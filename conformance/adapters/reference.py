@@ -1,4 +1,9 @@
-"""The reference model as a system under test (the first adapter)."""
+"""The reference model as a system under test (the first adapter).
+
+The profile picks the model: a v1 profile the v1 scheduler
+(:class:`spec.scheduler.Scheduler`), a v0 profile (``vllm-0.10``) the v0 one
+(``spec/v0/``, through ``spec.schedulers.make_scheduler``).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,27 @@ from spec.scheduler import Scheduler
 
 
 class ReferenceSut(InProcessSut):
-    """Wraps :class:`spec.scheduler.Scheduler` in the SchedulerUnderTest interface."""
+    """Wraps the reference scheduler of the trace's profile in the SchedulerUnderTest interface."""
 
     name = "reference"
-    scheduler: Scheduler | None
+    scheduler: Any
     pending: SchedulerOutput | None
 
     def start(self, config: dict[str, Any], profile: str) -> None:
+        from conformance.workload import is_v0_profile
+
         with refused_as_input_error():
-            self.scheduler = Scheduler(SchedulerConfig.from_dict(config), profile)
+            if is_v0_profile(profile):
+                from spec.schedulers import make_scheduler
+
+                self.scheduler = make_scheduler(config, profile)
+            else:
+                self.scheduler = Scheduler(SchedulerConfig.from_dict(config), profile)
         self.pending = None
+
+    def is_v0(self) -> bool:
+        """True while the scheduler is a v0 one."""
+        return self.scheduler is not None and not isinstance(self.scheduler, Scheduler)
 
     def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
         if self.pending is None:
@@ -35,8 +51,13 @@ class ReferenceSut(InProcessSut):
         return [o.to_canonical() for o in outputs]
 
     def observe(self) -> dict[str, Any] | None:
-        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``)."""
+        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``).
+
+        v0: the v0 observation (free GPU and CPU blocks, GPU and CPU block tables).
+        """
         sched = self._sched()
+        if self.is_v0():
+            return sched.observe()
         pool = sched.block_pool
         return {
             "free_block_queue": [b.block_id for b in pool.free_block_queue],
