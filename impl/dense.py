@@ -34,8 +34,13 @@ class DenseResult:
 
 def dense_generate(model: LlamaModel, prompt: Sequence[int], max_tokens: int, *, max_model_len: int,
                    eos_token_id: int | None = None, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
-                   min_tokens: int = 0, limit: int | None = None, req_id: str = "") -> DenseResult:
-    """Generate greedily until a stop rule fires or ``limit`` tokens exist (see the module docstring)."""
+                   min_tokens: int = 0, limit: int | None = None, req_id: str = "",
+                   defer_length_to_min_tokens: bool = False) -> DenseResult:
+    """Generate greedily until a stop rule fires or ``limit`` tokens exist (see the module docstring).
+
+    ``defer_length_to_min_tokens``: vLLM v0's ``StopChecker`` checks nothing, not even
+    ``max_model_len``, while fewer than ``min_tokens`` tokens exist (the ``vllm-0.10`` engine).
+    """
     eos = None if ignore_eos else eos_token_id
     stops = frozenset(stop_token_ids)
     stopset = stops | ({eos} if eos is not None else set())
@@ -53,6 +58,8 @@ def dense_generate(model: LlamaModel, prompt: Sequence[int], max_tokens: int, *,
             result.near_ties.append(NearTie(req_id, len(result.tokens), t, runner_up[0], margins[0]))
         result.tokens.append(t)
         seq.append(t)
+        if defer_length_to_min_tokens and len(result.tokens) < min_tokens:
+            continue
         if t == eos:
             result.finish_reason = "stop"
         elif t in stops:

@@ -16,6 +16,13 @@
   ``gpu_checks/engine_check.py``: the replay harness reads tokens from the
   trace and so cannot drive it.
 
+With a v0 profile (``vllm-0.10``, chosen by ``spec.schedulers.get_scheduler_kind``)
+both run the v0 path instead: ``impl.v0_scheduler.FastV0Scheduler`` (outputs in
+the v0 canonical form, ``observe()`` the v0 observation) and, for the engine,
+``impl.v0_runner.V0ModelRunner`` (swaps between the device and a host KV cache,
+then the forward; every sampled position checked against the dense forward as
+above).
+
 ``impl/`` does not know it is being checked: its adapters live here, with the
 other adapters. Nothing imports this module when ``conformance`` or
 ``conformance.adapters`` is imported; the adapter registry loads it by name on ``make_sut("impl")`` or
@@ -28,8 +35,32 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
-from impl.scheduler import FastScheduler, StepOutput, UnsupportedProfile
+from impl.scheduler import FastScheduler, UnsupportedProfile
+from impl.v0_scheduler import FastV0Scheduler, V0StepOutput
 from spec.config import SchedulerConfig
+
+
+def get_scheduler_kind(profile: str) -> str:
+    """``"v0"`` for a v0 profile (``vllm-0.10``), else ``"v1"`` (``spec.schedulers`` decides when present)."""
+    try:
+        from spec.schedulers import get_scheduler_kind as kind_of
+    except ImportError:
+        return "v0" if profile == "vllm-0.10" else "v1"
+    try:
+        return kind_of(profile)
+    except Exception:  # an unknown profile: the v1 path reports it unsupported
+        return "v1"
+
+
+def make_v0_config(config: dict[str, Any], profile: str) -> Any:
+    """The validated v0 config (the model's refusal codes): ``spec.schedulers.make_config`` when present."""
+    try:
+        from spec.schedulers import make_config
+    except ImportError:
+        from spec.v0.config import V0SchedulerConfig
+
+        return V0SchedulerConfig.from_dict(config)
+    return make_config(config, profile)
 
 
 def canonical_request_outputs(results: list[tuple[str, Any, str | None, int | None]]) -> list[dict[str, Any]]:
@@ -44,17 +75,26 @@ class ImplSchedulerSut(InProcessSut):
     """The fast scheduler behind the SchedulerUnderTest protocol (scheduler only)."""
 
     name = "impl"
-    scheduler: FastScheduler | None
-    pending: StepOutput | None
+    scheduler: Any
+    pending: Any
+    v0 = False
+    """True when the profile is a v0 one (``vllm-0.10``): the scheduler is a FastV0Scheduler."""
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        """Build a fast scheduler; a bad config is refused with its code, other profiles are unsupported."""
+        """Build a fast scheduler, v1 or v0 by the profile; a bad config is refused with its code.
+
+        v1 profiles the fast scheduler does not model are unsupported.
+        """
+        self.v0 = get_scheduler_kind(profile) == "v0"
         with refused_as_input_error():
-            cfg = SchedulerConfig.from_dict(config)
-            try:
-                self.scheduler = FastScheduler(cfg, profile)
-            except UnsupportedProfile as exc:
-                raise SutUnsupported(str(exc)) from None
+            if self.v0:
+                self.scheduler = FastV0Scheduler(make_v0_config(config, profile))
+            else:
+                cfg = SchedulerConfig.from_dict(config)
+                try:
+                    self.scheduler = FastScheduler(cfg, profile)
+                except UnsupportedProfile as exc:
+                    raise SutUnsupported(str(exc)) from None
         self.pending = None
 
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
@@ -62,6 +102,8 @@ class ImplSchedulerSut(InProcessSut):
         if self.pending is None:
             raise SutInputError("unexpected_model_output", "model output without a pending step")
         sched = self._sched()
+        if self.v0:
+            return self._update_v0(sched, sampled_token_ids, draft_token_ids)
         with refused_as_input_error():
             sched.validate_model_output(self.pending, sampled_token_ids, draft_token_ids)
         aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in self.pending.entries]
@@ -69,9 +111,24 @@ class ImplSchedulerSut(InProcessSut):
         self.pending = None
         return canonical_request_outputs(results)
 
+    def _update_v0(self, sched: FastV0Scheduler, sampled_token_ids: dict[str, list[int]],
+                   draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        pending: V0StepOutput = self.pending
+        with refused_as_input_error():
+            sched.validate_model_output(pending, sampled_token_ids, draft_token_ids)
+        aligned = [(sampled_token_ids.get(e[0].req_id) or (None,))[0] if e[3] else None for e in pending.entries]
+        results = sched.update_from_output(pending, aligned)
+        self.pending = None
+        return canonical_request_outputs(results)
+
     def observe(self) -> dict[str, Any] | None:
-        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``)."""
+        """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``).
+
+        v0: free GPU and CPU blocks and the GPU and CPU block tables (the contract's v0 ``observe``).
+        """
         sched = self._sched()
+        if self.v0:
+            return sched.observe()
         return {**sched.observe(), "block_tables": {rid: list(req.blocks) for rid, req in sorted(sched.requests.items())
                                                     if req.blocks}}
 
@@ -138,13 +195,21 @@ class ImplEngineSut(ImplSchedulerSut):
         if self.tolerance is None:
             self.tolerance = {torch.float64: 1e-8, torch.float32: 1e-3}.get(dtype, 0.25)
         sched = self._sched()
-        self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None)
+        if self.v0:
+            from impl.v0_runner import V0ModelRunner
+
+            self.runner = V0ModelRunner(self.model, sched)
+        else:
+            self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None)
         self._positions = {}
 
     def schedule(self) -> dict[str, Any]:
         canonical = super().schedule()
         assert self.pending is not None
-        self.result = self.runner.execute(self.pending, propose=False, keep_logits=True)
+        if self.v0:  # swaps, copies and the forward pass; the logits of sampled positions are kept
+            self.result = self.runner.execute(self.pending, keep_logits=True)
+        else:
+            self.result = self.runner.execute(self.pending, propose=False, keep_logits=True)
         return canonical
 
     def abort(self, request_id: str) -> None:
@@ -158,6 +223,9 @@ class ImplEngineSut(ImplSchedulerSut):
         pending, result = self.pending, self.result
         outputs = super().update_from_output(sampled_token_ids, draft_token_ids)
         assert pending is not None
+        if self.v0:
+            self._keep_v0(pending, result, outputs)
+            return outputs
         self.runner.commit(result)
         for index, (req, n, before, ntok, _) in enumerate(pending.entries):
             rows = result.logits.get(index)
@@ -176,6 +244,20 @@ class ImplEngineSut(ImplSchedulerSut):
                 req = next(e[0] for e in pending.entries if e[0].req_id == out["req_id"])
                 self._verify(req)
         return outputs
+
+    def _keep_v0(self, pending: V0StepOutput, result: Any, outputs: list[dict[str, Any]]) -> None:
+        """Keep each sampled position's logits (the token appended is the trace's); verify finished requests."""
+        for index, row in result.logits.items():
+            req = pending.entries[index][0]
+            if req.finish_reason == "abort":
+                continue
+            # the sampled position is the last one before this update appended the trace's token
+            self._positions.setdefault(req, {})[len(req.tokens) - 2] = row
+        by_id = {e[0].req_id: e[0] for e in pending.entries}
+        for out in outputs:
+            req = by_id.get(out["req_id"])  # ignored groups end without being scheduled
+            if out["finish_reason"] is not None and req is not None:
+                self._verify(req)
 
     def _verify(self, req: Any) -> None:
         """Check the kept logits of one finished request against the dense forward."""
