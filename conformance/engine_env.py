@@ -13,7 +13,9 @@ builds ``<repo>/.venvs/FAMILY-VERSION/`` (git-ignored) from the pinned list
    import chain of the engine's scheduler; extra sources from
    ``SCHEDCONF_VLLM_FIND_LINKS`` and ``SCHEDCONF_TORCH_INDEX_URL``);
 3. a self-check: ``python -m DRIVER --self-check --expect-version VERSION``
-   must print a line starting with ``self-check ok``;
+   must print a line starting with ``self-check ok`` (DRIVER: the family's
+   driver module, or the release's own where ``release_drivers`` names one:
+   vLLM 0.10.2's legacy v0 scheduler has its own);
 4. a marker file ``.schedconf-ready`` holding the sha256 of the pinned list.
 
 Rules: idempotent (a ready environment whose marker matches the list is not
@@ -35,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +123,8 @@ class EngineFamily:
     """``python -m`` module run inside the environment; must implement ``--self-check --expect-version V``."""
     env_vars: Callable[[Path], dict[str, str]]
     """The driver's environment variables, given the venv folder."""
+    release_drivers: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Release -> its driver module, for releases ``driver_module`` does not serve (:func:`get_driver_module`)."""
     self_check_step: str = "self-check (import the engine, build one scheduler)"
     install_note: str = ""
     """Appended to the install progress line (how much it downloads)."""
@@ -131,6 +135,8 @@ class EngineFamily:
 FAMILIES: dict[str, EngineFamily] = {
     "vllm": EngineFamily(
         name="vllm", label="vLLM", driver_module="conformance.vllm_driver", env_vars=_vllm_env_vars,
+        # 0.10.2 is the last release with the legacy v0 scheduler (vllm/core/scheduler.py), its own driver
+        release_drivers={"0.10.2": "conformance.engines.vllm_v0_driver"},
         self_check_step="self-check (import vLLM, build one scheduler)",
         install_note=" (downloads ~1 GB on a cold pip cache)"),
     "nano-vllm": EngineFamily(
@@ -155,6 +161,13 @@ FAMILIES: dict[str, EngineFamily] = {
         install_note=" (the 39 MB sglang wheel, triton ~1 GB, CPU torch; 2.5 GB on disk)"),
 }
 """Engine family name -> its description; ``schedconf env NAME VERSION`` for each."""
+
+
+def get_driver_module(family: EngineFamily | str, version: str) -> str:
+    """The driver module that serves ``family`` ``version`` (its release driver, else the family's)."""
+    fam = get_family(family)
+    return fam.release_drivers.get(version, fam.driver_module)
+
 
 def get_family(family: EngineFamily | str) -> EngineFamily:
     """The family object of ``family`` (a name from ``FAMILIES`` or the object itself)."""
@@ -268,7 +281,8 @@ def check_env(family: EngineFamily | str, version: str, root: Path | None = None
     if not python.exists():
         raise EngineEnvError(not_ready_message(fam, version))
     env = {**os.environ, **driver_env(fam, version, root)}
-    out = _run(fam.self_check_step, [str(python), "-m", fam.driver_module, "--self-check", "--expect-version", version],
+    out = _run(fam.self_check_step, [str(python), "-m", get_driver_module(fam, version), "--self-check",
+                                     "--expect-version", version],
                env=env, timeout=SELF_CHECK_TIMEOUT_S, family=fam)
     lines = [ln for ln in out.splitlines() if ln.startswith("self-check ok")]
     if not lines:

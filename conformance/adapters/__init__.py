@@ -42,6 +42,7 @@ ADAPTERS: dict[str, AdapterEntry] = {
 ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
     "mutant:": "conformance.mutants:make_mutant_sut",
     "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
+    "vllm-v0@": "conformance.adapters.vllm_v0:make_vllm_v0_sut",  # vLLM 0.10.2's legacy scheduler; never imports vLLM
     "nano-vllm@": "conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
     "aphrodite@": "conformance.adapters.aphrodite:make_aphrodite_sut",  # never imports Aphrodite itself
     "lmdeploy@": "conformance.adapters.lmdeploy:make_lmdeploy_sut",  # never imports LMDeploy itself
@@ -65,7 +66,8 @@ def describe_suts() -> str:
         "stdio:'CMD ARGS' (a subprocess speaking PROTOCOL.md); "
         "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest; the current folder is searched first); "
         "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
-        + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`)"
+        + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`); "
+        + "vllm-v0@0.10.2 (vLLM's legacy v0 scheduler, with --profile vllm-0.10)"
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from conformance.adapters import UnknownSut
 from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from conformance.engine_env import get_driver_module
 from conformance.sut import SchedulerUnderTest
 from conformance.vllm_env import (
     REPO_ROOT,
@@ -69,6 +70,10 @@ def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 "
                          f"(pinned: {', '.join(supported_versions())})")
+    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "conformance.vllm_driver"]
+    if version in supported_versions() and version not in v1_releases:
+        raise UnknownSut(f"--sut {name!r}: vLLM {version} ships the legacy v0 scheduler, not v1: "
+                         f"use vllm-v0@{version} (v1 releases: {', '.join(v1_releases)})")
     if version not in supported_versions():
         raise UnknownSut(f"--sut {name!r}: no pinned environment for vLLM {version}; "
                          f"pinned releases: {', '.join(supported_versions())} (conformance/envs/)")

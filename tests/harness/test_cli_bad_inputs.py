@@ -56,6 +56,8 @@ ROWS = [
     (["replay", "{tmp}/x.jsonl", "--bogus"], "schedconf replay: error: unrecognized arguments"),
     (["vectors", "export", "{tmp}/v", "--bogus"], "schedconf vectors export: error: unrecognized arguments"),
     (["run", "--sut", "reference", "--examples", "0"], "--examples: expected an integer >= 1, found 0"),
+    (["run", "--sut", "vllm-v1@0.10.2"], "use vllm-v0@0.10.2"),  # 0.10.2 ships the v0 scheduler
+    (["run", "--sut", "vllm-v0@0.33.0", "--profile", "vllm-0.10"], "the legacy scheduler was removed in 0.11.0"),
     (["run", "--sut", "reference", "--examples", "-5"], "--examples: expected an integer >= 1, found -5"),
     (["run", "--sut", "reference", "--examples", "many"], "--examples: expected an integer, found 'many'"),
     (["run", "--sut", "reference", "--jobs", "0"], "--jobs: expected an integer >= 1, found 0"),

@@ -109,3 +109,13 @@ def test_registry_names_the_adapter_without_importing_it() -> None:
     assert ADAPTER_PREFIXES["nano-vllm@"] == "conformance.adapters.nanovllm:make_nanovllm_sut"
     with pytest.raises(UnknownSut, match="pinned releases: 20260210"):
         make_sut("nano-vllm@1.0")
+
+
+def test_a_release_can_have_its_own_driver(tmp_path: Path, fake_run: list[str]) -> None:
+    assert engine_env.get_driver_module("vllm", "0.10.2") == "conformance.engines.vllm_v0_driver"
+    assert engine_env.get_driver_module("vllm", "0.33.0") == "conformance.vllm_driver"
+    fam = EngineFamily(name="toy", label="Toy", driver_module="other_driver",
+                       env_vars=lambda home: {"TOY_HOME": str(home)}, envs_dir=_family(tmp_path).envs_dir,
+                       release_drivers={"1.0": "toy_driver"})
+    engine_env.build_env(fam, "1.0", tmp_path)  # fake_run asserts the self-check runs toy_driver for 1.0
+    assert engine_env.is_env_ready(fam, "1.0", tmp_path)
