@@ -1,14 +1,18 @@
 """The kill campaign: every mutant must be caught, and its failure shrunk small.
 
-For each mutant, generated workloads (the seeded generator of
-conformance/generate.py under the mutant's profile: the same workloads on
-every machine and Hypothesis version) are tried in order until one kills it,
-by either check:
+For each mutant, generated workloads (the seeded generator of the mutant's
+profile, ``conformance.workload_v0.make_random_workload``, as ``schedconf run``
+draws them: the same workloads on every machine and Hypothesis version) are
+tried in order until one kills it, by either check:
 
 * ``differential``: the trace made by the reference, replayed on the mutant
   (strict comparison), diverges;
 * ``invariant <name>``: the mutant, run on the workload by itself, breaks an
-  invariant of spec/invariants.py.
+  invariant of spec/invariants.py (a v0 mutant: of spec/v0/invariants.py).
+
+A v0 mutant (profile ``vllm-0.10``) is tried on v0 workloads, differentially
+against the v0 reference and on its own under the v0 invariants
+(:func:`run_model`).
 
 The first few failures are shrunk and the smallest is kept. Reported per
 mutant: which check killed it, seconds to the first kill, traces tried, and
@@ -19,14 +23,49 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from conformance.compare import Divergence
 from conformance.mutants import MUTANTS, Mutant, MutantSut
 from conformance.replay import PASS, replay
 from conformance.shrink import ShrinkResult, shrink_trace, shrink_workload
 from conformance.trace import Trace
-from conformance.workload import Workload, WorkloadError, run_workload
+from conformance.workload import Workload, WorkloadError, is_v0_profile, run_workload
 from spec.errors import InvariantViolation
+from spec.scheduler import Scheduler
+
+
+def run_model(workload: Workload, scheduler_class: type[Any] | None = None, check: bool = False,
+              max_steps: int = 10_000) -> Trace:
+    """Run the workload on one model, the reference (None) or a mutant's class, and record the trace.
+
+    With ``check`` every invariant of the model's kind is checked after each
+    call. Both kinds go through :func:`conformance.workload.run_workload`;
+    its v0 loop builds the model with ``spec.schedulers.make_scheduler`` and
+    checks the model's own ``check_invariants()``: for this run that factory
+    builds ``scheduler_class`` and gives the model a ``check_invariants``
+    running spec/v0/invariants.py.
+    """
+    if not is_v0_profile(workload.profile):
+        return run_workload(workload, max_steps=max_steps, check=check, scheduler_class=scheduler_class or Scheduler)
+    import spec.schedulers as schedulers
+    from spec.v0.invariants import check_invariants
+    from spec.v0.scheduler import Scheduler as V0Scheduler
+
+    model_class = scheduler_class or V0Scheduler
+    factory = schedulers.make_scheduler
+
+    def make_model(config_dict: dict[str, Any], profile: str) -> Any:
+        sched = model_class(schedulers.make_config(config_dict, profile), profile)
+        if check:
+            sched.check_invariants = lambda: check_invariants(sched)
+        return sched
+
+    schedulers.make_scheduler = make_model  # type: ignore[assignment]
+    try:
+        return run_workload(workload, max_steps=max_steps, check=check)
+    finally:
+        schedulers.make_scheduler = factory
 
 
 @dataclass
@@ -42,17 +81,24 @@ class KillRow:
     minimal_trace: Trace | None = None
 
 
+def get_campaign_workload(seed: int, profile: str) -> Workload:
+    """The campaign's workload ``seed`` for ``profile`` (v0's generator for a v0 profile, as ``schedconf run``)."""
+    from conformance.workload_v0 import make_random_workload
+
+    return make_random_workload(seed, profile)
+
+
 def invariant_probe(mutant: Mutant, invariant: str):  # noqa: ANN201
     """A shrink probe: the mutant run by itself breaks ``invariant``."""
 
     def probe(workload: Workload) -> tuple[Trace, Divergence] | None:
         try:
-            run_workload(workload, max_steps=2_000, check=True, scheduler_class=mutant.scheduler_class)
+            run_model(workload, mutant.scheduler_class, check=True, max_steps=2_000)
         except InvariantViolation as exc:
             if exc.invariant != invariant:
                 return None
             try:
-                trace = run_workload(workload, max_steps=2_000)
+                trace = run_model(workload, max_steps=2_000)
             except Exception:  # noqa: BLE001
                 return None
             # The violation shows at the mutant's step ``exc.step``: keep the
@@ -94,7 +140,7 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
             # Only a violation the reference itself does not commit counts
             # (vllm-0.11 breaks some invariants by design).
             try:
-                run_workload(workload, check=True, scheduler_class=mutant.scheduler_class)
+                run_model(workload, mutant.scheduler_class, check=True)
             except InvariantViolation as exc:
                 failures.append((f"invariant {exc.invariant}", workload))
             except Exception as exc:  # noqa: BLE001
@@ -106,10 +152,8 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
             row.killed_by = failures[0][0]
         return len(failures) >= max_failures
 
-    from conformance.generate import random_workload
-
     for i in range(examples):
-        if visit(random_workload(seed * 1_000_003 + i, mutant.profile)):
+        if visit(get_campaign_workload(seed * 1_000_003 + i, mutant.profile)):
             break
     best: ShrinkResult | None = None
     deadline = time.monotonic() + shrink_budget_s
@@ -147,7 +191,7 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
 
 def _reference_keeps_invariants(workload: Workload) -> bool:
     try:
-        run_workload(workload, check=True)
+        run_model(workload, check=True)
     except InvariantViolation:
         return False
     except Exception:  # noqa: BLE001

@@ -3,9 +3,16 @@
 The suite must prove its own power: every mutant here has to be killed by a
 campaign (a differential divergence against the reference, or an invariant
 violation when the mutant runs on its own). ``--sut mutant:<name>`` runs one as
-a system under test.
+a system under test. One exception, kept because it shows a gap:
+``v0_watermark_ignored`` differs from the v0 model only when a pool of 100+
+blocks (watermark ``int(0.01 * num_gpu_blocks)`` >= 1) is nearly full, which
+the v0 generator never draws; a hand-made trace kills it
+(tests/harness/test_mutants_v0.py).
 
-Each mutant names the real bug family it re-creates.
+Each mutant names the real bug family it re-creates. The v1 mutants subclass
+``spec.scheduler.Scheduler``; the v0 ones (profile ``vllm-0.10``, names
+``v0_*``) subclass ``spec.v0.scheduler.Scheduler`` or its block manager and
+re-create bugs of vLLM's legacy scheduler (``vllm/core/``).
 
 The adapter registry (``conformance/adapters/__init__.py``) names
 :func:`make_mutant_sut` by its path and imports this module only when a
@@ -16,14 +23,20 @@ other way round.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from conformance.adapters import UnknownSut
 from conformance.adapters.reference import ReferenceSut
+from conformance.sut import SutUnsupported, refused_as_input_error
 from spec.config import SchedulerConfig
 from spec.kv_cache import KVCacheManager, PrefixHit
 from spec.request import Request
 from spec.scheduler import Scheduler, _StepState
+from spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
+from spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
+from spec.v0.scheduler import Scheduler as V0Scheduler
+from spec.v0.scheduler import SchedulerPrefillOutputs, SchedulerRunningOutputs, SchedulerSwappedInOutputs
+from spec.v0.sequence import SequenceGroup, SequenceStatus
 
 
 class _PriorityVictimMin(Scheduler):
@@ -105,15 +118,198 @@ class _SkippedRequeueFlipped(Scheduler):
         self.profile = replace(self.profile, skipped_requeue_order=flipped)
 
 
+# ------------------------------------------------------------------ v0 mutants
+# Bugs of vLLM's legacy scheduler (vllm/core/scheduler.py, block_manager.py),
+# each a small edit of the v0 model in spec/v0/.
+
+class _V0RecomputeKeepsComputed(V0Scheduler):
+    """Recompute preemption frees the blocks but keeps the sequence's computed-token state."""
+
+    def _preempt_by_recompute(self, sg: SequenceGroup) -> None:
+        for seq in sg.get_seqs(SequenceStatus.RUNNING):
+            seq.status = SequenceStatus.WAITING
+            self.free_seq(seq)
+            # missing: seq.reset_state_for_recompute() (num_computed_tokens = 0, stage PREFILL)
+
+
+def _v0_schedule_default(s: V0Scheduler, *, swapped_first: bool = False,
+                         admit_while_swapped: bool = False) -> tuple[dict[str, Any], SchedulingBudget]:
+    """``Scheduler._schedule_default`` (spec/v0/scheduler.py, line for line), optionally with one rule broken.
+
+    ``swapped_first``: the swapped groups are resumed before the running ones
+    (and even when a running group was preempted). ``admit_while_swapped``:
+    new prefills are admitted while groups are swapped out.
+    """
+    budget = s._new_budget()
+    for sg in s.running:
+        budget.add_num_seqs(sg.request_id, sg.get_max_num_running_seqs())
+    prefills = SchedulerPrefillOutputs()
+    running_scheduled = SchedulerRunningOutputs()
+    swapped_in = SchedulerSwappedInOutputs()
+    if admit_while_swapped or not s.swapped:
+        prefills = s._schedule_prefills(budget, enable_chunking=False)
+    if not prefills.seq_groups and s.config.policy == "priority":
+        s._schedule_priority_preemption(budget)
+    if not prefills.seq_groups:
+        if swapped_first:
+            swapped_in = s._schedule_swapped(budget)
+            running_scheduled = s._schedule_running(budget, enable_chunking=False)
+        else:
+            running_scheduled = s._schedule_running(budget, enable_chunking=False)
+            if not running_scheduled.preempted and not running_scheduled.swapped_out:
+                swapped_in = s._schedule_swapped(budget)
+    assert budget.num_batched_tokens <= s.config.max_num_batched_tokens
+    assert budget.num_curr_seqs <= s.config.max_num_seqs
+    s.waiting.extendleft(running_scheduled.preempted)
+    s.running.extend(g.seq_group for g in prefills.seq_groups)
+    s.running.extend(g.seq_group for g in running_scheduled.decode_seq_groups)
+    s.running.extend(g.seq_group for g in swapped_in.decode_seq_groups)
+    s.swapped.extend(running_scheduled.swapped_out)
+    assert not running_scheduled.prefill_seq_groups and not swapped_in.prefill_seq_groups
+    scheduled = [*prefills.seq_groups, *running_scheduled.decode_seq_groups, *swapped_in.decode_seq_groups]
+    return {
+        "scheduled_seq_groups": scheduled,
+        "num_prefill_groups": len(prefills.seq_groups),
+        "blocks_to_swap_in": swapped_in.blocks_to_swap_in,
+        "blocks_to_swap_out": running_scheduled.blocks_to_swap_out,
+        "blocks_to_copy": running_scheduled.blocks_to_copy + swapped_in.blocks_to_copy,
+        "ignored_seq_groups": prefills.ignored_seq_groups + swapped_in.infeasible_seq_groups,
+        "preempted": len(running_scheduled.preempted) + len(running_scheduled.swapped_out),
+    }, budget
+
+
+def _v0_schedule_chunked(s: V0Scheduler, *, swapped_first: bool = False) -> tuple[dict[str, Any], SchedulingBudget]:
+    """``Scheduler._schedule_chunked_prefill``, optionally resuming the swapped groups before the running ones."""
+    budget = s._new_budget()
+    ppm = PartialPrefillMetadata.from_queues(list(s.running), list(s.waiting), s.config)
+    if swapped_first:
+        swapped_in = s._schedule_swapped(budget)
+        running_scheduled = s._schedule_running(budget, enable_chunking=True, ppm=ppm)
+    else:
+        swapped_in = SchedulerSwappedInOutputs()
+        running_scheduled = s._schedule_running(budget, enable_chunking=True, ppm=ppm)
+        if not running_scheduled.preempted and not running_scheduled.swapped_out:
+            swapped_in = s._schedule_swapped(budget)
+    prefills = s._schedule_prefills(budget, enable_chunking=True, ppm=ppm)
+    assert budget.num_batched_tokens <= s.config.max_num_batched_tokens
+    assert budget.num_curr_seqs <= s.config.max_num_seqs
+    s.waiting.extendleft(running_scheduled.preempted)
+    s.running.extend(g.seq_group for g in swapped_in.decode_seq_groups)
+    s.running.extend(g.seq_group for g in swapped_in.prefill_seq_groups)
+    s.running.extend(g.seq_group for g in running_scheduled.decode_seq_groups)
+    s.running.extend(s._order_finishing_prefills_first(running_scheduled.prefill_seq_groups))
+    s.running.extend(g.seq_group for g in prefills.seq_groups)
+    s.swapped.extend(running_scheduled.swapped_out)
+    scheduled = [*prefills.seq_groups, *running_scheduled.prefill_seq_groups, *swapped_in.prefill_seq_groups,
+                 *running_scheduled.decode_seq_groups, *swapped_in.decode_seq_groups]
+    return {
+        "scheduled_seq_groups": scheduled,
+        "num_prefill_groups": (len(prefills.seq_groups) + len(swapped_in.prefill_seq_groups)
+                               + len(running_scheduled.prefill_seq_groups)),
+        "blocks_to_swap_in": swapped_in.blocks_to_swap_in,
+        "blocks_to_swap_out": running_scheduled.blocks_to_swap_out,
+        "blocks_to_copy": running_scheduled.blocks_to_copy + swapped_in.blocks_to_copy,
+        "ignored_seq_groups": prefills.ignored_seq_groups + swapped_in.infeasible_seq_groups,
+        "preempted": len(running_scheduled.preempted) + len(running_scheduled.swapped_out),
+    }, budget
+
+
+class _V0PolicyCopies(V0Scheduler):
+    """The two policies through this module's copies, unbroken (the copies' drift guard compares it to the model)."""
+
+    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
+        return _v0_schedule_default(self)
+
+    def _schedule_chunked_prefill(self) -> tuple[dict[str, Any], SchedulingBudget]:
+        return _v0_schedule_chunked(self)
+
+
+class _V0SwappedBeforeRunning(V0Scheduler):
+    """Swapped groups are resumed before the running groups are scheduled (both policies)."""
+
+    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
+        return _v0_schedule_default(self, swapped_first=True)
+
+    def _schedule_chunked_prefill(self) -> tuple[dict[str, Any], SchedulingBudget]:
+        return _v0_schedule_chunked(self, swapped_first=True)
+
+
+class _V0PrefillWhileSwapped(V0Scheduler):
+    """The default policy admits new prefills while groups are swapped out."""
+
+    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
+        return _v0_schedule_default(self, admit_while_swapped=True)
+
+
+class _V0IgnoredPrefillCharged(V0Scheduler):
+    """A prompt finished as ignored keeps the token budget it was about to take."""
+
+    _prefill_budget: SchedulingBudget | None = None
+
+    def _schedule_prefills(self, budget: SchedulingBudget, enable_chunking: bool,
+                           ppm: PartialPrefillMetadata | None = None) -> SchedulerPrefillOutputs:
+        self._prefill_budget = budget
+        try:
+            return super()._schedule_prefills(budget, enable_chunking, ppm)
+        finally:
+            self._prefill_budget = None
+
+    def _ignore(self, sg: SequenceGroup, ret: SchedulerPrefillOutputs) -> None:
+        super()._ignore(sg, ret)
+        budget = self._prefill_budget
+        if budget is not None:  # charged, never given back (capped: the step's own assertion holds)
+            budget.add_num_batched_tokens(sg.request_id, min(sg.get_len(), budget.remaining_token_budget()))
+
+
+class _V0WatermarkIgnored(V0Scheduler):
+    """Admissions and swap-ins may take the last free blocks: the watermark is 0."""
+
+    def __init__(self, config: Any, profile: str = "vllm-0.10") -> None:
+        super().__init__(config, profile)
+        self.block_manager.watermark_blocks = 0
+
+
+class _SwapInIgnoresUnseenTokens(SelfAttnBlockSpaceManager):
+    def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
+        # Before vLLM #8824: the blocks to move back (each counts 1), not the slot the unseen
+        # (last sampled) token needs, which takes a new block when the last one is full.
+        seqs = seq_group.get_seqs(SequenceStatus.SWAPPED)
+        num_blocks = sum(len(self.block_tables[seq.seq_id].blocks) for seq in seqs)
+        return self._decide(self.num_total_gpu_blocks, self.gpu_allocator.get_num_free_blocks(), num_blocks,
+                            self.watermark_blocks, never_if_below=False)
+
+
+class _V0SwapInIgnoresUnseenTokens(V0Scheduler):
+    """``can_swap_in`` forgets the block the swapped group's unseen token needs."""
+
+    def __init__(self, config: Any, profile: str = "vllm-0.10") -> None:
+        super().__init__(config, profile)
+        bm = self.block_manager
+        self.block_manager = _SwapInIgnoresUnseenTokens(bm.block_size, bm.num_total_gpu_blocks, bm.num_total_cpu_blocks,
+                                                        bm.watermark_blocks, bm.enable_caching)
+
+
+class _V0RunningTokensPrecharged(V0Scheduler):
+    """The default policy charges the running decodes' tokens before it admits prefills."""
+
+    def _new_budget(self) -> SchedulingBudget:
+        budget = super()._new_budget()
+        if not self.config.enable_chunked_prefill:
+            for sg in self.running:
+                budget.add_num_batched_tokens(sg.request_id, 1)
+        return budget
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A named broken model and the real bug it stands for."""
 
     name: str
-    scheduler_class: type[Scheduler]
+    scheduler_class: type[Any]
+    """A subclass of the profile's model: ``spec.scheduler.Scheduler`` (v1) or ``spec.v0.scheduler.Scheduler``."""
     bug: str
     profile: str = "vllm-0.33"
-    """The profile whose campaigns can reach the broken rule."""
+    """The profile whose campaigns can reach the broken rule (``vllm-0.10``: the v0 model)."""
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -137,8 +333,38 @@ MUTANTS: dict[str, Mutant] = {
                "the full-sequence admission gate missing"),
         Mutant("drafts_kept_after_preempt", _with_knobs(clear_drafts_on_preempt=False),
                "vLLM #31944: draft tokens kept after preemption"),
+        Mutant("v0_recompute_keeps_computed", _V0RecomputeKeepsComputed,
+               "vLLM #5349 (fixes #3032) family, v0: recompute preemption leaves the computed-token state "
+               "(num_computed_tokens, stage) as it was", profile="vllm-0.10"),
+        Mutant("v0_swapped_before_running", _V0SwappedBeforeRunning,
+               "v0 step order (vLLM #3853 set it: running, swapped, new; #7874 reordered the running queue): "
+               "swapped groups resumed before the running decodes, taking their blocks and budget",
+               profile="vllm-0.10"),
+        Mutant("v0_prefill_while_swapped", _V0PrefillWhileSwapped,
+               "vLLM #5578 family, v0: new prefills admitted while groups are swapped out, filling the swap "
+               "space (#5578 reports it of the chunked policy, which 0.10.2 keeps); here the default policy's "
+               "guard dropped", profile="vllm-0.10"),
+        Mutant("v0_ignored_prefill_charged", _V0IgnoredPrefillCharged,
+               "v0, ignored groups leaving state behind (cf. vLLM #18957): the token budget of a prefill "
+               "ignored over the prompt limit not released", profile="vllm-0.10"),
+        Mutant("v0_running_tokens_precharged", _V0RunningTokensPrecharged,
+               "vLLM #3550 regression, fixed by #3853, v0: running decodes' tokens charged before prefills are "
+               "admitted", profile="vllm-0.10"),
+        Mutant("v0_swap_in_ignores_unseen_tokens", _V0SwapInIgnoresUnseenTokens,
+               "vLLM #8824, v0: can_swap_in ignores the unseen token's block, the swap-in then runs out of "
+               "blocks", profile="vllm-0.10"),
+        Mutant("v0_watermark_ignored", _V0WatermarkIgnored,
+               "v0 watermark ignored (the rule of vLLM #255: new admissions and swap-ins keep watermark_blocks "
+               "free); the generator never reaches it", profile="vllm-0.10"),
     )
 }
+
+
+def get_mutant_names(kind: str) -> list[str]:
+    """The names of the mutants of one scheduler kind (``"v1"`` or ``"v0"``, by their profile), sorted."""
+    from spec.schedulers import get_scheduler_kind
+
+    return sorted(name for name, m in MUTANTS.items() if get_scheduler_kind(m.profile) == kind)
 
 
 class MutantSut(ReferenceSut):
@@ -150,6 +376,14 @@ class MutantSut(ReferenceSut):
         self.name = f"mutant:{mutant.name}"
 
     def start(self, config: dict, profile: str) -> None:
+        """The reference of the profile, then the mutant in its place; a trace of the other kind is unsupported."""
+        from spec.schedulers import get_scheduler_kind
+
+        with refused_as_input_error():
+            kind = get_scheduler_kind(profile)
+        if kind != get_scheduler_kind(self.mutant.profile):
+            raise SutUnsupported(f"mutant {self.mutant.name} is a {get_scheduler_kind(self.mutant.profile)} model; "
+                                 f"profile {profile} runs the {kind} scheduler")
         super().start(config, profile)
         assert self.scheduler is not None
         self.scheduler = self.mutant.scheduler_class(self.scheduler.config, profile)
