@@ -152,6 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
     from conformance.campaign import CampaignSpec, exit_code, run_campaign
 
+    if args.profile is None:
+        args.profile = get_default_profile(args.sut)
     check_profile(args.profile)
     make_checked_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
     overrides = parse_overrides(args.set, args.profile)
@@ -163,6 +165,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     ))
     _print_summary(summary)
     return exit_code(summary)
+
+
+def get_default_profile(sut: str) -> str:
+    """The profile a campaign uses when ``--profile`` is not given: the one the SUT runs.
+
+    ``vllm-v0@VERSION`` only runs the legacy scheduler (``vllm-0.10``); a
+    mutant its own profile; everything else vllm-0.33.
+    """
+    if sut.startswith("vllm-v0@"):
+        return "vllm-0.10"
+    if sut.startswith("mutant:"):
+        from conformance.mutants import MUTANTS
+
+        mutant = MUTANTS.get(sut.removeprefix("mutant:"))
+        if mutant is not None:
+            return mutant.profile
+    return "vllm-0.33"
 
 
 def check_profile(name: str) -> None:
@@ -430,8 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
     p.add_argument("--sut", default="reference", help=_sut_help() + " (default: reference, a self-check)")
-    p.add_argument("--profile", default="vllm-0.33", help="release profile of the expected outputs (default vllm-0.33; "
-                   "vllm-0.10: vLLM 0.10.2's legacy v0 scheduler)")
+    p.add_argument("--profile", default=None, help="release profile of the expected outputs (default: the SUT's: "
+                   "vllm-0.10 (vLLM 0.10.2's legacy v0 scheduler) for vllm-v0@VERSION, a mutant's own, else vllm-0.33)")
     p.add_argument("--examples", type=COUNT, default=100, help="number of generated traces (default 100)")
     p.add_argument("--seed", type=SEED, default=0, help="generator seed; the same seed gives the same traces")
     p.add_argument("--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines")

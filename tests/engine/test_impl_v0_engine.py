@@ -316,3 +316,27 @@ def test_copy_blocks_moves_device_bytes_and_validity(tiny_model):
     for k, v in zip(runner.k_cache, runner.v_cache):
         assert torch.equal(k[2], k[0]) and torch.equal(v[2], v[0])
     assert runner._gpu_valid(2) == runner._gpu_valid(0) == 4
+
+
+def test_impl_engine_passes_the_v0_corpus_and_300_generated_traces(tmp_path):
+    """The issue's CI check: ``--sut impl-engine --profile vllm-0.10`` on the v0 corpus and 300 generated traces.
+
+    Teacher-forced: the engine schedules, executes the swaps and the forward,
+    and its greedy tokens are checked at every sampled position against the
+    trace (whose tokens the dense oracle produced).
+    """
+    from pathlib import Path
+
+    from conformance.campaign import CampaignSpec, run_campaign
+    from conformance.replay import replay
+    from conformance.trace import read_trace
+
+    corpus = sorted((Path(__file__).parents[2] / "conformance" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
+    assert len(corpus) >= 50
+    for path in corpus:
+        result = replay(read_trace(path), ImplEngineSut())
+        assert result.verdict == "pass", (path.name, result)
+    summary = run_campaign(CampaignSpec(sut="impl-engine", profile="vllm-0.10", examples=300, seed=11, jobs=1,
+                                        out_dir=str(tmp_path), run_id="impl-v0", quiet=True))
+    assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
+    assert summary["passed"] >= 250 and summary["coverage"]["swap_in"] > 0, summary["coverage"]

@@ -29,7 +29,9 @@ when the token fits in the last block). What is checked:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -413,3 +415,36 @@ def test_model_output_refusals_change_nothing(sut: VllmV0Sut) -> None:
     refused("invalid_token_id", sut.update_from_output, {"a": [-5], "b": [5]}, {})
     refused("drafts_without_spec_decode", sut.update_from_output, {"a": [5], "b": [5]}, {"a": [1]})
     assert sut.update_from_output({"a": [5], "b": [6]}, {}) == [out("a", [5]), out("b", [6])]
+
+
+# -------------------------------------------------------------------- campaigns
+
+def _run_v0_campaign(tmp_path: Path, examples: int, seed: int, jobs: int) -> dict[str, Any]:
+    from conformance.campaign import CampaignSpec, run_campaign
+
+    ensure_env("vllm", VERSION)
+    return run_campaign(CampaignSpec(sut=f"vllm-v0@{VERSION}", profile=PROFILE, examples=examples, seed=seed,
+                                     jobs=jobs, out_dir=str(tmp_path), run_id="v0", quiet=True))
+
+
+def test_a_generated_campaign_passes_on_vllm_0_10_2(tmp_path: Path) -> None:
+    """300 generated v0 traces (the issue asks CI for a few hundred), strict, against the real scheduler.
+
+    What the generator aims at must actually be reached, or the campaign proves
+    little: each v0 coverage share of the run summary is above zero (in the
+    10,000-trace run of the README they are 10-21%).
+    """
+    summary = _run_v0_campaign(tmp_path, examples=300, seed=7, jobs=2)
+    assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
+    assert summary["passed"] >= 250, {k: summary[k] for k in ("passed", "discarded")}
+    coverage = summary["coverage"]
+    for case in ("swap_out", "swap_in", "recompute", "ignored", "partial_prefills", "prefix_hit"):
+        assert coverage[case] > 0, (case, coverage)
+
+
+@pytest.mark.deep
+def test_a_ten_thousand_trace_campaign_passes_on_vllm_0_10_2(tmp_path: Path) -> None:
+    """The README's figure: 10,000 generated traces, strict (``SCHEDCONF_V0_SEED`` picks the seed)."""
+    summary = _run_v0_campaign(tmp_path, examples=10_000, seed=int(os.environ.get("SCHEDCONF_V0_SEED", "20261201")),
+                               jobs=2)
+    assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
