@@ -132,113 +132,22 @@ class _V0RecomputeKeepsComputed(V0Scheduler):
             # missing: seq.reset_state_for_recompute() (num_computed_tokens = 0, stage PREFILL)
 
 
-def _v0_schedule_default(s: V0Scheduler, *, swapped_first: bool = False,
-                         admit_while_swapped: bool = False) -> tuple[dict[str, Any], SchedulingBudget]:
-    """``Scheduler._schedule_default`` (spec/v0/scheduler.py, line for line), optionally with one rule broken.
-
-    ``swapped_first``: the swapped groups are resumed before the running ones
-    (and even when a running group was preempted). ``admit_while_swapped``:
-    new prefills are admitted while groups are swapped out.
-    """
-    budget = s._new_budget()
-    for sg in s.running:
-        budget.add_num_seqs(sg.request_id, sg.get_max_num_running_seqs())
-    prefills = SchedulerPrefillOutputs()
-    running_scheduled = SchedulerRunningOutputs()
-    swapped_in = SchedulerSwappedInOutputs()
-    if admit_while_swapped or not s.swapped:
-        prefills = s._schedule_prefills(budget, enable_chunking=False)
-    if not prefills.seq_groups and s.config.policy == "priority":
-        s._schedule_priority_preemption(budget)
-    if not prefills.seq_groups:
-        if swapped_first:
-            swapped_in = s._schedule_swapped(budget)
-            running_scheduled = s._schedule_running(budget, enable_chunking=False)
-        else:
-            running_scheduled = s._schedule_running(budget, enable_chunking=False)
-            if not running_scheduled.preempted and not running_scheduled.swapped_out:
-                swapped_in = s._schedule_swapped(budget)
-    assert budget.num_batched_tokens <= s.config.max_num_batched_tokens
-    assert budget.num_curr_seqs <= s.config.max_num_seqs
-    s.waiting.extendleft(running_scheduled.preempted)
-    s.running.extend(g.seq_group for g in prefills.seq_groups)
-    s.running.extend(g.seq_group for g in running_scheduled.decode_seq_groups)
-    s.running.extend(g.seq_group for g in swapped_in.decode_seq_groups)
-    s.swapped.extend(running_scheduled.swapped_out)
-    assert not running_scheduled.prefill_seq_groups and not swapped_in.prefill_seq_groups
-    scheduled = [*prefills.seq_groups, *running_scheduled.decode_seq_groups, *swapped_in.decode_seq_groups]
-    return {
-        "scheduled_seq_groups": scheduled,
-        "num_prefill_groups": len(prefills.seq_groups),
-        "blocks_to_swap_in": swapped_in.blocks_to_swap_in,
-        "blocks_to_swap_out": running_scheduled.blocks_to_swap_out,
-        "blocks_to_copy": running_scheduled.blocks_to_copy + swapped_in.blocks_to_copy,
-        "ignored_seq_groups": prefills.ignored_seq_groups + swapped_in.infeasible_seq_groups,
-        "preempted": len(running_scheduled.preempted) + len(running_scheduled.swapped_out),
-    }, budget
-
-
-def _v0_schedule_chunked(s: V0Scheduler, *, swapped_first: bool = False) -> tuple[dict[str, Any], SchedulingBudget]:
-    """``Scheduler._schedule_chunked_prefill``, optionally resuming the swapped groups before the running ones."""
-    budget = s._new_budget()
-    ppm = PartialPrefillMetadata.from_queues(list(s.running), list(s.waiting), s.config)
-    if swapped_first:
-        swapped_in = s._schedule_swapped(budget)
-        running_scheduled = s._schedule_running(budget, enable_chunking=True, ppm=ppm)
-    else:
-        swapped_in = SchedulerSwappedInOutputs()
-        running_scheduled = s._schedule_running(budget, enable_chunking=True, ppm=ppm)
-        if not running_scheduled.preempted and not running_scheduled.swapped_out:
-            swapped_in = s._schedule_swapped(budget)
-    prefills = s._schedule_prefills(budget, enable_chunking=True, ppm=ppm)
-    assert budget.num_batched_tokens <= s.config.max_num_batched_tokens
-    assert budget.num_curr_seqs <= s.config.max_num_seqs
-    s.waiting.extendleft(running_scheduled.preempted)
-    s.running.extend(g.seq_group for g in swapped_in.decode_seq_groups)
-    s.running.extend(g.seq_group for g in swapped_in.prefill_seq_groups)
-    s.running.extend(g.seq_group for g in running_scheduled.decode_seq_groups)
-    s.running.extend(s._order_finishing_prefills_first(running_scheduled.prefill_seq_groups))
-    s.running.extend(g.seq_group for g in prefills.seq_groups)
-    s.swapped.extend(running_scheduled.swapped_out)
-    scheduled = [*prefills.seq_groups, *running_scheduled.prefill_seq_groups, *swapped_in.prefill_seq_groups,
-                 *running_scheduled.decode_seq_groups, *swapped_in.decode_seq_groups]
-    return {
-        "scheduled_seq_groups": scheduled,
-        "num_prefill_groups": (len(prefills.seq_groups) + len(swapped_in.prefill_seq_groups)
-                               + len(running_scheduled.prefill_seq_groups)),
-        "blocks_to_swap_in": swapped_in.blocks_to_swap_in,
-        "blocks_to_swap_out": running_scheduled.blocks_to_swap_out,
-        "blocks_to_copy": running_scheduled.blocks_to_copy + swapped_in.blocks_to_copy,
-        "ignored_seq_groups": prefills.ignored_seq_groups + swapped_in.infeasible_seq_groups,
-        "preempted": len(running_scheduled.preempted) + len(running_scheduled.swapped_out),
-    }, budget
-
-
-class _V0PolicyCopies(V0Scheduler):
-    """The two policies through this module's copies, unbroken (the copies' drift guard compares it to the model)."""
-
-    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
-        return _v0_schedule_default(self)
-
-    def _schedule_chunked_prefill(self) -> tuple[dict[str, Any], SchedulingBudget]:
-        return _v0_schedule_chunked(self)
-
-
 class _V0SwappedBeforeRunning(V0Scheduler):
-    """Swapped groups are resumed before the running groups are scheduled (both policies)."""
+    """Swapped groups are resumed before the running groups are scheduled (both policies), even in a step that preempts."""
 
-    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
-        return _v0_schedule_default(self, swapped_first=True)
-
-    def _schedule_chunked_prefill(self) -> tuple[dict[str, Any], SchedulingBudget]:
-        return _v0_schedule_chunked(self, swapped_first=True)
+    def _schedule_running_then_swapped(
+        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None,
+    ) -> tuple[SchedulerRunningOutputs, SchedulerSwappedInOutputs]:
+        swapped_in = self._schedule_swapped(budget)
+        running_scheduled = self._schedule_running(budget, enable_chunking=enable_chunking, ppm=ppm)
+        return running_scheduled, swapped_in
 
 
 class _V0PrefillWhileSwapped(V0Scheduler):
     """The default policy admits new prefills while groups are swapped out."""
 
-    def _schedule_default(self) -> tuple[dict[str, Any], SchedulingBudget]:
-        return _v0_schedule_default(self, admit_while_swapped=True)
+    def _can_admit_prefills(self) -> bool:
+        return True
 
 
 class _V0IgnoredPrefillCharged(V0Scheduler):

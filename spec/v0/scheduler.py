@@ -314,14 +314,12 @@ class Scheduler:
         prefills = SchedulerPrefillOutputs()
         running_scheduled = SchedulerRunningOutputs()
         swapped_in = SchedulerSwappedInOutputs()
-        if not self.swapped:
+        if self._can_admit_prefills():
             prefills = self._schedule_prefills(budget, enable_chunking=False)
         if not prefills.seq_groups and self.config.policy == "priority":
             self._schedule_priority_preemption(budget)
         if not prefills.seq_groups:
-            running_scheduled = self._schedule_running(budget, enable_chunking=False)
-            if not running_scheduled.preempted and not running_scheduled.swapped_out:
-                swapped_in = self._schedule_swapped(budget)
+            running_scheduled, swapped_in = self._schedule_running_then_swapped(budget, enable_chunking=False)
         assert budget.num_batched_tokens <= self.config.max_num_batched_tokens
         assert budget.num_curr_seqs <= self.config.max_num_seqs
         self.waiting.extendleft(running_scheduled.preempted)
@@ -341,14 +339,25 @@ class Scheduler:
             "preempted": len(running_scheduled.preempted) + len(running_scheduled.swapped_out),
         }, budget
 
+    def _can_admit_prefills(self) -> bool:
+        """``_schedule_default``'s guard: no new prefill while any group is swapped out."""
+        return not self.swapped
+
+    def _schedule_running_then_swapped(
+        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None,
+    ) -> tuple[SchedulerRunningOutputs, SchedulerSwappedInOutputs]:
+        """Both policies: the running groups first, then swap-ins, only in a step that preempted nobody."""
+        running_scheduled = self._schedule_running(budget, enable_chunking=enable_chunking, ppm=ppm)
+        swapped_in = SchedulerSwappedInOutputs()
+        if not running_scheduled.preempted and not running_scheduled.swapped_out:
+            swapped_in = self._schedule_swapped(budget)
+        return running_scheduled, swapped_in
+
     def _schedule_chunked_prefill(self) -> tuple[dict[str, Any], SchedulingBudget]:
         """Running (decodes and prefill chunks) first, then swapped, then new prefills."""
         budget = self._new_budget()
         ppm = PartialPrefillMetadata.from_queues(list(self.running), list(self.waiting), self.config)
-        swapped_in = SchedulerSwappedInOutputs()
-        running_scheduled = self._schedule_running(budget, enable_chunking=True, ppm=ppm)
-        if not running_scheduled.preempted and not running_scheduled.swapped_out:
-            swapped_in = self._schedule_swapped(budget)
+        running_scheduled, swapped_in = self._schedule_running_then_swapped(budget, enable_chunking=True, ppm=ppm)
         prefills = self._schedule_prefills(budget, enable_chunking=True, ppm=ppm)
         assert budget.num_batched_tokens <= self.config.max_num_batched_tokens
         assert budget.num_curr_seqs <= self.config.max_num_seqs
