@@ -15,12 +15,13 @@ error (id ``null``), so the harness sees the problem instead of waiting.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 
 class ProtocolSession:
@@ -111,6 +112,33 @@ def write_reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001
     """One reply line, flushed."""
     stdout.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
     stdout.flush()
+
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+"""What a driver without its own settings needs: no model hub, quiet transformers."""
+
+
+def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: str,
+               default_env: dict[str, str], self_check: Callable[[str | None], int],
+               serve_stdio: Callable[[], int]) -> NoReturn:
+    """The command line every engine driver shares, then exit without the interpreter's teardown.
+
+    ``--self-check [--expect-version V]`` builds one scheduler and runs two steps
+    (what ``schedconf env`` runs after a build); otherwise the driver serves the
+    protocol on stdin/stdout. ``default_env`` fills unset environment variables
+    first. Every reply is flushed, so the process ends with ``os._exit``: an
+    engine's (torch's) teardown is slow and has nothing left to say.
+    """
+    for key, value in default_env.items():
+        os.environ.setdefault(key, value)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
+    parser.add_argument("--expect-version", default=None, help=f"with --self-check: the {engine} version required")
+    args = parser.parse_args(argv)
+    code = self_check(args.expect_version) if args.self_check else serve_stdio()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,7 +89,6 @@ private copy of file descriptor 1 for protocol lines and points fd 1 (and
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -99,7 +98,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from conformance.protocol_server import take_protocol_stdout
+from conformance.protocol_server import run_driver, take_protocol_stdout
 
 DEFAULT_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -864,22 +863,11 @@ def self_check(expect_version: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
-    parser = argparse.ArgumentParser(prog="python -m conformance.vllm_driver",
-                                     description="Serve a real vLLM v1 scheduler over the schedconf protocol.")
-    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
-    parser.add_argument("--expect-version", default=None, help="with --self-check: the vLLM version required")
-    args = parser.parse_args(argv)
-    if args.self_check:
-        return self_check(args.expect_version)
-    return serve_stdio()
+def main(argv: list[str] | None = None) -> None:
+    run_driver(argv, prog="python -m conformance.vllm_driver", engine="vLLM", default_env=DEFAULT_ENV,
+               description="Serve a real vLLM v1 scheduler over the schedconf protocol.",
+               self_check=self_check, serve_stdio=serve_stdio)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Every reply is flushed; skip the interpreter's slow teardown of torch and vLLM.
-    os._exit(code)
+    main()

@@ -59,13 +59,12 @@ builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from typing import Any
 
-from conformance.protocol_server import take_protocol_stdout
+from conformance.protocol_server import run_driver, take_protocol_stdout
 from conformance.vllm_driver import (
     DriverError,
     SutUnsupported,
@@ -265,22 +264,11 @@ def self_check(expect_version: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
-    parser = argparse.ArgumentParser(prog="python -m conformance.engines.aphrodite_driver",
-                                     description="Serve Aphrodite Engine's v1 scheduler over the schedconf protocol.")
-    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
-    parser.add_argument("--expect-version", default=None, help="with --self-check: the Aphrodite version required")
-    args = parser.parse_args(argv)
-    if args.self_check:
-        return self_check(args.expect_version)
-    return serve_stdio()
+def main(argv: list[str] | None = None) -> None:
+    run_driver(argv, prog="python -m conformance.engines.aphrodite_driver", engine="Aphrodite", default_env=DEFAULT_ENV,
+               description="Serve Aphrodite Engine's v1 scheduler over the schedconf protocol.",
+               self_check=self_check, serve_stdio=serve_stdio)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Every reply is flushed; skip the interpreter's slow teardown of torch and Aphrodite.
-    os._exit(code)
+    main()

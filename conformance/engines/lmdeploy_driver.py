@@ -105,7 +105,6 @@ builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import logging
@@ -122,7 +121,7 @@ from conformance.engines.protocol_checks import (
     validate_add_request,
     validate_config,
 )
-from conformance.protocol_server import take_protocol_stdout
+from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "lmdeploy"
 
@@ -623,22 +622,11 @@ def self_check(expect_version: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    parser = argparse.ArgumentParser(prog="python -m conformance.engines.lmdeploy_driver",
-                                     description="Serve LMDeploy's scheduler over the schedconf protocol.")
-    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
-    parser.add_argument("--expect-version", default=None, help="with --self-check: the lmdeploy version required")
-    args = parser.parse_args(argv)
-    if args.self_check:
-        return self_check(args.expect_version)
-    return serve_stdio()
+def main(argv: list[str] | None = None) -> None:
+    run_driver(argv, prog="python -m conformance.engines.lmdeploy_driver", engine="lmdeploy", default_env=OFFLINE_ENV,
+               description="Serve LMDeploy's scheduler over the schedconf protocol.",
+               self_check=self_check, serve_stdio=serve_stdio)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    main()

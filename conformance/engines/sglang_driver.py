@@ -146,7 +146,6 @@ builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 
 from __future__ import annotations
 
-import argparse
 import importlib.machinery
 import os
 import sys
@@ -161,7 +160,7 @@ from conformance.engines.protocol_checks import (
     validate_add_request,
     validate_config,
 )
-from conformance.protocol_server import take_protocol_stdout
+from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "sglang"
 
@@ -738,22 +737,11 @@ def self_check(expect_version: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    parser = argparse.ArgumentParser(prog="python -m conformance.engines.sglang_driver",
-                                     description="Serve SGLang's scheduling classes over the schedconf protocol.")
-    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
-    parser.add_argument("--expect-version", default=None, help="with --self-check: the SGLang version required")
-    args = parser.parse_args(argv)
-    if args.self_check:
-        return self_check(args.expect_version)
-    return serve_stdio()
+def main(argv: list[str] | None = None) -> None:
+    run_driver(argv, prog="python -m conformance.engines.sglang_driver", engine="SGLang", default_env=OFFLINE_ENV,
+               description="Serve SGLang's scheduling classes over the schedconf protocol.",
+               self_check=self_check, serve_stdio=serve_stdio)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    main()

@@ -101,7 +101,6 @@ builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -115,7 +114,7 @@ from conformance.engines.protocol_checks import (
     require,
     validate_add_request,
 )
-from conformance.protocol_server import take_protocol_stdout
+from conformance.protocol_server import run_driver, take_protocol_stdout
 
 PROFILE = "vllm-0.10"
 """The profile of vLLM 0.10.2's legacy scheduler."""
@@ -616,22 +615,11 @@ def self_check(expect_version: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
-    parser = argparse.ArgumentParser(prog="python -m conformance.engines.vllm_v0_driver",
-                                     description="Serve vLLM 0.10.2's legacy v0 scheduler over the schedconf protocol.")
-    parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
-    parser.add_argument("--expect-version", default=None, help="with --self-check: the vLLM version required")
-    args = parser.parse_args(argv)
-    if args.self_check:
-        return self_check(args.expect_version)
-    return serve_stdio()
+def main(argv: list[str] | None = None) -> None:
+    run_driver(argv, prog="python -m conformance.engines.vllm_v0_driver", engine="vLLM", default_env=DEFAULT_ENV,
+               description="Serve vLLM 0.10.2's legacy v0 scheduler over the schedconf protocol.",
+               self_check=self_check, serve_stdio=serve_stdio)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Every reply is flushed; skip the interpreter's slow teardown of torch and vLLM.
-    os._exit(code)
+    main()
