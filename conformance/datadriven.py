@@ -122,12 +122,16 @@ class ScenarioRunner:
             return f"error: {exc.code}"
         except InvariantViolation as exc:
             return f"invariant violated: {exc.invariant}: {exc.message}"
-        if self.scheduler is not None:
-            try:
-                check_invariants(self.scheduler)
-            except InvariantViolation as exc:
-                return out + f"\ninvariant violated: {exc.invariant}: {exc.message}"
+        try:
+            self.check_state()
+        except InvariantViolation as exc:
+            return out + f"\ninvariant violated: {exc.invariant}: {exc.message}"
         return out
+
+    def check_state(self) -> None:
+        """Every invariant of the scheduler's state (raises InvariantViolation)."""
+        if self.scheduler is not None:
+            check_invariants(self.scheduler)
 
     def _sched(self) -> Scheduler:
         if self.scheduler is None:
@@ -196,7 +200,7 @@ class ScenarioRunner:
         return render_queues(self._sched().observe())
 
 
-def run_file(path: Path, rewrite: bool | None = None) -> list[str]:
+def run_file(path: Path, rewrite: bool | None = None, runner_class: type[ScenarioRunner] = ScenarioRunner) -> list[str]:
     """Run a scenario file; return mismatch reports (empty when it passes).
 
     With ``rewrite`` (default: the SCHEDCONF_REWRITE environment variable) the
@@ -205,7 +209,7 @@ def run_file(path: Path, rewrite: bool | None = None) -> list[str]:
     if rewrite is None:
         rewrite = os.environ.get("SCHEDCONF_REWRITE") == "1"
     lines, blocks = parse_file(path)
-    runner = ScenarioRunner()
+    runner = runner_class()
     failures: list[str] = []
     actuals: list[str] = []
     for block in blocks:

@@ -21,15 +21,11 @@ is checked after each command. ``SCHEDCONF_REWRITE=1`` rewrites the outputs.
 
 from __future__ import annotations
 
-import difflib
-import os
 from pathlib import Path
 from typing import Any
 
-from conformance.datadriven import ScenarioFormatError, _rewrite, parse_file, parse_tokens
-from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
-from spec.output import ModelRunnerOutput
-from spec.render import render_request_outputs
+from conformance.datadriven import ScenarioRunner
+from conformance.datadriven import run_file as run_scenario_file
 from spec.v0.config import V0SchedulerConfig
 from spec.v0.invariants import check_invariants
 from spec.v0.output import V0SchedulerOutput
@@ -63,35 +59,16 @@ def _parse_value(key: str, value: str) -> Any:
     return int(value)
 
 
-class V0ScenarioRunner:
-    """Runs the commands of one scenario file against one v0 model."""
+class V0ScenarioRunner(ScenarioRunner):
+    """Runs the commands of one scenario file against one v0 model (the v1 runner's commands, v0 config and renderings)."""
 
-    def __init__(self) -> None:
-        self.scheduler: Scheduler | None = None
-        self.pending: V0SchedulerOutput | None = None
+    scheduler: Scheduler | None  # type: ignore[assignment]
+    pending: V0SchedulerOutput | None  # type: ignore[assignment]
 
-    def run(self, command: str) -> str:
-        name, *args = command.split()
-        handler = getattr(self, "cmd_" + name.replace("-", "_"), None)
-        if handler is None:
-            raise ScenarioFormatError(f"unknown command {name!r}")
-        try:
-            out = handler(args)
-        except (InvalidEvent, InvalidConfig) as exc:
-            return f"error: {exc.code}"
-        except InvariantViolation as exc:
-            return f"invariant violated: {exc.invariant}: {exc.message}"
+    def check_state(self) -> None:
+        # A crashed engine is dead: its state is whatever vLLM left behind.
         if self.scheduler is not None and self.scheduler.crashed is None:
-            try:
-                check_invariants(self.scheduler)
-            except InvariantViolation as exc:
-                return out + f"\ninvariant violated: {exc.invariant}: {exc.message}"
-        return out
-
-    def _sched(self) -> Scheduler:
-        if self.scheduler is None:
-            raise ScenarioFormatError("a 'config' command must come first")
-        return self.scheduler
+            check_invariants(self.scheduler)
 
     def cmd_config(self, args: list[str]) -> str:
         fields = dict(DEFAULTS)
@@ -103,43 +80,9 @@ class V0ScenarioRunner:
         self.pending = None
         return "ok"
 
-    def cmd_add_request(self, args: list[str]) -> str:
-        rid, *rest = args
-        opts = dict(a.partition("=")[::2] for a in rest)
-        self._sched().add_request(
-            rid,
-            parse_tokens(opts["prompt"]),
-            int(opts["max-tokens"]),
-            priority=int(opts.get("priority", 0)),
-            arrival_time=int(opts.get("arrival", 0)),
-            eos_token_id=int(opts["eos"]) if "eos" in opts else None,
-            ignore_eos="ignore-eos" in opts,
-            stop_token_ids=parse_tokens(opts.get("stop", "-")),
-            min_tokens=int(opts.get("min-tokens", 0)),
-        )
-        return "ok"
-
-    def cmd_abort(self, args: list[str]) -> str:
-        return "aborted: " + (" ".join(self._sched().abort(args[0])) or "-")
-
     def cmd_schedule(self, args: list[str]) -> str:
         self.pending = self._sched().schedule()
         return render_v0_scheduler_output(self.pending)
-
-    def cmd_model_output(self, args: list[str]) -> str:
-        sampled = {}
-        for a in args:
-            key, _, value = a.partition("=")
-            sampled[key] = tuple(parse_tokens(value))
-        if self.pending is None:
-            raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
-        outputs = self._sched().update_from_output(self.pending, ModelRunnerOutput(sampled, {}))
-        self.pending = None
-        return render_request_outputs(outputs)
-
-    def cmd_step(self, args: list[str]) -> str:
-        scheduled = self.cmd_schedule([])
-        return scheduled + "\n" + self.cmd_model_output(args)
 
     def cmd_blocks(self, args: list[str]) -> str:
         sched = self._sched()
@@ -151,22 +94,4 @@ class V0ScenarioRunner:
 
 def run_file(path: Path, rewrite: bool | None = None) -> list[str]:
     """Run a v0 scenario file; return mismatch reports (empty when it passes)."""
-    if rewrite is None:
-        rewrite = os.environ.get("SCHEDCONF_REWRITE") == "1"
-    lines, blocks = parse_file(path)
-    runner = V0ScenarioRunner()
-    failures: list[str] = []
-    actuals: list[str] = []
-    for block in blocks:
-        try:
-            actual = runner.run(block.command)
-        except SpecError as exc:  # pragma: no cover - a bug in the model
-            actual = f"unexpected error: {exc}"
-        actuals.append(actual)
-        if actual != block.expected and not rewrite:
-            diff = "\n".join(difflib.unified_diff(block.expected.splitlines(), actual.splitlines(),
-                                                  "expected", "actual", lineterm=""))
-            failures.append(f"{path}:{block.line}: {block.command}\n{diff}")
-    if rewrite:
-        _rewrite(path, lines, blocks, actuals)
-    return failures
+    return run_scenario_file(path, rewrite, runner_class=V0ScenarioRunner)
