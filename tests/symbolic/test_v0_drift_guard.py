@@ -10,7 +10,7 @@ tokens, scheduled chunk, GPU and CPU tables; the step's prefill / preempted /
 swap counts). After every event the v0 invariants and lemmas the proofs use
 hold on the state read from the model (their concrete evaluation).
 
-Scope: ``_schedule_default`` (chunked prefill off), FCFS, naive allocator,
+Scope: ``_schedule_default`` (chunked prefill off), FCFS or priority (recompute preemption), naive allocator,
 ``min_tokens = 0``, aborts between steps. Random programs reach every
 transition but ``prefill_ignore`` and ``swapped_ignore``, which the proofs show
 unreachable below 100 GPU blocks (``never_prompt`` witnesses the first at 100).
@@ -63,8 +63,8 @@ def check_concrete(sched: Any, what: str) -> None:
         raise ConcreteViolation(f"{what}: {broken}")
 
 
-def random_config(rng: random.Random) -> V0SchedulerConfig:
-    """A small, tight v0 config inside the encoding's scope."""
+def random_config(rng: random.Random, policy: str = "fcfs") -> V0SchedulerConfig:
+    """A small, tight v0 config inside the encoding's scope (priority: recompute preemption only)."""
     bs = rng.choice([1, 2, 3])
     blocks = rng.randint(2, 6)
     mml = rng.randint(2, blocks * bs)
@@ -72,16 +72,20 @@ def random_config(rng: random.Random) -> V0SchedulerConfig:
     return V0SchedulerConfig(
         block_size=bs, num_gpu_blocks=blocks, num_cpu_blocks=rng.choice([0, 2, 4, 8]),
         max_num_batched_tokens=budget, max_num_seqs=rng.randint(1, min(NUM_SLOTS, budget)), max_model_len=mml,
-        enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-        preemption_mode=rng.choice([None, "swap", "recompute"]), max_num_partial_prefills=1,
-        max_long_partial_prefills=1, long_prefill_token_threshold=0)
+        enable_chunked_prefill=False, enable_prefix_caching=False, policy=policy,
+        preemption_mode=rng.choice([None, "swap", "recompute"] if policy == "fcfs" else [None, "recompute"]),
+        max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0)
 
 
 def run_program(seed: int, ev: Evaluator, max_events: int = 25, scheduler_class: type = Scheduler,
-                config: V0SchedulerConfig | None = None) -> list[str]:
-    """A seeded random program whose every event is compared with the encoding (deterministic per seed)."""
-    rng = random.Random(f"v0-drift:{seed}")
-    config = config or random_config(rng)
+                config: V0SchedulerConfig | None = None, policy: str = "fcfs") -> list[str]:
+    """A seeded random program whose every event is compared with the encoding (deterministic per seed).
+
+    Under policy priority each request draws a priority in 0..2 and an arrival time in 0..3 (ties on both
+    happen, so the stable sorts are exercised).
+    """
+    rng = random.Random(f"v0-drift:{policy}:{seed}" if policy != "fcfs" else f"v0-drift:{seed}")
+    config = config or random_config(rng, policy)
     sched = scheduler_class(config)
     shape = shape_of(sched, NUM_SLOTS)
     log: list[str] = [f"seed {seed} config {config.to_dict()}"]
@@ -99,8 +103,11 @@ def run_program(seed: int, ev: Evaluator, max_events: int = 25, scheduler_class:
             rid = f"r{next_id}"
             next_id += 1
             n = rng.randint(1, config.max_model_len)
+            extra = ({"priority": rng.randint(0, 2), "arrival_time": rng.randint(0, 3)} if config.policy == "priority"
+                     else {})
             after, sym = add_both(sched, ev, shape, rid, [3 + i % 5 for i in range(n)],
-                                  rng.randint(1, 2 * config.max_model_len), eos_token_id=EOS, stop_token_ids=[STOP])
+                                  rng.randint(1, 2 * config.max_model_len), eos_token_id=EOS, stop_token_ids=[STOP],
+                                  **extra)
             assert_same(after, sym, f"add_request {rid} after {log}")
             log.append(f"add {rid} len={n}")
         elif kind == "abort" and live:
@@ -147,6 +154,28 @@ def test_reachable_states_hypothesis(seed: int) -> None:
     run_program(seed, python_evaluator)
 
 
+NUM_PRIORITY_PROGRAMS = 150
+
+
+def test_reachable_states_priority_python() -> None:
+    """Policy priority (recompute preemption): seeded programs agree event by event, and the priority
+    transitions are reached, the forced preemption included."""
+    SEEN.clear()
+    for seed in range(NUM_PRIORITY_PROGRAMS):
+        run_program(seed, python_evaluator, policy="priority")
+    expected = {"begin_step", "prefill_admit", "prefill_stop", "end_prefill_loop", "priority_sort_running",
+                "priority_force_preempt", "priority_end", "running_append", "running_preempt_recompute",
+                "end_running_loop", "end_schedule", "update_append_token"}
+    assert expected <= set(SEEN), f"not reached: {expected - set(SEEN)} (seen {dict(SEEN)})"
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10**6))
+def test_reachable_states_priority_hypothesis(seed: int) -> None:
+    """More priority seeds, drawn by Hypothesis."""
+    run_program(seed, python_evaluator, policy="priority")
+
+
 Z3_EVALUATOR = Z3Evaluator()
 
 
@@ -160,6 +189,45 @@ def test_reachable_states_z3(swap: bool) -> None:
         long_prefill_token_threshold=0)
     for seed in range(2):
         run_program(seed, Z3_EVALUATOR, max_events=10, config=config)
+
+
+def test_reachable_states_priority_z3() -> None:
+    """Policy priority through the Z3 formulas, on a pool where priority preemption is forced."""
+    config = V0SchedulerConfig(
+        block_size=2, num_gpu_blocks=3, num_cpu_blocks=4, max_num_batched_tokens=6, max_num_seqs=2, max_model_len=6,
+        enable_chunked_prefill=False, enable_prefix_caching=False, policy="priority", preemption_mode=None,
+        max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0)
+    SEEN.clear()
+    for seed in (6, 17):  # the first two seeds whose programs force a priority preemption on this pool
+        run_program(seed, Z3_EVALUATOR, max_events=12, config=config, policy="priority")
+    assert all(SEEN[n] > 0 for n in ("priority_sort_running", "priority_force_preempt", "priority_end")), dict(SEEN)
+
+
+def test_bridge_refuses_out_of_scope() -> None:
+    """Priority with swap preemption, chunked prefill and non-integer arrival times are outside the encoding."""
+    base = dict(block_size=2, num_gpu_blocks=3, num_cpu_blocks=4, max_num_batched_tokens=6, max_num_seqs=2,
+                max_model_len=6, enable_prefix_caching=False, max_num_partial_prefills=1,
+                max_long_partial_prefills=1, long_prefill_token_threshold=0)
+    for extra in ({"enable_chunked_prefill": False, "policy": "priority", "preemption_mode": "swap"},
+                  {"enable_chunked_prefill": True, "policy": "fcfs", "preemption_mode": None}):
+        sched = Scheduler(V0SchedulerConfig(**base, **extra))
+        with pytest.raises(ValueError):
+            from_scheduler(sched, shape_of(sched, NUM_SLOTS))
+    sched = Scheduler(V0SchedulerConfig(**base, enable_chunked_prefill=False, policy="priority", preemption_mode=None))
+    sched.add_request("r0", [3, 4], 2, arrival_time=0.5)
+    with pytest.raises(ValueError):
+        from_scheduler(sched, shape_of(sched, NUM_SLOTS))
+
+
+class SkipsForcedPreemption(Scheduler):
+    """A mutant: ``_schedule_priority_preemption`` re-sorts both queues but never preempts."""
+
+    def _schedule_priority_preemption(self, budget: Any) -> int:
+        from collections import deque
+
+        self.running = deque(sorted(self.running, key=lambda sg: sg.get_priority()))
+        self.waiting = deque(sorted(self.waiting, key=lambda sg: sg.get_priority()))
+        return 0
 
 
 class KeepsComputedOnRecompute(Scheduler):
@@ -185,12 +253,13 @@ class FreesToTheBack(Scheduler):
                 gpu.free_block_ids.append(b)
 
 
-@pytest.mark.parametrize("mutant", [KeepsComputedOnRecompute, FreesToTheBack])
-def test_drift_guard_catches_mutant(mutant: type) -> None:
+@pytest.mark.parametrize("mutant,policy", [(KeepsComputedOnRecompute, "fcfs"), (FreesToTheBack, "fcfs"),
+                                           (SkipsForcedPreemption, "priority")])
+def test_drift_guard_catches_mutant(mutant: type, policy: str) -> None:
     """A mutated model no longer matches the encoding (or breaks a proved invariant): the guard must say so."""
     for seed in range(NUM_PROGRAMS):
         try:
-            run_program(seed, python_evaluator, scheduler_class=mutant)
+            run_program(seed, python_evaluator, scheduler_class=mutant, policy=policy)
         except (EncodingError, ConcreteViolation):
             return
     pytest.fail(f"{mutant.__name__} survived {NUM_PROGRAMS} programs")

@@ -1,11 +1,12 @@
 """Z3 proofs for the v0 encoding: every transition preserves every v0 invariant, lemma and model assertion.
 
 Target bounds R = 4 request slots, B = 8 GPU blocks, C = 8 CPU blocks, block
-size 2. ``-m symbolic`` proves the cheap transitions at the target and every
-transition at R = 3, B = 4, C = 4; ``-m deep`` proves the expensive ones
+size 2. ``-m symbolic`` proves the cheap transitions at the target (policy
+priority's ``priority_sort_running`` and ``priority_end`` among them) and the
+expensive ones at R = 3, B = 4, C = 4; ``-m deep`` proves the expensive ones
 (those that allocate: ``prefill_admit``, ``running_append``,
 ``running_preempt_swap``, ``swapped_swap_in``, and the ones that free a
-table) and the order theorem at the target. Each proof runs in a fresh process
+table, ``priority_force_preempt`` among them) and the order theorem at the target. Each proof runs in a fresh process
 (Z3's global context slows a proof that runs after many others).
 
 The proof machinery is tested too: a deliberately false invariant must fail
@@ -14,7 +15,8 @@ transition's premises must be satisfiable (no proof is vacuous), also with
 each named branch; and the two transitions the bounds make unreachable
 (``prefill_ignore``, ``swapped_ignore``: NEVER needs a watermark, i.e. at
 least 100 GPU blocks, under ``max_model_len <= block_size * num_gpu_blocks``)
-are reported vacuous, not proved.
+are reported vacuous, not proved. Each priority transition, deliberately
+broken, must fail its proof on the goal its bug breaks.
 """
 
 from __future__ import annotations
@@ -26,8 +28,18 @@ import z3
 
 from spec.symbolic.v0.invariants import INVARIANTS
 from spec.symbolic.v0.proofs import FAILED, PROVED, VACUOUS, premises, prove, prove_isolated, prove_theorem_rank
-from spec.symbolic.v0.state import WAITING, Shape, State
-from spec.symbolic.v0.transitions import TRANSITIONS, Outcome, running_preempt_recompute, set_field
+from spec.symbolic.v0.state import PRIORITY_LOOP, PRIORITY_SORT, WAITING, Shape, State
+from spec.symbolic.v0.transitions import (
+    TRANSITIONS,
+    Outcome,
+    at,
+    priority_end,
+    priority_force_preempt,
+    priority_sort_running,
+    running_preempt_recompute,
+    set_field,
+)
+from spec.symbolic.z3ops import count, ite, land, lor
 from spec.symbolic.z3ops import to_bool
 
 TARGET = Shape(4, 8, 8, 2)
@@ -36,7 +48,7 @@ CI_TIMEOUT_S = 300.0
 UNREACHABLE = ("prefill_ignore", "swapped_ignore")
 """NEVER needs int(0.01 * num_gpu_blocks) >= 1, i.e. >= 100 GPU blocks (never_prompt witnesses it there)."""
 EXPENSIVE = ("prefill_admit", "running_append", "running_preempt_recompute", "running_preempt_swap",
-             "swapped_swap_in", "update_append_token", "abort")
+             "swapped_swap_in", "update_append_token", "abort", "priority_force_preempt")
 """Proved at the target under ``deep``; their times are in the README's v0 proof table."""
 CHEAP = tuple(n for n in TRANSITIONS if n not in EXPENSIVE)
 
@@ -144,6 +156,9 @@ BRANCHES = {
     "swapped_stop": ["later"],
     "update_append_token": ["stopped", "length_capped"],
     "abort": ["was_swapped"],
+    "priority_sort_running": ["reorders"],
+    "priority_force_preempt": ["last_running"],
+    "priority_end": ["reorders"],
 }
 
 
@@ -163,3 +178,56 @@ def test_premises_admit_each_branch(name: str) -> None:
         solver.add(*base, *([to_bool(out.facts[branch])] if branch else []))
         expected = z3.unsat if name in UNREACHABLE else z3.sat
         assert solver.check() == expected, f"{name}: branch {branch or '(any)'} is not {expected}"
+
+
+# ------------------------------------------------------------------ policy priority: broken transitions
+
+
+def _sort_running_by_priority_only(s: State, inp: dict[str, Any]) -> Outcome:
+    """Broken ``priority_sort_running``: sorts by ``priority`` alone (arrival_time forgotten), ties by old place."""
+    out = priority_sort_running(s, inp)
+    slots = s.shape.slots
+
+    def before(q: int, r: int) -> Any:
+        return lor(s.priority[q] < s.priority[r],
+                   land(s.priority[q] == s.priority[r], s.running_pos[q] < s.running_pos[r]))
+
+    pos = [ite(s.in_running[r], count(land(s.in_running[q], before(q, r)) for q in slots if q != r), s.running_pos[r])
+           for r in slots]
+    return Outcome(out.post.replace(running_pos=pos), out.guard, out.checks, out.facts, out.premises)
+
+
+def _end_without_sorting_waiting(s: State, inp: dict[str, Any]) -> Outcome:
+    """Broken ``priority_end``: ``waiting`` is not re-sorted (the head and the victims stay in front)."""
+    out = priority_end(s, inp)
+    return Outcome(out.post.replace(waiting_pos=list(s.waiting_pos)), out.guard, out.checks, out.facts, out.premises)
+
+
+def _force_preempt_keeps_blocks(s: State, inp: dict[str, Any]) -> Outcome:
+    """Broken ``priority_force_preempt``: the victim goes back to waiting without ``free_seq`` (its GPU table stays)."""
+    out = priority_force_preempt(s, inp)
+    v = out.facts["victim"]
+    post = out.post.replace(gpu_ref_cnt=s.gpu_ref_cnt, gpu_in_free=s.gpu_in_free, gpu_free_key=s.gpu_free_key,
+                            gpu_free_lo=s.gpu_free_lo, num_free_gpu=s.num_free_gpu, held=s.held,
+                            table_pos=s.table_pos)
+    post = set_field(post, "num_blocks", v, at(s.num_blocks, v))
+    return Outcome(post, out.guard, out.checks, out.facts, out.premises)
+
+
+BROKEN_PRIORITY = {
+    "priority_sort_running": (_sort_running_by_priority_only, "lemma:priority"),
+    "priority_end": (_end_without_sorting_waiting, "lemma:priority"),
+    "priority_force_preempt": (_force_preempt_keeps_blocks, "lemma:requests"),
+}
+
+
+@pytest.mark.symbolic
+@pytest.mark.parametrize("name", list(BROKEN_PRIORITY))
+def test_broken_priority_transition_fails(name: str) -> None:
+    """Each priority transition, deliberately broken, fails its proof on the goal the bug breaks."""
+    broken, goal = BROKEN_PRIORITY[name]
+    res = prove(Shape(2, 3, 2, 2), name, CI_TIMEOUT_S, apply=broken)
+    assert res.status == FAILED, res.goals
+    assert res.goals[goal] == FAILED, res.goals
+    cex = [c for c in res.counterexamples if c.goal == goal][0]
+    assert cex.pre.priority_policy and cex.pre.phase in (PRIORITY_SORT, PRIORITY_LOOP), cex.render()

@@ -7,7 +7,8 @@ invariants are written once over a view/ops protocol and evaluated on the
 model (through the state read from it) and through Z3.
 
 Scope (fixed, see ``transitions.py``): ``_schedule_default`` (chunked
-prefill off), FCFS, the naive block allocator (prefix caching off), one
+prefill off), FCFS or priority (``_schedule_priority_preemption``, recompute
+preemption only), the naive block allocator (prefix caching off), one
 sequence per group, no LoRA / prompt embeds / lookahead, watermark 0 (fewer
 than 100 GPU blocks), preemption mode RECOMPUTE or SWAP (a symbolic switch),
 the stop check abstracted to "stop token or not" with ``min_tokens = 0``.

@@ -9,7 +9,8 @@ step's chunks, and the step's counts from its output. Groups the model
 leaked (``leaked_seq_groups``) are read as dead slots still holding tables.
 
 Only configurations inside the encoding's scope are read (chunked prefill
-off, prefix caching off, FCFS): others raise ``ValueError``.
+off, prefix caching off, FCFS or priority; priority not with
+``preemption_mode="swap"``; integer arrival times): others raise ``ValueError``.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class Snapshot:
 def check_in_scope(sched: Any) -> None:
     """Raise ValueError for a configuration the encoding does not cover."""
     cfg = sched.config
-    if cfg.enable_chunked_prefill or cfg.enable_prefix_caching or cfg.policy != "fcfs":
-        raise ValueError("the v0 encoding covers _schedule_default with the naive allocator and FCFS only")
+    if cfg.enable_chunked_prefill or cfg.enable_prefix_caching or cfg.policy not in ("fcfs", "priority"):
+        raise ValueError("the v0 encoding covers _schedule_default with the naive allocator, FCFS or priority, only")
+    if cfg.policy == "priority" and cfg.preemption_mode == "swap":
+        raise ValueError("the v0 encoding covers policy priority with recompute preemption only")
 
 
 def shape_of(sched: Any, num_reqs: int) -> Shape:
@@ -74,7 +77,7 @@ def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None =
     slot_ids = slot_ids or assign_slots(sched, shape)
     B, C = shape.num_blocks, shape.num_cpu_blocks
     s = empty_state(shape, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                    cfg.preemption_mode == "swap")
+                    cfg.preemption_mode == "swap", cfg.policy == "priority")
     bm = sched.block_manager
     gpu, cpu = bm.gpu_allocator, bm.cpu_allocator
     gpu_free = list(gpu.free_block_ids)
@@ -103,7 +106,7 @@ def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None =
     per: dict[str, list[Any]] = {name: list(getattr(s, name)) for name in (
         "status", "num_tokens", "num_prompt_tokens", "max_tokens", "num_computed_tokens", "num_seen", "in_waiting",
         "waiting_pos", "in_running", "running_pos", "in_swapped", "swapped_pos", "num_scheduled", "num_blocks",
-        "num_cpu_blocks")}
+        "num_cpu_blocks", "priority", "arrival")}
     held = [[False] * B for _ in shape.slots]
     table_pos = [[0] * B for _ in shape.slots]
     cpu_held = [[False] * C for _ in shape.slots]
@@ -123,6 +126,9 @@ def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None =
         per["num_tokens"][r] = sg.get_len()
         per["num_prompt_tokens"][r] = len(sg.prompt_token_ids)
         per["max_tokens"][r] = sg.sampling_params.max_tokens
+        if isinstance(sg.arrival_time, float) and not sg.arrival_time.is_integer():
+            raise ValueError(f"{rid} has a non-integer arrival_time: the encoding keeps arrival times as ints")
+        per["priority"][r], per["arrival"][r] = sg.priority, int(sg.arrival_time)
         per["num_computed_tokens"][r] = sg.num_computed_tokens
         table = bm.block_tables.get(sg.seq_id)
         ids = table.physical_block_ids if table is not None else []

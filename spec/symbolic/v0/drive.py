@@ -27,7 +27,8 @@ from spec.symbolic.v0.state import CRASHED, IDLE, PENDING, Shape, State, bind, c
 from spec.symbolic.v0.transitions import TRANSITIONS, Outcome
 from spec.symbolic.z3ops import is_z3, value_of
 
-SCHEDULE_TRANSITIONS = ("prefill_admit", "prefill_ignore", "prefill_stop", "end_prefill_loop", "running_append",
+SCHEDULE_TRANSITIONS = ("prefill_admit", "prefill_ignore", "prefill_stop", "end_prefill_loop", "priority_sort_running",
+                        "priority_force_preempt", "priority_end", "running_append",
                         "running_preempt_recompute", "running_preempt_swap", "running_swap_crash", "end_running_loop",
                         "swapped_swap_in", "swapped_ignore", "swapped_stop", "end_schedule")
 
@@ -162,7 +163,9 @@ def add_both(sched: Any, ev: Evaluator, shape: Shape, request_id: str, prompt: l
     snap = from_scheduler(sched, shape, slot_ids=assign_slots(sched, shape, (request_id,)))
     sched.add_request(request_id, prompt, max_tokens, **kwargs)
     guard, post, _ = ev("add_request", snap.state, {"slot": snap.slot_ids.index(request_id),
-                                                     "num_prompt_tokens": len(prompt), "max_tokens": max_tokens})
+                                                     "num_prompt_tokens": len(prompt), "max_tokens": max_tokens,
+                                                     "priority": kwargs.get("priority", 0),
+                                                     "arrival_time": int(kwargs.get("arrival_time", 0))})
     if not guard:
         raise EncodingError(f"add_request {request_id} not enabled")
     return from_scheduler(sched, shape, slot_ids=snap.slot_ids), post

@@ -26,7 +26,8 @@ What is represented (vLLM 0.10.2 names):
   GPU and CPU block tables as position maps (``held[r][b]`` at
   ``table_pos[r][b]``, length ``num_blocks[r]``; ``cpu_held`` /
   ``cpu_table_pos`` / ``num_cpu_blocks``), and the tokens scheduled this step
-  (``num_scheduled``: ``token_chunk_size``);
+  (``num_scheduled``: ``token_chunk_size``), and its ``(priority,
+  arrival_time)`` (``SequenceGroup.get_priority``; arrival times are ints here);
 * the step: the phase, the running loop's cursor, the loop-ended flag, and
   the step's counts (prefills admitted, recompute preemptions, swap-outs,
   swap-ins). The budget's counters are derived: ``num_batched_tokens`` is the
@@ -37,7 +38,9 @@ What is represented (vLLM 0.10.2 names):
 Phases: ``IDLE``, ``PREFILL_LOOP`` (``_schedule_prefills``), ``RUNNING_LOOP``
 (``_schedule_running``), ``SWAPPED_LOOP`` (``_schedule_swapped``),
 ``PENDING`` (``schedule()`` returned), ``UPDATING`` (the engine processes the
-output) and ``CRASHED`` (a swap-out found no CPU space: the engine is dead).
+output) and ``CRASHED`` (a swap-out found no CPU space: the engine is dead);
+under policy priority ``PRIORITY_SORT`` and ``PRIORITY_LOOP``
+(``_schedule_priority_preemption``, between the prefill and running loops).
 
 Inside ``schedule()`` the queues already show where each group will be when
 the step ends (a scheduled decode stays in ``running``, a recompute victim is
@@ -58,14 +61,16 @@ from spec.symbolic.z3ops import cdiv, count, eq as eq_, fdiv, is_z3, ite as ite_
 DEAD, WAITING, RUNNING, SWAPPED = -1, 0, 1, 2
 STATUS_NAMES = {DEAD: "DEAD", WAITING: "WAITING", RUNNING: "RUNNING", SWAPPED: "SWAPPED"}
 
-IDLE, PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING, UPDATING, CRASHED = range(7)
+IDLE, PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING, UPDATING, CRASHED, PRIORITY_SORT, PRIORITY_LOOP = range(9)
 PHASE_NAMES = {IDLE: "idle", PREFILL_LOOP: "prefill_loop", RUNNING_LOOP: "running_loop",
-               SWAPPED_LOOP: "swapped_loop", PENDING: "pending", UPDATING: "updating", CRASHED: "crashed"}
+               SWAPPED_LOOP: "swapped_loop", PENDING: "pending", UPDATING: "updating", CRASHED: "crashed",
+               PRIORITY_SORT: "priority_sort", PRIORITY_LOOP: "priority_loop"}
 
 PROFILE = "vllm-0.10"
 INT, BOOL = "int", "bool"
 
-CONFIG_FIELDS = (("max_num_batched_tokens", INT), ("max_num_seqs", INT), ("max_model_len", INT), ("swap_mode", BOOL))
+CONFIG_FIELDS = (("max_num_batched_tokens", INT), ("max_num_seqs", INT), ("max_model_len", INT), ("swap_mode", BOOL),
+                 ("priority_policy", BOOL))
 SCALAR_FIELDS = (
     ("phase", INT), ("step", INT),
     ("num_free_gpu", INT), ("gpu_free_lo", INT), ("num_free_cpu", INT), ("cpu_free_lo", INT),
@@ -80,6 +85,7 @@ REQUEST_FIELDS = (
     ("in_waiting", BOOL), ("waiting_pos", INT), ("in_running", BOOL), ("running_pos", INT),
     ("in_swapped", BOOL), ("swapped_pos", INT),
     ("num_scheduled", INT), ("num_blocks", INT), ("num_cpu_blocks", INT),
+    ("priority", INT), ("arrival", INT),
 )
 REQUEST_GPU_FIELDS = (("held", BOOL), ("table_pos", INT))
 REQUEST_CPU_FIELDS = (("cpu_held", BOOL), ("cpu_table_pos", INT))
@@ -200,14 +206,23 @@ class State:
         """``SchedulingBudget.num_batched_tokens`` of the step (no cached tokens without prefix caching)."""
         return total(self.num_scheduled[r] for r in self.shape.slots)
 
+    def in_priority(self) -> Any:
+        """Inside ``_schedule_priority_preemption`` (nothing is scheduled there)."""
+        ph = self.phase
+        return lor_(eq_(ph, PRIORITY_SORT), eq_(ph, PRIORITY_LOOP)) if is_z3(ph) else ph in (PRIORITY_SORT, PRIORITY_LOOP)
+
     def in_step(self) -> Any:
         ph = self.phase
-        return land(ph >= PREFILL_LOOP, ph <= SWAPPED_LOOP) if is_z3(ph) else PREFILL_LOOP <= ph <= SWAPPED_LOOP
+        if is_z3(ph):
+            return lor_(land(ph >= PREFILL_LOOP, ph <= SWAPPED_LOOP), self.in_priority())
+        return PREFILL_LOOP <= ph <= SWAPPED_LOOP or self.in_priority()
 
     def has_output(self) -> Any:
         """The step's scheduled tokens are visible: inside ``schedule()`` or pending."""
         ph = self.phase
-        return land(ph >= PREFILL_LOOP, ph <= PENDING) if is_z3(ph) else PREFILL_LOOP <= ph <= PENDING
+        if is_z3(ph):
+            return lor_(land(ph >= PREFILL_LOOP, ph <= PENDING), self.in_priority())
+        return PREFILL_LOOP <= ph <= PENDING or self.in_priority()
 
 
 # --------------------------------------------------------------- construction
@@ -246,7 +261,7 @@ def evaluate(state: State, model: z3.ModelRef) -> State:
 
 
 def empty_state(shape: Shape, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                swap_mode: bool) -> State:
+                swap_mode: bool, priority_policy: bool = False) -> State:
     """The Python state of a fresh scheduler (free deques ``0..N-1`` front first)."""
     sh = shape
     R, B, C = sh.num_reqs, sh.num_blocks, sh.num_cpu_blocks
@@ -254,13 +269,15 @@ def empty_state(shape: Shape, max_num_batched_tokens: int, max_num_seqs: int, ma
     falses = [False] * R
     return State(
         sh, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        swap_mode=swap_mode, phase=IDLE, step=0, num_free_gpu=B, gpu_free_lo=-1, num_free_cpu=C, cpu_free_lo=-1,
+        swap_mode=swap_mode, priority_policy=priority_policy, phase=IDLE, step=0, num_free_gpu=B, gpu_free_lo=-1,
+        num_free_cpu=C, cpu_free_lo=-1,
         req_index=0, loop_done=False, num_prefills=0, num_preempted=0, num_swapped_out=0, num_swapped_in=0,
         gpu_ref_cnt=[0] * B, gpu_in_free=[True] * B, gpu_free_key=list(range(B)),
         cpu_ref_cnt=[0] * C, cpu_in_free=[True] * C, cpu_free_key=list(range(C)),
         status=[DEAD] * R, num_tokens=zeros, num_prompt_tokens=zeros, max_tokens=zeros, num_computed_tokens=zeros,
         num_seen=zeros, in_waiting=falses, waiting_pos=zeros, in_running=falses, running_pos=zeros,
         in_swapped=falses, swapped_pos=zeros, num_scheduled=zeros, num_blocks=zeros, num_cpu_blocks=zeros,
+        priority=zeros, arrival=zeros,
         held=[[False] * B for _ in range(R)], table_pos=[[0] * B for _ in range(R)],
         cpu_held=[[False] * C for _ in range(R)], cpu_table_pos=[[0] * C for _ in range(R)],
     )
@@ -381,7 +398,11 @@ def lemma_config(s: State, o: Any) -> Any:
     """The configuration passes 0.10.2's checks for _schedule_default: max_model_len <= max_num_batched_tokens, max_num_seqs <= max_num_batched_tokens (SchedulerConfig), max_model_len <= block_size * num_gpu_blocks (worker.raise_if_cache_size_invalid, spec/v0/config.py)."""
     return o.and_(o.le(1, s.max_num_seqs), o.le(1, s.max_model_len), o.le(s.max_model_len, s.max_num_batched_tokens),
                   o.le(s.max_num_seqs, s.max_num_batched_tokens),
-                  o.le(s.max_model_len, s.shape.block_size * s.shape.num_blocks))
+                  o.le(s.max_model_len, s.shape.block_size * s.shape.num_blocks),
+                  # Scope: priority preemption in swap mode puts a SWAPPED group into waiting (a vLLM bug the model
+                  # reproduces, EngineCrash engine_swapped_group_in_waiting later); the encoding covers priority with
+                  # recompute only (preemption_mode None or "recompute": vLLM recomputes single-sequence groups).
+                  o.implies(s.priority_policy, o.not_(s.swap_mode)))
 
 
 def lemma_step(s: State, o: Any) -> Any:
@@ -391,7 +412,10 @@ def lemma_step(s: State, o: Any) -> Any:
     no_counts = o.and_(o.eq(s.num_prefills, 0), o.eq(s.num_preempted, 0), o.eq(s.num_swapped_out, 0),
                        o.eq(s.num_swapped_in, 0))
     return o.and_(
-        o.le(IDLE, s.phase), o.le(s.phase, CRASHED), o.le(0, s.step),
+        o.le(IDLE, s.phase), o.le(s.phase, PRIORITY_LOOP), o.le(0, s.step),
+        # _schedule_priority_preemption runs only under policy priority, after a prefill loop that admitted
+        # nothing (or none ran); no group is scheduled yet and the step's counts are 0.
+        o.implies(s.in_priority(), o.and_(s.priority_policy, o.eq(sched_sum, 0), no_counts)),
         o.forall(sh.slots, lambda r: o.le(0, s.num_scheduled[r]), lambda r: f"slot {r} scheduled"),
         o.implies(o.eq(s.phase, IDLE), o.and_(o.eq(sched_sum, 0), no_counts)),
         o.le(0, s.num_prefills), o.le(0, s.num_preempted), o.le(0, s.num_swapped_out), o.le(0, s.num_swapped_in),
@@ -543,8 +567,30 @@ def theorem_rank(in_free: list[Any], key: list[Any], num_free: Any, n: Any, ids:
                 limplies(distinct, land(monotone, *(limplies(in_free[b], rank[b] < num_free) for b in ids))))
 
 
+def lemma_priority(s: State, o: Any) -> Any:
+    """Policy priority: ``running`` is sorted by ``(priority, arrival_time)`` from ``_schedule_priority_preemption`` through the running loop; ``waiting`` is sorted from its end until a recompute preemption of the running loop prepends a victim."""
+    sh = s.shape
+    pairs = [(q, r) for q in sh.slots for r in sh.slots if q != r]
+
+    def sorted_queue(queue: str) -> Any:
+        member, pos = getattr(s, f"in_{queue}"), getattr(s, f"{queue}_pos")
+        return o.forall(pairs, lambda p: o.implies(
+            o.and_(member[p[0]], member[p[1]], o.lt(pos[p[0]], pos[p[1]])),
+            o.not_(o.or_(o.lt(s.priority[p[1]], s.priority[p[0]]),
+                         o.and_(o.eq(s.priority[p[1]], s.priority[p[0]]), o.lt(s.arrival[p[1]], s.arrival[p[0]]))))),
+            lambda p: f"{queue} slots {p[0]} before {p[1]}")
+
+    return o.and_(
+        o.implies(o.and_(s.priority_policy, o.or_(o.eq(s.phase, PRIORITY_LOOP), o.eq(s.phase, RUNNING_LOOP))),
+                  sorted_queue("running")),
+        o.implies(o.and_(s.priority_policy, o.or_(o.eq(s.phase, RUNNING_LOOP), o.eq(s.phase, SWAPPED_LOOP)),
+                         o.eq(s.num_preempted, 0)), sorted_queue("waiting")),
+    )
+
+
 LEMMAS: dict[str, Callable[[State, Any], Any]] = {
-    fn.__name__.removeprefix("lemma_"): fn for fn in (lemma_config, lemma_step, lemma_allocators, lemma_requests)
+    fn.__name__.removeprefix("lemma_"): fn for fn in (lemma_config, lemma_step, lemma_allocators, lemma_requests,
+                                                      lemma_priority)
 }
 
 
@@ -572,13 +618,14 @@ def canonical(s: State) -> dict[str, Any]:
         "requests": {
             r: {"status": s.status[r], "num_tokens": s.num_tokens[r], "num_prompt_tokens": s.num_prompt_tokens[r],
                 "num_computed_tokens": s.num_computed_tokens[r], "num_seen": s.num_seen[r],
-                "num_scheduled": s.num_scheduled[r], "gpu_table": table_of(s, r), "cpu_table": table_of(s, r, True)}
+                "num_scheduled": s.num_scheduled[r], "gpu_table": table_of(s, r), "cpu_table": table_of(s, r, True),
+                "priority": (s.priority[r], s.arrival[r])}
             for r in live
         },
         "dead_tables": {r: (table_of(s, r), table_of(s, r, True)) for r in sh.slots
                         if r not in live and (table_of(s, r) or table_of(s, r, True))},
     }
-    if s.phase in (PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING):
+    if s.phase in (PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING, PRIORITY_SORT, PRIORITY_LOOP):
         # What the output shows: prefill groups, ``preempted``, and whether it swaps out / in.
         out["step_counts"] = (s.num_prefills, s.num_preempted + s.num_swapped_out, s.num_swapped_out > 0,
                               s.num_swapped_in > 0)
@@ -592,7 +639,8 @@ def describe(s: State) -> str:
     lines = [
         f"shape {sh.label()}  phase {PHASE_NAMES.get(s.phase, s.phase)}  step {s.step}",
         f"config: max_num_batched_tokens={s.max_num_batched_tokens} max_num_seqs={s.max_num_seqs} "
-        f"max_model_len={s.max_model_len} preemption={'swap' if s.swap_mode else 'recompute'}",
+        f"max_model_len={s.max_model_len} preemption={'swap' if s.swap_mode else 'recompute'} "
+        f"policy={'priority' if s.priority_policy else 'fcfs'}",
         f"gpu free (front first): {c['gpu_free']} num_free={s.num_free_gpu}  "
         f"cpu free: {c['cpu_free']} num_free={s.num_free_cpu}",
         f"gpu ref_cnt {list(s.gpu_ref_cnt)}  cpu ref_cnt {list(s.cpu_ref_cnt)}",

@@ -13,7 +13,9 @@ Scope (what is not here is fixed):
 
 * ``Scheduler._schedule_default`` only: chunked prefill off (so no partial
   prefills, every prompt is scheduled whole, ``do_sample`` always true);
-* policy FCFS (``_schedule_priority_preemption`` is not encoded);
+* policy FCFS or priority (``_schedule_priority_preemption``: ``priority_sort_running``,
+  ``priority_force_preempt``, ``priority_end``), priority with recompute only
+  (``lemma_config``: in swap mode vLLM puts a SWAPPED victim into ``waiting``);
 * the naive block allocator on both devices (prefix caching off), one
   sequence per group (no fork, no copy-on-write: ``blocks_to_copy`` is empty),
   no LoRA, no prompt embeds, ``num_lookahead_slots = 0``, ``delay_factor = 0``,
@@ -26,7 +28,8 @@ Scope (what is not here is fixed):
 Granularity: each loop of ``_schedule_default`` is cut into its iterations
 (``prefill_admit`` / ``prefill_ignore`` / ``prefill_stop``,
 ``running_append`` / ``running_preempt_*``, ``swapped_swap_in`` /
-``swapped_ignore`` / ``swapped_stop``) and the joints between the loops;
+``swapped_ignore`` / ``swapped_stop``; under priority ``priority_sort_running``,
+``priority_force_preempt`` per victim, ``priority_end``) and the joints between the loops;
 the engine's update into one transition per scheduled group.
 
 Where the groups are during the step: ``_schedule_default`` moves them to
@@ -38,7 +41,11 @@ head, so the scheduled groups keep their order; (2) ``extendleft`` of the
 preempted list puts the last one preempted first, as prepending each does;
 (3) the prefill loop's admissions are appended after the groups already
 running, and the running loop does not run in a step that admitted any;
-(4) the swapped loop only runs when nothing was swapped out.
+(4) the swapped loop only runs when nothing was swapped out; (5) under
+policy priority, ``_schedule_priority_preemption`` runs between the prefill
+and the running loops and moves its victims to ``waiting`` itself (no
+deferral), sorts ``running`` before the running loop reads it, and re-sorts
+``waiting`` before the running loop's victims are put in front of it.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ from spec.symbolic.v0.state import (
     IDLE,
     PENDING,
     PREFILL_LOOP,
+    PRIORITY_LOOP,
+    PRIORITY_SORT,
     REQUEST_CPU_FIELDS,
     REQUEST_FIELDS,
     REQUEST_GPU_FIELDS,
@@ -273,7 +282,8 @@ def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
     """``schedule()`` -> ``_schedule_default`` starts: a fresh budget (running groups pre-counted); the prefill loop only if nothing is swapped."""
     sh = s.shape
     post = s.replace(
-        phase=ite(eq(s.num_swapped(), 0), PREFILL_LOOP, RUNNING_LOOP), step=s.step + 1, req_index=0, loop_done=False,
+        phase=ite(eq(s.num_swapped(), 0), PREFILL_LOOP, ite(s.priority_policy, PRIORITY_SORT, RUNNING_LOOP)),
+        step=s.step + 1, req_index=0, loop_done=False,
         num_prefills=0, num_preempted=0, num_swapped_out=0, num_swapped_in=0, num_scheduled=[0] * sh.num_reqs,
     )
     return Outcome(post, eq(s.phase, IDLE), facts={"skips_prefills": s.num_swapped() > 0})
@@ -327,9 +337,10 @@ def prefill_stop(s: State, inp: dict[str, Any]) -> Outcome:
 
 
 def end_prefill_loop(s: State, inp: dict[str, Any]) -> Outcome:
-    """After ``_schedule_prefills``: a step that admitted prompts schedules nothing else; otherwise ``_schedule_running``."""
+    """After ``_schedule_prefills``: a step that admitted prompts schedules nothing else; otherwise (policy priority: ``_schedule_priority_preemption``, then) ``_schedule_running``."""
     guard = land(eq(s.phase, PREFILL_LOOP), lor(s.loop_done, eq(queue_len(s, "waiting"), 0)))
-    post = s.replace(phase=ite(s.num_prefills > 0, PENDING, RUNNING_LOOP), loop_done=False, req_index=0)
+    post = s.replace(phase=ite(s.num_prefills > 0, PENDING, ite(s.priority_policy, PRIORITY_SORT, RUNNING_LOOP)),
+                     loop_done=False, req_index=0)
     return Outcome(post, guard)
 
 
@@ -471,6 +482,93 @@ def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
     return Outcome(s.replace(phase=PENDING, loop_done=False), guard)
 
 
+# ------------------------------------------------------------------ priority
+
+def priority_before(s: State, a: Any, b: Any) -> Any:
+    """``a.get_priority() < b.get_priority()``: ``(priority, arrival_time)`` compared as tuples (slots, maybe symbolic)."""
+    pa, pb = at(s.priority, a), at(s.priority, b)
+    return lor(pa < pb, land(eq(pa, pb), at(s.arrival, a) < at(s.arrival, b)))
+
+
+def stable_sort(s: State, queue: str) -> State:
+    """``deque(sorted(queue, key=SequenceGroup.get_priority))``: Python's sort is stable, so ties keep their order.
+
+    A member's new place is the number of members before it in the order
+    (key, old place).
+    """
+    member, pos = getattr(s, f"in_{queue}"), getattr(s, f"{queue}_pos")
+    slots = s.shape.slots
+
+    def before(q: int, r: int) -> Any:
+        return lor(priority_before(s, q, r),
+                   land(eq(s.priority[q], s.priority[r]), eq(s.arrival[q], s.arrival[r]), pos[q] < pos[r]))
+
+    new = [ite(member[r], count(land(member[q], before(q, r)) for q in slots if q != r), pos[r]) for r in slots]
+    return s.replace(**{f"{queue}_pos": new})
+
+
+def priority_sort_running(s: State, inp: dict[str, Any]) -> Outcome:
+    """``_schedule_priority_preemption`` starts: ``running_queue = deque(sorted(self.running, key=get_priority))``.
+
+    The encoding sorts ``running`` in place at once: the model assigns
+    ``self.running = running_queue`` at the end, and nothing in between reads
+    ``self.running``.
+    """
+    post = stable_sort(s, "running").replace(phase=PRIORITY_LOOP)
+    return Outcome(post, eq(s.phase, PRIORITY_SORT), facts={"reorders": lor(*(
+        land(s.in_running[r], lnot(eq(post.running_pos[r], s.running_pos[r]))) for r in s.shape.slots))})
+
+
+def _priority_head(s: State, inp: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The waiting head ``sg`` (popped first), the tail of ``running_queue``, whether the tail is worse, whether ``sg`` fits.
+
+    ``sg`` fits: ``num_new_tokens > 0`` (always: a waiting group computed
+    nothing), ``can_allocate`` OK, and ``budget.can_schedule`` with the
+    running groups still pre-counted (a victim's seat is given back as it
+    leaves ``running``; no tokens are charged yet: nothing is scheduled).
+    """
+    w = queue_at(s, "waiting", 0)
+    v, pinned = pin(inp, "case_victim", queue_at(s, "running", s.num_running() - 1))
+    n = at(s.num_tokens, w)
+    required = cdiv(n, s.shape.block_size)
+    wm = s.shape.watermark
+    fits = land(n > 0, s.shape.num_blocks - required >= wm, s.num_free_gpu - required >= wm,
+                s.num_batched_tokens() + n <= s.max_num_batched_tokens, s.num_running() + 1 <= s.max_num_seqs)
+    worse = land(queue_len(s, "waiting") > 0, s.num_running() > 0, priority_before(s, w, v))
+    return w, v, land(worse, lnot(fits)), pinned
+
+
+def priority_force_preempt(s: State, inp: dict[str, Any]) -> Outcome:
+    """The loop of ``_schedule_priority_preemption``: the tail of ``running_queue`` is worse than ``sg`` and ``sg`` does not fit: ``_preempt`` (recompute) the tail, ``waiting.appendleft(victim)``.
+
+    The model pops ``sg`` first and puts it back in front at the end, so the
+    victims end up right behind it, the last one first: the encoding keeps
+    ``sg`` at the head and puts each victim at place 1. Priority preemptions
+    are not counted in the output's ``preempted`` (vLLM returns the count but
+    ``_schedule_default`` drops it), so they do not stop ``_schedule_swapped``.
+    """
+    w, v, force, pinned = _priority_head(s, inp)
+    post = remove_from(s, "running", v)
+    post, checks = free_table(post, "gpu", v, "free")
+    post = post.replace(in_waiting=put(post.in_waiting, v, True), waiting_pos=[
+        ite(eq(v, r), 1, ite(land(post.in_waiting[r], post.waiting_pos[r] >= 1), post.waiting_pos[r] + 1,
+                             post.waiting_pos[r])) for r in s.shape.slots])
+    for name, value in (("status", WAITING), ("num_computed_tokens", 0), ("num_seen", 0)):
+        post = set_field(post, name, v, value)
+    checks.append(("_preempt_by_recompute: the victim is RUNNING", eq(at(s.status, v), RUNNING)))
+    return Outcome(post, land(eq(s.phase, PRIORITY_LOOP), force, lnot(s.swap_mode), pinned), checks,
+                   {"request": w, "victim": v, "last_running": eq(s.num_running(), 1)})
+
+
+def priority_end(s: State, inp: dict[str, Any]) -> Outcome:
+    """The loop ends (no worse tail, or ``sg`` fits): ``waiting.appendleft(sg)``, ``self.waiting = deque(sorted(...))``; on to ``_schedule_running``."""
+    _, _, force, _ = _priority_head(s, inp)
+    post = stable_sort(s, "waiting").replace(phase=RUNNING_LOOP, req_index=0, loop_done=False)
+    return Outcome(post, land(eq(s.phase, PRIORITY_LOOP), lnot(force)), facts={
+        "reorders": lor(*(land(s.in_waiting[r], lnot(eq(post.waiting_pos[r], s.waiting_pos[r])))
+                          for r in s.shape.slots))})
+
+
 # ------------------------------------------------------------------ update
 
 def begin_update(s: State, inp: dict[str, Any]) -> Outcome:
@@ -517,13 +615,15 @@ def end_update(s: State, inp: dict[str, Any]) -> Outcome:
 # ------------------------------------------------------------------ requests
 
 def add_request(s: State, inp: dict[str, Any]) -> Outcome:
-    """``add_request`` -> ``add_seq_group``: a new WAITING group at the tail of ``waiting``; prompts over ``max_model_len`` are refused (``LLMEngine._validate_model_input``)."""
+    """``add_request`` -> ``add_seq_group``: a new WAITING group at the tail of ``waiting``; prompts over ``max_model_len`` are refused (``LLMEngine._validate_model_input``); a priority other than 0 needs policy priority."""
     q, n = inp["slot"], inp["num_prompt_tokens"]
     guard = land(lor(eq(s.phase, IDLE), eq(s.phase, PENDING)), slot_in_range(s, q), eq(at(s.status, q, 0), DEAD),
-                 eq(at(s.num_scheduled, q), 0), 1 <= n, n <= s.max_model_len, inp["max_tokens"] >= 1)
+                 eq(at(s.num_scheduled, q), 0), 1 <= n, n <= s.max_model_len, inp["max_tokens"] >= 1,
+                 lor(s.priority_policy, eq(inp["priority"], 0)))
     post = s
     for name, value in (("status", WAITING), ("num_tokens", n), ("num_prompt_tokens", n),
-                        ("max_tokens", inp["max_tokens"]), ("num_computed_tokens", 0), ("num_seen", 0)):
+                        ("max_tokens", inp["max_tokens"]), ("num_computed_tokens", 0), ("num_seen", 0),
+                        ("priority", inp["priority"]), ("arrival", inp["arrival_time"])):
         post = set_field(post, name, q, value)
     return Outcome(append_to(post, "waiting", q), guard, facts={"request": q})
 
@@ -562,7 +662,8 @@ def _append_inputs(shape: Shape, tag: str) -> dict[str, Any]:
 
 def _add_inputs(shape: Shape, tag: str) -> dict[str, Any]:
     return {"slot": z3.Int(f"{tag}.slot"), "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
-            "max_tokens": z3.Int(f"{tag}.max_tokens")}
+            "max_tokens": z3.Int(f"{tag}.max_tokens"), "priority": z3.Int(f"{tag}.priority"),
+            "arrival_time": z3.Int(f"{tag}.arrival_time")}
 
 
 @dataclass(frozen=True)
@@ -604,6 +705,13 @@ TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
                f"{_S} _preempt, _swap_out; {_B} can_swap_out, swap_out, _swap", split=("case_victim",)),
     Transition("running_swap_crash", running_swap_crash, _no_inputs,
                f"{_S} _swap_out (EngineCrash engine_swap_space_exhausted)", split=("case_victim",)),
+    Transition("priority_sort_running", priority_sort_running, _no_inputs,
+               f"{_S} _schedule_default (policy priority), _schedule_priority_preemption (sorted running)"),
+    Transition("priority_force_preempt", priority_force_preempt, _no_inputs,
+               f"{_S} _schedule_priority_preemption (loop: worse tail, head does not fit), _preempt, "
+               f"_preempt_by_recompute; {_B} can_allocate", split=("case_victim",)),
+    Transition("priority_end", priority_end, _no_inputs,
+               f"{_S} _schedule_priority_preemption (appendleft head, sorted waiting)"),
     Transition("end_running_loop", end_running_loop, _no_inputs, f"{_S} _schedule_default (swap-in only without preemption)"),
     Transition("swapped_swap_in", swapped_swap_in, _no_inputs,
                f"{_S} _schedule_swapped (OK), _swap_in, _append_slots; {_B} can_swap_in, swap_in, append_slots",
