@@ -556,10 +556,15 @@ def test_golden_corpus_replays_on_vllm(version: str) -> None:
         name = entry["file"]
         trace = read_trace(path)
         result = replay(trace, sut, "strict")
+        if version == V011 and name in ("refused-pool_blocks.jsonl", "refused-pool_tokens.jsonl"):
+            # findings.md F5: vLLM 0.11 accepts a pool that cannot hold one max_model_len sequence
+            # (it does not hold the null block back); the model, as 0.32/0.33, refuses it.
+            assert result.verdict == FAIL and "pool_below_max_model_len" in str(result.divergence), name
+            continue
         if version == V011 and name.startswith("witness-liveness_thrash"):
             # Tied (priority, arrival_time) keys, which the 0.11 thrash needs: real 0.11.0
             # crashes in its priority heap first (findings.md F4, F8; spec/symbolic/LIVENESS.md).
-            assert result.verdict == FAIL and "not supported between instances" in (result.detail + str(result.divergence)), name
+            assert result.verdict == FAIL and "not supported between instances" in str(result.divergence), name
             continue
         if result.verdict == UNKNOWN:
             # Configs vLLM refuses or cannot express (model-only lookahead, findings.md
