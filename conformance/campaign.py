@@ -229,7 +229,54 @@ def features_of(trace: Trace) -> list[str]:
             out.add("spec_decode")
         if any(c["resumed"] for c in x["scheduled_cached_reqs"]):
             out.add("resume")
+    if trace.is_in_flight:
+        out |= get_in_flight_features(trace)
     return sorted(out)
+
+
+def get_in_flight_features(trace: Trace) -> set[str]:
+    """The in-flight cases a trace reaches, read from its events alone.
+
+    ``steps_in_flight``: a step scheduled before an older one's output;
+    ``scheduled_in_flight``: a request scheduled again while a step of it is
+    in flight (a placeholder decode, or the next prefill chunk);
+    ``preempted_in_flight``: preempted with a step of it in flight;
+    ``stale_output``: tokens delivered to a request preempted after the step
+    that produced them; ``aborted_in_flight``: aborted with a step of it in
+    flight; ``finished_in_flight``: stopped by one step's output while a later
+    step of it is in flight.
+    """
+    out: set[str] = set()
+    in_flight: dict[int, set[str]] = {}
+    preempted_at: dict[str, int] = {}
+    for e in trace.events:
+        if "expect_error" in e:
+            continue
+        kind = e["kind"]
+        older = set().union(*in_flight.values()) if in_flight else set()
+        if kind == "step" and "expect" in e:
+            x = e["expect"]
+            scheduled = set(x["num_scheduled_tokens"])
+            if in_flight:
+                out.add("steps_in_flight")
+            if scheduled & older:
+                out.add("scheduled_in_flight")
+            for rid in x["preempted_req_ids"] or ():
+                preempted_at[rid] = e["step"]
+                if rid in older:
+                    out.add("preempted_in_flight")
+            in_flight[e["step"]] = scheduled
+        elif kind == "abort" and e["request_id"] in older:
+            out.add("aborted_in_flight")
+        elif kind == "model_output":
+            in_flight.pop(e["step"], None)
+            later = set().union(*in_flight.values()) if in_flight else set()
+            for o in e.get("expect", {}).get("outputs", ()):
+                if preempted_at.get(o["req_id"], 0) > e["step"] and o["new_token_ids"]:
+                    out.add("stale_output")
+                if o["finish_reason"] in ("stop", "length") and o["req_id"] in later:
+                    out.add("finished_in_flight")
+    return out
 
 
 def run_one(index: int, workload: Workload) -> TraceOutcome:
@@ -348,6 +395,10 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
+    if not getattr(probe, "in_flight", False) and not spec.profile.endswith("-async"):
+        # One step at a time: generate no steps in flight (a scheduler that does
+        # not declare them would only collect "unknown" verdicts).
+        forced.setdefault("max_concurrent_batches", 1)
     probe.close()
     if forced:
         # The SUT cannot express these config values at all (e.g. vLLM has no

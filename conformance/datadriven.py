@@ -18,12 +18,14 @@ Commands (all state is per file):
     SPEC is ``+``-joined parts, each ``a..b`` (inclusive) or ``a,b,c``
 ``abort ID``
 ``schedule``
-``model-output [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
-    TOKENS is ``a,b`` or ``-`` for none
+``model-output [step=N] [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
+    TOKENS is ``a,b`` or ``-`` for none; the output answers step N (default:
+    the oldest step in flight)
 ``step [ID=TOKENS ...]``
     schedule, then a model-output with the given tokens
 ``blocks`` / ``queues``
-    the free queue and block tables / the queues and request counters
+    the free queue and block tables / the queues and request counters (with
+    each request's in-flight counters when any is non-zero)
 
 Invalid input renders as ``error: <code>``. Every invariant is checked after
 each command; a violation renders as ``invariant violated: <name>: ...``.
@@ -42,7 +44,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
 from spec.invariants import check_invariants
 from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.render import render_blocks, render_queues, render_request_outputs, render_scheduler_output
+from spec.render import render_blocks, render_in_flight, render_queues, render_request_outputs, render_scheduler_output
 from spec.scheduler import Scheduler
 
 
@@ -177,16 +179,24 @@ class ScenarioRunner:
     def cmd_model_output(self, args: list[str]) -> str:
         sampled: dict[str, tuple[int, ...]] = {}
         drafts: dict[str, tuple[int, ...]] = {}
+        step: int | None = None
         for a in args:
             key, _, value = a.partition("=")
-            if key.startswith("drafts:"):
+            if key == "step":
+                step = int(value)
+            elif key.startswith("drafts:"):
                 drafts[key.removeprefix("drafts:")] = tuple(parse_tokens(value))
             else:
                 sampled[key] = tuple(parse_tokens(value))
-        if self.pending is None:
+        sched = self._sched()
+        if step is not None:
+            output = sched.get_in_flight_output(step)
+        elif sched.in_flight:
+            output = sched.in_flight[0].output
+        else:
             raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
-        outputs = self._sched().update_from_output(self.pending, ModelRunnerOutput(sampled, drafts))
-        self.pending = None
+        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
+        self.pending = sched.pending_output
         return render_request_outputs(outputs)
 
     def cmd_step(self, args: list[str]) -> str:
@@ -197,7 +207,8 @@ class ScenarioRunner:
         return render_blocks(self._sched().observe())
 
     def cmd_queues(self, args: list[str]) -> str:
-        return render_queues(self._sched().observe())
+        sched = self._sched()
+        return render_queues(sched.observe()) + render_in_flight(sched)
 
 
 def run_file(path: Path, rewrite: bool | None = None, runner_class: type[ScenarioRunner] = ScenarioRunner) -> list[str]:

@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, Workload
 from spec.config import SchedulerConfig, cdiv
+from spec.profiles import PROFILES
 
 T = TypeVar("T")
 EOS = 1
@@ -206,8 +207,12 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
 
 
 def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invalid_inputs: bool = True,
-                   config: SchedulerConfig | None = None) -> Workload:
-    """Draw one workload (see the module docstring for what it aims at)."""
+                   config: SchedulerConfig | None = None, in_flight_batches: bool = True) -> Workload:
+    """Draw one workload (see the module docstring for what it aims at).
+
+    ``in_flight_batches=False`` keeps a plain profile's workloads synchronous
+    (the v2 corpus, built before steps could be in flight, keeps its bytes).
+    """
     family = c.choice(FAMILIES, "family")
     config = config or build_config(c, family)
     oracle = HashOracle(
@@ -298,8 +303,35 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
         # "duplicate" keeps the first request's id, while it is still live.
         invalid.append(InvalidInput(event, first.at_step))
     add_in_flight_inputs(c.fork("in_flight"), requests, aborts, invalid)
+    if in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling):
+        config = choose_in_flight_batches(c.fork("in_flight_batches"), config, profile)
     return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
                     invalid_inputs=tuple(invalid), oracle=oracle, seed=seed, origin="generate")
+
+
+IN_FLIGHT_BATCHES_RATE = 0.2
+"""Share of plain 0.32/0.33 workloads without spec decode whose steps run in
+flight (``max_concurrent_batches`` 2 or 3: pipeline parallelism's batch queue).
+Every workload of an ``-async`` profile runs AsyncScheduler, mostly with two
+steps in flight (vLLM's async engine), sometimes three, sometimes one."""
+
+
+def choose_in_flight_batches(c: Chooser, config: SchedulerConfig, profile: str) -> SchedulerConfig:
+    """Give the config its ``max_concurrent_batches`` for ``profile`` (drawn from its own stream).
+
+    Async profiles get no spec decode (not modelled with AsyncScheduler: the
+    model refuses it); profiles whose in-flight rules are not modelled stay
+    synchronous.
+    """
+    rules = PROFILES.get(profile)
+    if rules is None or not rules.models_in_flight or config.max_concurrent_batches != 1:
+        return config
+    if rules.async_scheduling:
+        batches = c.choice([2, 2, 3, 1], "async_batches")
+        return replace(config, num_spec_tokens=0, max_concurrent_batches=batches)
+    if config.num_spec_tokens == 0 and c.boolean(IN_FLIGHT_BATCHES_RATE, "in_flight_batches"):
+        return replace(config, max_concurrent_batches=c.choice([2, 3], "batches"))
+    return config
 
 
 IN_FLIGHT_RATES = {"arrivals": 0.2, "aborts": 0.2, "re_add": 0.25}
@@ -407,6 +439,8 @@ def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.Sea
     return strategy()
 
 
-def random_workload(seed: int, profile: str = "vllm-0.33", invalid_inputs: bool = True) -> Workload:
+def random_workload(seed: int, profile: str = "vllm-0.33", invalid_inputs: bool = True,
+                    in_flight_batches: bool = True) -> Workload:
     """A workload from a seeded PRNG (stable bytes: used for the vector corpus)."""
-    return build_workload(RandomChooser(seed), profile=profile, seed=seed, invalid_inputs=invalid_inputs)
+    return build_workload(RandomChooser(seed), profile=profile, seed=seed, invalid_inputs=invalid_inputs,
+                          in_flight_batches=in_flight_batches)

@@ -209,6 +209,51 @@ class _V0RunningTokensPrecharged(V0Scheduler):
         return budget
 
 
+class _MaxTokensSkipMissing(Scheduler):
+    """Placeholders not counted against max_tokens: no skip for a request its in-flight steps finish."""
+
+    def _is_sure_to_reach_max_tokens(self, request: Request) -> bool:
+        return False
+
+
+class _StaleOutputAppliedAsFresh(Scheduler):
+    """A preemption does not mark the in-flight steps' output stale."""
+
+    def _preempt_request(self, request: Request) -> None:
+        super()._preempt_request(request)
+        request.num_stale_output_tokens = 0
+
+
+class _StaleRequestResumedEarly(Scheduler):
+    """The waiting loop resumes a preempted request while its stale output is still in flight."""
+
+    def _schedule_waiting(self, st: _StepState, threshold: int) -> None:
+        stale = {r: r.num_stale_output_tokens for r in self.waiting if r.num_stale_output_tokens}
+        for r in stale:
+            r.num_stale_output_tokens = 0  # invisible to the skip rule
+        try:
+            super()._schedule_waiting(st, threshold)
+        finally:
+            for r, n in stale.items():
+                r.num_stale_output_tokens = n
+
+
+class _PlaceholdersKeptOnPreempt(Scheduler):
+    """A preemption keeps the request's output placeholders."""
+
+    def _preempt_request(self, request: Request) -> None:
+        placeholders = request.num_output_placeholders
+        super()._preempt_request(request)
+        request.num_output_placeholders = placeholders
+
+
+class _InFlightIdReused(Scheduler):
+    """An id aborted while a step of it is in flight may be re-added at once."""
+
+    def is_scheduled_in_flight(self, request_id: str) -> bool:
+        return False
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A named broken model and the real bug it stands for."""
@@ -242,6 +287,24 @@ MUTANTS: dict[str, Mutant] = {
                "the full-sequence admission gate missing"),
         Mutant("drafts_kept_after_preempt", _with_knobs(clear_drafts_on_preempt=False),
                "vLLM #31944: draft tokens kept after preemption"),
+        Mutant("async_max_tokens_skip_missing", _MaxTokensSkipMissing,
+               "async scheduling, placeholders not counted against max_tokens (the skip rule of vLLM's "
+               "AsyncScheduler path): an extra step scheduled for a request its in-flight steps finish",
+               profile="vllm-0.33-async"),
+        Mutant("stale_output_applied_as_fresh", _StaleOutputAppliedAsFresh,
+               "async / PP: output of a step from before a preemption applied as fresh output (the stale-output "
+               "handling of vLLM 0.33's _preempt_request missing)", profile="vllm-0.33-async"),
+        Mutant("stale_request_resumed_early", _StaleRequestResumedEarly,
+               "async / PP: a preempted request resumed while its stale output is in flight, so that output "
+               "lands on the resumed request (vLLM 0.33's waiting-loop skip missing)", profile="vllm-0.33-async"),
+        Mutant("placeholders_kept_on_preempt", _PlaceholdersKeptOnPreempt,
+               "async: output placeholders not released when a request leaves running with a step in flight "
+               "(preempted): the resumed request is given tokens for outputs that never come",
+               profile="vllm-0.33-async"),
+        Mutant("in_flight_id_reused", _InFlightIdReused,
+               "async / PP: an id aborted while a step of it is in flight re-added at once; vLLM looks outputs "
+               "up by id, so the new request would get the old one's tokens (refused by the model)",
+               profile="vllm-0.33-async"),
         Mutant("v0_recompute_keeps_computed", _V0RecomputeKeepsComputed,
                "vLLM #5349 (fixes #3032) family, v0: recompute preemption leaves the computed-token state "
                "(num_computed_tokens, stage) as it was", profile="vllm-0.10"),

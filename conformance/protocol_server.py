@@ -55,7 +55,8 @@ class ProtocolSession:
             if self.sut is None:
                 self.sut = self.factory()
             self.sut.start(params["config"], params["profile"])
-            caps = {"observe": bool(getattr(self.sut, "supports_observe", True))}
+            caps = {"observe": bool(getattr(self.sut, "supports_observe", True)),
+                    "in_flight": bool(getattr(self.sut, "in_flight", False))}
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":
             self.shut_down = True
@@ -73,7 +74,10 @@ class ProtocolSession:
         if method == "schedule":
             return self.sut.schedule()
         if method == "update":
-            return {"outputs": self.sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"])}
+            # "step" (the step the output answers) only reaches SUTs that run in-flight steps.
+            step = {"step": params.get("step")} if getattr(self.sut, "in_flight", False) else {}
+            return {"outputs": self.sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"],
+                                                           **step)}
         if method == "observe":
             return self.sut.observe()
         raise RuntimeError(f"unknown method {method!r}")

@@ -143,6 +143,10 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
     except SutUnsupported as exc:
         return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: {exc}")
     except SutInputError as exc:
+        if trace.is_in_flight and not getattr(sut, "in_flight", False) and not refused_config:
+            # A scheduler that does not run steps in flight may not know max_concurrent_batches at all.
+            return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: the trace runs steps in flight and the "
+                                                        f"scheduler refused its config ({exc})")
         expected = f"expected error {refused_config}" if refused_config else "a valid config"
         return config_verdict(exc.code, f"init: {expected}, the scheduler refused the config with {exc}")
     except Exception as exc:  # noqa: BLE001
@@ -152,6 +156,15 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         return failed
     if refused_config:
         return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
+    in_flight = bool(getattr(sut, "in_flight", False))
+    if comparison == "safety" and trace.is_in_flight:
+        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison drives the scheduler one "
+                                                    "step at a time; replay a trace with steps in flight with "
+                                                    "--comparison strict or observable")
+    if trace.is_in_flight and not in_flight:
+        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the trace runs steps in flight (max_concurrent_batches "
+                                                    "> 1 or an -async profile) and the scheduler does not declare "
+                                                    "in_flight support")
     if comparison == "safety" and trace.scheduler == "v0":
         return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison checks v1 schedulers; "
                                                     "replay a v0 trace with --comparison strict or observable")
@@ -172,6 +185,8 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
             return sut.abort(event["request_id"])
         if kind == "step":
             return sut.schedule()
+        if in_flight:
+            return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
 
     for index, event in enumerate(events):

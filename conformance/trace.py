@@ -79,6 +79,11 @@ class Trace:
         """``v1`` or ``v0``: the header's ``scheduler`` (absent = v1)."""
         return get_header_scheduler(self.header)
 
+    @property
+    def is_in_flight(self) -> bool:
+        """Does the trace run steps in flight (``max_concurrent_batches > 1`` or an ``-async`` profile)?"""
+        return is_in_flight_header(self.header)
+
     def num_steps(self) -> int:
         return sum(1 for e in self.events if e["kind"] == "step")
 
@@ -107,6 +112,13 @@ def _describe(value: Any) -> str:
         return f"float {value!r} (floats are allowed only in arrival_time)"
     text = json.dumps(value)
     return (text[:60] + "...") if len(text) > 60 else text
+
+
+def is_in_flight_header(header: dict[str, Any]) -> bool:
+    """True for a header whose trace runs steps in flight: a config with
+    ``max_concurrent_batches > 1`` or a profile driven by AsyncScheduler."""
+    profile = PROFILES.get(header.get("profile", ""))
+    return header.get("config", {}).get("max_concurrent_batches", 1) > 1 or bool(profile and profile.async_scheduling)
 
 
 def get_header_scheduler(header: dict[str, Any]) -> str:

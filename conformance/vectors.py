@@ -13,6 +13,11 @@ copies it; ``python -m conformance.vectors --rebuild`` regenerates it after a
 deliberate model change (a test fails until then, and the corpus version must
 be bumped when an existing trace changes).
 
+Async scheduling (profiles ``vllm-0.33-async`` and ``vllm-0.32-async``: vLLM's
+AsyncScheduler with steps in flight) has a corpus of its own too,
+``conformance/vectors/async/`` (:data:`ASYNC_CORPUS_VERSION`): ``python -m
+conformance.vectors --rebuild-async``.
+
 vLLM's legacy v0 scheduler (profile ``vllm-0.10``) has a corpus of its own,
 ``conformance/vectors/v0/`` (its own version, :data:`V0_CORPUS_VERSION`, and
 ``manifest.json``), built the same way from the v0 model
@@ -37,6 +42,10 @@ CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
 WITNESS_DIR = Path(__file__).with_name("vectors") / "witnesses"
 PROFILES = ("vllm-0.33", "vllm-0.32", "vllm-0.11")
 NUM_RANDOM = {"vllm-0.33": 48, "vllm-0.32": 24, "vllm-0.11": 24}
+ASYNC_CORPUS_VERSION = 1
+ASYNC_CORPUS_DIR = Path(__file__).with_name("vectors") / "async"
+ASYNC_PROFILES = ("vllm-0.33-async", "vllm-0.32-async")
+ASYNC_NUM_RANDOM = {"vllm-0.33-async": 40, "vllm-0.32-async": 20}
 V0_CORPUS_VERSION = 1
 V0_CORPUS_DIR = Path(__file__).with_name("vectors") / "v0"
 V0_PROFILES = ("vllm-0.10",)
@@ -59,7 +68,7 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
             items.append((f"example-{name}", trace))
         seed = 0
         while sum(1 for n, _ in items if n.startswith("random-")) < NUM_RANDOM[profile]:
-            workload = random_workload(seed, profile).replace(origin="vectors")
+            workload = random_workload(seed, profile, in_flight_batches=False).replace(origin="vectors")
             seed += 1
             try:
                 trace = run_workload(workload)
@@ -111,6 +120,41 @@ def build_v0_corpus(profiles: tuple[str, ...] = V0_PROFILES) -> dict[str, list[t
     return corpus
 
 
+def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, list[tuple[str, Trace]]]:
+    """Build every async corpus trace (deterministic): the built-in examples with two
+    steps in flight, then seeded workloads (two, three or one step in flight)."""
+    from dataclasses import replace
+
+    from conformance.examples import EXAMPLES
+    from conformance.generate import random_workload
+
+    corpus: dict[str, list[tuple[str, Trace]]] = {}
+    for profile in profiles:
+        items: list[tuple[str, Trace]] = []
+        for name, make in sorted(EXAMPLES.items()):
+            workload = make().replace(profile=profile, origin="vectors")
+            if workload.config.num_spec_tokens:
+                continue  # spec decode under AsyncScheduler is not modelled
+            workload = workload.replace(config=replace(workload.config, max_concurrent_batches=2))
+            trace = run_workload(workload)
+            trace.header["description"] = f"built-in example {name!r}, two steps in flight: {workload.description}"
+            items.append((f"example-{name}", trace))
+        seed = 0
+        while sum(1 for n, _ in items if n.startswith("random-")) < ASYNC_NUM_RANDOM[profile]:
+            workload = random_workload(seed, profile).replace(origin="vectors")
+            seed += 1
+            try:
+                trace = run_workload(workload)
+            except WorkloadError:
+                continue
+            feats = ",".join(features_of(trace)) or "plain"
+            trace.header["description"] = (f"random workload, generator seed {seed - 1}, "
+                                           f"{workload.config.max_concurrent_batches} step(s) in flight: {feats}")
+            items.append((f"random-{seed - 1:04d}", trace))
+        corpus[profile] = items
+    return corpus
+
+
 def manifest_entry(name: str, trace: Trace) -> dict[str, Any]:
     cfg = trace.config
     if trace.scheduler == "v0":
@@ -137,6 +181,7 @@ def manifest_entry(name: str, trace: Trace) -> dict[str, Any]:
         "policy": cfg["policy"],
         "spec_decode": cfg["num_spec_tokens"] > 0,
         "chunked_prefill": cfg["enable_chunked_prefill"],
+        **({"max_concurrent_batches": cfg["max_concurrent_batches"]} if "max_concurrent_batches" in cfg else {}),
         "events": len(trace.events),
         "steps": trace.num_steps(),
     }
@@ -170,9 +215,11 @@ def export_vectors(target: Path, profiles: list[str] | None = None) -> dict[str,
     """
     manifest = json.loads((CORPUS_DIR / "manifest.json").read_text())
     v0_manifest = json.loads((V0_CORPUS_DIR / "manifest.json").read_text())
+    async_manifest = json.loads((ASYNC_CORPUS_DIR / "manifest.json").read_text())
     sources = {p: CORPUS_DIR for p in manifest["profiles"]}
     sources.update({p: V0_CORPUS_DIR for p in v0_manifest["profiles"]})
-    entries = {**manifest["profiles"], **v0_manifest["profiles"]}
+    sources.update({p: ASYNC_CORPUS_DIR for p in async_manifest["profiles"]})
+    entries = {**manifest["profiles"], **v0_manifest["profiles"], **async_manifest["profiles"]}
     chosen = profiles or list(entries)
     unknown = [p for p in chosen if p not in entries]
     if unknown:
@@ -180,6 +227,8 @@ def export_vectors(target: Path, profiles: list[str] | None = None) -> dict[str,
     out = dict(manifest, profiles={p: entries[p] for p in chosen})
     if any(sources[p] == V0_CORPUS_DIR for p in chosen):
         out["v0_corpus_version"] = v0_manifest["corpus_version"]
+    if any(sources[p] == ASYNC_CORPUS_DIR for p in chosen):
+        out["async_corpus_version"] = async_manifest["corpus_version"]
     for profile in chosen:
         (target / profile).mkdir(parents=True, exist_ok=True)
         for entry in entries[profile]:
@@ -189,9 +238,9 @@ def export_vectors(target: Path, profiles: list[str] | None = None) -> dict[str,
 
 
 def iter_corpus(profile: str | None = None) -> list[tuple[str, Path, dict[str, Any]]]:
-    """(profile, path, manifest entry) for every committed corpus trace (the v0 corpus's after the v1 ones)."""
+    """(profile, path, manifest entry) for every committed corpus trace (the v0 and async corpora's after the v1 ones)."""
     out = []
-    for root in (CORPUS_DIR, V0_CORPUS_DIR):
+    for root in (CORPUS_DIR, V0_CORPUS_DIR, ASYNC_CORPUS_DIR):
         manifest = json.loads((root / "manifest.json").read_text())
         out += [(p, root / p / e["file"], e) for p, entries in manifest["profiles"].items()
                 if profile in (None, p) for e in entries]
@@ -200,6 +249,12 @@ def iter_corpus(profile: str | None = None) -> list[tuple[str, Path, dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--rebuild-async"]:
+        if ASYNC_CORPUS_DIR.exists():
+            shutil.rmtree(ASYNC_CORPUS_DIR)
+        manifest = write_corpus(ASYNC_CORPUS_DIR, build_async_corpus(), version=ASYNC_CORPUS_VERSION)
+        print(f"rebuilt {sum(len(v) for v in manifest['profiles'].values())} async traces in {ASYNC_CORPUS_DIR}")
+        return 0
     if args == ["--rebuild-v0"]:
         if V0_CORPUS_DIR.exists():
             for path in V0_CORPUS_DIR.glob("*/*.jsonl"):
@@ -209,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args != ["--rebuild"]:
         print("usage: python -m conformance.vectors --rebuild      (regenerates conformance/vectors/v2/)\n"
-              "       python -m conformance.vectors --rebuild-v0   (regenerates conformance/vectors/v0/)")
+              "       python -m conformance.vectors --rebuild-v0   (regenerates conformance/vectors/v0/)\n"
+              "       python -m conformance.vectors --rebuild-async   (regenerates conformance/vectors/async/)")
         return 2
     if CORPUS_DIR.exists():
         shutil.rmtree(CORPUS_DIR)

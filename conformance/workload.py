@@ -26,6 +26,7 @@ model samples, exactly like greedy speculative decoding.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -295,7 +296,7 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
     """Apply one input event of a trace to a model scheduler (or a subclass that records).
 
     Returns the ``SchedulerOutput`` of a ``step``, the request outputs of a
-    ``model_output`` (applied to the pending step) and ``None`` for
+    ``model_output`` (applied to the step it names, the oldest in flight) and ``None`` for
     ``add_request`` and ``abort``. Events that expect an error are skipped
     (``None``); any other invalid input raises ``InvalidEvent``.
     """
@@ -310,8 +311,7 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
         return None
     if kind == "step":
         return sched.schedule()
-    assert sched.pending_output is not None, "model_output without a pending step"
-    return sched.update_from_output(sched.pending_output, ModelRunnerOutput(
+    return sched.update_from_output(sched.get_in_flight_output(event["step"]), ModelRunnerOutput(
         {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
         {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
 
@@ -366,14 +366,42 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
             if check:
                 check_invariants(sched)
 
+    # Steps in flight, oldest first: (output, which requests sample, their oracle names).
+    pending: deque[tuple[SchedulerOutput, dict[str, bool], dict[str, str]]] = deque()
+    max_in_flight = workload.config.max_concurrent_batches
+
+    def apply_oldest_output() -> None:
+        output, samples, step_oracle_ids = pending.popleft()
+        sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
+                                  step_oracle_ids)
+        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
+        if check:
+            check_invariants(sched)
+        events.append({
+            "kind": "model_output",
+            "step": output.step,
+            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
+            "expect": {"outputs": [o.to_canonical() for o in outputs]},
+        })
+
+    # The engine loop of vLLM's EngineCore (step_with_batch_queue): schedule
+    # while the batch queue has room and there is work, else apply the oldest
+    # step's output. With max_concurrent_batches 1 this is step() itself.
     while True:
-        if not sched.has_requests() and next_input < len(inputs):
-            now = max(now, inputs[next_input][0])  # nothing to do: skip to the next input
-        apply_due(in_flight=False)
-        if not sched.has_requests():
-            if next_input < len(inputs):
-                continue
-            break
+        if not pending:
+            if not sched.has_requests() and next_input < len(inputs):
+                now = max(now, inputs[next_input][0])  # nothing to do: skip to the next input
+            apply_due(in_flight=False)
+            if not sched.has_requests():
+                if next_input < len(inputs):
+                    continue
+                break
+        elif len(pending) < max_in_flight and sched.has_requests():
+            apply_due(in_flight=False)
+        if len(pending) >= max_in_flight or not sched.has_requests():
+            apply_oldest_output()
+            continue
         if steps_done >= max_steps:
             raise WorkloadError(f"workload still running after {max_steps} steps")
         try:
@@ -390,23 +418,11 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
             step_event["observe"] = {"free_block_queue": obs["free_block_queue"], "num_free_blocks": obs["num_free_blocks"]}
         events.append(step_event)
         assert sched.last_step is not None
-        samples = sched.last_step.samples
         # The oracle names of this step's requests: an id scheduled here cannot
         # be re-added before the update (request_id_in_flight).
         step_oracle_ids = {rid: oracle_ids[rid] for rid in output.num_scheduled_tokens if rid in oracle_ids}
+        pending.append((output, sched.last_step.samples, step_oracle_ids))
         apply_due(in_flight=True)
-        sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
-                                  step_oracle_ids)
-        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
-        if check:
-            check_invariants(sched)
-        events.append({
-            "kind": "model_output",
-            "step": output.step,
-            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
-            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
-            "expect": {"outputs": [o.to_canonical() for o in outputs]},
-        })
         steps_done += 1
         now += 1
     extra = {"description": workload.description} if workload.description else {}

@@ -42,6 +42,12 @@ class SchedulerConfig:
     that set it can be checked against the model and our engine, not vLLM."""
     scheduler_reserve_full_isl: bool | None = None
     """None means: the profile's default (``reserve_full_sequence_at_admission``)."""
+    max_concurrent_batches: int = 1
+    """Steps that may be in flight at once: scheduled, their model output not yet
+    applied (vLLM's EngineCore batch queue size: 1 synchronous, 2 with async
+    scheduling, ``pipeline_parallel_size`` with pipeline parallelism). Optional
+    in traces (absent = 1) and left out of ``to_dict`` when 1, so traces written
+    before in-flight steps existed stay byte-identical."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,6 +85,9 @@ class SchedulerConfig:
                 field="long_prefill_token_threshold", value=self.long_prefill_token_threshold)
         require(self.num_spec_tokens >= 0, InvalidConfig, "invalid_num_spec_tokens",
                 "num_spec_tokens must be >= 0", field="num_spec_tokens", value=self.num_spec_tokens)
+        require(self.max_concurrent_batches >= 1, InvalidConfig, "invalid_max_concurrent_batches",
+                "max_concurrent_batches must be >= 1 (1 = synchronous)", field="max_concurrent_batches",
+                value=self.max_concurrent_batches)
         require(self.num_lookahead_tokens >= 0, InvalidConfig, "invalid_num_lookahead_tokens",
                 "num_lookahead_tokens must be >= 0", field="num_lookahead_tokens",
                 value=self.num_lookahead_tokens)
@@ -107,8 +116,15 @@ class SchedulerConfig:
         return self.num_gpu_blocks - 1
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the config as a plain dict (trace headers, protocol init)."""
-        return asdict(self)
+        """Return the config as a plain dict (trace headers, protocol init).
+
+        ``max_concurrent_batches`` is left out when 1 (its default), so a
+        synchronous config reads as it did before the field existed.
+        """
+        data = asdict(self)
+        if data["max_concurrent_batches"] == 1:
+            del data["max_concurrent_batches"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":

@@ -94,24 +94,39 @@ def inv_block_table_coverage(s: Any, o: Any) -> Any:
 
 
 def inv_computed_range(s: Any, o: Any) -> Any:
-    """0 <= num_computed_tokens <= num_tokens + num_spec_tokens (drafts are computed optimistically)."""
+    """0 <= num_computed_tokens <= num_tokens + num_spec_tokens + num_output_placeholders (drafts and, under async scheduling, tokens of steps in flight are computed optimistically)."""
     return o.forall(
         s.requests,
         lambda r: o.and_(
             o.le(0, s.num_computed_tokens(r)),
-            o.le(s.num_computed_tokens(r), s.num_tokens(r) + s.num_spec_tokens),
+            o.le(s.num_computed_tokens(r), s.num_tokens(r) + s.num_spec_tokens + s.num_output_placeholders(r)),
+        ),
+        lambda r: f"request {r}",
+    )
+
+
+def inv_in_flight_accounting(s: Any, o: Any) -> Any:
+    """A request's in-flight tokens are exactly those the steps still in flight scheduled for it, its stale share is part of them, and its output placeholders are never negative nor more than one per in-flight step in which it samples."""
+    return o.forall(
+        s.requests,
+        lambda r: o.and_(
+            o.eq(s.num_in_flight_tokens(r), s.num_in_flight_scheduled(r)),
+            o.le(0, s.num_stale_output_tokens(r)),
+            o.le(s.num_stale_output_tokens(r), s.num_in_flight_tokens(r)),
+            o.le(0, s.num_output_placeholders(r)),
+            o.le(s.num_output_placeholders(r), s.num_in_flight_samples(r)),
         ),
         lambda r: f"request {r}",
     )
 
 
 def inv_prefix_hit_capped(s: Any, o: Any) -> Any:
-    """A request scheduled in the step had computed fewer than num_tokens tokens before it: prefix hits stop below num_tokens."""
+    """A request scheduled in the step had computed fewer than num_tokens (+ its output placeholders, async) tokens before it: prefix hits stop below num_tokens."""
     return o.forall(
         s.requests,
         lambda r: o.implies(
             o.lt(0, s.num_scheduled_tokens(r)),
-            o.lt(s.num_computed_tokens(r) - s.num_scheduled_tokens(r), s.num_tokens(r)),
+            o.lt(s.num_computed_tokens(r) - s.num_scheduled_tokens(r), s.num_tokens(r) + s.num_output_placeholders(r)),
         ),
         lambda r: f"request {r}",
     )
@@ -191,6 +206,7 @@ INVARIANTS: dict[str, Invariant] = {
         inv_no_double_hold,
         inv_block_table_coverage,
         inv_computed_range,
+        inv_in_flight_accounting,
         inv_prefix_hit_capped,
         inv_preempted_from_scratch,
         inv_hash_map_consistency,

@@ -18,7 +18,7 @@ Profiles:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 from spec.errors import InvalidConfig
@@ -128,6 +128,21 @@ class Profile:
     0.32.0 and 0.33.0 ``SchedulerConfig.verify_max_model_len`` refuse
     ``long_prefill_token_threshold > max_model_len``; 0.11.0 accepts it."""
 
+    models_in_flight: bool = True
+    """Are this release's rules for steps in flight modelled (0.32/0.33:
+    ``num_in_flight_tokens`` and stale output, read in 0.33.0 scheduler.py)? Where not
+    (0.11, which has no stale-output tracking; Aphrodite), a config with
+    ``max_concurrent_batches > 1`` is refused (``in_flight_not_modelled``)."""
+
+    async_scheduling: bool = False
+    """A mode, not a release difference: vLLM's ``AsyncScheduler``
+    (``vllm/v1/core/sched/async_scheduler.py``), which schedules step N+1 while
+    step N executes. Each scheduled request that is not a prefill chunk gains
+    ``1 + len(drafts)`` output placeholders in ``_update_after_schedule``; they
+    count as tokens to compute, so a decode is scheduled again before its
+    output returns, and a running request whose in-flight step is sure to reach
+    ``max_tokens`` is skipped (§4.1 step 1). Profiles ``<release>-async``."""
+
     def knob_names(self) -> list[str]:
         """Return the knob names, in declaration order (for tables and docs)."""
         return [f.name for f in fields(self) if f.name not in ("name", "vllm_version")]
@@ -189,6 +204,7 @@ VLLM_0_11 = Profile(
     cache_blocks_after_spec_update=False,
     lookahead_for_fresh_requests=False,
     refuse_threshold_above_max_model_len=False,
+    models_in_flight=False,
 )
 
 # Aphrodite Engine 0.24.1 (a vLLM fork): its v1 scheduler tracks vLLM 0.32.0
@@ -204,10 +220,23 @@ APHRODITE_0_24 = Profile(
         **{f.name: getattr(VLLM_0_32, f.name) for f in fields(VLLM_0_32)},
         "name": "aphrodite-0.24",
         "exempt_lone_request_from_threshold": False,
+        "models_in_flight": False,
     }
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_33, VLLM_0_32, VLLM_0_11, APHRODITE_0_24)}
+
+
+def make_async_profile(release: Profile) -> Profile:
+    """The release's rules driven by ``AsyncScheduler``: ``<name>-async``."""
+    return replace(release, name=f"{release.name}-async", async_scheduling=True)
+
+
+VLLM_0_33_ASYNC = make_async_profile(VLLM_0_33)
+VLLM_0_32_ASYNC = make_async_profile(VLLM_0_32)
+
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (VLLM_0_33, VLLM_0_32, VLLM_0_11, APHRODITE_0_24, VLLM_0_33_ASYNC, VLLM_0_32_ASYNC)
+}
 DEFAULT_PROFILE = VLLM_0_33.name
 
 
@@ -221,6 +250,18 @@ def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> Non
             InvalidConfig, "threshold_above_max_model_len",
             "long_prefill_token_threshold cannot exceed max_model_len under this profile",
             long_prefill_token_threshold=config.long_prefill_token_threshold, max_model_len=config.max_model_len)
+    # DEVIATION(vllm 0.33.0): vLLM runs AsyncScheduler with spec decode (draft
+    # placeholders filled in by the worker); the model does not cover it yet.
+    require(not (profile.async_scheduling and config.num_spec_tokens > 0), InvalidConfig,
+            "async_spec_decode_not_modelled",
+            "an async profile with num_spec_tokens > 0 is not modelled yet (AsyncScheduler with spec decode)",
+            num_spec_tokens=config.num_spec_tokens, profile=profile.name)
+    in_flight = config.max_concurrent_batches > 1
+    require(not in_flight or (profile.models_in_flight and config.num_spec_tokens == 0), InvalidConfig,
+            "in_flight_not_modelled",
+            f"steps in flight (max_concurrent_batches={config.max_concurrent_batches}) are not modelled "
+            + ("with spec decode" if profile.models_in_flight else f"under profile {profile.name}"),
+            max_concurrent_batches=config.max_concurrent_batches, profile=profile.name)
     # Not refused: a long_prefill_token_threshold of at most num_spec_tokens.
     # 0.32.0/0.33.0 accept it and crash later, in schedule(), on the first
     # padded admission the threshold cuts; the scheduler models that crash

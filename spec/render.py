@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from spec.output import RequestOutput, SchedulerOutput
 
@@ -76,6 +77,26 @@ def render_queues(observation: dict) -> str:
             f"{rid}: {r['status']} computed={r['num_computed_tokens']} tokens={r['num_tokens']} outputs={r['num_output_tokens']}"
         )
     return "\n".join(lines)
+
+
+def render_in_flight(scheduler: Any) -> str:
+    """The in-flight counters of the requests that have any, after a leading newline.
+
+    Empty for a synchronous scheduler (max_concurrent_batches 1, no async).
+
+    ``placeholders`` (async), ``in-flight`` tokens and their ``stale`` share,
+    then the steps in flight.
+    """
+    if scheduler.config.max_concurrent_batches == 1 and not scheduler.profile.async_scheduling:
+        return ""  # synchronous: the one pending step says it all
+    lines = []
+    for rid, r in sorted(scheduler.requests.items()):
+        if r.num_output_placeholders or r.num_in_flight_tokens or r.num_stale_output_tokens:
+            lines.append(f"{rid}: placeholders={r.num_output_placeholders} in-flight={r.num_in_flight_tokens} "
+                         f"stale={r.num_stale_output_tokens}")
+    if scheduler.in_flight:
+        lines.append("steps in flight: " + " ".join(str(record.step) for record in scheduler.in_flight))
+    return "".join("\n" + line for line in lines)
 
 
 @dataclass

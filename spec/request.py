@@ -154,6 +154,14 @@ class Request:
     num_preemptions: int = 0
     is_prefill_chunk: bool = False
     stop_reason: int | None = None
+    num_output_placeholders: int = 0
+    """Async scheduling: output tokens (1 + drafts per step) scheduled but not yet returned."""
+    num_in_flight_tokens: int = 0
+    """Tokens of steps scheduled whose model output has not been applied yet (0.33)."""
+    num_stale_output_tokens: int = 0
+    """Of ``num_in_flight_tokens``, those scheduled before the last preemption:
+    their output is delivered (tokens appended) without touching the counters
+    the preemption reset (§6)."""
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

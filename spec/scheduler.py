@@ -5,9 +5,13 @@ notes. The caller owns time and I/O: request ids, arrival times, sampled tokens
 and drafts all come in as arguments; nothing here reads a clock or draws a
 random number.
 
-One step is ``schedule()`` followed by exactly one ``update_from_output()``
-(synchronous scheduling, as vLLM's ``EngineCore.step`` does without async
-scheduling); ``add_request`` and ``abort`` may come between any two calls.
+One step is ``schedule()`` followed by one ``update_from_output()`` for it.
+By default the two alternate (synchronous scheduling, vLLM's ``EngineCore.step``);
+with ``max_concurrent_batches > 1`` up to that many steps are *in flight*
+(scheduled, their output not yet applied) and outputs are applied oldest
+first, as ``EngineCore.step_with_batch_queue`` does for pipeline parallelism
+and async scheduling. The ``-async`` profiles add ``AsyncScheduler``'s output
+placeholders. ``add_request`` and ``abort`` may come between any two calls.
 
 ``schedule()`` in one paragraph: first the *running loop* walks ``running`` in
 order and gives each request up to the tokens it lacks (bounded by the token
@@ -19,6 +23,7 @@ blocks last. Rules that changed across releases are knobs of ``self.profile``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,7 +131,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.preempted_req_ids: set[str] = set()
         self.current_step = 0
-        self.pending_output: SchedulerOutput | None = None
+        # Steps scheduled whose model output is not applied yet, oldest first.
+        self.in_flight: deque[StepRecord] = deque()
         self.last_step: StepRecord | None = None
         self.stats = SchedulerStats()
         # The code of the engine crash that killed this scheduler (None: alive).
@@ -189,13 +195,13 @@ class Scheduler:
             require(is_token_id(token), InvalidEvent, "invalid_token_id",
                     f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id, token=token)
         # DEVIATION(vllm 0.33.0): vLLM looks outputs up by id, so a request
-        # re-added under the id of one aborted during the pending step would
-        # receive that step's sampled tokens. We refuse the re-add until the
+        # re-added under the id of one aborted (or finished) while a step that
+        # scheduled it is in flight would receive that step's sampled tokens
+        # and its in-flight counters. We refuse the re-add until every such
         # step's model output has been applied.
-        require(self.pending_output is None or request_id not in self.pending_output.num_scheduled_tokens,
-                InvalidEvent, "request_id_in_flight",
-                f"request {request_id!r} was aborted in the pending step; apply its model output first",
-                request_id=request_id)
+        require(not self.is_scheduled_in_flight(request_id), InvalidEvent, "request_id_in_flight",
+                f"request {request_id!r} was aborted while a step that scheduled it is in flight; "
+                f"apply that step's model output first", request_id=request_id)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt,
@@ -288,8 +294,10 @@ class Scheduler:
         dead afterwards.
         """
         self._require_alive()
-        require(self.pending_output is None, InvalidEvent, "output_not_processed",
-                f"schedule() called before update_from_output() for step {self.current_step}",
+        require(len(self.in_flight) < self.config.max_concurrent_batches, InvalidEvent, "output_not_processed",
+                f"schedule() called while {len(self.in_flight)} step(s) await their model output "
+                f"(oldest: step {self.in_flight[0].step if self.in_flight else None}; "
+                f"max_concurrent_batches={self.config.max_concurrent_batches})",
                 step=self.current_step)
         self.current_step += 1
         st = _StepState(token_budget=self.config.max_num_batched_tokens)
@@ -303,7 +311,6 @@ class Scheduler:
 
         output = self._make_output(st)
         self._update_after_schedule(output)
-        self.pending_output = output
         self.last_step = StepRecord(
             step=self.current_step,
             output=output,
@@ -311,8 +318,39 @@ class Scheduler:
             samples={rid: not self.requests[rid].is_prefill_chunk for rid in output.num_scheduled_tokens},
             remaining_token_budget=st.token_budget,
         )
+        self.in_flight.append(self.last_step)
         self._count_step(st, output)
         return output
+
+    @property
+    def pending_output(self) -> SchedulerOutput | None:
+        """The newest in-flight step's output (the last schedule()'s), or None when none is in flight."""
+        return self.in_flight[-1].output if self.in_flight else None
+
+    def is_scheduled_in_flight(self, request_id: str) -> bool:
+        """True if a step still in flight scheduled tokens for ``request_id``."""
+        return any(request_id in record.output.num_scheduled_tokens for record in self.in_flight)
+
+    def get_in_flight_output(self, step: int) -> SchedulerOutput:
+        """The output of ``step`` if its model output is the one to apply next.
+
+        Raises InvalidEvent, nothing changed: ``unscheduled_step`` (never
+        scheduled), ``duplicate_model_output`` (its output was applied already),
+        ``model_output_out_of_order`` (an older step is still in flight: vLLM's
+        engine applies outputs in schedule order).
+        """
+        self._require_alive()
+        require(isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= self.current_step,
+                InvalidEvent, "unscheduled_step",
+                f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
+                step=step)
+        in_flight = [record.step for record in self.in_flight]
+        require(step in in_flight, InvalidEvent, "duplicate_model_output",
+                f"model output for step {step}, whose output was already applied", step=step)
+        require(step == in_flight[0], InvalidEvent, "model_output_out_of_order",
+                f"model output for step {step} while step {in_flight[0]} is still in flight "
+                f"(outputs are applied in schedule order)", step=step, oldest=in_flight[0])
+        return self.in_flight[0].output
 
     def _require_alive(self) -> None:
         """Refuse every call once the engine has crashed (``engine_dead``)."""
@@ -336,7 +374,14 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and st.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens
+            if self._is_sure_to_reach_max_tokens(request):
+                req_index += 1
+                continue
+            # Placeholders count as tokens to compute: under async scheduling a
+            # decode is scheduled again before its previous output returns.
+            num_new_tokens = (
+                request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            )
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             num_new_tokens = min(num_new_tokens, st.token_budget)
@@ -369,6 +414,19 @@ class Scheduler:
             st.token_budget -= num_new_tokens
             req_index += 1
             self._schedule_drafts(st, request, num_new_tokens)
+
+    def _is_sure_to_reach_max_tokens(self, request: Request) -> bool:
+        """Async skip rule (§4.1 step 1): the steps in flight already reach ``max_tokens``.
+
+        ``num_computed_tokens + 1`` is the position sampled after the in-flight
+        steps; minus ``placeholders - 1`` drafts that may all be rejected, it is
+        what the request surely holds once they return.
+        """
+        return (
+            request.num_output_placeholders > 0
+            and request.num_computed_tokens + 2 - request.num_output_placeholders
+            >= request.num_prompt_tokens + request.max_tokens
+        )
 
     def _allocate_or_preempt(
         self, st: _StepState, request: Request, num_new_tokens: int, req_index: int
@@ -449,6 +507,11 @@ class Scheduler:
         request.num_computed_tokens = 0
         if self.profile.clear_drafts_on_preempt:
             request.spec_token_ids = []
+        # Steps still in flight become stale: their tokens are delivered later
+        # without touching the counters reset here (§6). Assigned, not added:
+        # num_in_flight_tokens already holds any undrained stale share.
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
         self.preempted_req_ids.add(request.request_id)
@@ -480,6 +543,12 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             request = self.waiting.peek_request()
+            if request.num_stale_output_tokens:
+                # Output of a step from before its preemption is still in
+                # flight: resuming now could resample a position that output
+                # will deliver (0.33). Skipped until it drains.
+                skipped.append(self.waiting.pop_request())
+                continue
             if request.num_computed_tokens == 0:
                 hit = self.kv_cache_manager.get_computed_blocks(request)
             else:
@@ -601,7 +670,7 @@ class Scheduler:
                 resumed=resumed,
                 new_block_ids=tuple(b.block_id for b in st.req_to_new_blocks[r.request_id]),
                 num_computed_tokens=r.num_computed_tokens,
-                num_output_tokens=r.num_output_tokens,
+                num_output_tokens=r.num_output_tokens + r.num_output_placeholders,
             )
             for reqs, resumed in ((st.scheduled_running_reqs, False), (st.scheduled_resumed_reqs, True))
             for r in reqs
@@ -626,7 +695,13 @@ class Scheduler:
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             request = self.requests[request_id]
             request.num_computed_tokens += num_tokens
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+            request.num_in_flight_tokens += num_tokens
+            request.is_prefill_chunk = (
+                request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            )
+            if self.profile.async_scheduling and not request.is_prefill_chunk:
+                # AsyncScheduler: the step will sample 1 token plus its drafts.
+                request.num_output_placeholders += 1 + len(output.scheduled_spec_decode_tokens.get(request_id, ()))
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
 
@@ -644,39 +719,56 @@ class Scheduler:
     # ------------------------------------------------------------------ update
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> list[RequestOutput]:
-        """Apply the model's output for the pending step (§5), then its drafts (§7).
+        """Apply the model's output for the oldest in-flight step (§5), then its drafts (§7).
 
-        Per scheduled request, in schedule order: roll back rejected drafts,
-        append sampled tokens one by one with the stop check, free the request
-        if it stopped. Then store the drafts proposed for the next step.
+        Per scheduled request, in schedule order: release its in-flight tokens
+        (and, if it was preempted since, their stale share), roll back rejected
+        drafts, append sampled tokens one by one with the stop check, free the
+        request if it stopped. Then store the drafts proposed for the next step.
         Returns one RequestOutput per request that gained tokens or stopped.
+        Stale output (from before a preemption) is delivered: its tokens are
+        appended and may stop the request, but no counter moves (§6).
         """
         self._require_alive()
-        require(scheduler_output is self.pending_output, InvalidEvent, "unexpected_model_output",
-                "update_from_output() needs the output of the last schedule() call, once",
+        require(bool(self.in_flight) and scheduler_output is self.in_flight[0].output, InvalidEvent,
+                "unexpected_model_output",
+                "update_from_output() needs the output of the oldest step in flight, once",
                 step=self.current_step)
         self._validate_model_output(scheduler_output, model_output)
-        self.pending_output = None
+        self.in_flight.popleft()
 
         outputs: list[RequestOutput] = []
         stopped_running: set[Request] = set()
         stopped_preempted: set[Request] = set()
-        for request_id in scheduler_output.num_scheduled_tokens:
+        for request_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
-                continue  # aborted while the step ran
+                continue  # aborted (or stopped by an earlier step's output) while the step ran
+            request.num_in_flight_tokens -= num_scheduled
+            is_stale = request.num_stale_output_tokens > 0
+            if is_stale:
+                request.num_stale_output_tokens -= num_scheduled
+                assert request.num_stale_output_tokens >= 0
             generated = list(model_output.sampled_token_ids.get(request_id, ()))
-            self._reject_drafts(request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()), generated)
+            if not is_stale:
+                # A stale rejection count predates the preemption's reset.
+                self._reject_drafts(request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()),
+                                    generated)
             status_before = request.status
             new_token_ids, stopped = generated, False
             if generated:
-                new_token_ids, stopped = self._append_output_tokens(request, generated)
+                had_placeholders = request.num_output_placeholders > 0
+                new_token_ids, stopped = self._append_output_tokens(request, generated, is_stale)
                 if (
                     self.profile.cache_blocks_after_spec_update
-                    and self.config.num_spec_tokens > 0
+                    and not is_stale
+                    and (self.config.num_spec_tokens > 0 or had_placeholders)
                     and status_before is RequestStatus.RUNNING
                 ):
-                    self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+                    # Only tokens whose output has been applied are final.
+                    self.kv_cache_manager.cache_blocks(
+                        request, request.num_computed_tokens - request.num_in_flight_tokens
+                    )
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before is RequestStatus.RUNNING else stopped_preempted).add(request)
@@ -704,8 +796,7 @@ class Scheduler:
         short samples nothing. Drafts need spec decode, at most
         ``num_spec_tokens`` of them, for requests of this step.
         """
-        record = self.last_step
-        assert record is not None
+        record = self.in_flight[0]
         scheduled = scheduler_output.num_scheduled_tokens
         for request_id, tokens in model_output.sampled_token_ids.items():
             require(request_id in scheduled, InvalidEvent, "unscheduled_model_output",
@@ -727,6 +818,13 @@ class Scheduler:
                 require(got <= 1 + num_drafts, InvalidEvent, "bad_num_sampled_tokens",
                         f"request {request_id!r} reached the end of its sequence and may sample "
                         f"0 to {1 + num_drafts} tokens, got {got}", request_id=request_id, step=record.step)
+                # DEVIATION(vllm 0.33.0): under AsyncScheduler an empty list
+                # would leave the step's placeholder unresolved forever (vLLM
+                # resolves one per returned token), and no model runner returns
+                # one for a request that samples: refused.
+                require(got > 0 or not self.profile.async_scheduling, InvalidEvent, "bad_num_sampled_tokens",
+                        f"request {request_id!r} samples in step {record.step} under async scheduling "
+                        f"and must return at least one token", request_id=request_id, step=record.step)
                 # DEVIATION(vllm 0.33.0, 0.32.0): with drafts scheduled, vLLM
                 # skips the draft rejection on empty output and leaves
                 # num_computed_tokens past the sequence, so its next schedule()
@@ -774,21 +872,28 @@ class Scheduler:
             # more than was drafted; the last token is recomputed.
             request.num_computed_tokens -= len(drafts) - (len(generated) - 1)
 
-    def _append_output_tokens(self, request: Request, generated: list[int]) -> tuple[list[int], bool]:
+    def _append_output_tokens(self, request: Request, generated: list[int], is_stale: bool = False) -> tuple[list[int], bool]:
         """Append sampled tokens one by one, stopping at the first stop (§5 step 4).
 
         Tokens after the stopping one are discarded, and (0.33)
-        ``num_computed_tokens`` forgets them.
+        ``num_computed_tokens`` forgets them. Under async scheduling every
+        returned token (trimmed ones included) resolves one placeholder. Stale
+        output (§6) changes neither counter.
         """
+        result, stopped = generated, False
         for i, token in enumerate(generated, 1):
             request.append_output_token_id(token)
             status = compute_stop_status(request, self.max_model_len, self.profile.stop_check_order)
             if status is not None:
-                if self.profile.trim_computed_on_stop:
+                if self.profile.trim_computed_on_stop and not is_stale:
                     request.num_computed_tokens -= len(generated) - i
                 request.transition(status)
-                return generated[:i], True
-        return generated, False
+                result, stopped = generated[:i], True
+                break
+        if not is_stale and request.num_output_placeholders > 0:
+            request.num_output_placeholders -= len(generated)
+            assert request.num_output_placeholders >= 0
+        return result, stopped
 
     def _update_draft_token_ids(self, draft_token_ids: dict[str, tuple[int, ...]]) -> None:
         """Store the drafts proposed for the next step (§7 update_draft_token_ids).

@@ -83,6 +83,14 @@ class ConcreteView:
         self.num_running = len(running_ids)
         self._num_tokens = {rid: r.num_tokens for rid, r in reqs.items()}
         self._num_computed = {rid: r.num_computed_tokens for rid, r in reqs.items()}
+        # In-flight steps (scheduled, output not applied), oldest first.
+        self._placeholders = {rid: r.num_output_placeholders for rid, r in reqs.items()}
+        self._in_flight = {rid: r.num_in_flight_tokens for rid, r in reqs.items()}
+        self._stale = {rid: r.num_stale_output_tokens for rid, r in reqs.items()}
+        records = list(getattr(scheduler, "in_flight", ()))
+        self._in_flight_scheduled = {
+            rid: sum(rec.output.num_scheduled_tokens.get(rid, 0) for rec in records) for rid in reqs}
+        self._in_flight_samples = {rid: sum(1 for rec in records if rec.samples.get(rid)) for rid in reqs}
         self._tables = {rid: [b.block_id for b in kv.req_to_blocks.get(rid, [])] for rid in reqs}
         self.orphan_tables = len([rid for rid in kv.req_to_blocks if rid not in reqs])
         self._req_hashes = {rid: r.block_hashes for rid, r in reqs.items()}
@@ -141,6 +149,23 @@ class ConcreteView:
 
     def num_blocks(self, r: str) -> int:
         return len(self._tables[r])
+
+    def num_output_placeholders(self, r: str) -> int:
+        return self._placeholders[r]
+
+    def num_in_flight_tokens(self, r: str) -> int:
+        return self._in_flight[r]
+
+    def num_stale_output_tokens(self, r: str) -> int:
+        return self._stale[r]
+
+    def num_in_flight_scheduled(self, r: str) -> int:
+        """Tokens the steps still in flight scheduled for ``r``."""
+        return self._in_flight_scheduled[r]
+
+    def num_in_flight_samples(self, r: str) -> int:
+        """Steps still in flight in which ``r`` samples."""
+        return self._in_flight_samples[r]
 
     def num_scheduled_tokens(self, r: str) -> int:
         return self._scheduled.get(r, 0)

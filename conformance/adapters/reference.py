@@ -19,6 +19,7 @@ class ReferenceSut(InProcessSut):
     """Wraps the reference scheduler of the trace's profile in the SchedulerUnderTest interface."""
 
     name = "reference"
+    in_flight = True
     scheduler: Any
     pending: SchedulerOutput | None
 
@@ -38,16 +39,30 @@ class ReferenceSut(InProcessSut):
         """True while the scheduler is a v0 one."""
         return self.scheduler is not None and not isinstance(self.scheduler, Scheduler)
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        if self.pending is None:
-            raise SutInputError("unexpected_model_output", "model output without a pending step")
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
+                           step: int | None = None) -> list[dict[str, Any]]:
+        """Apply the output of ``step`` (None: the oldest step in flight)."""
         output = ModelRunnerOutput(
             sampled_token_ids={k: tuple(v) for k, v in sampled_token_ids.items()},
             draft_token_ids={k: tuple(v) for k, v in draft_token_ids.items()},
         )
+        sched = self._sched()
+        if self.is_v0():
+            if self.pending is None:
+                raise SutInputError("unexpected_model_output", "model output without a pending step")
+            with refused_as_input_error():
+                outputs = sched.update_from_output(self.pending, output)
+            self.pending = None
+            return [o.to_canonical() for o in outputs]
         with refused_as_input_error():
-            outputs = self._sched().update_from_output(self.pending, output)
-        self.pending = None
+            if step is not None:
+                scheduler_output = sched.get_in_flight_output(step)
+            elif sched.in_flight:
+                scheduler_output = sched.in_flight[0].output
+            else:
+                raise SutInputError("unexpected_model_output", "model output without a pending step")
+            outputs = sched.update_from_output(scheduler_output, output)
+        self.pending = sched.pending_output
         return [o.to_canonical() for o in outputs]
 
     def observe(self) -> dict[str, Any] | None:

@@ -283,10 +283,17 @@ class StdioSut:
     def schedule(self) -> dict[str, Any]:
         return self.call("schedule", {})
 
+    @property
+    def in_flight(self) -> bool:
+        """Does the scheduler run steps in flight? Its ``init`` reply says so (``capabilities.in_flight``)."""
+        return bool(self.capabilities.get("in_flight"))
+
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        result = self.call("update", {"sampled_token_ids": sampled_token_ids, "draft_token_ids": draft_token_ids})
-        return result["outputs"]
+                           draft_token_ids: dict[str, list[int]], step: int | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"sampled_token_ids": sampled_token_ids, "draft_token_ids": draft_token_ids}
+        if step is not None:
+            params["step"] = step
+        return self.call("update", params)["outputs"]
 
     def observe(self) -> dict[str, Any] | None:
         if not self.capabilities.get("observe"):

@@ -486,6 +486,23 @@ class SymbolicView:
         s = self._s
         return ite(land(self._live[r], s.has_table[r]), s.num_blocks[r], 0)
 
+    # The encoding is synchronous (one step in flight at most, no placeholders):
+    # a request's in-flight tokens are the pending step's, nothing is stale.
+    def num_output_placeholders(self, r: int) -> Any:
+        return 0
+
+    def num_in_flight_tokens(self, r: int) -> Any:
+        return self.num_scheduled_tokens(r)
+
+    def num_stale_output_tokens(self, r: int) -> Any:
+        return 0
+
+    def num_in_flight_scheduled(self, r: int) -> Any:
+        return self.num_scheduled_tokens(r)
+
+    def num_in_flight_samples(self, r: int) -> Any:
+        return 0
+
     def num_scheduled_tokens(self, r: int) -> Any:
         return ite(land(self._out, self._live[r]), self._s.num_scheduled[r], 0)
 
@@ -1000,12 +1017,15 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
                                  num_scheduled_tokens=dict(scheduled), total_num_scheduled_tokens=s.total_num_scheduled,
                                  scheduled_spec_decode_tokens={}, finished_req_ids=frozenset(),
                                  preempted_req_ids=frozenset())
-        sched.pending_output = output
         record_fields = {f.name for f in dataclasses.fields(StepRecord)}
         extra = {"remaining_token_budget": s.token_budget} if "remaining_token_budget" in record_fields else {}
         sched.last_step = StepRecord(step=s.step, output=output, preemptions=tuple(records),
                                      samples={rid: rid in sched.requests and not sched.requests[rid].is_prefill_chunk
                                               for rid in scheduled}, **extra)
+        sched.in_flight.append(sched.last_step)
+        for rid, n in scheduled.items():
+            if rid in sched.requests:
+                sched.requests[rid].num_in_flight_tokens = n
     return sched, step_state
 
 

@@ -35,6 +35,7 @@ NOT_API_CODES = {
     "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
     "budget_below_max_model_len", "pool_below_max_model_len",
     "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
+    "invalid_max_concurrent_batches", "async_spec_decode_not_modelled", "in_flight_not_modelled",  # config: tests/model/test_in_flight.py
 } | {code for code, meaning in ERROR_CODES.items() if meaning.startswith("(v0")}  # v0 model: tests/model_v0
 
 
@@ -117,6 +118,16 @@ def in_flight() -> Scheduler:
     return sched
 
 
+def two_in_flight() -> Scheduler:
+    """max_concurrent_batches 2: steps 2 and 3 in flight (a's prompt of 12 in chunks of 4; step 1 applied)."""
+    sched = Scheduler(SchedulerConfig(**{**CFG, "max_num_batched_tokens": 4, "max_concurrent_batches": 2}))
+    sched.add_request("a", range(1, 13), max_tokens=2)
+    sched.update_from_output(sched.schedule(), ModelRunnerOutput())
+    sched.schedule()
+    sched.schedule()
+    return sched
+
+
 # (code, label, build the state, the refused call on that state)
 CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], object]]] = [
     ("duplicate_request_id", "live id", base, lambda s: s.add_request("w", [1], max_tokens=1)),
@@ -137,6 +148,13 @@ CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], objec
     ("unknown_request_id", "abort", base, lambda s: s.abort("never")),
     ("request_id_in_flight", "re-add", in_flight, lambda s: s.add_request("a", [1], max_tokens=1)),
     ("output_not_processed", "schedule twice", pending, lambda s: s.schedule()),
+    ("output_not_processed", "a third step with 2 in flight", two_in_flight, lambda s: s.schedule()),
+    ("unscheduled_step", "step 4 of 3", two_in_flight, lambda s: s.get_in_flight_output(4)),
+    ("unscheduled_step", "step 0", two_in_flight, lambda s: s.get_in_flight_output(0)),
+    ("duplicate_model_output", "step 1 again", two_in_flight, lambda s: s.get_in_flight_output(1)),
+    ("model_output_out_of_order", "step 3 before 2", two_in_flight, lambda s: s.get_in_flight_output(3)),
+    ("unexpected_model_output", "newest step's object", two_in_flight,
+     lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
     ("unexpected_model_output", "no step", base, lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
     ("bad_num_sampled_tokens", "too many", pending, lambda s: update(s, {"a": (1, 2)})()),
     ("bad_num_sampled_tokens", "empty with drafts (0.33)", with_drafts, lambda s: update(s, {"a": ()})()),

@@ -147,14 +147,20 @@ def test_legal_transitions_table():
 
 
 def test_profiles_table_names_and_differences():
-    assert set(PROFILES) == {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24"}
+    assert set(PROFILES) == {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24",
+                             "vllm-0.33-async", "vllm-0.32-async"}
+    # An async profile is its release with AsyncScheduler's placeholders, nothing else.
+    for release in ("vllm-0.33", "vllm-0.32"):
+        a, r = PROFILES[f"{release}-async"], PROFILES[release]
+        assert [k for k in r.knob_names() if getattr(a, k) != getattr(r, k)] == ["async_scheduling"]
     diff = [k for k in VLLM_0_33.knob_names() if getattr(VLLM_0_33, k) != getattr(VLLM_0_32, k)]
     # The two differences found by diffing the 0.32.0 and 0.33.0 wheels.
     assert diff == ["priority_self_preemption", "cache_blocks_after_spec_update"]
     aphrodite = PROFILES["aphrodite-0.24"]
-    # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request.
+    # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request
+    # (and steps in flight, not modelled for it).
     assert [k for k in VLLM_0_32.knob_names() if getattr(VLLM_0_32, k) != getattr(aphrodite, k)] == [
-        "exempt_lone_request_from_threshold"]
+        "exempt_lone_request_from_threshold", "models_in_flight"]
     with pytest.raises(InvalidConfig) as e:
         get_profile("vllm-9")
     assert e.value.code == "unknown_profile"
@@ -217,11 +223,13 @@ def test_invalid_event_leaves_state_unchanged():
     [
         # 0.32/0.33 accept a threshold of at most num_spec_tokens at start (they
         # crash later, in schedule(): tests/harness/test_engine_crash.py).
-        (dict(num_spec_tokens=2, long_prefill_token_threshold=2), None, set()),
+        # (The async profiles refuse any num_spec_tokens > 0: not modelled yet.)
+        (dict(num_spec_tokens=2, long_prefill_token_threshold=2), "async_spec_decode_not_modelled",
+         {"vllm-0.33-async", "vllm-0.32-async"}),
         # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len); so does
         # Aphrodite 0.24, which tracks 0.32 (its config refusals are 0.32's: tests/engines/test_aphrodite.py).
         (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len",
-         {"vllm-0.33", "vllm-0.32", "aphrodite-0.24"}),
+         {"vllm-0.33", "vllm-0.32", "aphrodite-0.24", "vllm-0.33-async", "vllm-0.32-async"}),
     ],
 )
 def test_profile_dependent_config_checks(fields, code, refused_by):

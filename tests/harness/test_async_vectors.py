@@ -1,0 +1,42 @@
+"""The async corpus (conformance/vectors/async/) is what the model generates, covers the in-flight cases,
+and replays on the reference (drift guard, like tests/harness/test_vectors.py)."""
+
+import json
+
+from conformance.adapters.reference import ReferenceSut
+from conformance.replay import replay
+from conformance.trace import read_trace, render_trace
+from conformance.vectors import ASYNC_CORPUS_DIR, build_async_corpus, manifest_entry
+
+
+def test_async_corpus_matches_the_model():
+    manifest = json.loads((ASYNC_CORPUS_DIR / "manifest.json").read_text())
+    built = build_async_corpus(tuple(manifest["profiles"]))
+    for profile, items in built.items():
+        assert [e["file"] for e in manifest["profiles"][profile]] == [f"{n}.jsonl" for n, _ in items], profile
+        for (name, trace), entry in zip(items, manifest["profiles"][profile]):
+            committed = (ASYNC_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
+            assert committed == render_trace(trace), (
+                f"{profile}/{name} changed: if the model change is deliberate, run "
+                "`python -m conformance.vectors --rebuild-async` and bump ASYNC_CORPUS_VERSION")
+            assert entry == manifest_entry(name, trace)
+
+
+def test_async_corpus_covers_the_in_flight_cases():
+    manifest = json.loads((ASYNC_CORPUS_DIR / "manifest.json").read_text())
+    for profile in ("vllm-0.33-async", "vllm-0.32-async"):
+        entries = manifest["profiles"][profile]
+        feats = {f for e in entries for f in e["features"]}
+        assert {"steps_in_flight", "scheduled_in_flight", "preempted_in_flight", "stale_output",
+                "aborted_in_flight", "finished_in_flight", "preemption", "resume"} <= feats, profile
+        # Every depth of the batch queue the generator draws: 1, 2 and 3 steps in flight.
+        assert {e.get("max_concurrent_batches", 1) for e in entries} == {1, 2, 3}, profile
+
+
+def test_async_corpus_replays_on_the_reference():
+    manifest = json.loads((ASYNC_CORPUS_DIR / "manifest.json").read_text())
+    for profile, entries in manifest["profiles"].items():
+        for entry in entries:
+            trace = read_trace(ASYNC_CORPUS_DIR / profile / entry["file"])
+            result = replay(trace, ReferenceSut())
+            assert result.verdict == "pass", (profile, entry["file"], result.divergence)
