@@ -114,13 +114,17 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
 
     from conformance.workload_v0 import make_random_workload
     from spec.errors import InvalidConfig
+    from spec.profiles import PROFILES, check_config_for_profile
 
     out: list[Workload] = []
     extra = 0
     for w in drawn:
         while True:
             try:
-                out.append(w.replace(config=dc_replace(w.config, **spec.config_overrides)))
+                config = dc_replace(w.config, **spec.config_overrides)
+                if spec.profile in PROFILES:  # the release's own start-up refusals too
+                    check_config_for_profile(config, PROFILES[spec.profile])
+                out.append(w.replace(config=config))
                 break
             except InvalidConfig:
                 extra += 1

@@ -54,3 +54,10 @@ class HangingSut(ReferenceSut):
         if self.calls == 2:
             time.sleep(60)
         return super().schedule()
+
+
+class OneStepAtATimeSut(ReferenceSut):
+    """The reference, declaring no support for steps in flight (as a scheduler written before them would)."""
+
+    name = "one-step-at-a-time"
+    in_flight = False

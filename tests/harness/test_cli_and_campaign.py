@@ -25,6 +25,27 @@ def test_reference_campaign_passes(tmp_path, capsys):
     assert "<svg" in html and "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
 
 
+def test_in_flight_override_skips_configs_the_release_refuses(tmp_path, capsys):
+    """--set max_concurrent_batches=2 under vllm-0.33: the drawn configs with spec decode (refused by the
+    profile: in_flight_not_modelled) are replaced by fresh draws, and every trace runs two steps in flight."""
+    code = main(["run", "--sut", "reference", "--examples", "40", "--seed", "5", "--out", str(tmp_path),
+                 "--run-id", "pp", "--quiet", "--set", "max_concurrent_batches=2"])
+    assert code == 0
+    summary = json.loads((tmp_path / "pp" / "summary.json").read_text())
+    assert summary["passed"] + summary["discarded"] == 40
+    assert summary["features"].get("steps_in_flight", 0) > 0
+
+
+def test_a_scheduler_without_in_flight_support_gets_no_in_flight_trace(tmp_path, capsys):
+    """Campaigns against a scheduler that does not declare in_flight force max_concurrent_batches 1."""
+    code = main(["run", "--sut", "module:broken_adapter:OneStepAtATimeSut", "--examples", "60", "--seed", "5",
+                 "--out", str(tmp_path), "--run-id", "sync", "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "sync" / "summary.json").read_text())
+    assert summary["spec"]["config_overrides"].get("max_concurrent_batches") == 1
+    assert summary["unknown"] == 0 and "steps_in_flight" not in summary["features"]
+
+
 def test_broken_adapter_is_caught_shrunk_and_reported(tmp_path, capsys):
     """The kept broken adapter: exit 1, a minimal trace of <= 10 events, JUnit naming the trace."""
     junit = tmp_path / "junit.xml"
