@@ -167,7 +167,11 @@ def both_backends(sched: Scheduler) -> tuple[dict[str, bool], dict[str, bool], d
     snap = from_scheduler(sched, shape)
     sym, invs, lemmas = symbolic_formulas(shape)
     view = ConcreteView(sched)
-    concrete = {name: bool(fn(view, ConcreteOps())) for name, fn in INVARIANTS.items()}
+    # in_flight_accounting is left out: the Z3 state is synchronous and derives a
+    # request's in-flight tokens from the pending step, so it cannot see a
+    # corrupted counter (spec/symbolic/in_flight.py proves the in-flight rules).
+    concrete = {name: bool(fn(view, ConcreteOps())) for name, fn in INVARIANTS.items()
+                if name != "in_flight_accounting"}
     symbolic = z3_truth({**invs, **{f"lemma:{k}": v for k, v in lemmas.items()}}, sym, snap.state)
     python_lemmas = {f"lemma:{name}": bool(fn(snap.state, ConcreteOps())) for name, fn in LEMMAS.items()}
     return concrete, symbolic, python_lemmas
