@@ -211,7 +211,8 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
     """Draw one workload (see the module docstring for what it aims at).
 
     ``in_flight_batches=False`` keeps a plain profile's workloads synchronous
-    (the v2 corpus, built before steps could be in flight, keeps its bytes).
+    and without the knobs vLLM 0.32 added (the v2 corpus, built before either
+    existed in the model, keeps its bytes).
     """
     family = c.choice(FAMILIES, "family")
     config = config or build_config(c, family)
@@ -305,6 +306,7 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
     add_in_flight_inputs(c.fork("in_flight"), requests, aborts, invalid)
     if in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling):
         config = choose_in_flight_batches(c.fork("in_flight_batches"), config, profile)
+        config = choose_0_32_knobs(c.fork("knobs_0_32"), config, profile)
     return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
                     invalid_inputs=tuple(invalid), oracle=oracle, seed=seed, origin="generate")
 
@@ -332,6 +334,27 @@ def choose_in_flight_batches(c: Chooser, config: SchedulerConfig, profile: str) 
     if config.num_spec_tokens == 0 and c.boolean(IN_FLIGHT_BATCHES_RATE, "in_flight_batches"):
         return replace(config, max_concurrent_batches=c.choice([2, 3], "batches"))
     return config
+
+
+KNOBS_0_32_RATE = 0.15
+"""Share of 0.32/0.33 workloads (async ones included) drawing each of
+max_num_active_seqs, long_prefill_token_threshold_adaptive (only with a
+threshold set) and use_v2_model_runner, independently."""
+
+
+def choose_0_32_knobs(c: Chooser, config: SchedulerConfig, profile: str) -> SchedulerConfig:
+    """Set the scheduler knobs vLLM 0.32 added, each at :data:`KNOBS_0_32_RATE` (from its own stream)."""
+    rules = PROFILES.get(profile)
+    if rules is None or not rules.has_0_32_scheduler_knobs:
+        return config
+    changes: dict[str, Any] = {}
+    if config.max_num_seqs > 1 and c.boolean(KNOBS_0_32_RATE, "max_num_active_seqs"):
+        changes["max_num_active_seqs"] = c.integer(1, config.max_num_seqs - 1, "active_seqs")
+    if config.long_prefill_token_threshold > 0 and c.boolean(KNOBS_0_32_RATE, "adaptive_threshold"):
+        changes["long_prefill_token_threshold_adaptive"] = True
+    if c.boolean(KNOBS_0_32_RATE, "v2_layout"):
+        changes["use_v2_model_runner"] = True
+    return replace(config, **changes) if changes else config
 
 
 IN_FLIGHT_RATES = {"arrivals": 0.2, "aborts": 0.2, "re_add": 0.25}

@@ -13,6 +13,15 @@ from typing import Any
 from spec.errors import InvalidConfig, require
 
 
+OPTIONAL_FIELDS: dict[str, object] = {
+    "max_concurrent_batches": 1,
+    "max_num_active_seqs": None,
+    "long_prefill_token_threshold_adaptive": False,
+    "use_v2_model_runner": False,
+}
+"""Config fields optional in traces, with the default an absent one takes."""
+
+
 def cdiv(a: int, b: int) -> int:
     """Return ``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
     return -(-a // b)
@@ -45,20 +54,34 @@ class SchedulerConfig:
     max_concurrent_batches: int = 1
     """Steps that may be in flight at once: scheduled, their model output not yet
     applied (vLLM's EngineCore batch queue size: 1 synchronous, 2 with async
-    scheduling, ``pipeline_parallel_size`` with pipeline parallelism). Optional
-    in traces (absent = 1) and left out of ``to_dict`` when 1, so traces written
-    before in-flight steps existed stay byte-identical."""
+    scheduling, ``pipeline_parallel_size`` with pipeline parallelism)."""
+    max_num_active_seqs: int | None = None
+    """vLLM 0.32+ ``SchedulerConfig.max_num_active_seqs``: the admission cap of
+    the waiting loop (RUNNING requests), at most ``max_num_seqs``, which keeps
+    sizing the model runner; None means ``max_num_seqs``."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """vLLM 0.32+: with several requests present, the effective
+    ``long_prefill_token_threshold`` (when non-zero) is floored at
+    ``max_num_batched_tokens // (running + waiting)``, a fair share."""
+    use_v2_model_runner: bool = False
+    """vLLM 0.32+ output layout of the V2 model runner: resumed requests are
+    listed among ``scheduled_new_reqs`` (after the new ones, with all their
+    blocks) instead of as resumed entries of ``scheduled_cached_reqs``."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if f.name in ("enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold_adaptive",
+                          "use_v2_model_runner"):
                 require(isinstance(value, bool), InvalidConfig, "invalid_config_type",
                         f"{f.name} must be a boolean", field=f.name, value=value)
             elif f.name == "scheduler_reserve_full_isl":
                 require(value is None or isinstance(value, bool), InvalidConfig,
                         "invalid_config_type", f"{f.name} must be a boolean or null",
                         field=f.name, value=value)
+            elif f.name == "max_num_active_seqs":
+                require(value is None or (isinstance(value, int) and not isinstance(value, bool)), InvalidConfig,
+                        "invalid_config_type", f"{f.name} must be an integer or null", field=f.name, value=value)
             elif f.name == "policy":
                 require(value in ("fcfs", "priority"), InvalidConfig, "invalid_policy",
                         "policy must be 'fcfs' or 'priority'", field=f.name, value=value)
@@ -85,6 +108,10 @@ class SchedulerConfig:
                 field="long_prefill_token_threshold", value=self.long_prefill_token_threshold)
         require(self.num_spec_tokens >= 0, InvalidConfig, "invalid_num_spec_tokens",
                 "num_spec_tokens must be >= 0", field="num_spec_tokens", value=self.num_spec_tokens)
+        require(self.max_num_active_seqs is None or 1 <= self.max_num_active_seqs <= self.max_num_seqs,
+                InvalidConfig, "invalid_max_num_active_seqs",
+                "max_num_active_seqs must be null or in [1, max_num_seqs]", field="max_num_active_seqs",
+                value=self.max_num_active_seqs)
         require(self.max_concurrent_batches >= 1, InvalidConfig, "invalid_max_concurrent_batches",
                 "max_concurrent_batches must be >= 1 (1 = synchronous)", field="max_concurrent_batches",
                 value=self.max_concurrent_batches)
@@ -118,12 +145,14 @@ class SchedulerConfig:
     def to_dict(self) -> dict[str, Any]:
         """Return the config as a plain dict (trace headers, protocol init).
 
-        ``max_concurrent_batches`` is left out when 1 (its default), so a
-        synchronous config reads as it did before the field existed.
+        The fields added after the trace format's first release
+        (:data:`OPTIONAL_FIELDS`) are left out at their defaults, so a config
+        that does not use them reads as it did before they existed.
         """
         data = asdict(self)
-        if data["max_concurrent_batches"] == 1:
-            del data["max_concurrent_batches"]
+        for name, default in OPTIONAL_FIELDS.items():
+            if data[name] == default:
+                del data[name]
         return data
 
     @classmethod

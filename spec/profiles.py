@@ -128,6 +128,12 @@ class Profile:
     0.32.0 and 0.33.0 ``SchedulerConfig.verify_max_model_len`` refuse
     ``long_prefill_token_threshold > max_model_len``; 0.11.0 accepts it."""
 
+    has_0_32_scheduler_knobs: bool = True
+    """Does the release have ``max_num_active_seqs``, ``long_prefill_token_threshold_adaptive``
+    and the V2 model runner's output layout (read in 0.33.0 and 0.32.0 config/scheduler.py and
+    scheduler.py; absent in 0.11.0)? Where not, a config setting one is refused
+    (``knob_not_in_release``)."""
+
     models_in_flight: bool = True
     """Are this release's rules for steps in flight modelled (0.32/0.33:
     ``num_in_flight_tokens`` and stale output, read in 0.33.0 scheduler.py)? Where not
@@ -205,6 +211,7 @@ VLLM_0_11 = Profile(
     lookahead_for_fresh_requests=False,
     refuse_threshold_above_max_model_len=False,
     models_in_flight=False,
+    has_0_32_scheduler_knobs=False,
 )
 
 # Aphrodite Engine 0.24.1 (a vLLM fork): its v1 scheduler tracks vLLM 0.32.0
@@ -221,6 +228,7 @@ APHRODITE_0_24 = Profile(
         "name": "aphrodite-0.24",
         "exempt_lone_request_from_threshold": False,
         "models_in_flight": False,
+        "has_0_32_scheduler_knobs": False,
     }
 )
 
@@ -256,6 +264,12 @@ def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> Non
             "async_spec_decode_not_modelled",
             "an async profile with num_spec_tokens > 0 is not modelled yet (AsyncScheduler with spec decode)",
             num_spec_tokens=config.num_spec_tokens, profile=profile.name)
+    late_knobs = [name for name, on in (("max_num_active_seqs", config.max_num_active_seqs is not None),
+                                        ("long_prefill_token_threshold_adaptive",
+                                         config.long_prefill_token_threshold_adaptive),
+                                        ("use_v2_model_runner", config.use_v2_model_runner)) if on]
+    require(profile.has_0_32_scheduler_knobs or not late_knobs, InvalidConfig, "knob_not_in_release",
+            f"{', '.join(late_knobs)}: not a knob of {profile.name}'s release", fields=late_knobs, profile=profile.name)
     in_flight = config.max_concurrent_batches > 1
     require(not in_flight or (profile.models_in_flight and config.num_spec_tokens == 0), InvalidConfig,
             "in_flight_not_modelled",

@@ -362,11 +362,15 @@ class Scheduler:
         """The step's effective long-prefill threshold (§4.0 step 4); 0 means none.
 
         A lone request (running + waiting == 1) is not capped (0.33): it has
-        nobody to starve.
+        nobody to starve. With ``long_prefill_token_threshold_adaptive`` the cap
+        is floored at a fair share of the budget.
         """
         threshold = self.config.long_prefill_token_threshold
-        if self.profile.exempt_lone_request_from_threshold and len(self.running) + len(self.waiting) <= 1:
+        num_eligible_reqs = len(self.running) + len(self.waiting)
+        if self.profile.exempt_lone_request_from_threshold and num_eligible_reqs <= 1:
             return 0
+        if threshold > 0 and self.config.long_prefill_token_threshold_adaptive and num_eligible_reqs > 0:
+            threshold = max(threshold, self.config.max_num_batched_tokens // num_eligible_reqs)
         return threshold
 
     def _schedule_running(self, st: _StepState, threshold: int) -> None:
@@ -539,8 +543,8 @@ class Scheduler:
         """
         skipped: list[Request] = []
         while st.token_budget > 0 and self.waiting:
-            # Admission cap: max_num_seqs requests may run at once.
-            if len(self.running) >= self.config.max_num_seqs:
+            # Admission cap: max_num_active_seqs (default max_num_seqs) requests may run at once.
+            if len(self.running) >= (self.config.max_num_active_seqs or self.config.max_num_seqs):
                 break
             request = self.waiting.peek_request()
             if request.num_stale_output_tokens:
@@ -654,7 +658,15 @@ class Scheduler:
         )
 
     def _make_output(self, st: _StepState) -> SchedulerOutput:
-        """Build the SchedulerOutput (§4.4) from the step state, before counters move."""
+        """Build the SchedulerOutput (§4.4) from the step state, before counters move.
+
+        With ``use_v2_model_runner`` the resumed requests are listed after the
+        new ones, as new requests with all their blocks (0.32+ V2 layout).
+        """
+        resumed_reqs = st.scheduled_resumed_reqs
+        new_listed = st.scheduled_new_reqs
+        if self.config.use_v2_model_runner:
+            new_listed, resumed_reqs = [*st.scheduled_new_reqs, *resumed_reqs], []
         new_reqs = tuple(
             NewRequestData(
                 req_id=r.request_id,
@@ -662,7 +674,7 @@ class Scheduler:
                 block_ids=tuple(b.block_id for b in st.req_to_new_blocks[r.request_id]),
                 num_computed_tokens=r.num_computed_tokens,
             )
-            for r in st.scheduled_new_reqs
+            for r in new_listed
         )
         cached = tuple(
             CachedRequestData(
@@ -672,7 +684,7 @@ class Scheduler:
                 num_computed_tokens=r.num_computed_tokens,
                 num_output_tokens=r.num_output_tokens + r.num_output_placeholders,
             )
-            for reqs, resumed in ((st.scheduled_running_reqs, False), (st.scheduled_resumed_reqs, True))
+            for reqs, resumed in ((st.scheduled_running_reqs, False), (resumed_reqs, True))
             for r in reqs
         )
         return SchedulerOutput(

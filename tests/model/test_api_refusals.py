@@ -35,7 +35,8 @@ NOT_API_CODES = {
     "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
     "budget_below_max_model_len", "pool_below_max_model_len",
     "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
-    "invalid_max_concurrent_batches", "async_spec_decode_not_modelled", "in_flight_not_modelled",  # config: tests/model/test_in_flight.py
+    "invalid_max_concurrent_batches", "async_spec_decode_not_modelled", "in_flight_not_modelled",
+    "invalid_max_num_active_seqs", "knob_not_in_release",  # config: tests/model/test_in_flight.py
 } | {code for code, meaning in ERROR_CODES.items() if meaning.startswith("(v0")}  # v0 model: tests/model_v0
 
 

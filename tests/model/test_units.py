@@ -158,9 +158,9 @@ def test_profiles_table_names_and_differences():
     assert diff == ["priority_self_preemption", "cache_blocks_after_spec_update"]
     aphrodite = PROFILES["aphrodite-0.24"]
     # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request
-    # (and steps in flight, not modelled for it).
+    # (and the knobs whose Aphrodite counterparts were not checked: not modelled for it).
     assert [k for k in VLLM_0_32.knob_names() if getattr(VLLM_0_32, k) != getattr(aphrodite, k)] == [
-        "exempt_lone_request_from_threshold", "models_in_flight"]
+        "exempt_lone_request_from_threshold", "has_0_32_scheduler_knobs", "models_in_flight"]
     with pytest.raises(InvalidConfig) as e:
         get_profile("vllm-9")
     assert e.value.code == "unknown_profile"
@@ -190,6 +190,11 @@ def test_every_knob_cites_its_source():
         (dict(policy="lifo"), "invalid_policy"),
         (dict(block_size="4"), "invalid_config_type"),
         (dict(max_num_seqs=17), "budget_below_max_num_seqs"),
+        (dict(max_concurrent_batches=0), "invalid_max_concurrent_batches"),
+        (dict(max_num_active_seqs=0), "invalid_max_num_active_seqs"),
+        (dict(max_num_seqs=4, max_num_active_seqs=5), "invalid_max_num_active_seqs"),  # vLLM: above max_num_seqs
+        (dict(max_num_active_seqs=True), "invalid_config_type"),
+        (dict(use_v2_model_runner=1), "invalid_config_type"),
     ],
 )
 def test_config_errors(fields, code):
@@ -230,6 +235,12 @@ def test_invalid_event_leaves_state_unchanged():
         # Aphrodite 0.24, which tracks 0.32 (its config refusals are 0.32's: tests/engines/test_aphrodite.py).
         (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len",
          {"vllm-0.33", "vllm-0.32", "aphrodite-0.24", "vllm-0.33-async", "vllm-0.32-async"}),
+        # Knobs vLLM 0.32 added (0.11.0 has none of them); Aphrodite's were not checked.
+        (dict(max_num_active_seqs=1), "knob_not_in_release", {"vllm-0.11", "aphrodite-0.24"}),
+        (dict(long_prefill_token_threshold_adaptive=True), "knob_not_in_release", {"vllm-0.11", "aphrodite-0.24"}),
+        (dict(use_v2_model_runner=True), "knob_not_in_release", {"vllm-0.11", "aphrodite-0.24"}),
+        # Steps in flight: modelled for 0.32/0.33 only.
+        (dict(max_concurrent_batches=2), "in_flight_not_modelled", {"vllm-0.11", "aphrodite-0.24"}),
     ],
 )
 def test_profile_dependent_config_checks(fields, code, refused_by):
@@ -244,3 +255,15 @@ def test_profile_dependent_config_checks(fields, code, refused_by):
             assert e.value.code == code
         else:
             Scheduler(config, profile)  # accepted
+
+
+def test_optional_config_fields_are_left_out_at_their_defaults():
+    """Traces written before these knobs existed keep their bytes: to_dict omits a knob at its default."""
+    from spec.config import OPTIONAL_FIELDS
+
+    base = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16)
+    assert not set(OPTIONAL_FIELDS) & set(base.to_dict())
+    changed = SchedulerConfig(**{**base.to_dict(), "max_concurrent_batches": 2, "max_num_active_seqs": 1,
+                                 "long_prefill_token_threshold_adaptive": True, "use_v2_model_runner": True})
+    assert set(OPTIONAL_FIELDS) <= set(changed.to_dict())
+    assert SchedulerConfig.from_dict(changed.to_dict()) == changed
