@@ -636,7 +636,11 @@ def workload_from_trace(trace: Trace) -> Workload:
     loop records it as a valid input when it is accepted, and a driver that
     ignores ``in_flight`` or ``order`` sees a refusal rather than a crash).
     The model's tokens and drafts become a RecordedOracle, each incarnation of
-    a re-added id under its own oracle name (:func:`oracle_id`).
+    a re-added id under its own oracle name (:func:`oracle_id`). With steps in
+    flight, an input right after a ``step`` is ``in_flight`` of that step and
+    one after a ``model_output`` comes before the next ``schedule()``; the
+    rebuilt run fills the batch queue as vLLM's engine does, so a trace with
+    another interleaving of schedules and outputs is rebuilt with that one.
     """
     requests: list[RequestSpec] = []
     aborts: list[AbortSpec] = []
@@ -645,13 +649,13 @@ def workload_from_trace(trace: Trace) -> Workload:
     drafts: dict[tuple[str, int], tuple[int, ...]] = {}
     adds: dict[str, int] = {}
     steps = 0
-    pending = False  # a step whose model output has not come yet
+    after_schedule = False  # a step scheduled, no model output since
     for index, event in enumerate(trace.events):
         kind = event["kind"]
-        at, in_flight = (steps - 1, True) if pending else (steps, False)
+        at, in_flight = (steps - 1, True) if after_schedule else (steps, False)
         if kind == "step":
             steps += 1
-            pending = "expect_error" not in event
+            after_schedule = "expect_error" not in event
         elif kind == "add_request" and "expect_error" not in event and event["request_id"] not in adds:
             requests.append(RequestSpec(
                 request_id=event["request_id"], prompt_token_ids=tuple(event["prompt_token_ids"]),
@@ -673,7 +677,7 @@ def workload_from_trace(trace: Trace) -> Workload:
                 adds[event["request_id"]] += 1
         elif kind == "model_output":
             if "expect_error" not in event:
-                pending = False
+                after_schedule = False
             for rid, toks in event["sampled_token_ids"].items():
                 tokens.setdefault(oracle_id(rid, adds.get(rid, 1) - 1), []).extend(toks)
             for rid, d in event["draft_token_ids"].items():

@@ -40,3 +40,20 @@ def test_async_corpus_replays_on_the_reference():
             trace = read_trace(ASYNC_CORPUS_DIR / profile / entry["file"])
             result = replay(trace, ReferenceSut())
             assert result.verdict == "pass", (profile, entry["file"], result.divergence)
+
+
+def test_in_flight_traces_rebuild_from_themselves():
+    """workload_from_trace (the shrinker's start) reproduces a trace with steps in flight exactly: inputs
+    right after a step stay in flight of it, inputs after an output come before the next schedule()."""
+    from conformance.generate import random_workload
+    from conformance.workload import run_workload, workload_from_trace
+
+    checked = 0
+    for profile in ("vllm-0.33-async", "vllm-0.32-async"):
+        for seed in range(60):
+            trace = run_workload(random_workload(seed, profile))
+            if trace.config.get("max_concurrent_batches", 1) < 2:
+                continue
+            assert run_workload(workload_from_trace(trace)).events == trace.events, (profile, seed)
+            checked += 1
+    assert checked >= 60
