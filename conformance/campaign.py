@@ -220,6 +220,10 @@ def features_of(trace: Trace) -> list[str]:
             out.add("invalid_input")
         if e["kind"] == "abort" and "expect_error" not in e:
             out.add("abort")
+        if e["kind"] == "reset_prefix_cache" and "expect" in e:
+            out.add("prefix_cache_reset" if e["expect"]["success"] else "prefix_cache_reset_refused")
+            if e["reset_running_requests"]:
+                out.add("prefix_cache_reset_running")
         if e["kind"] != "step" or "expect" not in e:
             continue
         x = e["expect"]

@@ -21,6 +21,8 @@ Commands (all state is per file):
 ``model-output [step=N] [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
     TOKENS is ``a,b`` or ``-`` for none; the output answers step N (default:
     the oldest step in flight)
+``reset-prefix-cache [running]``
+    forget the prefix cache (``running``: preempt the running requests first)
 ``step [ID=TOKENS ...]``
     schedule, then a model-output with the given tokens
 ``blocks`` / ``queues``
@@ -171,6 +173,10 @@ class ScenarioRunner:
     def cmd_abort(self, args: list[str]) -> str:
         finished = self._sched().abort(args[0])
         return "aborted: " + (" ".join(finished) or "-")
+
+    def cmd_reset_prefix_cache(self, args: list[str]) -> str:
+        ok = self._sched().reset_prefix_cache(reset_running_requests="running" in args)
+        return "reset: ok" if ok else "reset: refused (blocks in use)"
 
     def cmd_schedule(self, args: list[str]) -> str:
         self.pending = self._sched().schedule()

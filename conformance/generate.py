@@ -39,7 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
-from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, Workload
+from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, ResetSpec, Workload
 from spec.config import SchedulerConfig, cdiv
 from spec.profiles import PROFILES
 
@@ -304,11 +304,13 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
         # "duplicate" keeps the first request's id, while it is still live.
         invalid.append(InvalidInput(event, first.at_step))
     add_in_flight_inputs(c.fork("in_flight"), requests, aborts, invalid)
+    resets: tuple[ResetSpec, ...] = ()
     if in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling):
         config = choose_in_flight_batches(c.fork("in_flight_batches"), config, profile)
         config = choose_0_32_knobs(c.fork("knobs_0_32"), config, profile)
+        resets = choose_resets(c.fork("resets"), requests, profile)
     return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
-                    invalid_inputs=tuple(invalid), oracle=oracle, seed=seed, origin="generate")
+                    invalid_inputs=tuple(invalid), resets=resets, oracle=oracle, seed=seed, origin="generate")
 
 
 IN_FLIGHT_BATCHES_RATE = 0.2
@@ -355,6 +357,24 @@ def choose_0_32_knobs(c: Chooser, config: SchedulerConfig, profile: str) -> Sche
     if c.boolean(KNOBS_0_32_RATE, "v2_layout"):
         changes["use_v2_model_runner"] = True
     return replace(config, **changes) if changes else config
+
+
+RESET_RATE = 0.12
+"""Share of 0.32/0.33 workloads with one or two ``reset_prefix_cache`` calls,
+at a random step (often while a step is in flight, often with requests
+running: refused unless ``reset_running_requests``)."""
+
+
+def choose_resets(c: Chooser, requests: list[RequestSpec], profile: str) -> tuple[ResetSpec, ...]:
+    """Draw the workload's prefix-cache resets (from their own stream)."""
+    rules = PROFILES.get(profile)
+    if rules is None or not rules.has_0_32_scheduler_knobs or not c.boolean(RESET_RATE, "has_reset"):
+        return ()
+    last = max((r.at_step for r in requests), default=0)
+    return tuple(
+        ResetSpec(reset_running_requests=c.boolean(0.5, "reset_running"), at_step=c.integer(0, last + 6, "reset_at"),
+                  in_flight=c.boolean(0.5, "reset_in_flight"))
+        for _ in range(c.integer(1, 2, "num_resets")))
 
 
 IN_FLIGHT_RATES = {"arrivals": 0.2, "aborts": 0.2, "re_add": 0.25}

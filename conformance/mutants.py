@@ -54,9 +54,9 @@ class _FcfsVictimHead(Scheduler):
 
 
 class _ComputedNotReset(Scheduler):
-    def _preempt_request(self, request: Request) -> None:
+    def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         computed = request.num_computed_tokens
-        super()._preempt_request(request)
+        super()._preempt_request(request, drop_stale_output)
         request.num_computed_tokens = computed
 
 
@@ -219,8 +219,8 @@ class _MaxTokensSkipMissing(Scheduler):
 class _StaleOutputAppliedAsFresh(Scheduler):
     """A preemption does not mark the in-flight steps' output stale."""
 
-    def _preempt_request(self, request: Request) -> None:
-        super()._preempt_request(request)
+    def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
+        super()._preempt_request(request, drop_stale_output)
         request.num_stale_output_tokens = 0
 
 
@@ -241,9 +241,9 @@ class _StaleRequestResumedEarly(Scheduler):
 class _PlaceholdersKeptOnPreempt(Scheduler):
     """A preemption keeps the request's output placeholders."""
 
-    def _preempt_request(self, request: Request) -> None:
+    def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         placeholders = request.num_output_placeholders
-        super()._preempt_request(request)
+        super()._preempt_request(request, drop_stale_output)
         request.num_output_placeholders = placeholders
 
 

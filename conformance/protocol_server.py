@@ -56,7 +56,8 @@ class ProtocolSession:
                 self.sut = self.factory()
             self.sut.start(params["config"], params["profile"])
             caps = {"observe": bool(getattr(self.sut, "supports_observe", True)),
-                    "in_flight": bool(getattr(self.sut, "in_flight", False))}
+                    "in_flight": bool(getattr(self.sut, "in_flight", False)),
+                    "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache")}
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":
             self.shut_down = True
@@ -80,6 +81,8 @@ class ProtocolSession:
                                                            **step)}
         if method == "observe":
             return self.sut.observe()
+        if method == "reset_prefix_cache":
+            return {"success": bool(self.sut.reset_prefix_cache(params["reset_running_requests"]))}
         raise RuntimeError(f"unknown method {method!r}")
 
 

@@ -185,6 +185,11 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
             return sut.abort(event["request_id"])
         if kind == "step":
             return sut.schedule()
+        if kind == "reset_prefix_cache":
+            reset = getattr(sut, "reset_prefix_cache", None)
+            if reset is None:
+                raise SutUnsupported("the scheduler has no reset_prefix_cache")
+            return {"success": reset(event["reset_running_requests"])}
         if in_flight:
             return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
@@ -224,6 +229,11 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
                 diffs = comparator.compare_observation(event["observe"], observed)
                 if diffs:
                     return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")
+        elif kind == "reset_prefix_cache":
+            if actual != event["expect"]:
+                return fail(index, "reset_prefix_cache", [FieldDiff("success", event["expect"]["success"],
+                                                                    actual["success"])],
+                            message="reset_prefix_cache() differs")
         elif kind == "model_output":
             diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
             if diffs:
@@ -251,8 +261,12 @@ def render_reference_state(trace: Trace, event_index: int) -> str:
                 ref.abort(event["request_id"])
             elif event["kind"] == "step":
                 ref.schedule()
-            else:
+            elif event["kind"] == "reset_prefix_cache":
+                ref.reset_prefix_cache(event["reset_running_requests"])
+            elif ref.is_v0():
                 ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+            else:
+                ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         except SutInputError:
             continue
     assert ref.scheduler is not None

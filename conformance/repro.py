@@ -384,6 +384,9 @@ def make_repro(trace: Trace, sut: str, check_others: bool = True,
                timeout_s: float = REPRO_TIMEOUT_S) -> ReproResult:
     """Classify ``trace`` on ``sut`` (``vllm-v1@VERSION``) and, if a rule breaks, return the file's text."""
     version = get_repro_version(sut)
+    if trace.is_in_flight or any(e["kind"] == "reset_prefix_cache" for e in trace.events):
+        raise ReproUnsupported("the reproduction template drives vLLM's scheduler one step at a time, without "
+                               "reset_prefix_cache: a trace with steps in flight or a reset is not supported yet")
     with tempfile.TemporaryDirectory(prefix="schedconf-repro-") as tmp:
         result = compute_repro(trace, version, Path(tmp), timeout_s)
         if result.text is not None and check_others:

@@ -30,7 +30,7 @@ from conformance.replay import FAIL, ReplayDeadline, replay
 from conformance.sut import SchedulerUnderTest
 from conformance.trace import Trace
 from conformance.workload import RequestSpec, Workload, WorkloadError, run_workload, workload_from_trace
-from spec.config import SchedulerConfig, cdiv
+from spec.config import OPTIONAL_FIELDS, SchedulerConfig, cdiv
 from spec.errors import SpecError
 
 
@@ -224,6 +224,8 @@ def _candidates(w: Workload) -> Iterator[Workload]:
         yield replace(w, aborts=w.aborts[:i] + w.aborts[i + 1:])
     for i in range(len(w.invalid_inputs)):
         yield replace(w, invalid_inputs=w.invalid_inputs[:i] + w.invalid_inputs[i + 1:])
+    for i in range(len(w.resets)):
+        yield replace(w, resets=w.resets[:i] + w.resets[i + 1:])
     # Earlier arrivals (fewer idle steps before an input).
     for i, r in enumerate(reqs):
         if r.at_step > 0:
@@ -275,6 +277,12 @@ def _candidates(w: Workload) -> Iterator[Workload]:
         tweaks.append({"enable_prefix_caching": False})
     if cfg["scheduler_reserve_full_isl"] is not None:
         tweaks.append({"scheduler_reserve_full_isl": None})
+    # Fewer steps in flight, and the optional knobs back at their defaults.
+    if cfg.get("max_concurrent_batches", 1) > 1:
+        tweaks.append({"max_concurrent_batches": cfg["max_concurrent_batches"] - 1})
+    for key, default in OPTIONAL_FIELDS.items():
+        if key != "max_concurrent_batches" and cfg.get(key, default) != default:
+            tweaks.append({key: default})
     for bs in (1, 2, 4):
         if bs < cfg["block_size"]:
             # Same capacity in smaller blocks: fewer tokens reach a boundary.

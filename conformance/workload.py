@@ -181,6 +181,19 @@ Oracle = HashOracle | RecordedOracle
 
 
 @dataclass(frozen=True)
+class ResetSpec:
+    """``reset_prefix_cache(reset_running_requests)`` once ``at_step`` steps have run.
+
+    ``in_flight`` and ``order`` as for :class:`RequestSpec`.
+    """
+
+    reset_running_requests: bool
+    at_step: int
+    in_flight: bool = False
+    order: int | None = None
+
+
+@dataclass(frozen=True)
 class Workload:
     """Config, profile, timed inputs and the model stand-in."""
 
@@ -189,6 +202,7 @@ class Workload:
     requests: tuple[RequestSpec, ...]
     aborts: tuple[AbortSpec, ...] = ()
     invalid_inputs: tuple[InvalidInput, ...] = ()
+    resets: tuple[ResetSpec, ...] = ()
     oracle: Oracle = field(default_factory=lambda: HashOracle(seed=0))
     seed: int = 0
     origin: str = "generate"
@@ -209,13 +223,18 @@ def oracle_id(request_id: str, incarnation: int) -> str:
 
 def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
             num_spec_tokens: int, oracle_ids: Mapping[str, str] | None = None,
+            positions: Mapping[str, int] | None = None,
             ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """The model's output for one step: sampled tokens (greedy verification) and next drafts.
 
     ``oracle_ids`` maps a request id to its oracle name (see :func:`oracle_id`)
-    when an id has been re-added; ids it lacks are their own name.
+    when an id has been re-added; ids it lacks are their own name. A request
+    samples at output position ``num_output_tokens`` of its cached data (which
+    counts the placeholders of its steps in flight), a new one at 0, unless
+    ``positions`` says otherwise (a resumed request listed as new: V2 layout).
     """
     num_outputs = {c.req_id: c.num_output_tokens for c in output.scheduled_cached_reqs}
+    num_outputs.update(positions or {})
     sampled: dict[str, tuple[int, ...]] = {}
     drafts: dict[str, tuple[int, ...]] = {}
     for rid in output.num_scheduled_tokens:
@@ -261,6 +280,8 @@ def _timed_inputs(workload: Workload) -> list[tuple[int, bool, tuple[int, int], 
         items.append((v.at_step, v.in_flight, rank(v, n_req + i + (n_abort if v.in_flight else 0)), v))
     for i, a in enumerate(workload.aborts):
         items.append((a.at_step, a.in_flight, rank(a, (0 if a.in_flight else n_req + n_inv) + i), a))
+    for i, z in enumerate(workload.resets):  # last in their slot
+        items.append((z.at_step, z.in_flight, rank(z, n_req + n_inv + n_abort + i), z))
     items.sort(key=lambda t: (t[0], t[1], t[2]))
     return items
 
@@ -278,6 +299,10 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
     if isinstance(item, AbortSpec):
         sched.abort(item.request_id)
         return {"kind": "abort", "request_id": item.request_id}
+    if isinstance(item, ResetSpec):
+        success = sched.reset_prefix_cache(item.reset_running_requests)
+        return {"kind": "reset_prefix_cache", "reset_running_requests": item.reset_running_requests,
+                "expect": {"success": success}}
     assert isinstance(item, InvalidInput)
     event = dict(item.event)
     try:
@@ -311,6 +336,8 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
         return None
     if kind == "step":
         return sched.schedule()
+    if kind == "reset_prefix_cache":
+        return sched.reset_prefix_cache(event["reset_running_requests"])
     return sched.update_from_output(sched.get_in_flight_output(event["step"]), ModelRunnerOutput(
         {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
         {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
@@ -367,13 +394,13 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
                 check_invariants(sched)
 
     # Steps in flight, oldest first: (output, which requests sample, their oracle names).
-    pending: deque[tuple[SchedulerOutput, dict[str, bool], dict[str, str]]] = deque()
+    pending: deque[tuple[SchedulerOutput, dict[str, bool], dict[str, str], dict[str, int]]] = deque()
     max_in_flight = workload.config.max_concurrent_batches
 
     def apply_oldest_output() -> None:
-        output, samples, step_oracle_ids = pending.popleft()
+        output, samples, step_oracle_ids, positions = pending.popleft()
         sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
-                                  step_oracle_ids)
+                                  step_oracle_ids, positions)
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
         if check:
             check_invariants(sched)
@@ -421,7 +448,8 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
         # The oracle names of this step's requests: an id scheduled here cannot
         # be re-added before the update (request_id_in_flight).
         step_oracle_ids = {rid: oracle_ids[rid] for rid in output.num_scheduled_tokens if rid in oracle_ids}
-        pending.append((output, sched.last_step.samples, step_oracle_ids))
+        positions = {r.req_id: sched.requests[r.req_id].num_output_tokens for r in output.scheduled_new_reqs}
+        pending.append((output, sched.last_step.samples, step_oracle_ids, positions))
         apply_due(in_flight=True)
         steps_done += 1
         now += 1
@@ -645,7 +673,10 @@ def workload_from_trace(trace: Trace) -> Workload:
     requests: list[RequestSpec] = []
     aborts: list[AbortSpec] = []
     invalid: list[InvalidInput] = []
-    tokens: dict[str, list[int]] = {}
+    resets: list[ResetSpec] = []
+    tokens: dict[str, dict[int, int]] = {}  # oracle name -> output position -> token
+    delivered: dict[str, int] = {}  # oracle name -> tokens appended so far
+    step_positions: dict[int, dict[str, int]] = {}  # step -> request id -> output position it samples at
     drafts: dict[tuple[str, int], tuple[int, ...]] = {}
     adds: dict[str, int] = {}
     steps = 0
@@ -656,6 +687,12 @@ def workload_from_trace(trace: Trace) -> Workload:
         if kind == "step":
             steps += 1
             after_schedule = "expect_error" not in event
+            if "expect" in event and trace.scheduler != "v0":
+                x = event["expect"]
+                step_positions[event["step"]] = {
+                    **{r["req_id"]: delivered.get(oracle_id(r["req_id"], adds.get(r["req_id"], 1) - 1), 0)
+                       for r in x["scheduled_new_reqs"]},
+                    **{c["req_id"]: c["num_output_tokens"] for c in x["scheduled_cached_reqs"]}}
         elif kind == "add_request" and "expect_error" not in event and event["request_id"] not in adds:
             requests.append(RequestSpec(
                 request_id=event["request_id"], prompt_token_ids=tuple(event["prompt_token_ids"]),
@@ -667,6 +704,8 @@ def workload_from_trace(trace: Trace) -> Workload:
             adds[event["request_id"]] = adds.get(event["request_id"], 0) + 1
         elif kind == "abort" and "expect_error" not in event:
             aborts.append(AbortSpec(event["request_id"], at, in_flight, order=index))
+        elif kind == "reset_prefix_cache" and "expect_error" not in event:
+            resets.append(ResetSpec(event["reset_running_requests"], at, in_flight, order=index))
         elif kind in ("add_request", "abort"):
             # Refused inputs, and re-adds of an id (refused too if they move
             # before the first request's end, e.g. in a driver that ignores
@@ -678,14 +717,25 @@ def workload_from_trace(trace: Trace) -> Workload:
         elif kind == "model_output":
             if "expect_error" not in event:
                 after_schedule = False
+            positions = step_positions.get(event["step"], {})
+            next_pos: dict[str, int] = {}
             for rid, toks in event["sampled_token_ids"].items():
-                tokens.setdefault(oracle_id(rid, adds.get(rid, 1) - 1), []).extend(toks)
+                oid = oracle_id(rid, adds.get(rid, 1) - 1)
+                at = positions.get(rid, len(tokens.get(oid, {})))
+                for i, tok in enumerate(toks):  # a dropped output's position is sampled again later
+                    tokens.setdefault(oid, {})[at + i] = tok
+                next_pos[rid] = at + len(toks)
             for rid, d in event["draft_token_ids"].items():
                 oid = oracle_id(rid, adds.get(rid, 1) - 1)
-                drafts[(oid, len(tokens.get(oid, ())))] = tuple(d)
-    oracle = RecordedOracle(tokens={k: tuple(v) for k, v in tokens.items()}, drafts=drafts)
+                drafts[(oid, next_pos.get(rid, len(tokens.get(oid, {}))))] = tuple(d)
+            for o in event.get("expect", {}).get("outputs", ()):
+                oid = oracle_id(o["req_id"], adds.get(o["req_id"], 1) - 1)
+                delivered[oid] = delivered.get(oid, 0) + len(o["new_token_ids"])
+    oracle = RecordedOracle(tokens={k: tuple(v[p] for p in range(len(v)) if p in v) for k, v in tokens.items()},
+                            drafts=drafts)
     return Workload(
         config=get_config_of(trace), profile=trace.profile, requests=tuple(requests),
-        aborts=tuple(aborts), invalid_inputs=tuple(invalid), oracle=oracle, seed=trace.header.get("seed", 0),
+        aborts=tuple(aborts), invalid_inputs=tuple(invalid), resets=tuple(resets), oracle=oracle,
+        seed=trace.header.get("seed", 0),
         origin=trace.header.get("origin", "trace"),
     )

@@ -176,6 +176,20 @@ class BlockPool:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, if no block but the null block is in use.
+
+        Returns False (nothing changed) while any request holds a block. The
+        free queue keeps its order: a reset only makes the cached blocks
+        plain free blocks.
+        """
+        if self.num_gpu_blocks - self.get_num_free_blocks() != 1:  # the null block counts as used
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; the first given is evicted first.
 

@@ -37,12 +37,15 @@ def inv_max_num_seqs(s: Any, o: Any) -> Any:
 
 
 def inv_scheduled_only_running(s: Any, o: Any) -> Any:
-    """Only RUNNING requests are scheduled, and never a negative number of tokens."""
+    """Only RUNNING requests are scheduled (or ones preempted since, whose scheduled tokens are then stale), and never a negative number of tokens."""
     return o.forall(
         s.requests,
         lambda r: o.and_(
             o.le(0, s.num_scheduled_tokens(r)),
-            o.implies(o.lt(0, s.num_scheduled_tokens(r)), o.eq(s.status(r), RUNNING)),
+            o.implies(o.lt(0, s.num_scheduled_tokens(r)),
+                      o.or_(o.eq(s.status(r), RUNNING),
+                            o.and_(o.eq(s.status(r), PREEMPTED),
+                                   o.le(s.num_scheduled_tokens(r), s.num_stale_output_tokens(r))))),
         ),
         lambda r: f"request {r}",
     )

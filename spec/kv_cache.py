@@ -177,6 +177,10 @@ class KVCacheManager:
         self.pool.cache_full_blocks(self.req_to_blocks[request_id], request.block_hashes, num_cached, num_full)
         self.num_cached_block[request_id] = num_full
 
+    def reset_prefix_cache(self) -> bool:
+        """The pool's reset (``BlockPool.reset_prefix_cache``): False while blocks are in use."""
+        return self.pool.reset_prefix_cache()
+
     def free(self, request: Request) -> None:
         """Return the request's blocks to the pool, tail block first (§9.6).
 

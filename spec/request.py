@@ -162,6 +162,10 @@ class Request:
     """Of ``num_in_flight_tokens``, those scheduled before the last preemption:
     their output is delivered (tokens appended) without touching the counters
     the preemption reset (§6)."""
+    drop_stale_output: bool = False
+    """The stale output is dropped instead of delivered: set by a preemption of
+    ``reset_prefix_cache(reset_running_requests=True)``, whose requests may
+    resume at once and resample those positions (§6)."""
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

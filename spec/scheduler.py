@@ -498,7 +498,27 @@ class Scheduler:
                 st.scheduled_spec_decode_tokens.pop(victim.request_id, None)
         return req_index
 
-    def _preempt_request(self, request: Request) -> None:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget the prefix cache (vLLM's ``Scheduler.reset_prefix_cache``); True if it was reset.
+
+        Refused (False, nothing changed) while any request holds blocks. With
+        ``reset_running_requests`` every running request is preempted first,
+        tail first (so under FCFS they return to the head of ``waiting`` in
+        their running order), and the output of their steps still in flight is
+        dropped rather than delivered: they may resume at once.
+        """
+        self._require_alive()
+        require(isinstance(reset_running_requests, bool), InvalidEvent, "invalid_field_type",
+                "reset_running_requests must be a boolean", field="reset_running_requests")
+        require(not reset_running_requests or self.profile.has_0_32_scheduler_knobs, InvalidEvent,
+                "knob_not_in_release", f"reset_running_requests is not a parameter of {self.profile.name}'s "
+                "reset_prefix_cache", profile=self.profile.name)
+        if reset_running_requests:
+            while self.running:
+                self._preempt_request(self.running.pop(), drop_stale_output=True)
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Preempt a running request by recompute (§4.2).
 
         Its blocks go back to the pool (tail first), ``num_computed_tokens``
@@ -512,8 +532,11 @@ class Scheduler:
         if self.profile.clear_drafts_on_preempt:
             request.spec_token_ids = []
         # Steps still in flight become stale: their tokens are delivered later
-        # without touching the counters reset here (§6). Assigned, not added:
-        # num_in_flight_tokens already holds any undrained stale share.
+        # without touching the counters reset here (§6), or dropped (a reset's
+        # preemption; an undrained dropped share stays dropped). Assigned, not
+        # added: num_in_flight_tokens already holds any undrained stale share.
+        request.drop_stale_output = drop_stale_output or (
+            request.drop_stale_output and request.num_stale_output_tokens > 0)
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
         request.num_preemptions += 1
@@ -547,7 +570,7 @@ class Scheduler:
             if len(self.running) >= (self.config.max_num_active_seqs or self.config.max_num_seqs):
                 break
             request = self.waiting.peek_request()
-            if request.num_stale_output_tokens:
+            if request.num_stale_output_tokens and not request.drop_stale_output:
                 # Output of a step from before its preemption is still in
                 # flight: resuming now could resample a position that output
                 # will deliver (0.33). Skipped until it drains.
@@ -761,6 +784,8 @@ class Scheduler:
             if is_stale:
                 request.num_stale_output_tokens -= num_scheduled
                 assert request.num_stale_output_tokens >= 0
+                if request.drop_stale_output:
+                    continue  # a reset's preemption: its positions are resampled
             generated = list(model_output.sampled_token_ids.get(request_id, ()))
             if not is_stale:
                 # A stale rejection count predates the preemption's reset.

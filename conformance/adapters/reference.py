@@ -65,6 +65,15 @@ class ReferenceSut(InProcessSut):
         self.pending = sched.pending_output
         return [o.to_canonical() for o in outputs]
 
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        """``Scheduler.reset_prefix_cache`` (v1 schedulers only)."""
+        if self.is_v0():
+            from conformance.sut import SutUnsupported
+
+            raise SutUnsupported("the v0 scheduler has no reset_prefix_cache in the trace format")
+        with refused_as_input_error():
+            return bool(self._sched().reset_prefix_cache(reset_running_requests))
+
     def observe(self) -> dict[str, Any] | None:
         """The free queue, its length, and each request's block table (``block_tables``, for ``--comparison safety``).
 

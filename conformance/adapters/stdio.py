@@ -283,6 +283,12 @@ class StdioSut:
     def schedule(self) -> dict[str, Any]:
         return self.call("schedule", {})
 
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        """The optional ``reset_prefix_cache`` method, for schedulers whose ``init`` reply lists it."""
+        if not self.capabilities.get("reset_prefix_cache"):
+            raise SutUnsupported("the scheduler does not list reset_prefix_cache in its capabilities")
+        return bool(self.call("reset_prefix_cache", {"reset_running_requests": reset_running_requests})["success"])
+
     @property
     def in_flight(self) -> bool:
         """Does the scheduler run steps in flight? Its ``init`` reply says so (``capabilities.in_flight``)."""
