@@ -8,8 +8,9 @@ applied yet, output placeholders (``AsyncScheduler``), in-flight and stale
 token counts, and the rules that move them. It proves at ``R`` request slots
 and ``D`` steps in flight that every transition preserves the in-flight
 invariants of ``spec/invariants.py`` (``in_flight_accounting``,
-``computed_range``, ``prefix_hit_capped``, evaluated through
-:class:`FlightView`) and the lemmas below, and it ties the encoding to the
+``computed_range``, ``prefix_hit_capped``, ``scheduled_only_running``,
+evaluated through :class:`FlightView`), that counters stay non-negative, the
+model's own assertions on the way, and the lemmas below; it ties the encoding to the
 model with a drift guard (``check_*`` functions, run by
 ``tests/symbolic/test_in_flight_proofs.py``).
 
@@ -49,6 +50,9 @@ proved for every encoded transition holds for the model's.
 * The stop check is an input (``stop``): any returned token may stop the
   request (EOS, stop ids, ``max_model_len``), and one that reaches
   ``max_tokens`` must.
+* ``drop_stale_output`` is always False (it is set only by
+  ``reset_prefix_cache(reset_running_requests=True)``, not encoded:
+  :func:`from_scheduler` refuses a state where it is set).
 * No speculative decoding (the model refuses in-flight steps with
   ``num_spec_tokens > 0``): at most one token per sampling request and step,
   no drafts, no rejection, and the trim on stop (``len(generated) - i``) is 0.
@@ -113,7 +117,7 @@ class FlightShape:
     num_steps: int = 2
 
     def __post_init__(self) -> None:
-        assert 1 <= self.num_reqs <= 10 and 1 <= self.num_steps <= 4
+        assert 1 <= self.num_reqs <= 10 and 1 <= self.num_steps <= 8
 
     @property
     def slots(self) -> range:
@@ -151,7 +155,8 @@ class FlightState:
         for name, _ in SLOT_FIELDS:
             out += [(f"{name}[{r}]", getattr(self, name)[r]) for r in self.shape.slots]
         for name, _ in STEP_FIELDS:
-            out += [(f"{name}[{d}][{r}]", getattr(self, name)[d][r]) for d in self.shape.steps for r in self.shape.slots]
+            rows = getattr(self, name)
+            out += [(f"{name}[{d}][{r}]", rows[d][r]) for d in self.shape.steps for r in self.shape.slots]
         return out
 
     def live(self, r: int) -> Any:
@@ -249,6 +254,9 @@ class FlightView:
     def _masked(self, r: int, x: Any) -> Any:
         return ite(self._s.live(r), x, 0)
 
+    def status(self, r: int) -> Any:
+        return self._s.status[r]
+
     def num_tokens(self, r: int) -> Any:
         return self._masked(r, self._s.num_tokens[r])
 
@@ -274,15 +282,17 @@ class FlightView:
         return self._masked(r, self._s.newest_scheduled(r))
 
 
-SPEC_INVARIANTS = ("in_flight_accounting", "computed_range", "prefix_hit_capped")
+SPEC_INVARIANTS = ("in_flight_accounting", "computed_range", "prefix_hit_capped", "scheduled_only_running")
 """The invariants of ``spec/invariants.py`` this encoding proves (the others concern blocks, queues and the budget)."""
 
 
 def inv_counters_nonnegative(s: FlightState, o: Any) -> Any:
     """Every counter of a live request is >= 0, and so is every cell of a step in flight."""
     cells = [_le(0, s.scheduled[d][r]) for d in s.shape.steps for r in s.shape.slots]
-    return o.and_(o.forall(s.shape.slots, lambda r: limplies(s.live(r), land(*[_le(0, getattr(s, c)[r]) for c in COUNTERS])),
-                           lambda r: f"request {r}"), *cells)
+    def nonnegative(r: int) -> Any:
+        return limplies(s.live(r), land(*[_le(0, getattr(s, c)[r]) for c in COUNTERS]))
+
+    return o.and_(o.forall(s.shape.slots, nonnegative, lambda r: f"request {r}"), *cells)
 
 
 def invariant_formulas(s: FlightState, ops: Any | None = None) -> list[tuple[str, Any]]:
@@ -311,7 +321,8 @@ def lemma_shape(s: FlightState, o: Any) -> Any:
 
 
 def lemma_slots(s: FlightState, o: Any) -> Any:
-    """A slot is dead (all counters 0) or holds a request with ``1 <= num_prompt_tokens <= num_tokens``, ``max_tokens >= 1``."""
+    """A slot is dead (all counters 0) or holds a request with ``1 <= num_prompt_tokens <= num_tokens`` and
+    ``max_tokens >= 1``."""
     parts = []
     for r in s.shape.slots:
         st = s.status[r]
@@ -461,7 +472,8 @@ def end_step(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> 
 
 
 def is_sure_to_reach_max_tokens(s: FlightState, q: Any) -> Any:
-    """``Scheduler._is_sure_to_reach_max_tokens``: placeholders > 0 and computed + 2 - placeholders >= prompt + max_tokens."""
+    """``Scheduler._is_sure_to_reach_max_tokens``: placeholders > 0 and
+    computed + 2 - placeholders >= prompt + max_tokens."""
     ph = _at(s.num_output_placeholders, q)
     return land(_lt(0, ph), _le(_at(s.num_prompt_tokens, q) + _at(s.max_tokens, q),
                                 _at(s.num_computed_tokens, q) + 2 - ph))
@@ -823,6 +835,7 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
     fields["status"] = [DEAD] * R
     for rid, req in sched.requests.items():
         r = slot_of[rid]
+        assert not getattr(req, "drop_stale_output", False), f"{rid}: drop_stale_output is not encoded"
         fields["status"][r] = STATUS_CODES[req.status]
         fields["num_tokens"][r] = req.num_tokens
         fields["num_prompt_tokens"][r] = req.num_prompt_tokens
@@ -876,7 +889,8 @@ class Z3Evaluator:
         solver.add(*[sym == to_term(val) for (_, sym), (_, val) in zip(pre.leaves(), s.leaves())])
         for k, sym in sym_inputs.items():
             vals = inputs[k]
-            solver.add(*([x == to_term(v) for x, v in zip(sym, vals)] if isinstance(sym, list) else [sym == to_term(vals)]))
+            pairs = zip(sym, vals) if isinstance(sym, list) else [(sym, vals)]
+            solver.add(*[x == to_term(v) for x, v in pairs])
         if solver.check() != z3.sat:
             raise DriftError(f"{name}: binding a concrete state is unsatisfiable")
         model = solver.model()
@@ -928,7 +942,8 @@ def explain_schedule(ev: Evaluator, pre: FlightState, sched_after: Any, slot_of:
     for data in out.scheduled_cached_reqs:
         q, n = slot_of[data.req_id], out.num_scheduled_tokens[data.req_id]
         if data.resumed:
-            s = run_move(ev, "admit", s, {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n}, what, mutant)
+            inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n}
+            s = run_move(ev, "admit", s, inputs, what, mutant)
         else:
             s = run_move(ev, "schedule_running", s, {"slot": q, "num_new_tokens": n}, what, mutant)
     for data in out.scheduled_new_reqs:
@@ -955,12 +970,8 @@ def check_refusal(ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, 
     post = run_move(ev, name, pre, inputs, what)
     assert_same(pre, post, what)
     for other in others:
-        if ev(other, pre, inputs if other != "apply_output" else _no_output(pre), None).guard and other != "apply_output":
+        if ev(other, pre, inputs, None).guard:
             raise DriftError(f"{what}: {other} is enabled too")
-
-
-def _no_output(s: FlightState) -> dict[str, Any]:
-    return {"returned": [0] * s.shape.num_reqs, "stop": [False] * s.shape.num_reqs}
 
 
 # ------------------------------------------------------------------ CLI

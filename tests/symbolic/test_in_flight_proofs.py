@@ -1,0 +1,437 @@
+"""Steps in flight in Z3 (``spec/symbolic/in_flight.py``): proofs, mutants, drift guard.
+
+``-m symbolic`` proves every in-flight transition at R = 4 request slots and
+D = 2 and 3 steps in flight (a second or two each), and shows that each async
+mutant of ``conformance/mutants.py`` the encoding expresses breaks a proof.
+
+The drift guard (default run) ties the encoding to the model: seeded random
+programs (adds, re-adds of aborted ids, aborts, ``schedule()`` with steps in
+flight, model outputs oldest first, refused calls) run on the concrete model
+under ``vllm-0.33-async`` and ``vllm-0.33`` with ``max_concurrent_batches``
+1 to 3; each call's before/after states are mapped to the encoding's state
+and the call must be a sequence of enabled encoded transitions reaching the
+mapped after-state exactly. It must catch a broken encoding and the
+concrete mutants.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from spec.config import SchedulerConfig, cdiv
+from spec.errors import InvalidEvent
+from spec.output import ModelRunnerOutput
+from spec.scheduler import Scheduler
+from spec.symbolic import in_flight as F
+from spec.symbolic.in_flight import (
+    FAILED,
+    MUTANT_RULES,
+    PROVED,
+    DriftError,
+    Evaluator,
+    FlightShape,
+    Z3Evaluator,
+    assert_same,
+    check_refusal,
+    explain_output,
+    explain_schedule,
+    from_scheduler,
+    prove,
+    prove_mutant,
+    python_evaluator,
+    run_move,
+)
+
+R = 4
+EOS, STOP = 1, 2
+PROFILES = ("vllm-0.33-async", "vllm-0.33")
+
+
+# ------------------------------------------------------------------ proofs
+
+def _assert_proved(res: F.FlightResult) -> None:
+    bad = {g: s for g, s in res.goals.items() if s != PROVED}
+    cex = "\n".join(list(res.counterexamples.values())[:1])
+    assert res.status == PROVED, f"{res.transition} at {res.shape.label()}: {res.status} {bad}\n{cex}"
+    assert set(res.goals) == set(F.goal_names())
+
+
+@pytest.mark.symbolic
+@pytest.mark.parametrize("steps", [2, 3])
+@pytest.mark.parametrize("name", list(F.TRANSITIONS))
+def test_transition_preserves_in_flight_invariants(name: str, steps: int) -> None:
+    """Inv and lemmas and guard imply the model's assertions, the lemmas and Inv after (R = 4, D = 2 and 3)."""
+    _assert_proved(prove(FlightShape(R, steps), name, timeout_s=60.0))
+
+
+@pytest.mark.symbolic
+@pytest.mark.parametrize("mutant", list(MUTANT_RULES))
+def test_mutant_breaks_a_proof(mutant: str) -> None:
+    """Each async mutant the encoding expresses yields a counterexample to the goal it breaks."""
+    res = prove_mutant(FlightShape(R, 2), mutant, timeout_s=60.0)
+    goal = MUTANT_RULES[mutant][1]
+    assert res.goals.get(goal) == FAILED, res.goals
+    assert goal in res.counterexamples
+
+
+@pytest.mark.symbolic
+def test_false_invariant_fails() -> None:
+    """A rule that does not hold (``stale == 0`` for every request) is refuted by ``preempt``, with a counterexample."""
+    def stale_never(s: F.FlightState, o: Any) -> Any:
+        return F.land(*[F.eq(s.num_stale_output_tokens[r], 0) for r in s.shape.slots])
+
+    F.LEMMAS["stale_never"] = stale_never
+    try:
+        res = prove(FlightShape(R, 2), "preempt", timeout_s=60.0)
+        # With the false rule also a premise, the other transitions stay proved.
+        ok = prove(FlightShape(R, 2), "apply_output", timeout_s=60.0)
+    finally:
+        del F.LEMMAS["stale_never"]
+    assert res.goals["lemma:stale_never"] == FAILED
+    assert "stale=" in res.counterexamples["lemma:stale_never"]
+    assert ok.goals["lemma:stale_never"] == PROVED
+
+
+@pytest.mark.symbolic
+def test_skip_rule_bounds_samples_with_two_steps_in_flight() -> None:
+    """Async: samples in flight never exceed the tokens left to max_tokens with 2 steps in flight (every transition
+    preserves it), but do with 3: the skip rule subtracts ``placeholders - 1`` as if they were drafts."""
+    prop = ("samples_within_max_tokens",)
+    for name in F.TRANSITIONS:
+        _assert_proved_with(prove(FlightShape(R, 2), name, timeout_s=60.0, properties=prop), prop)
+    res = prove(FlightShape(R, 3), "schedule_running", timeout_s=60.0, properties=prop)
+    assert res.goals["prop:samples_within_max_tokens"] == FAILED, res.goals
+
+
+def _assert_proved_with(res: F.FlightResult, props: tuple[str, ...]) -> None:
+    bad = {g: s for g, s in res.goals.items() if s != PROVED}
+    assert res.status == PROVED, f"{res.transition}: {bad}"
+    assert set(res.goals) == set(F.goal_names()) | {f"prop:{p}" for p in props}
+
+
+def test_three_steps_in_flight_schedule_a_token_past_max_tokens() -> None:
+    """The D = 3 counterexample in the model (vLLM 0.33's rule, same formula): prompt 6, max_tokens 2, three
+    steps in flight. Step 2: 6 + 2 - 1 = 7 < 8, scheduled. Step 3: 7 + 2 - 2 = 7 < 8, scheduled again, though
+    steps 1 and 2 already sample both outputs: step 2's output finishes the request (length) and step 3's
+    token is wasted (its output is ignored)."""
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=2,
+                             max_model_len=16, max_concurrent_batches=3)
+    sched = Scheduler(config, "vllm-0.33-async")
+    sched.add_request("a", [5] * 6, 2)
+    assert [sched.schedule().num_scheduled_tokens for _ in range(3)] == [{"a": 6}, {"a": 1}, {"a": 1}]
+    request = sched.requests["a"]
+    assert (request.num_tokens, request.num_output_placeholders) == (6, 3)  # 6 + 3 > 6 + 2
+    finish = []
+    for _ in range(3):
+        out = sched.in_flight[0].output
+        tokens = {"a": (7,)} if "a" in sched.requests else {}
+        finish.append([o.finish_reason for o in sched.update_from_output(out, ModelRunnerOutput(tokens))])
+    assert finish == [[None], ["length"], []]
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("name", list(F.TRANSITIONS))
+def test_transition_proved_at_larger_bounds(name: str) -> None:
+    """R = 8, D = 6 (about 30 s for all transitions)."""
+    _assert_proved(prove(FlightShape(8, 6), name, timeout_s=600.0))
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("profile", PROFILES)
+def test_drift_guard_long(profile: str) -> None:
+    """The drift guard over 3,000 longer programs."""
+    for seed in range(10_000, 13_000):
+        run_program(seed, num_events=120, profile=profile)
+
+
+# ------------------------------------------------------------------ drift guard
+
+@dataclass
+class Program:
+    """A concrete scheduler, the slot of each id it may still mention, and the log (for failure messages)."""
+
+    sched: Scheduler
+    shape: FlightShape
+    rng: random.Random
+    slot_of: dict[str, int] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    next_id: int = 0
+    aborted: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+    def state(self) -> F.FlightState:
+        return from_scheduler(self.sched, self.shape, self.slot_of)
+
+    def release_slots(self) -> None:
+        """Forget ids neither live nor scheduled by a step in flight: their slots are free again."""
+        referenced = {rid for rec in self.sched.in_flight for rid in rec.output.num_scheduled_tokens}
+        for rid in list(self.slot_of):
+            if rid not in self.sched.requests and rid not in referenced:
+                del self.slot_of[rid]
+
+    def free_slot(self) -> int | None:
+        used = set(self.slot_of.values())
+        free = [q for q in range(self.shape.num_reqs) if q not in used]
+        return self.rng.choice(free) if free else None
+
+
+def random_config(rng: random.Random, max_concurrent_batches: int) -> SchedulerConfig:
+    """A small, tight configuration (preemptions happen) with ``max_concurrent_batches`` steps in flight."""
+    block_size = rng.choice([1, 2, 4])
+    max_model_len = rng.randint(4, 14)
+    chunked = rng.randint(0, 4) != 0
+    max_num_seqs = rng.randint(1, 3)
+    budget = rng.randint(max(max_num_seqs, 2), 16)
+    if not chunked:
+        budget = max(budget, max_model_len)
+    return SchedulerConfig(
+        block_size=block_size, num_gpu_blocks=cdiv(max_model_len, block_size) + 1 + rng.randint(0, 3),
+        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        enable_chunked_prefill=chunked, long_prefill_token_threshold=rng.choice([0, 0, 2]),
+        enable_prefix_caching=rng.randint(0, 3) != 0, policy=rng.choice(["fcfs", "priority"]),
+        max_concurrent_batches=max_concurrent_batches)
+
+
+def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) -> None:
+    sched, rng = p.sched, p.rng
+    reuse = rid is not None
+    if rid is None:
+        rid = f"r{p.next_id}"
+        p.next_id += 1
+    # Read from the records, not through is_scheduled_in_flight (which a mutant overrides).
+    in_flight_id = reuse and any(rid in rec.output.num_scheduled_tokens for rec in sched.in_flight)
+    q = p.slot_of[rid] if in_flight_id else p.free_slot()
+    if q is None:
+        return
+    pre = p.state()
+    length = rng.randint(1, sched.config.max_model_len - 1)
+    prompt = [10 + i for i in range(length)] if rng.random() < 0.5 else [rng.randint(3, 9) for _ in range(length)]
+    max_tokens = rng.randint(1, 8)
+    try:
+        sched.add_request(rid, prompt, max_tokens, priority=rng.randint(0, 2), arrival_time=len(p.log),
+                          eos_token_id=EOS, stop_token_ids=[STOP])
+    except InvalidEvent as exc:
+        # Only a re-add while a step of the old request is in flight is refused here.
+        assert exc.code == "request_id_in_flight", exc
+        assert in_flight_id
+        assert_same(pre, p.state(), f"refused add_request {rid}")
+        move = ev("add_request", pre, {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens}, mutant)
+        if move.guard:
+            raise DriftError(f"add_request {rid}: the model refuses it (request_id_in_flight), the encoding allows it")
+        p.log.append(f"add {rid} refused")
+        return
+    p.slot_of[rid] = q
+    p.log.append(f"add {rid} len={length} max={max_tokens} -> slot {q}")
+    post = run_move(ev, "add_request", pre, {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens},
+                    f"add_request {rid}", mutant)
+    assert_same(p.state(), post, f"add_request {rid} after {p.log}")
+
+
+def _readd(p: Program, ev: Evaluator, mutant: str | None) -> None:
+    """Add again an id aborted before (refused while a step that scheduled it is in flight)."""
+    gone = sorted(set(p.aborted) - set(p.sched.requests))
+    if gone:
+        _add(p, ev, mutant, p.rng.choice(gone))
+
+
+def _abort(p: Program, ev: Evaluator, mutant: str | None) -> None:
+    live = sorted(p.sched.requests)
+    if not live:
+        return
+    rid = p.rng.choice(live)
+    pre = p.state()
+    p.sched.abort(rid)
+    p.aborted.append(rid)
+    p.log.append(f"abort {rid}")
+    post = run_move(ev, "abort", pre, {"slot": p.slot_of[rid]}, f"abort {rid}", mutant)
+    assert_same(p.state(), post, f"abort {rid} after {p.log}")
+
+
+def _schedule(p: Program, ev: Evaluator, mutant: str | None) -> None:
+    sched = p.sched
+    if not sched.has_requests():
+        return
+    pre = p.state()
+    if len(sched.in_flight) >= sched.config.max_concurrent_batches:
+        with pytest.raises(InvalidEvent) as caught:
+            sched.schedule()
+        assert caught.value.code == "output_not_processed"
+        assert_same(pre, p.state(), "refused schedule()")
+        check_refusal(ev, pre, "schedule_refused", {}, ("begin_step",), "refused schedule()")
+        p.log.append("schedule refused")
+        return
+    # A new request of this step gets its slot before the call (ids added since are all mapped already).
+    sched.schedule()
+    p.log.append(f"schedule -> step {sched.current_step}: {dict(sched.last_step.output.num_scheduled_tokens)}")
+    post = explain_schedule(ev, pre, sched, p.slot_of, mutant)
+    assert_same(p.state(), post, f"schedule() after {p.log}")
+
+
+def _refused_output(p: Program, ev: Evaluator) -> None:
+    sched = p.sched
+    if sched.current_step == 0:
+        return
+    steps = [rec.step for rec in sched.in_flight]
+    bad = [k for k in range(1, sched.current_step + 1) if not steps or k != steps[0]]
+    if not bad:
+        return
+    k = p.rng.choice(bad)
+    pre = p.state()
+    with pytest.raises(InvalidEvent) as caught:
+        sched.get_in_flight_output(k)
+    name = {"duplicate_model_output": "output_duplicate", "model_output_out_of_order": "output_out_of_order"}[
+        caught.value.code]
+    other = "output_out_of_order" if name == "output_duplicate" else "output_duplicate"
+    check_refusal(ev, pre, name, {"step": k}, (other,), f"model output for step {k} ({caught.value.code})")
+    p.log.append(f"output for step {k} refused ({caught.value.code})")
+
+
+def _output(p: Program, ev: Evaluator, mutant: str | None) -> None:
+    sched, rng = p.sched, p.rng
+    if not sched.in_flight:
+        return
+    record = sched.in_flight[0]
+    out = sched.get_in_flight_output(record.step)
+    pre = p.state()
+    before = set(sched.requests)
+    sampled: dict[str, tuple[int, ...]] = {}
+    for rid in out.num_scheduled_tokens:
+        token = rng.choice([EOS, STOP] + [7] * 10)
+        if rid not in sched.requests:
+            if rng.random() < 0.5:
+                sampled[rid] = (token,)  # vLLM ignores output for requests gone since
+        elif record.samples[rid] and (sched.profile.async_scheduling or rng.random() < 0.9):
+            sampled[rid] = (token,)
+    sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
+    stopped = before - set(sched.requests)
+    p.log.append(f"output of step {record.step}: {sampled} stopped {sorted(stopped)}")
+    returned = {rid: len(tokens) for rid, tokens in sampled.items() if rid in before}
+    post = explain_output(ev, pre, returned, stopped, p.slot_of, mutant)
+    assert_same(p.state(), post, f"update_from_output() after {p.log}")
+
+
+def run_program(seed: int, ev: Evaluator = python_evaluator, num_events: int = 60, mutant: str | None = None,
+                scheduler_class: type[Scheduler] = Scheduler, profile: str | None = None) -> Program:
+    """A seeded random program on the model, each call checked against the encoding (``mutant``: its encoding)."""
+    rng = random.Random(seed)
+    profile = profile or rng.choice(PROFILES)
+    mcb = rng.choice([1, 2, 2, 3, 3])
+    p = Program(scheduler_class(random_config(rng, mcb), profile), FlightShape(R, 3), rng)
+    actions: list[tuple[int, Callable[[], None]]] = [
+        (3, lambda: _add(p, ev, mutant)),
+        (1, lambda: _readd(p, ev, mutant)),
+        (1, lambda: _abort(p, ev, mutant)),
+        (4, lambda: _schedule(p, ev, mutant)),
+        (4, lambda: _output(p, ev, mutant)),
+        (1, lambda: _refused_output(p, ev)),
+    ]
+    weights = [w for w, _ in actions]
+    for _ in range(num_events):
+        p.release_slots()
+        rng.choices(actions, weights)[0][1]()
+    return p
+
+
+NUM_PROGRAMS = 150
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_drift_guard(profile: str) -> None:
+    """Every call of seeded random programs is a sequence of enabled encoded transitions reaching the model's state."""
+    reached: set[str] = set()
+    for seed in range(NUM_PROGRAMS):
+        p = run_program(seed, profile=profile)
+        for line in p.log:
+            kind = line.split()[0]
+            for code in ("refused (duplicate_model_output)", "refused (model_output_out_of_order)", "refused"):
+                if code in line:
+                    kind += " " + code
+                    break
+            reached.add(kind)
+        if p.sched.stats.num_preemptions:
+            reached.add("preempt")
+        if p.sched.config.max_concurrent_batches > 1:
+            reached.add("in flight")
+    assert reached == {"add", "add refused", "abort", "schedule", "schedule refused", "output", "preempt",
+                       "output refused (duplicate_model_output)", "output refused (model_output_out_of_order)",
+                       "in flight"}, reached
+
+
+def test_drift_guard_reaches_stale_output() -> None:
+    """The programs reach the corners the rules are about: stale output delivered, a preempted request
+    waiting with stale output in flight, more than one placeholder."""
+    corners: set[str] = set()
+
+    def spy(name: str, s: F.FlightState, inputs: dict[str, Any], mutant: str | None = None) -> F.Move:
+        move = python_evaluator(name, s, inputs, mutant)
+        if name == "apply_output" and move.guard:
+            if any(s.num_stale_output_tokens[r] > 0 and s.scheduled[0][r] > 0 for r in s.shape.slots):
+                corners.add("stale output")
+        if name == "begin_step" and any(x > 1 for x in s.num_output_placeholders):
+            corners.add("placeholders > 1")
+        if name == "end_step" and any(
+                s.status[r] == F.PREEMPTED and s.num_stale_output_tokens[r] > 0 for r in s.shape.slots):
+            corners.add("stale request waits")
+        return move
+
+    for seed in range(NUM_PROGRAMS):
+        run_program(seed, ev=spy, profile="vllm-0.33-async")
+    assert corners == {"stale output", "placeholders > 1", "stale request waits"}, corners
+
+
+def test_drift_guard_through_z3_formulas() -> None:
+    """The same check with each transition evaluated through its Z3 formula (the formulas the proofs use)."""
+    ev = Z3Evaluator()
+    for seed in range(8):
+        run_program(seed, ev=ev, num_events=40, profile=PROFILES[seed % 2])
+    # And through the formulas too, a broken encoding is caught.
+    assert _first_drift(10, ev=ev, mutant="placeholders_kept_on_preempt", profile="vllm-0.33-async")
+
+
+def _first_drift(num_programs: int, **kwargs: Any) -> DriftError | None:
+    for seed in range(num_programs):
+        try:
+            run_program(seed, **kwargs)
+        except DriftError as exc:
+            return exc
+    return None
+
+
+@pytest.mark.parametrize("mutant", ["stale_output_applied_as_fresh", "placeholders_kept_on_preempt"])
+def test_drift_guard_catches_broken_encoding(mutant: str) -> None:
+    """An encoding whose preemption forgets a rule no longer matches the model: the guard says so.
+
+    (The other encoded mutants only weaken a guard: that encoding still allows every model transition,
+    so the drift guard cannot see them, and the proofs catch them.)
+    """
+    assert _first_drift(NUM_PROGRAMS, mutant=mutant, profile="vllm-0.33-async") is not None
+
+
+def test_drift_guard_catches_broken_placeholder_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoding that forgets AsyncScheduler's placeholder increment is caught too."""
+    def no_placeholders(s: F.FlightState, q: Any, n: Any, computed_before: Any, status: Any) -> F.FlightState:
+        post = original(s, q, n, computed_before, status)
+        return post.replace(num_output_placeholders=s.num_output_placeholders)
+
+    original = F._schedule_tokens
+    monkeypatch.setattr(F, "_schedule_tokens", no_placeholders)
+    exc = _first_drift(20, profile="vllm-0.33-async")
+    assert exc is not None and "num_output_placeholders" in str(exc), exc
+
+
+MODEL_MUTANTS = ("stale_output_applied_as_fresh", "placeholders_kept_on_preempt", "stale_request_resumed_early",
+                 "async_max_tokens_skip_missing", "in_flight_id_reused")
+
+
+@pytest.mark.parametrize("name", MODEL_MUTANTS)
+def test_drift_guard_catches_model_mutant(name: str) -> None:
+    """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
+    from conformance.mutants import MUTANTS
+
+    exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async")
+    assert exc is not None, f"{name} survived {NUM_PROGRAMS} programs"
