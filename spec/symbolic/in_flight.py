@@ -3,7 +3,7 @@
 The main encoding (``state.py``, ``transitions.py``) is synchronous: one step
 at most between ``schedule()`` and its ``update_from_output()``. This module
 encodes the part of ``spec/scheduler.py`` that steps in flight add
-(``/work/async_contract.md``): up to ``D`` steps scheduled whose output is not
+(``conformance/PROTOCOL.md``, "Steps in flight"): up to ``D`` steps scheduled whose output is not
 applied yet, output placeholders (``AsyncScheduler``), in-flight and stale
 token counts, and the rules that move them. It proves at ``R`` request slots
 and ``D`` steps in flight that every transition preserves the in-flight
