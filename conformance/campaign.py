@@ -108,6 +108,10 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     next draw of the seeded generator.
     """
     drawn = _draw(spec)
+    if spec.comparison == "safety":
+        # The safety comparison drives one step at a time and has no prefix-cache
+        # reset (a reset is a vLLM API, not a rule every scheduler shares).
+        drawn = [w.replace(resets=()) if getattr(w, "resets", ()) else w for w in drawn]
     if not spec.config_overrides:
         return drawn
     from dataclasses import replace as dc_replace
@@ -403,7 +407,7 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
-    if not getattr(probe, "in_flight", False) and not spec.profile.endswith("-async"):
+    if (not getattr(probe, "in_flight", False) or spec.comparison == "safety") and not spec.profile.endswith("-async"):
         # One step at a time: generate no steps in flight (a scheduler that does
         # not declare them would only collect "unknown" verdicts).
         forced.setdefault("max_concurrent_batches", 1)

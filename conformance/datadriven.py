@@ -21,6 +21,8 @@ Commands (all state is per file):
 ``model-output [step=N] [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
     TOKENS is ``a,b`` or ``-`` for none; the output answers step N (default:
     the oldest step in flight)
+``stats``
+    the scheduler stats the last update reported (vLLM's SchedulerStats)
 ``reset-prefix-cache [running]``
     forget the prefix cache (``running``: preempt the running requests first)
 ``step [ID=TOKENS ...]``
@@ -173,6 +175,18 @@ class ScenarioRunner:
     def cmd_abort(self, args: list[str]) -> str:
         finished = self._sched().abort(args[0])
         return "aborted: " + (" ".join(finished) or "-")
+
+    def cmd_stats(self, args: list[str]) -> str:
+        stats = self._sched().last_scheduler_stats
+        if stats is None:
+            return "no stats"
+        pc, sd = stats["prefix_cache"], stats["spec_decoding"]
+        lines = [f"running={stats['num_running_reqs']} waiting={stats['num_waiting_reqs']}"
+                 + (f" skipped={stats['num_skipped_waiting_reqs']}" if stats["num_skipped_waiting_reqs"] else ""),
+                 "prefix cache: " + " ".join(f"{k}={v}" for k, v in pc.items())]
+        if sd is not None:
+            lines.append("spec decoding: " + " ".join(f"{k}={v}" for k, v in sd.items()).replace(" ", " ").replace(", ", ","))
+        return "\n".join(lines)
 
     def cmd_reset_prefix_cache(self, args: list[str]) -> str:
         ok = self._sched().reset_prefix_cache(reset_running_requests="running" in args)

@@ -309,8 +309,11 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
         config = choose_in_flight_batches(c.fork("in_flight_batches"), config, profile)
         config = choose_0_32_knobs(c.fork("knobs_0_32"), config, profile)
         resets = choose_resets(c.fork("resets"), requests, profile)
+    # Stats are recorded where the knobs are drawn (the v2 corpus keeps its bytes).
+    record_stats = in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling)
     return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
-                    invalid_inputs=tuple(invalid), resets=resets, oracle=oracle, seed=seed, origin="generate")
+                    invalid_inputs=tuple(invalid), resets=resets, record_stats=record_stats, oracle=oracle, seed=seed,
+                    origin="generate")
 
 
 IN_FLIGHT_BATCHES_RATE = 0.2

@@ -77,8 +77,12 @@ class ProtocolSession:
         if method == "update":
             # "step" (the step the output answers) only reaches SUTs that run in-flight steps.
             step = {"step": params.get("step")} if getattr(self.sut, "in_flight", False) else {}
-            return {"outputs": self.sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"],
-                                                           **step)}
+            result: dict[str, Any] = {"outputs": self.sut.update_from_output(
+                params["sampled_token_ids"], params["draft_token_ids"], **step)}
+            stats = self.sut.get_scheduler_stats() if hasattr(self.sut, "get_scheduler_stats") else None
+            if stats is not None:
+                result["stats"] = stats
+            return result
         if method == "observe":
             return self.sut.observe()
         if method == "reset_prefix_cache":

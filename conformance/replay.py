@@ -238,7 +238,25 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
             diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
             if diffs:
                 return fail(index, "request_outputs", diffs, message=f"step {step}: update_from_output() differs")
+            expected_stats = event["expect"].get("stats")
+            get_stats = getattr(sut, "get_scheduler_stats", None)
+            if expected_stats is not None and comparison == "strict" and get_stats is not None:
+                actual_stats = get_stats()
+                if actual_stats is not None and actual_stats != expected_stats:
+                    return fail(index, "scheduler_stats", compare_stats(expected_stats, actual_stats),
+                                message=f"step {event['step']}: the scheduler stats after update_from_output() differ")
     return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
+
+
+def compare_stats(expected: dict[str, Any], actual: Any, prefix: str = "stats") -> list[FieldDiff]:
+    """The differing leaves of two stats dicts, by dotted path."""
+    if not isinstance(actual, dict) or not isinstance(expected, dict):
+        return [FieldDiff(prefix, expected, actual)] if expected != actual else []
+    diffs: list[FieldDiff] = []
+    for key in sorted(set(expected) | set(actual)):
+        if expected.get(key) != actual.get(key):
+            diffs += compare_stats(expected.get(key), actual.get(key), f"{prefix}.{key}")
+    return diffs
 
 
 def _stderr_of(sut: SchedulerUnderTest) -> str:

@@ -203,6 +203,8 @@ class Workload:
     aborts: tuple[AbortSpec, ...] = ()
     invalid_inputs: tuple[InvalidInput, ...] = ()
     resets: tuple[ResetSpec, ...] = ()
+    record_stats: bool = False
+    """Record the scheduler's stats after each update (``model_output.expect.stats``, 0.32+ profiles)."""
     oracle: Oracle = field(default_factory=lambda: HashOracle(seed=0))
     seed: int = 0
     origin: str = "generate"
@@ -404,12 +406,15 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
         if check:
             check_invariants(sched)
+        expect: dict[str, Any] = {"outputs": [o.to_canonical() for o in outputs]}
+        if workload.record_stats and sched.last_scheduler_stats is not None:
+            expect["stats"] = sched.last_scheduler_stats
         events.append({
             "kind": "model_output",
             "step": output.step,
             "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
             "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
-            "expect": {"outputs": [o.to_canonical() for o in outputs]},
+            "expect": expect,
         })
 
     # The engine loop of vLLM's EngineCore (step_with_batch_queue): schedule
@@ -736,6 +741,7 @@ def workload_from_trace(trace: Trace) -> Workload:
     return Workload(
         config=get_config_of(trace), profile=trace.profile, requests=tuple(requests),
         aborts=tuple(aborts), invalid_inputs=tuple(invalid), resets=tuple(resets), oracle=oracle,
+        record_stats=any("stats" in e.get("expect", {}) for e in trace.events if e["kind"] == "model_output"),
         seed=trace.header.get("seed", 0),
         origin=trace.header.get("origin", "trace"),
     )

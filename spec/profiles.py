@@ -116,8 +116,13 @@ class Profile:
 
     cache_blocks_after_spec_update: bool
     """Not in the notes; read in 0.33.0 ``update_from_output``: with
-    ``num_spec_tokens > 0`` a running request's full blocks are cached right after
-    its sampled tokens are appended (before it may be freed). Absent in 0.32.0."""
+    ``num_spec_tokens > 0`` (or output placeholders, async) a running request's
+    full blocks are cached right after its sampled tokens are appended (before
+    it may be freed), up to ``num_computed_tokens - num_in_flight_tokens``.
+    Absent in 0.32.0's base class; there ``AsyncScheduler`` alone caches after
+    an update, for every running request, up to ``num_computed_tokens -
+    num_output_placeholders`` (0.32.0 ``async_scheduler.py:73-77``; found by the
+    async campaigns, reports/findings.md A2)."""
 
     lookahead_for_fresh_requests: bool
     """§4.3 step 9: <=0.11 passed ``num_lookahead_tokens = 0`` when admitting a

@@ -36,6 +36,7 @@ from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, Re
 from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
 from spec.queues import create_request_queue
 from spec.request import LEGAL_TRANSITIONS, MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
+from spec.stats import PrefixCacheStats, SpecDecodingStats, render_scheduler_stats
 from spec.stop import compute_stop_status
 
 
@@ -135,6 +136,14 @@ class Scheduler:
         self.in_flight: deque[StepRecord] = deque()
         self.last_step: StepRecord | None = None
         self.stats = SchedulerStats()
+        # vLLM's per-update SchedulerStats (0.32+, spec/stats.py): the prefix-cache
+        # lookups since the last update, and the stats the last update reported.
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.last_scheduler_stats: dict[str, Any] | None = None
+        # Waiting requests a waiting loop skipped (stale output in flight) and
+        # that were not admitted or finished since: vLLM's deferred_waiting,
+        # which its stats count apart from the other waiting requests.
+        self.deferred_waiting: set[Request] = set()
         # The code of the engine crash that killed this scheduler (None: alive).
         self.crashed: str | None = None
 
@@ -279,6 +288,7 @@ class Scheduler:
             self.running = [r for r in self.running if r not in running_to_remove]
         if waiting_to_remove:
             self.waiting.remove_requests(waiting_to_remove)
+            self.deferred_waiting -= waiting_to_remove
         for request in valid:
             request.transition(finished_status)
             self._free_request(request)
@@ -516,7 +526,10 @@ class Scheduler:
         if reset_running_requests:
             while self.running:
                 self._preempt_request(self.running.pop(), drop_stale_output=True)
-        return self.kv_cache_manager.reset_prefix_cache()
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if reset:
+            self.prefix_cache_stats.reset = True
+        return reset
 
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Preempt a running request by recompute (§4.2).
@@ -575,8 +588,10 @@ class Scheduler:
                 # flight: resuming now could resample a position that output
                 # will deliver (0.33). Skipped until it drains.
                 skipped.append(self.waiting.pop_request())
+                self.deferred_waiting.add(request)
                 continue
-            if request.num_computed_tokens == 0:
+            looked_up = request.num_computed_tokens == 0
+            if looked_up:
                 hit = self.kv_cache_manager.get_computed_blocks(request)
             else:
                 # Only a request holding KV while waiting gets here (remote KV
@@ -619,6 +634,7 @@ class Scheduler:
                 break
 
             self.waiting.pop_request()
+            self.deferred_waiting.discard(request)
             self.running.append(request)
             if request.status is RequestStatus.WAITING:
                 st.scheduled_new_reqs.append(request)
@@ -633,6 +649,9 @@ class Scheduler:
                 self._check_padded_admission(request, num_new_tokens)
                 st.scheduled_spec_decode_tokens[request.request_id] = [-1] * self.config.num_spec_tokens
             self.stats.num_admissions += 1
+            if looked_up and self.config.enable_prefix_caching:
+                # Recorded at admission, so lookups of requests left waiting do not count.
+                self.prefix_cache_stats.record(request.num_tokens, hit.num_tokens, request.num_preemptions > 0)
             if hit.num_tokens:
                 self.stats.num_prefix_hit_admissions += 1
                 self.stats.num_prefix_hit_tokens += hit.num_tokens
@@ -775,6 +794,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         stopped_running: set[Request] = set()
         stopped_preempted: set[Request] = set()
+        spec_decoding: SpecDecodingStats | None = None
         for request_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
@@ -787,6 +807,10 @@ class Scheduler:
                 if request.drop_stale_output:
                     continue  # a reset's preemption: its positions are resampled
             generated = list(model_output.sampled_token_ids.get(request_id, ()))
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id, ())
+            if drafts and generated:  # stale output counts too (vLLM observes before the stale check)
+                spec_decoding = spec_decoding or SpecDecodingStats(self.config.num_spec_tokens)
+                spec_decoding.observe_draft(len(drafts), max(len(generated) - 1, 0))
             if not is_stale:
                 # A stale rejection count predates the preemption's reset.
                 self._reject_drafts(request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()),
@@ -796,16 +820,17 @@ class Scheduler:
             if generated:
                 had_placeholders = request.num_output_placeholders > 0
                 new_token_ids, stopped = self._append_output_tokens(request, generated, is_stale)
-                if (
-                    self.profile.cache_blocks_after_spec_update
-                    and not is_stale
-                    and (self.config.num_spec_tokens > 0 or had_placeholders)
-                    and status_before is RequestStatus.RUNNING
-                ):
-                    # Only tokens whose output has been applied are final.
-                    self.kv_cache_manager.cache_blocks(
-                        request, request.num_computed_tokens - request.num_in_flight_tokens
-                    )
+                if status_before is RequestStatus.RUNNING and not is_stale:
+                    if self.profile.cache_blocks_after_spec_update:
+                        if self.config.num_spec_tokens > 0 or had_placeholders:
+                            # 0.33, the base class: only tokens whose output has been applied are final.
+                            self.kv_cache_manager.cache_blocks(
+                                request, request.num_computed_tokens - request.num_in_flight_tokens)
+                    elif self.profile.async_scheduling:
+                        # 0.32: AsyncScheduler._update_request_with_output caches for
+                        # every running request, up to computed - placeholders.
+                        self.kv_cache_manager.cache_blocks(
+                            request, request.num_computed_tokens - request.num_output_placeholders)
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before is RequestStatus.RUNNING else stopped_preempted).add(request)
@@ -822,8 +847,20 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
             self.waiting.remove_requests(stopped_preempted)
+            self.deferred_waiting -= stopped_preempted
         self._update_draft_token_ids(model_output.draft_token_ids)
+        self._make_stats(spec_decoding)
         return outputs
+
+    def _make_stats(self, spec_decoding: SpecDecodingStats | None) -> None:
+        """End an update as vLLM's ``make_stats`` does: report, then start the prefix-cache counters afresh.
+
+        Only for the releases whose stats are modelled (0.32+); None otherwise.
+        """
+        if self.profile.has_0_32_scheduler_knobs:
+            self.last_scheduler_stats = render_scheduler_stats(
+                len(self.running), len(self.waiting), len(self.deferred_waiting), self.prefix_cache_stats, spec_decoding)
+        self.prefix_cache_stats = PrefixCacheStats()
 
     def _validate_model_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
         """Refuse model output that no model could have produced for this step.

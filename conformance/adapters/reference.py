@@ -65,6 +65,10 @@ class ReferenceSut(InProcessSut):
         self.pending = sched.pending_output
         return [o.to_canonical() for o in outputs]
 
+    def get_scheduler_stats(self) -> dict[str, Any] | None:
+        """The stats the last update reported (vLLM's ``SchedulerStats``, 0.32+ profiles; else None)."""
+        return None if self.scheduler is None or self.is_v0() else self.scheduler.last_scheduler_stats
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """``Scheduler.reset_prefix_cache`` (v1 schedulers only)."""
         if self.is_v0():

@@ -299,7 +299,13 @@ class StdioSut:
         params: dict[str, Any] = {"sampled_token_ids": sampled_token_ids, "draft_token_ids": draft_token_ids}
         if step is not None:
             params["step"] = step
-        return self.call("update", params)["outputs"]
+        result = self.call("update", params)
+        self.last_stats = result.get("stats")
+        return result["outputs"]
+
+    def get_scheduler_stats(self) -> dict[str, Any] | None:
+        """The ``stats`` of the last ``update`` reply, if the scheduler sent them."""
+        return getattr(self, "last_stats", None)
 
     def observe(self) -> dict[str, Any] | None:
         if not self.capabilities.get("observe"):

@@ -62,3 +62,28 @@ def test_in_flight_traces_rebuild_from_themselves():
             checked += 1
             resets += has_reset
     assert checked >= 80 and resets >= 10, (checked, resets)
+
+
+def test_wrong_scheduler_stats_fail_a_strict_replay():
+    """Stats are compared when the trace has them and the scheduler reports them; a miscount fails."""
+    from conformance.generate import random_workload
+    from conformance.workload import run_workload
+
+    class MiscountingSut(ReferenceSut):
+        def get_scheduler_stats(self):
+            stats = super().get_scheduler_stats()
+            if stats is None or not stats["prefix_cache"]["requests"]:
+                return stats
+            return {**stats, "prefix_cache": {**stats["prefix_cache"], "hits": stats["prefix_cache"]["hits"] + 1}}
+
+    class SilentSut(ReferenceSut):
+        def get_scheduler_stats(self):
+            return None  # reports no stats: nothing to compare
+
+    trace = run_workload(random_workload(3, "vllm-0.33-async"))
+    assert any("stats" in e.get("expect", {}) for e in trace.events)
+    result = replay(trace, MiscountingSut())
+    assert result.verdict == "fail" and result.divergence.kind == "scheduler_stats", result.divergence
+    assert result.divergence.diffs[0].field == "stats.prefix_cache.hits"
+    assert replay(trace, SilentSut()).verdict == "pass"
+    assert replay(trace, ReferenceSut()).verdict == "pass"
