@@ -14,19 +14,32 @@ What each protocol method does (PROTOCOL.md):
     ``config.json``; ``HF_HUB_OFFLINE=1``, ``skip_tokenizer_init``), an
     explicit ``block_size``, a ``KVCacheConfig`` of ``num_gpu_blocks`` blocks
     with one full-attention group, and the V1 model-runner layout of
-    ``SchedulerOutput`` (``VLLM_USE_V2_MODEL_RUNNER=0``; the V2 layout moves
-    resumed requests into ``scheduled_new_reqs``). Knobs: ``block_size``,
+    ``SchedulerOutput`` unless the config asks for the V2 one
+    (``VLLM_USE_V2_MODEL_RUNNER``; the V2 layout moves resumed requests into
+    ``scheduled_new_reqs``). Knobs: ``block_size``,
     ``num_gpu_blocks``, ``max_num_batched_tokens``, ``max_num_seqs``,
     ``max_model_len``, ``enable_chunked_prefill``,
     ``long_prefill_token_threshold``, ``enable_prefix_caching``, ``policy``,
-    ``scheduler_reserve_full_isl`` (null keeps vLLM's default) map one to one;
+    ``scheduler_reserve_full_isl`` (null keeps vLLM's default) map one to one,
+    and so do the optional 0.32+ knobs ``max_num_active_seqs`` and
+    ``long_prefill_token_threshold_adaptive``; ``use_v2_model_runner`` builds
+    the scheduler with ``VLLM_USE_V2_MODEL_RUNNER=1`` (its output layout:
+    resumed requests among ``scheduled_new_reqs``);
     ``num_spec_tokens`` becomes an ``ngram`` ``SpeculativeConfig`` with that
     many speculative tokens (the drafts themselves come from the trace through
     ``update_draft_token_ids``; ngram needs no draft model, no lookahead slots
     and no extra budget). Every knob is read back from the built scheduler,
     because the CPU platform may adjust the config; a mismatch is ``unsupported``.
+    A ``<release>-async`` profile builds vLLM's ``AsyncScheduler``
+    (``vllm/v1/core/sched/async_scheduler.py``) instead (the CPU platform
+    forces ``scheduler_config.async_scheduling`` off, so the class is chosen
+    here, as the engine would from that flag). ``max_concurrent_batches``
+    (optional, default 1; the engine's batch-queue size) is how many steps may
+    be in flight: scheduled, their model output not yet applied.
     Answers ``unsupported`` for: a ``profile`` of another release than this
-    process's vLLM; ``num_lookahead_tokens > 0`` (vLLM derives lookahead from
+    process's vLLM (or its ``-async``); what the model does not cover (an
+    async profile with ``num_spec_tokens > 0``, steps in flight with spec
+    decode or on 0.11); ``num_lookahead_tokens > 0`` (vLLM derives lookahead from
     the spec-decode method: EAGLE/draft-model only, equal to the number of
     speculative tokens and with EAGLE's prefix-hit block drop, so an arbitrary
     lookahead is not reachable); configs vLLM's own config classes refuse
@@ -49,9 +62,16 @@ What each protocol method does (PROTOCOL.md):
     caching, vLLM's sha256 block hasher.
 ``abort``
     ``finish_requests(id, FINISHED_ABORTED)``; an id never added is
-    ``unknown_request_id``.
+    ``unknown_request_id``. Re-adding the id of a request aborted while a step
+    in flight scheduled it is ``request_id_in_flight`` until that step's
+    output is applied (vLLM would hand the new request the old one's tokens).
 ``schedule``
-    ``Scheduler.schedule()``, converted to the canonical SchedulerOutput. If
+    ``Scheduler.schedule()``, converted to the canonical SchedulerOutput
+    (``num_output_tokens`` is vLLM's ``CachedRequestData`` field: outputs plus
+    placeholders), refused with ``output_not_processed`` while
+    ``max_concurrent_batches`` steps are in flight. The step joins a FIFO with
+    the requests it samples (vLLM's ``not is_prefill_chunk`` right after this
+    ``schedule()``). If
     ``schedule()`` raises, vLLM's engine core would die: the driver is dead
     until the next ``init`` and answers every other call ``engine_dead``. The
     failure itself is ``engine_assertion_padded_admission`` when it is vLLM's
@@ -60,12 +80,23 @@ What each protocol method does (PROTOCOL.md):
     ``long_prefill_token_threshold <= num_spec_tokens``; identified by the
     failing source line of the traceback), ``internal`` otherwise.
 ``update``
-    Validated (the protocol's model-output codes), then a ``ModelRunnerOutput``
-    (every scheduled request, ``[]`` for a prefill chunk) through
-    ``update_from_output``, then the drafts through ``update_draft_token_ids``.
-    Returns the ``EngineCoreOutput`` list in the order vLLM emits it.
+    Applies the oldest step in flight, as EngineCore's batch queue does;
+    ``params.step`` (absent from old harnesses: the oldest) must name it, else
+    ``unscheduled_step`` / ``duplicate_model_output`` /
+    ``model_output_out_of_order`` (and ``unexpected_model_output`` with nothing
+    in flight), nothing changed. Validated (the protocol's model-output codes;
+    a request preempted since still samples: vLLM delivers its stale output),
+    then a ``ModelRunnerOutput`` (every scheduled request, ``[]`` for a prefill
+    chunk) through ``update_from_output``, then the drafts through
+    ``update_draft_token_ids``. Returns the ``EngineCoreOutput`` list in the
+    order vLLM emits it.
 ``observe``
     The block pool's free queue, front (evicted first) to back, and its size.
+``reset_prefix_cache``
+    ``Scheduler.reset_prefix_cache(reset_running_requests)``; the result is
+    vLLM's ``success``. With ``reset_running_requests`` the running requests
+    are preempted with ``drop_stale_output`` (their in-flight output is
+    dropped on return). 0.11 cannot preempt them (``unsupported``).
 ``stats`` (optional extension, not in protocol version 1)
     ``{"scheduler_seconds", "schedule_seconds", "update_seconds", "steps"}``:
     wall time spent inside vLLM's ``schedule()`` and ``update_from_output()``
@@ -95,6 +126,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
@@ -135,6 +167,18 @@ CONFIG_FIELDS = (
     "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
     "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
 )
+OPTIONAL_CONFIG_FIELDS: dict[str, Any] = {
+    "max_concurrent_batches": 1, "max_num_active_seqs": None, "long_prefill_token_threshold_adaptive": False,
+    "use_v2_model_runner": False,
+}
+"""Config fields a trace header may leave out, with their default (spec/config.py OPTIONAL_FIELDS)."""
+KNOBS_0_32 = ("max_num_active_seqs", "long_prefill_token_threshold_adaptive")
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""0 by default (DEFAULT_ENV); set to 1 while building a scheduler for ``use_v2_model_runner``."""
+"""Optional fields that are vLLM ``SchedulerConfig`` fields of the same name (0.32+), passed through."""
+
+ASYNC_SUFFIX = "-async"
+"""A profile named ``<release>-async`` runs vLLM's ``AsyncScheduler`` (output placeholders)."""
 
 
 class DriverError(Exception):
@@ -242,6 +286,11 @@ class _Vllm:
         self.VllmConfig = VllmConfig
         self.SamplingParams = SamplingParams
         self.Scheduler = Scheduler
+        try:
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        except ImportError:  # a release without async scheduling
+            AsyncScheduler = None  # noqa: N806
+        self.AsyncScheduler = AsyncScheduler
         self.FullAttentionSpec = FullAttentionSpec
         self.KVCacheConfig = KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
@@ -260,7 +309,14 @@ class _Vllm:
         import inspect
 
         self.request_params = set(inspect.signature(Request.__init__).parameters)
+        # 0.32/0.33 track the output of steps in flight per request (stale output of preempted requests).
+        try:
+            self.has_stale_output = "num_stale_output_tokens" in inspect.getsource(Request.__init__)
+        except (OSError, TypeError):  # no source shipped: read it off the scheduler instead
+            self.has_stale_output = "num_stale_output_tokens" in Scheduler.update_from_output.__code__.co_names
         self.scheduler_params = set(inspect.signature(Scheduler.__init__).parameters)
+        self.scheduler_attrs = set(Scheduler.__init__.__code__.co_names)  # attributes __init__ sets
+        self.reset_prefix_cache_params = set(inspect.signature(Scheduler.reset_prefix_cache).parameters)
         self.scheduler_config_fields = set(getattr(SchedulerConfig, "__dataclass_fields__", {}))
         self._hasher_cache: dict[int, Any] = {}
 
@@ -268,6 +324,15 @@ class _Vllm:
         """The release profile this vLLM implements: ``vllm-MAJOR.MINOR``."""
         major, minor = self.version.split(".")[:2]
         return f"vllm-{major}.{minor}"
+
+    def has_stats_shape(self) -> bool:
+        """Do this release's SchedulerStats have the shape the trace format records (0.32+)?"""
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return (major, minor) >= (0, 32)
+
+    def async_profile_name(self) -> str | None:
+        """The release's async profile (``vllm-MAJOR.MINOR-async``), None if it has no AsyncScheduler."""
+        return None if self.AsyncScheduler is None else f"{self.profile_name()}{ASYNC_SUFFIX}"
 
     def hash_fn(self) -> Any:
         """vLLM's default prefix-caching hash (sha256), resolved across releases."""
@@ -355,13 +420,17 @@ def validate_config(config: Any) -> dict[str, Any]:
     """
     _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
     missing = [f for f in CONFIG_FIELDS if f not in config]
-    unknown = sorted(set(config) - set(CONFIG_FIELDS))
+    unknown = sorted(set(config) - set(CONFIG_FIELDS) - set(OPTIONAL_CONFIG_FIELDS))
     _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
     _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
-    for name in CONFIG_FIELDS:
+    config = {**OPTIONAL_CONFIG_FIELDS, **config}
+    for name in (*CONFIG_FIELDS, *OPTIONAL_CONFIG_FIELDS):
         value = config[name]
-        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        if name in ("enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold_adaptive",
+                    "use_v2_model_runner"):
             _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
+        elif name == "max_num_active_seqs":
+            _require(value is None or _is_int(value), "invalid_config_type", f"{name} must be an integer or null")
         elif name == "scheduler_reserve_full_isl":
             _require(value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null")
         elif name == "policy":
@@ -376,6 +445,10 @@ def validate_config(config: Any) -> dict[str, Any]:
     _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
     _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
     _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
+    _require(c["max_num_active_seqs"] is None or 1 <= c["max_num_active_seqs"] <= c["max_num_seqs"],
+             "invalid_max_num_active_seqs", "max_num_active_seqs must be null or in [1, max_num_seqs]")
+    _require(c["max_concurrent_batches"] >= 1, "invalid_max_concurrent_batches",
+             "max_concurrent_batches must be >= 1 (1 = synchronous)")
     _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
     # vLLM SchedulerConfig.verify_max_model_len.
     _require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
@@ -386,15 +459,29 @@ def validate_config(config: Any) -> dict[str, Any]:
 
 
 def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(config[f] for f in CONFIG_FIELDS)
+    return tuple(config[f] for f in (*CONFIG_FIELDS, *KNOBS_0_32))
 
 
 # ---------------------------------------------------------------------- SUT
+
+class _InFlightStep:
+    """One scheduled step whose model output is not applied yet (a slot of EngineCore's batch queue)."""
+
+    __slots__ = ("step", "output", "samples")
+
+    def __init__(self, step: int, output: Any, samples: dict[str, bool]) -> None:
+        self.step = step
+        self.output = output  # vLLM's SchedulerOutput
+        self.samples = samples  # request id -> whether this step samples it (not is_prefill_chunk)
+
 
 class VllmSchedulerSut:
     """One real vLLM scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
 
     supports_observe = True
+    in_flight = True
+    """Runs traces with steps in flight (max_concurrent_batches > 1, -async profiles);
+    ``update_from_output`` takes the ``step`` the output answers."""
 
     def __init__(self, vllm_api: _Vllm | None = None) -> None:
         self.v = vllm_api or _Vllm()
@@ -402,8 +489,12 @@ class VllmSchedulerSut:
         self.scheduler: Any = None
         self.config: dict[str, Any] = {}
         self.seen_request_ids: set[str] = set()
-        self.pending: Any = None
-        self.pending_samples: dict[str, bool] = {}
+        # Steps scheduled whose output is not applied yet, oldest first (FIFO, as
+        # EngineCore.step_with_batch_queue applies them).
+        self.steps_in_flight: deque[_InFlightStep] = deque()
+        self.current_step = 0  # steps scheduled since init
+        self.max_concurrent_batches = 1
+        self.is_async = False
         self.num_spec_tokens = 0
         self.crashed: str | None = None  # why vLLM's schedule() died; None while alive
         self._vllm_configs: dict[tuple[Any, ...], Any] = {}
@@ -412,11 +503,30 @@ class VllmSchedulerSut:
     # ----------------------------------------------------------------- init
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        """Build a fresh scheduler for ``config``; the profile must be this vLLM's release."""
-        if profile != self.v.profile_name():
+        """Build a fresh scheduler for ``config``; the profile must be this vLLM's release (or its -async)."""
+        if profile not in (self.v.profile_name(), self.v.async_profile_name()):
             raise SutUnsupported(f"this process runs vLLM {self.v.version} (profile {self.v.profile_name()}); "
                                  f"it cannot answer for profile {profile!r}")
+        is_async = profile.endswith(ASYNC_SUFFIX)
         cfg = validate_config(config)
+        if is_async and cfg["num_spec_tokens"]:
+            # The model refuses this (async_spec_decode_not_modelled): vLLM's
+            # AsyncScheduler takes its drafts from the worker, not from
+            # update_draft_token_ids, which this protocol cannot express.
+            raise SutUnsupported("an async profile with num_spec_tokens > 0 is not modelled "
+                                 "(AsyncScheduler with spec decode)")
+        if cfg["max_concurrent_batches"] > 1 and (cfg["num_spec_tokens"] or not self.v.has_stale_output):
+            # The model refuses these too (in_flight_not_modelled). vLLM runs
+            # them (0.11 without any stale-output tracking), but a verdict
+            # against a model that does not cover them would mean nothing.
+            raise SutUnsupported("steps in flight with spec decode, or on a release without stale-output "
+                                 "tracking (num_stale_output_tokens), are not modelled")
+        missing_knobs = [k for k in KNOBS_0_32
+                         if cfg[k] != OPTIONAL_CONFIG_FIELDS[k] and k not in self.v.scheduler_config_fields]
+        if cfg["use_v2_model_runner"] and "use_v2_model_runner" not in self.v.scheduler_attrs:
+            missing_knobs.append("V2 model runner layout (use_v2_model_runner)")
+        if missing_knobs:
+            raise SutUnsupported(f"vLLM {self.v.version} has no {', '.join(missing_knobs)}")
         if cfg["num_lookahead_tokens"]:
             raise SutUnsupported("num_lookahead_tokens > 0 is not reachable in vLLM without an EAGLE or draft "
                                  "model (lookahead is derived from the spec-decode method)")
@@ -426,12 +536,14 @@ class VllmSchedulerSut:
                                  "(scheduler_reserve_full_isl)")
         self.scheduler = None
         self.crashed = None
+        self.is_async = is_async
         self.scheduler = self._build_scheduler(cfg)
         self.config = cfg
         self.num_spec_tokens = cfg["num_spec_tokens"]
+        self.max_concurrent_batches = cfg["max_concurrent_batches"]
         self.seen_request_ids = set()
-        self.pending = None
-        self.pending_samples = {}
+        self.steps_in_flight = deque()
+        self.current_step = 0
         self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
 
     def _vllm_config(self, cfg: dict[str, Any]) -> Any:
@@ -453,6 +565,9 @@ class VllmSchedulerSut:
             sched_kwargs["async_scheduling"] = False
         if cfg["scheduler_reserve_full_isl"] is not None and "scheduler_reserve_full_isl" in v.scheduler_config_fields:
             sched_kwargs["scheduler_reserve_full_isl"] = cfg["scheduler_reserve_full_isl"]
+        for knob in KNOBS_0_32:
+            if knob in v.scheduler_config_fields:
+                sched_kwargs[knob] = cfg[knob]
         try:
             scheduler_config = v.SchedulerConfig(**sched_kwargs)
             cache_config = v.CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
@@ -516,10 +631,28 @@ class VllmSchedulerSut:
                                           kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
         kwargs: dict[str, Any] = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                                       structured_output_manager=v.StructuredOutputManager(vllm_config),
-                                      log_stats=False)
+                                      log_stats=self.reports_stats())
         if "block_size" in v.scheduler_params:
             kwargs["block_size"] = bs
-        scheduler = v.Scheduler(**kwargs)
+        # The CPU platform forces scheduler_config.async_scheduling off
+        # (platforms/cpu.py), so the engine's choice of class is made here: an
+        # async profile gets vLLM's AsyncScheduler. Its only other reader in the
+        # scheduler is _make_cached_request_data under pipeline parallelism
+        # (the token ids payload, not in the canonical output).
+        scheduler_class = v.AsyncScheduler if self.is_async else v.Scheduler
+        # The scheduler reads the runner choice once, in __init__, from
+        # VllmConfig.use_v2_model_runner, which reads VLLM_USE_V2_MODEL_RUNNER
+        # (vllm.envs, not cached outside a running engine). The VllmConfig
+        # itself is always built for the V1 runner.
+        saved = os.environ.get(V2_RUNNER_ENV)
+        os.environ[V2_RUNNER_ENV] = "1" if cfg["use_v2_model_runner"] else "0"
+        try:
+            scheduler = scheduler_class(**kwargs)
+        finally:
+            if saved is None:
+                os.environ.pop(V2_RUNNER_ENV, None)
+            else:
+                os.environ[V2_RUNNER_ENV] = saved
         self._check_knobs(scheduler, cfg)
         return scheduler
 
@@ -541,12 +674,19 @@ class VllmSchedulerSut:
         }
         if "scheduler_reserve_full_isl" in self.v.scheduler_config_fields and cfg["scheduler_reserve_full_isl"] is not None:
             actual["scheduler_reserve_full_isl"] = s.scheduler_reserve_full_isl
-        if getattr(s, "max_num_active_reqs", cfg["max_num_seqs"]) != cfg["max_num_seqs"]:
-            raise SutUnsupported(f"vLLM set max_num_active_seqs to {s.max_num_active_reqs}")
-        if getattr(s, "use_v2_model_runner", False):
-            raise SutUnsupported("vLLM chose the V2 model runner layout; set VLLM_USE_V2_MODEL_RUNNER=0")
+        active = cfg["max_num_active_seqs"] or cfg["max_num_seqs"]
+        if getattr(s, "max_num_active_reqs", active) != active:
+            raise SutUnsupported(f"vLLM set max_num_active_seqs to {s.max_num_active_reqs}, asked {active}")
+        if getattr(s, "adaptive_long_prefill_threshold", False) != cfg["long_prefill_token_threshold_adaptive"]:
+            raise SutUnsupported("vLLM did not take long_prefill_token_threshold_adaptive")
+        if bool(getattr(s, "use_v2_model_runner", False)) != cfg["use_v2_model_runner"]:
+            raise SutUnsupported(f"vLLM chose the {'V2' if s.use_v2_model_runner else 'V1'} model runner layout, "
+                                 f"asked use_v2_model_runner={cfg['use_v2_model_runner']}")
         if getattr(vc.scheduler_config, "async_scheduling", False):
-            raise SutUnsupported("vLLM enabled async scheduling")
+            raise SutUnsupported("vLLM enabled async scheduling in its config")
+        if self.is_async != isinstance(s, self.v.AsyncScheduler or ()):
+            wanted = "AsyncScheduler" if self.is_async else "Scheduler"
+            raise SutUnsupported(f"expected vLLM's {wanted}, built {type(s).__name__}")
         if len(s.kv_cache_config.kv_cache_groups) != 1:
             raise SutUnsupported("expected one KV-cache group")
         changed = {k: (cfg[k], a) for k, a in actual.items() if a != cfg[k]}
@@ -590,10 +730,13 @@ class VllmSchedulerSut:
         for token in (*prompt, *stops, *(() if eos is None else (eos,))):
             _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
         # vLLM's update_from_output looks requests up by id: a request re-added
-        # under the id of one aborted during the pending step would receive that
-        # step's sampled tokens. The protocol refuses the re-add until the update.
-        _require(self.pending is None or rid not in self.pending.num_scheduled_tokens, "request_id_in_flight",
-                 f"request {rid!r} was aborted in the pending step; apply its model output first")
+        # under the id of one aborted while a step that scheduled it is in
+        # flight would receive that step's sampled tokens (and its in-flight
+        # counters). The protocol refuses the re-add until every such update.
+        _require(not any(rid in record.output.num_scheduled_tokens for record in self.steps_in_flight),
+                 "request_id_in_flight",
+                 f"request {rid!r} was aborted while a step that scheduled it is in flight; "
+                 "apply that step's model output first")
         ignore_eos = bool(event.get("ignore_eos", False))
 
         v = self.v
@@ -617,13 +760,35 @@ class VllmSchedulerSut:
                  f"abort of request {request_id!r}, which was never added")
         s.finish_requests(request_id, self.v.RequestStatus.FINISHED_ABORTED)
 
+    def reset_prefix_cache(self, reset_running_requests: Any) -> bool:
+        """vLLM's ``Scheduler.reset_prefix_cache``; its answer (did the cache reset?).
+
+        With ``reset_running_requests`` every running request is preempted
+        first (last to first) with ``drop_stale_output``: output of its steps
+        still in flight is dropped on return, and it may resume at once.
+        0.11 has no such argument: asked for it, the answer is ``unsupported``.
+        """
+        s = self._sched()
+        _require(isinstance(reset_running_requests, bool), "invalid_field_type",
+                 "reset_running_requests must be a boolean")
+        if "reset_running_requests" in self.v.reset_prefix_cache_params:
+            return bool(s.reset_prefix_cache(reset_running_requests=reset_running_requests))
+        if reset_running_requests:
+            raise SutUnsupported(f"vLLM {self.v.version}'s reset_prefix_cache() cannot preempt running requests")
+        return bool(s.reset_prefix_cache())
+
     # ------------------------------------------------------------- schedule
 
     def schedule(self) -> dict[str, Any]:
-        """``Scheduler.schedule()`` in canonical form; refused while an update is missing."""
+        """``Scheduler.schedule()`` in canonical form; refused while max_concurrent_batches steps are in flight."""
         s = self._sched()
-        _require(self.pending is None, "output_not_processed",
-                 "schedule() called before update_from_output() for the previous step")
+        if len(self.steps_in_flight) >= self.max_concurrent_batches:
+            raise DriverError("output_not_processed",
+                              "schedule() called before update_from_output() for the previous step"
+                              if self.max_concurrent_batches == 1 else
+                              f"schedule() called while {len(self.steps_in_flight)} steps await their model "
+                              f"output (oldest: step {self.steps_in_flight[0].step}; "
+                              f"max_concurrent_batches={self.max_concurrent_batches})")
         t0 = time.perf_counter()
         try:
             output = s.schedule()
@@ -636,15 +801,27 @@ class VllmSchedulerSut:
                               "(a padded admission cut by long_prefill_token_threshold)") from exc
         self.stats["schedule_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
-        self.pending = output
-        # A request samples iff this step's tokens reach the end of its sequence
-        # (vLLM's is_prefill_chunk; <= 0.11 has no such field, same arithmetic).
-        self.pending_samples = {rid: s.requests[rid].num_computed_tokens >= s.requests[rid].num_tokens
-                                for rid in output.num_scheduled_tokens}
+        self.current_step += 1
+        self.steps_in_flight.append(_InFlightStep(self.current_step, output, {
+            rid: self._samples(s.requests[rid]) for rid in output.num_scheduled_tokens}))
         return self._canonical_output(output)
 
+    @staticmethod
+    def _samples(request: Any) -> bool:
+        """Whether the step just scheduled samples ``request``: vLLM's ``not is_prefill_chunk``.
+
+        Read right after ``schedule()`` (its ``_update_after_schedule`` sets it:
+        ``num_computed_tokens < num_tokens + num_output_placeholders``, the
+        placeholders of this step not yet added). <= 0.11 has no such field;
+        its arithmetic is the same without placeholders.
+        """
+        flag = getattr(request, "is_prefill_chunk", None)
+        if flag is None:
+            return request.num_computed_tokens >= request.num_tokens
+        return not flag
+
     def _canonical_output(self, out: Any) -> dict[str, Any]:
-        """The trace form of a vLLM SchedulerOutput (V1 model-runner layout)."""
+        """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own)."""
         s = self.scheduler
         new_reqs = [
             {"req_id": r.req_id, "block_ids": list(r.block_ids[0]) if r.block_ids else [],
@@ -680,10 +857,28 @@ class VllmSchedulerSut:
 
     # --------------------------------------------------------------- update
 
-    def _validate_model_output(self, sampled: Any, drafts: Any) -> None:
-        """Refuse model output no model could produce for the pending step (protocol codes)."""
+    def _get_step_to_apply(self, step: Any) -> _InFlightStep:
+        """The in-flight step the model output answers; refused (nothing changed) if it is not the oldest.
+
+        ``step`` None (a harness that does not send it) means the oldest in
+        flight. Codes in the model's order (``Scheduler.get_in_flight_output``).
+        """
+        if step is not None:
+            _require(_is_int(step) and 1 <= step <= self.current_step, "unscheduled_step",
+                     f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})")
+            in_flight = [record.step for record in self.steps_in_flight]
+            _require(step in in_flight, "duplicate_model_output",
+                     f"model output for step {step}, whose output was already applied")
+            _require(step == in_flight[0], "model_output_out_of_order",
+                     f"model output for step {step} while step {in_flight[0]} is still in flight "
+                     "(outputs are applied in schedule order)")
+        _require(bool(self.steps_in_flight), "unexpected_model_output", "update without a pending step")
+        return self.steps_in_flight[0]
+
+    def _validate_model_output(self, record: _InFlightStep, sampled: Any, drafts: Any) -> None:
+        """Refuse model output no model could produce for the in-flight step ``record`` (protocol codes)."""
         s = self.scheduler
-        out = self.pending
+        out = record.output
         scheduled = out.num_scheduled_tokens
         _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
                  "sampled_token_ids and draft_token_ids must be objects")
@@ -697,16 +892,26 @@ class VllmSchedulerSut:
         for rid in scheduled:
             request = s.requests.get(rid)
             if request is None or request.is_finished():
+                # Aborted (or stopped by an older step's output) since: vLLM
+                # ignores whatever the output says for it.
                 continue
             num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
             got = len(sampled.get(rid, ()))
-            if self.pending_samples[rid]:
+            if record.samples[rid]:
+                # Stale output (the request was preempted after this step was
+                # scheduled) still samples: vLLM appends it on return.
                 # vLLM skips an empty list (no token, no stop check); with drafts
                 # scheduled, 0.32/0.33 would then leave num_computed_tokens past
                 # the sequence, which the model refuses (a DEVIATION of spec/).
                 _require(got <= 1 + num_drafts, "bad_num_sampled_tokens",
                          f"request {rid!r} reached the end of its sequence and may sample 0 to "
                          f"{1 + num_drafts} tokens, got {got}")
+                # AsyncScheduler resolves a placeholder per returned token: an
+                # empty list would leave this step's placeholder forever (the
+                # request is never scheduled again). The protocol refuses it.
+                _require(got > 0 or not self.is_async, "bad_num_sampled_tokens",
+                         f"request {rid!r} samples in step {record.step} under async scheduling "
+                         "and must return at least one token")
                 _require(not (got == 0 and num_drafts and self.v.profile_name() != "vllm-0.11"),
                          "bad_num_sampled_tokens",
                          f"request {rid!r} had {num_drafts} draft(s) scheduled and sampled nothing")
@@ -723,13 +928,17 @@ class VllmSchedulerSut:
             for token in tokens:
                 _require(_is_token_id(token), "invalid_token_id", "draft token ids must be non-negative integers")
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        """Apply the model output of the pending step; return the request outputs in vLLM's order."""
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
+                           step: int | None = None) -> list[dict[str, Any]]:
+        """Apply the model output of the oldest in-flight step (``step``, if given, must name it).
+
+        Returns the request outputs in vLLM's order.
+        """
         s = self._sched()
-        _require(self.pending is not None, "unexpected_model_output", "update without a pending step")
-        self._validate_model_output(sampled_token_ids, draft_token_ids)
-        out, self.pending = self.pending, None
+        record = self._get_step_to_apply(step)
+        self._validate_model_output(record, sampled_token_ids, draft_token_ids)
+        self.steps_in_flight.popleft()
+        out = record.output
         v = self.v
         req_ids = list(out.num_scheduled_tokens)
         runner_kwargs: dict[str, Any] = dict(
@@ -743,6 +952,7 @@ class VllmSchedulerSut:
         t0 = time.perf_counter()
         engine_outputs = s.update_from_output(out, runner_output)
         self.stats["update_seconds"] += time.perf_counter() - t0
+        self.last_scheduler_stats = self._canonical_stats(engine_outputs)
         if draft_token_ids and v.DraftTokenIds is not None and out.total_num_scheduled_tokens > 0:
             ids = list(draft_token_ids)
             s.update_draft_token_ids(v.DraftTokenIds(ids, [list(draft_token_ids[r]) for r in ids]))
@@ -758,6 +968,37 @@ class VllmSchedulerSut:
                     "stop_reason": stop if stop is None or _is_int(stop) else str(stop),
                 })
         return results
+
+    def reports_stats(self) -> bool:
+        """Build the scheduler with log_stats (its SchedulerStats are compared, 0.32+)."""
+        return self.v.has_stats_shape()
+
+    def _canonical_stats(self, engine_outputs: dict[int, Any]) -> dict[str, Any] | None:
+        """vLLM's SchedulerStats of this update in the trace's form (``$defs/scheduler_stats``), or None."""
+        if not self.reports_stats():
+            return None
+        stats = next((e.scheduler_stats for e in engine_outputs.values() if e.scheduler_stats is not None), None)
+        if stats is None:
+            return None
+        pc = stats.prefix_cache_stats
+        sd = stats.spec_decoding_stats
+        return {
+            "num_running_reqs": stats.num_running_reqs,
+            "num_waiting_reqs": stats.num_waiting_reqs,
+            "num_skipped_waiting_reqs": stats.num_skipped_waiting_reqs,
+            "prefix_cache": {"reset": bool(pc.reset), "requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
+                             "preempted_requests": pc.preempted_requests, "preempted_queries": pc.preempted_queries,
+                             "preempted_hits": pc.preempted_hits},
+            "spec_decoding": None if sd is None else {
+                "num_drafts": sd.num_drafts, "num_draft_tokens": sd.num_draft_tokens,
+                "num_accepted_tokens": sd.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(sd.num_accepted_tokens_per_pos),
+                "num_draft_tokens_per_pos": list(sd.num_draft_tokens_per_pos)},
+        }
+
+    def get_scheduler_stats(self) -> dict[str, Any] | None:
+        """The SchedulerStats the last update reported (0.32+), for the ``update`` reply's ``stats``."""
+        return getattr(self, "last_scheduler_stats", None)
 
     def _runner_defaults(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Fill the ModelRunnerOutput fields a release requires without defaults (<= 0.11)."""

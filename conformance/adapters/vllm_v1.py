@@ -46,6 +46,11 @@ class VllmV1Sut(StdioSut):
     # vLLM derives lookahead from the spec-decode method, so a campaign against
     # it generates traces without our free lookahead knob (see vllm_driver).
     forced_config: dict[str, Any] = {"num_lookahead_tokens": 0}
+    in_flight = True
+    """The driver runs steps in flight (``max_concurrent_batches > 1``, the
+    ``-async`` profiles on vLLM's AsyncScheduler; its ``init`` also says so in
+    ``capabilities.in_flight``); ``update_from_output(..., step=)`` (StdioSut)
+    sends the step the output answers."""
 
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version

@@ -109,8 +109,10 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
     A section without ``profile=`` is recorded under ``default_profile``.
 
     Commands map to events (``add-request``, ``abort``, ``schedule``,
-    ``model-output``, ``step``); refused inputs carry ``expect_error``;
-    ``blocks`` and ``queues`` only inspect and are dropped. A section whose
+    ``model-output`` (with ``step=N``: an older step in flight), ``step``,
+    ``reset-prefix-cache``); refused inputs carry ``expect_error``; ``blocks``,
+    ``queues`` and ``stats`` only inspect and are dropped (the stats of every
+    update are in its ``expect``). A section whose
     config the reference refuses cannot be a trace and is skipped.
     """
     _, blocks = parse_file(path)
@@ -129,22 +131,26 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
         assert sched is not None
         sampled: dict[str, list[int]] = {}
         drafts: dict[str, list[int]] = {}
+        step = sched.in_flight[0].step if sched.in_flight else sched.current_step
         for a in args:
             key, _, value = a.partition("=")
-            if key.startswith("drafts:"):
+            if key == "step":
+                step = int(value)
+            elif key.startswith("drafts:"):
                 drafts[key.removeprefix("drafts:")] = parse_tokens(value)
             else:
                 sampled[key] = parse_tokens(value)
-        event: dict[str, Any] = {"kind": "model_output", "step": sched.current_step,
+        event: dict[str, Any] = {"kind": "model_output", "step": step,
                                  "sampled_token_ids": dict(sorted(sampled.items())),
                                  "draft_token_ids": dict(sorted(drafts.items()))}
         try:
-            if pending is None:
-                raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
-            outputs = sched.update_from_output(pending, ModelRunnerOutput(
+            output = sched.get_in_flight_output(step)
+            outputs = sched.update_from_output(output, ModelRunnerOutput(
                 {k: tuple(v) for k, v in sampled.items()}, {k: tuple(v) for k, v in drafts.items()}))
-            pending = None
+            pending = sched.pending_output
             event["expect"] = {"outputs": [o.to_canonical() for o in outputs]}
+            if sched.last_scheduler_stats is not None:
+                event["expect"]["stats"] = sched.last_scheduler_stats
         except InvalidEvent as exc:
             event["expect_error"] = exc.code
         events.append(event)
@@ -203,6 +209,10 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
             events.append(event)
         elif name == "schedule":
             schedule()
+        elif name == "reset-prefix-cache":
+            running = "running" in args
+            events.append({"kind": "reset_prefix_cache", "reset_running_requests": running,
+                           "expect": {"success": sched.reset_prefix_cache(running)}})
         elif name == "model-output":
             model_output(args)
         elif name == "step":
