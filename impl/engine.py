@@ -6,18 +6,31 @@ paged KV cache (``ModelRunner.execute``), ``update_from_output`` with the
 sampled tokens and the drafter's proposals, then the runner records which KV
 blocks became valid. ``add_request`` and ``abort`` may come between steps.
 
+``Engine.step_overlapped()`` is vLLM's ``EngineCore.step_with_batch_queue``
+(async scheduling, ``max_concurrent_batches > 1``): it schedules step N+1
+while step N's forward pass runs on a worker thread (the batch queue holds
+up to ``max_concurrent_batches`` steps), and applies outputs oldest first.
+Under an ``-async`` profile step N+1 may decode a token step N is still
+sampling (an output placeholder); the runner fills that input when N+1 runs
+(``impl/runner.py``). ``run()`` picks the overlapped loop when the scheduler
+allows more than one step in flight.
+
 The pieces are public (``schedule`` / ``execute`` / ``update``) so that a
 checker can run a reference scheduler in lockstep (``gpu_checks/engine_check.py``).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import torch
 
 from impl.drafter import NgramDrafter
 from impl.model import LlamaModel
-from impl.runner import ExecuteResult, ModelRunner
+from impl.runner import ExecuteResult, ModelRunner, PreparedStep
 from impl.sampling import NearTie
 from impl.scheduler import FINISHED_ABORTED, FastScheduler, Req, RequestOutputTuple, StepOutput
 from spec.config import SchedulerConfig
@@ -77,10 +90,14 @@ class Engine:
         if drafter is None and use_drafter and config.num_spec_tokens > 0:
             drafter = NgramDrafter(config.num_spec_tokens)
         self.runner = ModelRunner(model, self.scheduler.pool, config.block_size, config.max_model_len,
-                                  config.num_spec_tokens, drafter, repair_prefix_hits)
+                                  config.num_spec_tokens, drafter, repair_prefix_hits,
+                                  async_scheduling=self.scheduler.async_scheduling)
         self.records: list[RequestRecord] = []
         self._live: dict[str, RequestRecord] = {}
         self.stats = EngineStats()
+        self.batch_queue: deque[tuple[StepOutput, PreparedStep, Future[ExecuteResult]]] = deque()
+        """Steps scheduled by ``step_overlapped`` whose output is not applied yet, oldest first."""
+        self._worker: ThreadPoolExecutor | None = None
 
     def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
                     arrival_time: int = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
@@ -105,10 +122,15 @@ class Engine:
             self.runner.forget(rid)
         return finished
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget the prefix cache (the KV stays; no block can be hit any more); True if it was reset."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
     def schedule(self) -> StepOutput:
         return self.scheduler.schedule()
 
     def execute(self, out: StepOutput) -> ExecuteResult:
+        """Prepare, run and propose ``out`` on this thread (the synchronous path)."""
         return self.runner.execute(out)
 
     def update(self, out: StepOutput, result: ExecuteResult) -> list[RequestOutputTuple]:
@@ -135,20 +157,78 @@ class Engine:
         result = self.execute(out)
         return EngineStep(out, result, self.update(out, result))
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        return self.scheduler.max_concurrent_batches
+
+    def step_overlapped(self) -> EngineStep | None:
+        """One call of vLLM's ``step_with_batch_queue``: schedule ahead if the queue has room, else apply.
+
+        If there is work and the batch queue is not full, schedule a step,
+        prepare it (on this thread: it reads the scheduler's state) and hand
+        its forward pass to the worker thread; return None at once unless the
+        queue is now full or nothing is left to schedule. Otherwise wait for
+        the oldest step's forward pass and apply its output (returned).
+        """
+        queue = self.batch_queue
+        assert len(queue) < self.max_concurrent_batches
+        if self.scheduler.has_requests():
+            out = self.schedule()
+            prepared = self.runner.prepare(out)
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="impl-forward",
+                                                  initializer=_init_worker, initargs=(torch.get_num_threads(),))
+            queue.append((out, prepared, self._worker.submit(self.runner.run, prepared)))
+            if len(queue) < self.max_concurrent_batches and (out.total_num_scheduled_tokens > 0
+                                                              or self.scheduler.has_requests()):
+                return None
+        elif not queue:
+            return None
+        out, _, future = queue.popleft()
+        result = future.result()
+        self.runner.propose(result)
+        return EngineStep(out, result, self.update(out, result))
+
     def has_requests(self) -> bool:
         return self.scheduler.has_requests()
 
-    def run(self, max_steps: int = 100_000) -> None:
-        """Step until no request is left."""
-        for _ in range(max_steps):
-            if not self.has_requests():
-                return
-            self.step()
+    def run(self, max_steps: int = 100_000, *, overlap: bool | None = None) -> None:
+        """Step until no request is left (and no step is in flight).
+
+        ``overlap`` (default: when ``max_concurrent_batches > 1``) runs the
+        overlapped loop, else the synchronous one.
+        """
+        if overlap is None:
+            overlap = self.max_concurrent_batches > 1
+        if overlap:
+            for _ in range(max_steps):
+                if not self.has_requests() and not self.batch_queue:
+                    return
+                self.step_overlapped()
+        else:
+            for _ in range(max_steps):
+                if not self.has_requests():
+                    return
+                self.step()
         raise RuntimeError(f"engine still has requests after {max_steps} steps")
+
+    def close(self) -> None:
+        """Wait for the steps in flight (their outputs are dropped) and stop the worker thread."""
+        for _, _, future in self.batch_queue:
+            future.result()
+        self.batch_queue.clear()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
     def outputs(self) -> dict[str, list[int]]:
         """Generated tokens per request id (the latest request of each id)."""
         return {r.req_id: r.output_tokens for r in self.records}
+
+
+def _init_worker(num_threads: int) -> None:
+    """The forward thread uses the caller's torch CPU thread count (OpenMP's is per thread)."""
+    torch.set_num_threads(num_threads)
 
 
 def make_engine(config: object, model: LlamaModel, profile: str = "vllm-0.33", **kwargs: object) -> object:

@@ -30,6 +30,22 @@ it last wrote all of the block's slots with the request's own tokens. A hit
 block whose generation does not match, and that no request of the batch
 completes, is recomputed: the admitted request's segment starts at the first
 such block (extra positions, no sampling). Scheduler decisions are unchanged.
+
+Steps in flight (async scheduling, the batch queue). ``execute`` is
+``prepare`` (on the scheduler's thread, right after ``schedule()``: segments,
+slots, block tables, attention plans, all taken from the scheduler's state of
+that moment, which later ``schedule()`` calls may change) followed by ``run``
+(the forward pass and sampling; it may run on another thread while the next
+step is scheduled) and ``propose`` (drafts, on the scheduler's thread). Steps
+run in the order they were scheduled. Under an async profile a decode may be
+scheduled while the token it consumes is still being sampled by an earlier
+step (an output placeholder): ``prepare`` leaves a hole there and ``run``
+fills it with the request's token if the scheduler has it by then, else with
+the token the earlier step sampled (vLLM's async model runner reads
+``prev_sampled_token_ids`` the same way). Blocks that a prepared step writes
+in full count as valid for the prefix-hit repair of later steps (they run
+after it); ``commit`` makes them valid for good once the step's output is
+applied.
 """
 
 from __future__ import annotations
@@ -66,10 +82,31 @@ class Segment:
     """The request's ``num_tokens`` at scheduling time: positions below are real tokens."""
     drafts: list[int]
     input_ids: list[int]
+    holes: list[int] = field(default_factory=list)
+    """Positions whose input token a step still in flight samples (async placeholders)."""
+    commit_blocks: list[tuple[int, int]] = field(default_factory=list)
+    """``(block, pool generation)`` of the table blocks ``[start // bs, ceil(end / bs))`` at scheduling time."""
     row: int = 0
     """Index of the segment's first position in the flattened batch."""
     sample_row: int = -1
     """Index (in the logits) of the first sampled position, or -1."""
+
+
+@dataclass
+class PreparedStep:
+    """A scheduled step ready to run: everything taken from the scheduler's state when it was scheduled."""
+
+    out: StepOutput
+    segments: list[Segment]
+    repaired: int
+    ids: list[int] = field(default_factory=list)
+    """Input ids of the flattened batch; holes hold -1 until ``run`` fills them."""
+    hole_rows: list[tuple[int, Req, int]] = field(default_factory=list)
+    """``(row, request, position)`` of every hole."""
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    plans: list["_Attention"] = field(default_factory=list)
 
 
 @dataclass
@@ -92,8 +129,13 @@ class ModelRunner:
     """Owns the paged KV cache of one model; executes StepOutputs of one FastScheduler."""
 
     def __init__(self, model: LlamaModel, pool: BlockPool, block_size: int, max_model_len: int,
-                 num_spec_tokens: int = 0, drafter: NgramDrafter | None = None, repair_prefix_hits: bool = True) -> None:
-        """``repair_prefix_hits=False`` trusts every prefix hit; it exists only to demonstrate the hazard."""
+                 num_spec_tokens: int = 0, drafter: NgramDrafter | None = None, repair_prefix_hits: bool = True,
+                 async_scheduling: bool = False) -> None:
+        """``repair_prefix_hits=False`` trusts every prefix hit; it exists only to demonstrate the hazard.
+
+        ``async_scheduling``: steps may be scheduled with output placeholders;
+        keep each step's sampled tokens until the step that consumes them ran.
+        """
         c = model.config
         self.model = model
         self.pool = pool
@@ -106,16 +148,25 @@ class ModelRunner:
         self.k_cache = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(c.num_layers)]
         self.v_cache = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(c.num_layers)]
         self.written_gen = [-1] * pool.num_blocks
+        self.inflight_gen: dict[int, int] = {}
+        """Blocks written in full by steps prepared but not committed yet: block -> pool generation."""
+        self.async_scheduling = async_scheduling
+        self.sampled_ahead: dict[Req, dict[int, int]] = {}
+        """Per request, tokens sampled by steps that ran, by position (fills the holes of later steps)."""
         self.tie_eps = TIE_EPS.get(model.dtype, 1e-3)
         self.num_repaired_tokens = 0
         self.num_forward_tokens = 0
+        self.num_holes_from_runner = 0
+        """Placeholder inputs filled from an earlier step's sampled tokens (not yet applied by the scheduler)."""
+        self.num_holes_from_scheduler = 0
+        """Placeholder inputs whose token the scheduler had applied by the time the step ran."""
 
     # ------------------------------------------------------------------ batch building
 
     def _segments(self, out: StepOutput) -> tuple[list[Segment], int]:
         """One segment per scheduled entry, hit blocks without valid KV repaired."""
         bs = self.block_size
-        gen, written = self.pool.gen, self.written_gen
+        gen, written, inflight = self.pool.gen, self.written_gen, self.inflight_gen
         completing: set[int] = set()
         for req, n, start, ntok, _ in out.entries:
             table = req.blocks
@@ -131,7 +182,8 @@ class ModelRunner:
             if self.repair_prefix_hits and index >= out.num_running and start > 0:
                 for j in range(start // bs):
                     b = table[j]
-                    if written[b] != gen[b] and b not in completing:
+                    g = gen[b]
+                    if written[b] != g and inflight.get(b) != g and b not in completing:
                         seg_start = j * bs
                         break
                 if seg_start < start:
@@ -139,8 +191,16 @@ class ModelRunner:
                     completing.update(table[seg_start // bs: start // bs])
             end = start + n
             drafts = list(out.spec_tokens.get(req.req_id, ())) if end > ntok else []
-            ids = req.tokens[seg_start:min(end, ntok)] + drafts[: max(end - ntok, 0)]
-            segments.append(Segment(index, req, table, seg_start, end, ntok, drafts, ids))
+            real_end = min(end, ntok)
+            ids = req.tokens[seg_start:real_end]
+            holes: list[int] = []
+            if seg_start + len(ids) < real_end:  # placeholders: sampled by steps still in flight
+                holes = list(range(seg_start + len(ids), real_end))
+                ids = ids + [-1] * len(holes)
+            ids += drafts[: max(end - ntok, 0)]
+            seg = Segment(index, req, table, seg_start, end, ntok, drafts, ids, holes)
+            seg.commit_blocks = [(b, gen[b]) for b in table[seg_start // bs: (end + bs - 1) // bs]]
+            segments.append(seg)
         return segments, repaired
 
     def _slots(self, table: list[int], start: int, end: int) -> range | list[int]:
@@ -161,20 +221,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: StepOutput, *, propose: bool = True, keep_logits: bool = False) -> ExecuteResult:
-        """Run the forward pass of ``out`` and sample (see the module docstring)."""
+        """Run the forward pass of ``out`` and sample (see the module docstring): prepare, run, propose."""
+        result = self.run(self.prepare(out), keep_logits=keep_logits)
+        if propose:
+            self.propose(result)
+        return result
+
+    @torch.inference_mode()
+    def prepare(self, out: StepOutput) -> PreparedStep:
+        """Everything of a step that reads the scheduler's state; call right after ``schedule()``."""
         segments, repaired = self._segments(out)
-        self.num_repaired_tokens += repaired
-        sampled: list[list[int]] = [[] for _ in out.entries]
-        result = ExecuteResult(sampled=sampled, drafts={}, near_ties=[], segments=segments, num_repaired_tokens=repaired)
+        step = PreparedStep(out, segments, repaired)
         if not segments:
-            return result
-        model, dev = self.model, self.model.device
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
+            return step
+        bs = self.block_size
+        ids, positions, slots, sample_rows = step.ids, step.positions, step.slots, step.sample_rows
         for seg in segments:
             seg.row = len(ids)
+            for pos in seg.holes:
+                step.hole_rows.append((seg.row + pos - seg.start, seg.req, pos))
             ids.extend(seg.input_ids)
             positions.extend(range(seg.start, seg.end))
             slots.extend(self._slots(seg.table, seg.start, seg.end))
@@ -182,11 +247,46 @@ class ModelRunner:
                 seg.sample_row = len(sample_rows)
                 first = seg.row + (seg.num_tokens - 1 - seg.start)
                 sample_rows.extend(range(first, seg.row + (seg.end - seg.start)))
+            # blocks this step fills with the sequence's tokens (placeholders are
+            # tokens; drafts are not, until verified): later steps may read them
+            first_block = seg.start // bs
+            for b, g in seg.commit_blocks[: min(seg.end, seg.num_tokens) // bs - first_block]:
+                self.inflight_gen[b] = g
+        step.plans = self._attention_plans(segments)
+        return step
+
+    @torch.inference_mode()
+    def run(self, step: PreparedStep, *, keep_logits: bool = False) -> ExecuteResult:
+        """The forward pass and greedy sampling of a prepared step (steps run in schedule order).
+
+        Touches no scheduler state but the tokens of the requests with holes
+        (read, never written); may run on a worker thread.
+        """
+        out, segments = step.out, step.segments
+        self.num_repaired_tokens += step.repaired
+        sampled: list[list[int]] = [[] for _ in out.entries]
+        result = ExecuteResult(sampled=sampled, drafts={}, near_ties=[], segments=segments,
+                               num_repaired_tokens=step.repaired)
+        if not segments:
+            return result
+        model, dev = self.model, self.model.device
+        ids = step.ids
+        if step.hole_rows:
+            ids = list(ids)
+            ahead = self.sampled_ahead
+            for row, req, pos in step.hole_rows:
+                tokens = req.tokens
+                if pos < len(tokens):
+                    ids[row] = tokens[pos]
+                    self.num_holes_from_scheduler += 1
+                else:  # not applied yet: the token an earlier step sampled (0 for an output since discarded)
+                    ids[row] = ahead.get(req, {}).get(pos, 0)
+                    self.num_holes_from_runner += 1
         self.num_forward_tokens += len(ids)
         ids_t = model.token_tensor(ids)
-        rope = model.rope(torch.tensor(positions, dtype=torch.long, device=dev))
-        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        plans = self._attention_plans(segments)
+        rope = model.rope(torch.tensor(step.positions, dtype=torch.long, device=dev))
+        slot_t = torch.tensor(step.slots, dtype=torch.long, device=dev)
+        plans = step.plans
         hidden = model.embed(ids_t)
         c = model.config
         for layer in range(c.num_layers):
@@ -199,10 +299,10 @@ class ModelRunner:
             for plan in plans:
                 plan.run(q, k_flat, v_flat, attn, model.scale)
             hidden = model.finish_layer(layer, hidden, attn.reshape(q.shape[0], -1))
-        if not sample_rows:
+        if not step.sample_rows:
             return result
-        logits = model.logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
-        self._sample(out, segments, logits, result, propose=propose, keep_logits=keep_logits)
+        logits = model.logits(hidden[torch.tensor(step.sample_rows, dtype=torch.long, device=dev)])
+        self._sample(out, segments, logits, result, keep_logits=keep_logits)
         return result
 
     def _attention_plans(self, segments: list[Segment]) -> list["_Attention"]:
@@ -216,8 +316,8 @@ class ModelRunner:
         return plans
 
     def _sample(self, out: StepOutput, segments: list[Segment], logits: torch.Tensor, result: ExecuteResult,
-                *, propose: bool, keep_logits: bool) -> None:
-        """Greedy choice per sampled position, draft verification, near ties, next drafts."""
+                *, keep_logits: bool) -> None:
+        """Greedy choice per sampled position, draft verification, near ties."""
         masks: list[tuple[int, frozenset[int]]] = []
         for seg in segments:
             if seg.sample_row < 0 or not seg.req.min_tokens:
@@ -230,6 +330,7 @@ class ModelRunner:
             cpu = logits.to(device="cpu", dtype=torch.float64, copy=True)
         mask_stop_tokens(logits, masks)
         tokens, runner_up, margins = greedy(logits)
+        ahead = self.sampled_ahead
         for seg in segments:
             if seg.sample_row < 0:
                 continue
@@ -249,11 +350,25 @@ class ModelRunner:
                                                     float(margins[row + i])))
             if keep_logits:
                 result.logits[seg.entry_index] = cpu[row: row + m + 1]
-            if propose and self.drafter is not None:
-                limit = self.max_model_len - 1 - (seg.num_tokens + len(chosen))
-                drafts = self.drafter.propose(req.req_id, req.tokens, chosen, limit)
-                if drafts:
-                    result.drafts[req.req_id] = drafts
+            if self.async_scheduling:  # a later step in flight may consume these tokens
+                known = {p: t for p, t in ahead.get(req, {}).items() if p >= seg.start}
+                for i, t in enumerate(chosen):
+                    known[seg.num_tokens + i] = t
+                ahead[req] = known
+
+    def propose(self, result: ExecuteResult) -> None:
+        """The drafter's proposals for the next step, per request that sampled (on the scheduler's thread)."""
+        if self.drafter is None:
+            return
+        limit_base = self.max_model_len - 1
+        for seg in result.segments:
+            chosen = result.sampled[seg.entry_index]
+            if seg.sample_row < 0 or not chosen:
+                continue
+            drafts = self.drafter.propose(seg.req.req_id, seg.req.tokens, chosen,
+                                          limit_base - (seg.num_tokens + len(chosen)))
+            if drafts:
+                result.drafts[seg.req.req_id] = drafts
 
     # ------------------------------------------------------------------ after the update
 
@@ -264,11 +379,16 @@ class ModelRunner:
         sequence really has there, with a valid context: every real token of a
         segment, then its drafts up to the first one the sequence does not
         contain. Blocks whose last slot falls in a segment's valid range get the
-        pool generation they are in now.
+        pool generation they were in when the step was scheduled (a block freed
+        and taken again since is in a newer one, so it does not become valid).
         """
         bs = self.block_size
-        gen, written = self.pool.gen, self.written_gen
+        written, inflight = self.written_gen, self.inflight_gen
         for seg in result.segments:
+            first_block = seg.start // bs
+            for b, g in seg.commit_blocks[: min(seg.end, seg.num_tokens) // bs - first_block]:
+                if inflight.get(b) == g:
+                    del inflight[b]
             valid_end = min(seg.end, seg.num_tokens)
             if valid_end == seg.num_tokens:
                 tokens = seg.req.tokens
@@ -277,11 +397,15 @@ class ModelRunner:
                         valid_end += 1
                     else:
                         break
-            for j in range(seg.start // bs, valid_end // bs):
-                b = seg.table[j]
-                written[b] = gen[b]
+            for b, g in seg.commit_blocks[: max(valid_end // bs - first_block, 0)]:
+                written[b] = g
             if self.drafter is not None and seg.req.is_finished:
                 self.drafter.forget(seg.req.req_id)
+        ahead = self.sampled_ahead
+        if ahead:
+            for req in list(ahead):
+                if req.is_finished:
+                    ahead.pop(req, None)
 
     def forget(self, req_id: str) -> None:
         """Drop per-request state of an aborted request."""

@@ -38,6 +38,20 @@ Rules (each one is the reference's; the reference's docstrings derive them):
   full blocks after a spec-decode update (0.33), frees stopped requests, then
   stores the drafts proposed for the next step.
 
+In-flight steps (vLLM's batch queue, ``EngineCore.step_with_batch_queue``):
+``schedule()`` may be called again before the model output of earlier steps
+came back, up to ``config.max_concurrent_batches`` steps in flight; outputs are
+applied oldest first (``get_in_flight_output(step)`` names the one to apply).
+Per request the scheduler counts ``in_flight`` (tokens of steps in flight) and,
+after a preemption with steps in flight, ``stale`` (of those, the ones scheduled
+before the preemption: their tokens are appended without touching the counters
+the preemption reset, and the waiting loop skips the request until they are
+back). Under an ``-async`` profile (vLLM's ``AsyncScheduler``) every scheduled
+request that is not a prefill chunk gains ``1 + drafts`` output
+``placeholders``: they count as tokens to compute, so a decode is scheduled
+again while its previous token is still being sampled, and a request whose
+steps in flight are sure to reach ``max_tokens`` is skipped.
+
 Invalid input raises ``spec.errors.InvalidEvent`` with the reference's error
 codes (the shared vocabulary of the trace format), leaving the state unchanged.
 """
@@ -53,7 +67,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from spec.config import SchedulerConfig
-from spec.errors import EngineCrash, InvalidEvent
+from spec.errors import EngineCrash, InvalidConfig, InvalidEvent
 from spec.profiles import check_config_for_profile, get_profile
 
 # Request statuses, as small integers (compared with ==, never ordered).
@@ -64,7 +78,9 @@ FINISH_REASONS: dict[int, str] = {FINISHED_STOPPED: "stop", FINISHED_LENGTH_CAPP
 # Entry kinds of a scheduled request (StepOutput.kinds).
 KIND_RUNNING, KIND_NEW, KIND_RESUMED = 0, 1, 2
 
-SUPPORTED_PROFILES = ("vllm-0.33", "vllm-0.32")
+SUPPORTED_PROFILES = ("vllm-0.33", "vllm-0.32", "vllm-0.33-async", "vllm-0.32-async")
+ASYNC_SUFFIX = "-async"
+"""A profile ``<release>-async`` is the release's rules driven by vLLM's ``AsyncScheduler``."""
 _HASH_SEED = hashlib.sha256(b"schedconf/impl/block-hash/v1").digest()
 _NO_BLOCKS: tuple[int, ...] = ()
 
@@ -87,6 +103,7 @@ class Req:
         "req_id", "prompt", "tokens", "num_prompt", "num_computed", "spec", "hashes", "status",
         "priority", "arrival", "eos", "stop_ids", "stopset", "max_tokens", "min_tokens",
         "length_cap", "is_prefill_chunk", "stop_reason", "blocks", "num_cached", "num_preemptions",
+        "placeholders", "in_flight", "stale", "drop_stale",
     )
 
     def __init__(self, req_id: str, prompt: tuple[int, ...], max_tokens: int, min_tokens: int, priority: int,
@@ -112,6 +129,14 @@ class Req:
         self.blocks: list[int] | None = None
         self.num_cached = 0
         self.num_preemptions = 0
+        self.placeholders = 0
+        """``num_output_placeholders`` (async profiles): output tokens scheduled, not yet returned."""
+        self.in_flight = 0
+        """``num_in_flight_tokens``: tokens of steps scheduled whose model output is not applied yet."""
+        self.stale = 0
+        """``num_stale_output_tokens``: of ``in_flight``, those scheduled before the last preemption."""
+        self.drop_stale = False
+        """``drop_stale_output``: the stale output is dropped, not delivered (a ``reset_prefix_cache`` preemption)."""
 
     @property
     def num_tokens(self) -> int:
@@ -263,13 +288,16 @@ class StepOutput:
     num_tokens_at_schedule, blocks)`` tuple per scheduled request, in vLLM's
     ``num_scheduled_tokens`` order: the running loop's requests first, then the
     waiting loop's admissions (``kinds`` tells new from resumed for those).
-    ``blocks`` are the blocks allocated this step for a running request and the
-    whole table for an admitted one. ``spec_tokens`` are the drafts scheduled
-    per request id. A request *samples* iff ``before + n >= num_tokens``.
+    ``num_tokens_at_schedule`` counts the request's output placeholders (async
+    profiles): positions from ``len(request.tokens)`` at scheduling time up to it
+    hold tokens that steps still in flight are sampling. ``blocks`` are the
+    blocks allocated this step for a running request and the whole table for an
+    admitted one. ``spec_tokens`` are the drafts scheduled per request id. A
+    request *samples* iff ``before + n >= num_tokens_at_schedule``.
     """
 
     __slots__ = ("step", "entries", "num_running", "kinds", "spec_tokens", "finished_req_ids",
-                 "preempted_req_ids", "total_num_scheduled_tokens")
+                 "preempted_req_ids", "total_num_scheduled_tokens", "v2_layout")
 
     def __init__(self, step: int, entries: list[tuple[Req, int, int, int, Sequence[int]]], num_running: int,
                  kinds: list[int], spec_tokens: dict[str, list[int]], finished_req_ids: set[str],
@@ -282,6 +310,8 @@ class StepOutput:
         self.finished_req_ids = finished_req_ids
         self.preempted_req_ids = preempted_req_ids
         self.total_num_scheduled_tokens = total
+        self.v2_layout = False
+        """``use_v2_model_runner``: resumed requests are listed after the new ones, as new requests."""
 
     @property
     def req_ids(self) -> list[str]:
@@ -298,12 +328,14 @@ class StepOutput:
         new: list[dict[str, Any]] = []
         running: list[dict[str, Any]] = []
         resumed: list[dict[str, Any]] = []
+        resumed_as_new: list[dict[str, Any]] = []
         num_scheduled: dict[str, int] = {}
         for index, (req, n, before, ntok, blocks) in enumerate(self.entries):
             num_scheduled[req.req_id] = n
             kind = KIND_RUNNING if index < self.num_running else self.kinds[index - self.num_running]
-            if kind == KIND_NEW:
-                new.append({"req_id": req.req_id, "block_ids": list(blocks), "num_computed_tokens": before})
+            if kind == KIND_NEW or (kind == KIND_RESUMED and self.v2_layout):
+                (new if kind == KIND_NEW else resumed_as_new).append(
+                    {"req_id": req.req_id, "block_ids": list(blocks), "num_computed_tokens": before})
             else:
                 (running if kind == KIND_RUNNING else resumed).append({
                     "req_id": req.req_id,
@@ -313,7 +345,7 @@ class StepOutput:
                     "num_output_tokens": ntok - req.num_prompt,
                 })
         return {
-            "scheduled_new_reqs": new,
+            "scheduled_new_reqs": new + resumed_as_new,
             "scheduled_cached_reqs": running + resumed,
             "num_scheduled_tokens": dict(sorted(num_scheduled.items())),
             "total_num_scheduled_tokens": self.total_num_scheduled_tokens,
@@ -352,22 +384,41 @@ def _is_arrival(value: object) -> bool:
 
 
 class FastScheduler:
-    """The v1 scheduler for one config and profile ``vllm-0.33`` or ``vllm-0.32``.
+    """The v1 scheduler for one config and profile ``vllm-0.33`` or ``vllm-0.32`` (or their ``-async`` forms).
 
-    One step is ``schedule()`` followed by exactly one ``update_from_output()``;
-    ``add_request`` and ``abort`` may come between any two calls.
+    Every ``schedule()`` is answered by exactly one ``update_from_output()``, in
+    schedule order; up to ``config.max_concurrent_batches`` steps may be in
+    flight (1: the synchronous loop). ``add_request`` and ``abort`` may come
+    between any two calls.
     """
 
     def __init__(self, config: SchedulerConfig, profile: str = "vllm-0.33") -> None:
         if profile not in SUPPORTED_PROFILES:
             raise UnsupportedProfile(f"impl supports the profiles {', '.join(SUPPORTED_PROFILES)}, not {profile!r}")
+        release = profile.removesuffix(ASYNC_SUFFIX)
+        self.async_scheduling = profile != release
         check_config_for_profile(config, get_profile(profile))  # the release's start-up refusals
+        if self.async_scheduling and config.num_spec_tokens > 0:
+            # The model's refusal (check_config_for_profile makes it too):
+            # AsyncScheduler with spec decode is not modelled yet.
+            raise InvalidConfig("async_spec_decode_not_modelled",
+                                f"an async profile with num_spec_tokens={config.num_spec_tokens} is not modelled yet")
+        self.max_concurrent_batches = getattr(config, "max_concurrent_batches", 1)
+        if not _is_int(self.max_concurrent_batches) or self.max_concurrent_batches < 1:
+            raise InvalidConfig("invalid_max_concurrent_batches", "max_concurrent_batches must be >= 1")
         self.config = config
         self.profile = profile
         self.bs = config.block_size
         self.mml = config.max_model_len
         self.budget = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        # vLLM 0.32+ knobs (check_config_for_profile refuses them where absent):
+        # the waiting loop's admission cap, the adaptive threshold, the V2
+        # model runner's output layout.
+        active = getattr(config, "max_num_active_seqs", None)
+        self.max_num_active = config.max_num_seqs if active is None else active
+        self.adaptive_threshold = bool(getattr(config, "long_prefill_token_threshold_adaptive", False))
+        self.v2_layout = bool(getattr(config, "use_v2_model_runner", False))
         self.threshold = config.long_prefill_token_threshold
         self.chunked = config.enable_chunked_prefill
         self.caching = config.enable_prefix_caching
@@ -376,8 +427,14 @@ class FastScheduler:
         self.lookahead = config.num_lookahead_tokens
         # Both supported profiles default to the full-sequence admission gate.
         self.reserve_full = True if config.scheduler_reserve_full_isl is None else config.scheduler_reserve_full_isl
-        self.self_preempt_continue = profile == "vllm-0.33"
-        self.cache_after_spec_update = profile == "vllm-0.33" and self.k > 0
+        self.self_preempt_continue = release == "vllm-0.33"
+        # After appending a running request's tokens, cache the blocks its
+        # settled tokens fill: 0.33 does it when the request had placeholders
+        # or with spec decode; 0.32 only in AsyncScheduler (where every request
+        # that samples had placeholders). Without spec decode both cache up to
+        # ``num_computed - in_flight`` (0.32: ``num_computed - placeholders``,
+        # the same count: every later step in flight is a 1-token decode).
+        self.cache_after_spec_update = (release == "vllm-0.33" and self.k > 0) or self.async_scheduling
         self.pool = BlockPool(config.num_gpu_blocks, self.caching)
         self.requests: dict[str, Req] = {}
         self.seen_ids: set[str] = set()
@@ -387,8 +444,11 @@ class FastScheduler:
         self.finished_req_ids: set[str] = set()
         self.preempted_req_ids: set[str] = set()
         self.current_step = 0
-        self.pending: StepOutput | None = None
+        self.in_flight: deque[StepOutput] = deque()
+        """Steps scheduled whose model output is not applied yet, oldest first."""
         self.num_preemptions = 0
+        self.num_stale_outputs = 0
+        """Model outputs delivered to a request preempted after the step that sampled them (counted per request)."""
         self.crashed: str | None = None  # the engine crash that killed this scheduler
 
     # ------------------------------------------------------------------ waiting queue
@@ -425,6 +485,40 @@ class FastScheduler:
             return [item[3].req_id for item in sorted(self._heap, key=lambda item: item[:3])]
         return [r.req_id for r in self._fcfs]
 
+    @property
+    def pending(self) -> StepOutput | None:
+        """The newest step in flight (the last ``schedule()``'s), or None."""
+        return self.in_flight[-1] if self.in_flight else None
+
+    def is_scheduled_in_flight(self, request_id: str) -> bool:
+        """True if a step still in flight scheduled ``request_id``."""
+        for out in self.in_flight:
+            for e in out.entries:
+                if e[0].req_id == request_id:
+                    return True
+        return False
+
+    def get_in_flight_output(self, step: int) -> StepOutput:
+        """The step whose model output is to be applied, if it is ``step``; refusals change nothing.
+
+        ``unscheduled_step``: never scheduled (``step < 1`` or past the last
+        step); ``duplicate_model_output``: its output was applied already;
+        ``model_output_out_of_order``: an older step is still in flight (outputs
+        are applied in schedule order, as vLLM's batch queue does).
+        """
+        self._require_alive()
+        if not _is_int(step) or not 1 <= step <= self.current_step:
+            raise InvalidEvent("unscheduled_step", f"model output for step {step!r}, which was never scheduled "
+                               f"(last step: {self.current_step})", step=step)
+        oldest = self.in_flight[0].step if self.in_flight else self.current_step + 1
+        if step < oldest:
+            raise InvalidEvent("duplicate_model_output", f"model output for step {step}, whose output was already "
+                               "applied", step=step)
+        if step > oldest:
+            raise InvalidEvent("model_output_out_of_order", f"model output for step {step} while step {oldest} is "
+                               "still in flight (outputs are applied in schedule order)", step=step)
+        return self.in_flight[0]
+
     def _require_alive(self) -> None:
         """After an engine crash every call is refused (``engine_dead``)."""
         if self.crashed is not None:
@@ -444,7 +538,8 @@ class FastScheduler:
         ``max_tokens``/``min_tokens``/``priority``; a finite int or float
         ``arrival_time``; ``max_tokens >= 1``; ``0 <= min_tokens <= max_tokens``;
         integer token ids in ``[0, 2**31 - 1]`` (prompt, stop ids, EOS); not the
-        id of a request aborted in the pending step.
+        id of a request that a step still in flight scheduled (aborted or
+        finished since: vLLM would hand that step's output to the new request).
         """
         self._require_alive()
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
@@ -476,9 +571,9 @@ class FastScheduler:
             if not _is_token(token):
                 raise InvalidEvent("invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
                                    request_id=request_id)
-        if self.pending is not None and any(e[0].req_id == request_id for e in self.pending.entries):
-            raise InvalidEvent("request_id_in_flight", f"request {request_id!r} was aborted in the pending step",
-                               request_id=request_id)
+        if request_id in self.seen_ids and self.is_scheduled_in_flight(request_id):
+            raise InvalidEvent("request_id_in_flight", f"request {request_id!r} was aborted while a step that "
+                               "scheduled it is in flight", request_id=request_id)
         eos = None if ignore_eos else eos_token_id
         req = Req(request_id, prompt, max_tokens, min_tokens, priority, arrival_time, eos, stops,
                   min(self.mml, len(prompt) + max_tokens))
@@ -509,6 +604,28 @@ class FastScheduler:
         req.status = FINISHED_ABORTED
         self._free(req)
         return [request_id]
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached block hash (vLLM's ``Scheduler.reset_prefix_cache``); True if it was reset.
+
+        With ``reset_running_requests`` every running request is preempted
+        first, tail first (FCFS: back at the head of ``waiting`` in running
+        order), its output in flight dropped rather than delivered, so it may
+        resume at once. Otherwise the reset fails (False, nothing changed)
+        while any request holds blocks. The free queue keeps its order.
+        """
+        self._require_alive()
+        if not isinstance(reset_running_requests, bool):
+            raise InvalidEvent("invalid_field_type", "reset_running_requests must be a boolean")
+        if reset_running_requests:
+            while self.running:
+                self._preempt(self.running.pop(), drop_stale=True)
+        pool = self.pool
+        if pool.num_free != pool.num_blocks - 1:
+            return False
+        pool.cached.clear()
+        pool.block_hash[:] = [None] * pool.num_blocks
+        return True
 
     # ------------------------------------------------------------------ blocks
 
@@ -555,8 +672,14 @@ class FastScheduler:
         self.finished_req_ids.add(req.req_id)
         del self.requests[req.req_id]
 
-    def _preempt(self, req: Req) -> None:
-        """Preempt by recompute: free the blocks, forget computed tokens and drafts, requeue."""
+    def _preempt(self, req: Req, drop_stale: bool = False) -> None:
+        """Preempt by recompute: free the blocks, forget computed tokens and drafts, requeue.
+
+        Output of the request's steps still in flight becomes stale: it will be
+        appended without touching the counters reset here, or dropped
+        (``drop_stale``: a reset's preemption; an undrained dropped share stays
+        dropped).
+        """
         if req.blocks is not None:
             self.pool.release(reversed(req.blocks))
             req.blocks = None
@@ -564,6 +687,9 @@ class FastScheduler:
         req.status = PREEMPTED
         req.num_computed = 0
         req.spec = []
+        req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
+        req.stale = req.in_flight
+        req.placeholders = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting_push_front(req)
@@ -574,14 +700,19 @@ class FastScheduler:
     def schedule(self) -> StepOutput:
         """Decide this step's batch: the running loop, then (without preemption) the waiting loop."""
         self._require_alive()
-        if self.pending is not None:
-            raise InvalidEvent("output_not_processed", "schedule() called before update_from_output()",
+        if len(self.in_flight) >= self.max_concurrent_batches:
+            raise InvalidEvent("output_not_processed", f"schedule() called while {len(self.in_flight)} step(s) await "
+                               f"their model output (max_concurrent_batches={self.max_concurrent_batches})",
                                step=self.current_step)
         self.current_step += 1
         running = self.running
         threshold = self.threshold
-        if threshold and len(running) + self._waiting_len() <= 1:
-            threshold = 0  # a lone request is not capped
+        if threshold:
+            num_eligible = len(running) + self._waiting_len()
+            if num_eligible <= 1:
+                threshold = 0  # a lone request is not capped
+            elif self.adaptive_threshold:
+                threshold = max(threshold, self.budget // num_eligible)  # floored at a fair share
         budget = self.budget
         entries: list[tuple[Req, int, int, int, Sequence[int]]] = []
         spec_out: dict[str, list[int]] = {}
@@ -593,6 +724,7 @@ class FastScheduler:
         prefill_scheduled = False
         preempted = False
         append = entries.append
+        async_scheduling = self.async_scheduling
 
         # ---- running loop
         i = 0
@@ -600,12 +732,22 @@ class FastScheduler:
             req = running[i]
             start = req.num_computed
             ntok = len(req.tokens)
+            ph = req.placeholders
+            if ph:
+                if start + 2 - ph >= req.num_prompt + req.max_tokens:
+                    # Async: the steps in flight are sure to reach max_tokens
+                    # (even if all their drafts were rejected).
+                    i += 1
+                    continue
+                total = ntok + ph  # tokens to compute, placeholders included
+            else:
+                total = ntok
             spec = req.spec
-            if start + 1 == ntok and not spec and ntok < mml:
+            if start + 1 == total and not spec and total < mml:
                 # Steady decode, the common case: exactly one token (the budget is
                 # positive, a threshold is >= 1, max_model_len leaves room), and
                 # when its slot is already held, nothing else to decide.
-                end = ntok + lookahead
+                end = total + lookahead
                 if end > mml:
                     end = mml
                 if (end + bs - 1) // bs <= len(req.blocks):  # type: ignore[arg-type]
@@ -614,12 +756,15 @@ class FastScheduler:
                     if req.is_prefill_chunk:
                         prefill_scheduled = True
                         req.is_prefill_chunk = False
-                    append((req, 1, start, ntok, _NO_BLOCKS))
+                    append((req, 1, start, total, _NO_BLOCKS))
                     budget -= 1
-                    req.num_computed = ntok
+                    req.num_computed = total
+                    req.in_flight += 1
+                    if async_scheduling:
+                        req.placeholders += 1
                     i += 1
                     continue
-            n = ntok + len(spec) - start
+            n = total + len(spec) - start
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -653,15 +798,18 @@ class FastScheduler:
                     self._cache_full(req, c // bs)
             if req.is_prefill_chunk:
                 prefill_scheduled = True
-            append((req, n, start, ntok, new_blocks))
+            append((req, n, start, total, new_blocks))
             budget -= n
             req.num_computed = start + n
-            req.is_prefill_chunk = start + n < ntok
+            req.is_prefill_chunk = start + n < total
+            req.in_flight += n
             if spec:
-                k = start + n - ntok
+                k = start + n - total
                 if k > 0:
                     spec_out[req.req_id] = spec[:k]
                 req.spec = []
+            if async_scheduling and not req.is_prefill_chunk:
+                req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
             i += 1
         num_running = len(entries)
 
@@ -672,9 +820,10 @@ class FastScheduler:
 
         out = StepOutput(self.current_step, entries, num_running, kinds, spec_out, self.finished_req_ids,
                          self.preempted_req_ids, self.budget - budget)
+        out.v2_layout = self.v2_layout
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
-        self.pending = out
+        self.in_flight.append(out)
         return out
 
     def _preempt_until_fits(self, req: Req, need: int, i: int, entries: list[tuple[Req, int, int, int, Sequence[int]]],
@@ -698,6 +847,7 @@ class FastScheduler:
                 for j in range(len(entries)):
                     if entries[j][0] is victim:
                         budget += entries[j][1]
+                        victim.in_flight -= entries[j][1]  # (its placeholders go with the preemption)
                         del entries[j]
                         spec_out.pop(victim.req_id, None)
                         break
@@ -718,76 +868,95 @@ class FastScheduler:
         cached = pool.cached
         ref = pool.ref
         running = self.running
-        while budget > 0 and self._waiting_len():
-            if len(running) >= self.max_num_seqs:
-                break
-            req = self._waiting_peek()
-            ntok = len(req.tokens)
-            hit_blocks: list[int] = []
-            if self.caching:
-                max_blocks = (ntok - 1) // bs
-                for h in self._hashes(req, max_blocks)[:max_blocks]:
-                    found = cached.get(h)
-                    if not found:
-                        break
-                    hit_blocks.append(found[0])
-            hit = len(hit_blocks) * bs
-            n = ntok - hit
-            pad = False
-            if k > 0 and n == 1 and not prefill_scheduled and (num_running > 0 or hit > 0):
-                padded = 1 + k
-                if hit + padded + 1 <= mml:
-                    if padded > budget:
-                        break  # prefer not scheduling to scheduling unpadded
-                    n = padded
-                    pad = True
-            if 0 < threshold < n:
-                n = threshold
-            if not self.chunked and n > budget:
-                break
-            if n > budget:
-                n = budget
-            evictable = 0
-            for b in hit_blocks:
-                if ref[b] == 0:
-                    evictable += 1
-            num_free = pool.num_free
-            if self.reserve_full:
-                full = ntok if ntok < mml else mml
-                if max((full + bs - 1) // bs - len(hit_blocks), 0) + evictable > num_free:
+        skipped: list[Req] = []
+        try:
+            while budget > 0 and self._waiting_len():
+                if len(running) >= self.max_num_active:
                     break
-            end = hit + n + self.lookahead
-            if end > mml:
-                end = mml
-            num_new = (end + bs - 1) // bs - len(hit_blocks)
-            if max(num_new, 0) + evictable > num_free:
-                break
-            pool.touch(hit_blocks)
-            req.num_cached = len(hit_blocks)
-            blocks = hit_blocks
-            if num_new > 0:
-                blocks.extend(pool.pop_front(num_new))
-            req.blocks = blocks
-            if self.caching:
-                self._cache_upto(req, hit + n)
-            self._waiting_pop()
-            running.append(req)
-            kinds.append(KIND_NEW if req.status == WAITING else KIND_RESUMED)
-            entries.append((req, n, hit, ntok, list(blocks)))
-            budget -= n
-            req.status = RUNNING
-            req.num_computed = hit + n
-            req.is_prefill_chunk = hit + n < ntok
-            if pad:
-                if n != 1 + k:
-                    # vLLM 0.32/0.33 assert a padded admission kept all 1 + k
-                    # tokens; the threshold cut it, so their engine core dies
-                    # here (a vLLM bug the reference models; reports/findings.md 3).
-                    self.crashed = "engine_assertion_padded_admission"
-                    raise EngineCrash("engine_assertion_padded_admission",
-                                      f"step {self.current_step}: {req.req_id!r} padded to {1 + k} tokens, "
-                                      f"cut to {n} by long_prefill_token_threshold", request_id=req.req_id)
-                spec_out[req.req_id] = [-1] * k
+                req = self._waiting_peek()
+                if req.stale and not req.drop_stale:
+                    # Its stale output is still in flight: resuming now could
+                    # resample a position that output will deliver. Skipped, and
+                    # put back at the head (in order) after the loop.
+                    self._waiting_pop()
+                    skipped.append(req)
+                    continue
+                ntok = len(req.tokens)
+                hit_blocks: list[int] = []
+                if self.caching:
+                    max_blocks = (ntok - 1) // bs
+                    for h in self._hashes(req, max_blocks)[:max_blocks]:
+                        found = cached.get(h)
+                        if not found:
+                            break
+                        hit_blocks.append(found[0])
+                hit = len(hit_blocks) * bs
+                n = ntok - hit
+                pad = False
+                if k > 0 and n == 1 and not prefill_scheduled and (num_running > 0 or hit > 0):
+                    padded = 1 + k
+                    if hit + padded + 1 <= mml:
+                        if padded > budget:
+                            break  # prefer not scheduling to scheduling unpadded
+                        n = padded
+                        pad = True
+                if 0 < threshold < n:
+                    n = threshold
+                if not self.chunked and n > budget:
+                    break
+                if n > budget:
+                    n = budget
+                evictable = 0
+                for b in hit_blocks:
+                    if ref[b] == 0:
+                        evictable += 1
+                num_free = pool.num_free
+                if self.reserve_full:
+                    full = ntok if ntok < mml else mml
+                    if max((full + bs - 1) // bs - len(hit_blocks), 0) + evictable > num_free:
+                        break
+                end = hit + n + self.lookahead
+                if end > mml:
+                    end = mml
+                num_new = (end + bs - 1) // bs - len(hit_blocks)
+                if max(num_new, 0) + evictable > num_free:
+                    break
+                pool.touch(hit_blocks)
+                req.num_cached = len(hit_blocks)
+                blocks = hit_blocks
+                if num_new > 0:
+                    blocks.extend(pool.pop_front(num_new))
+                req.blocks = blocks
+                if self.caching:
+                    self._cache_upto(req, hit + n)
+                self._waiting_pop()
+                running.append(req)
+                kinds.append(KIND_NEW if req.status == WAITING else KIND_RESUMED)
+                entries.append((req, n, hit, ntok, list(blocks)))
+                budget -= n
+                req.status = RUNNING
+                req.num_computed = hit + n
+                req.is_prefill_chunk = hit + n < ntok
+                if pad:
+                    if n != 1 + k:
+                        # vLLM 0.32/0.33 assert a padded admission kept all 1 + k
+                        # tokens; the threshold cut it, so their engine core dies
+                        # here (a vLLM bug the reference models; reports/findings.md 3).
+                        self.crashed = "engine_assertion_padded_admission"
+                        raise EngineCrash("engine_assertion_padded_admission",
+                                          f"step {self.current_step}: {req.req_id!r} padded to {1 + k} tokens, "
+                                          f"cut to {n} by long_prefill_token_threshold", request_id=req.req_id)
+                    spec_out[req.req_id] = [-1] * k
+                req.in_flight += n
+                if self.async_scheduling and not req.is_prefill_chunk:
+                    req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
+        finally:
+            if skipped:
+                if self.priority:
+                    for req in skipped:
+                        heapq.heappush(self._heap, (req.priority, req.arrival, req.req_id, req))
+                else:
+                    self._fcfs.extendleft(reversed(skipped))
         return budget
 
     # ------------------------------------------------------------------ update
@@ -802,8 +971,8 @@ class FastScheduler:
         ``num_spec_tokens`` of them, for scheduled requests.
         """
         self._require_alive()
-        if out is not self.pending:
-            raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
+        if not self.in_flight or out is not self.in_flight[0]:
+            raise InvalidEvent("unexpected_model_output", "model output needs the oldest in-flight step's output, once")
         scheduled = {e[0].req_id: e for e in out.entries}
         for rid, tokens in sampled.items():
             if rid not in scheduled:
@@ -811,9 +980,9 @@ class FastScheduler:
             for t in tokens:
                 if not _is_token(t):
                     raise InvalidEvent("invalid_token_id", f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]")
-        for rid, (_, n, before, ntok, _) in scheduled.items():
+        for rid, (scheduled_req, n, before, ntok, _) in scheduled.items():
             req = self.requests.get(rid)
-            if req is None or req.status >= FINISHED_STOPPED:
+            if req is not scheduled_req or req.status >= FINISHED_STOPPED:
                 continue
             got = len(sampled.get(rid, ()))
             if before + n >= ntok:
@@ -838,17 +1007,21 @@ class FastScheduler:
 
     def update_from_output(self, out: StepOutput, sampled: Sequence[Sequence[int]],
                            drafts: Mapping[str, Sequence[int]] | None = None) -> list[RequestOutputTuple]:
-        """Apply the model output of the pending step; ``sampled[i]`` belongs to ``out.entries[i]``.
+        """Apply the model output of the oldest step in flight; ``sampled[i]`` belongs to ``out.entries[i]``.
 
-        Per scheduled request, in batch order: roll back rejected drafts, append
-        tokens with the stop check, cache full blocks after a spec-decode update
-        (0.33), free the request if it stopped. Then store the next drafts.
+        Per scheduled request, in batch order: settle its in-flight (and stale)
+        tokens, roll back rejected drafts, append tokens with the stop check,
+        resolve output placeholders, cache full blocks of settled tokens (0.33
+        spec decode; async profiles), free the request if it stopped. Output of
+        a step scheduled before the request's last preemption is *stale*: its
+        tokens are appended, no counter moves. Then store the next drafts.
         Trusts its input: run ``validate_model_output`` first for untrusted output.
         """
         self._require_alive()
-        if out is not self.pending:
-            raise InvalidEvent("unexpected_model_output", "model output needs the last schedule() output, once")
-        self.pending = None
+        in_flight = self.in_flight
+        if not in_flight or out is not in_flight[0]:
+            raise InvalidEvent("unexpected_model_output", "model output needs the oldest in-flight step's output, once")
+        in_flight.popleft()
         results: list[RequestOutputTuple] = []
         spec_out = out.spec_tokens
         requests = self.requests
@@ -856,38 +1029,45 @@ class FastScheduler:
         cache_after = self.cache_after_spec_update
         for entry, toks in zip(out.entries, sampled):
             req = entry[0]
-            if req.status != RUNNING:
-                live = requests.get(req.req_id)
-                if live is None or live.status >= FINISHED_STOPPED:
-                    continue
-                req = live  # a new request under the same id (the reference looks requests up by id)
+            if req.status >= FINISHED_STOPPED:
+                continue  # aborted or finished since it was scheduled (and freed: no longer in requests)
+            req.in_flight -= entry[1]
+            if req.stale:
+                req.stale -= entry[1]
+                if toks and not req.drop_stale:
+                    self.num_stale_outputs += 1
+                    self._append_stale(req, toks, results)
+                continue
             if not toks:
                 continue
+            had_placeholders = req.placeholders > 0
             if spec_out:
                 d = spec_out.get(req.req_id)
-                if d and req.num_computed > 0:
-                    req.num_computed -= len(d) - (len(toks) - 1)
+                if d:
+                    rejected = len(d) - (len(toks) - 1)
+                    if req.num_computed > 0:
+                        req.num_computed -= rejected
+                    if had_placeholders:
+                        req.placeholders -= rejected
+            if had_placeholders:
+                req.placeholders -= len(toks)  # every token returned, trimmed ones included (0.33)
             if len(toks) == 1:
                 tokens: list[int] = req.tokens
                 t = toks[0]
                 tokens.append(t)
                 if t not in req.stopset and len(tokens) < req.length_cap:
-                    if cache_after and req.status == RUNNING:
-                        self._cache_upto(req, req.num_computed)
+                    if cache_after:
+                        self._cache_upto(req, req.num_computed - req.in_flight)
                     results.append((req.req_id, toks, None, None))
                     continue
                 tokens.pop()
             kept, status = self._append_slow(req, toks)
-            if cache_after and req.status == RUNNING:
-                self._cache_upto(req, req.num_computed)
+            if cache_after:
+                self._cache_upto(req, req.num_computed - req.in_flight)
             if status:
-                was_running = req.status == RUNNING
                 req.status = status
                 self._free(req)
-                if was_running:
-                    any_stopped = True
-                else:
-                    self._waiting_remove({req})
+                any_stopped = True
                 results.append((req.req_id, kept, FINISH_REASONS[status], req.stop_reason))
             else:
                 results.append((req.req_id, kept, None, req.stop_reason))
@@ -900,6 +1080,29 @@ class FastScheduler:
                     continue
                 target.spec = [] if target.is_prefill_chunk else list(proposed)
         return results
+
+    def _append_stale(self, req: Req, toks: Sequence[int], results: list[RequestOutputTuple]) -> None:
+        """Append the tokens of a step scheduled before ``req``'s last preemption (stale output).
+
+        No counter moves (no draft rollback, no trim, no placeholder, no
+        caching); a stop finishes the request, which leaves ``waiting`` if it
+        is there (a request resumed since could not be: the waiting loop skips
+        requests with stale output in flight).
+        """
+        computed = req.num_computed
+        kept, status = self._append_slow(req, toks)
+        req.num_computed = computed
+        if status:
+            was_running = req.status == RUNNING
+            req.status = status
+            self._free(req)
+            if was_running:
+                self.running = [r for r in self.running if r is not req]
+            else:
+                self._waiting_remove({req})
+            results.append((req.req_id, kept, FINISH_REASONS[status], req.stop_reason))
+        else:
+            results.append((req.req_id, kept, None, req.stop_reason))
 
     def _append_slow(self, req: Req, toks: Sequence[int]) -> tuple[Sequence[int], int]:
         """Append tokens one by one with the stop check; trim what follows a stop.

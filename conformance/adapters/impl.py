@@ -4,7 +4,7 @@
   harness feeds the model outputs recorded in the trace; outputs are the
   canonical form of ``spec/output.py`` and ``observe()`` returns the free queue.
 * :class:`ImplEngineSut` (``--sut impl-engine``): the whole engine, teacher
-  forced. Every ``schedule()`` also runs the real model over the scheduled
+  forced. Every step also runs the real model over the scheduled
   batch (paged KV cache, chunked prefill, prefix hits, drafts, preemption by
   recompute), while the tokens appended are the trace's, so the scheduler
   outputs are compared with the trace as for ``impl``. In addition, every
@@ -15,6 +15,14 @@
   drive both the engine and the reference scheduler, is
   ``gpu_checks/engine_check.py``: the replay harness reads tokens from the
   trace and so cannot drive it.
+
+Both run traces with steps in flight (``in_flight = True``: ``max_concurrent_batches
+> 1``, the ``-async`` profiles): ``update_from_output(..., step=N)`` applies the
+output of step N, which must be the oldest in flight (the model's refusal codes
+otherwise). The engine adapter prepares each step's batch when it is scheduled
+and runs the forward pass when that step's output is applied, in schedule order:
+a decode scheduled on an output placeholder then reads the token the trace
+sampled there.
 
 With a v0 profile (``vllm-0.10``, chosen by ``spec.schedulers.get_scheduler_kind``)
 both run the v0 path instead: ``impl.v0_scheduler.FastV0Scheduler`` (outputs in
@@ -32,6 +40,7 @@ adapter imports torch only in ``start()``.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
@@ -75,6 +84,8 @@ class ImplSchedulerSut(InProcessSut):
     """The fast scheduler behind the SchedulerUnderTest protocol (scheduler only)."""
 
     name = "impl"
+    in_flight = True
+    """Runs traces with steps in flight (``max_concurrent_batches > 1``, ``-async`` profiles)."""
     scheduler: Any
     pending: Any
     v0 = False
@@ -97,19 +108,44 @@ class ImplSchedulerSut(InProcessSut):
                     raise SutUnsupported(str(exc)) from None
         self.pending = None
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        if self.pending is None:
-            raise SutInputError("unexpected_model_output", "model output without a pending step")
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
+                           step: int | None = None) -> list[dict[str, Any]]:
+        """Apply the model output of ``step`` (None: the oldest step in flight); refusals change nothing."""
         sched = self._sched()
         if self.v0:
+            if self.pending is None:
+                raise SutInputError("unexpected_model_output", "model output without a pending step")
             return self._update_v0(sched, sampled_token_ids, draft_token_ids)
+        out = self._step_to_apply(step)
         with refused_as_input_error():
-            sched.validate_model_output(self.pending, sampled_token_ids, draft_token_ids)
-        aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in self.pending.entries]
-        results = sched.update_from_output(self.pending, aligned, draft_token_ids)
-        self.pending = None
+            sched.validate_model_output(out, sampled_token_ids, draft_token_ids)
+        return self._apply(out, sampled_token_ids, draft_token_ids)
+
+    def _step_to_apply(self, step: int | None) -> Any:
+        """The in-flight StepOutput the model output answers (refused with the model's codes)."""
+        sched = self._sched()
+        if step is None:
+            if not sched.in_flight:
+                raise SutInputError("unexpected_model_output", "model output without a pending step")
+            return sched.in_flight[0]
+        with refused_as_input_error():
+            return sched.get_in_flight_output(step)
+
+    def _apply(self, out: Any, sampled_token_ids: dict[str, list[int]],
+               draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+        """Apply a validated model output of the oldest step in flight."""
+        sched = self._sched()
+        aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in out.entries]
+        results = sched.update_from_output(out, aligned, draft_token_ids)
+        self.pending = sched.pending
         return canonical_request_outputs(results)
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        """``FastScheduler.reset_prefix_cache`` (v1 only: the v0 trace format has no reset)."""
+        if self.v0:
+            raise SutUnsupported("the v0 scheduler has no reset_prefix_cache in the trace format")
+        with refused_as_input_error():
+            return bool(self._sched().reset_prefix_cache(reset_running_requests))
 
     def _update_v0(self, sched: FastV0Scheduler, sampled_token_ids: dict[str, list[int]],
                    draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
@@ -172,6 +208,8 @@ class ImplEngineSut(ImplSchedulerSut):
         self.runner: Any = None
         self.result: Any = None
         self._positions: dict[Any, dict[int, Any]] = {}
+        self._prepared: deque[Any] = deque()
+        """v1: the prepared batch of every step in flight, oldest first (runs when its output is applied)."""
         self.near_ties: list[Any] = []
         self.failures: list[str] = []
         self.num_checked_positions = 0
@@ -200,16 +238,25 @@ class ImplEngineSut(ImplSchedulerSut):
 
             self.runner = V0ModelRunner(self.model, sched)
         else:
-            self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None)
+            self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None,
+                                      async_scheduling=sched.async_scheduling)
         self._positions = {}
+        self._prepared = deque()
 
     def schedule(self) -> dict[str, Any]:
+        """Schedule; v1: prepare the step's batch now (block tables as scheduled), run it when its output comes.
+
+        A step runs when its model output is applied (in schedule order, as on
+        a device): by then the trace's tokens of every earlier step are in the
+        requests, so a decode scheduled on an output placeholder (async
+        profiles) reads the token the trace sampled there.
+        """
         canonical = super().schedule()
         assert self.pending is not None
         if self.v0:  # swaps, copies and the forward pass; the logits of sampled positions are kept
             self.result = self.runner.execute(self.pending, keep_logits=True)
         else:
-            self.result = self.runner.execute(self.pending, propose=False, keep_logits=True)
+            self._prepared.append(self.runner.prepare(self.pending))
         return canonical
 
     def abort(self, request_id: str) -> None:
@@ -218,14 +265,21 @@ class ImplEngineSut(ImplSchedulerSut):
         if req is not None and req.is_finished:
             self._verify(req)
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        pending, result = self.pending, self.result
-        outputs = super().update_from_output(sampled_token_ids, draft_token_ids)
-        assert pending is not None
+    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
+                           step: int | None = None) -> list[dict[str, Any]]:
         if self.v0:
+            pending, result = self.pending, self.result
+            outputs = super().update_from_output(sampled_token_ids, draft_token_ids, step)
             self._keep_v0(pending, result, outputs)
             return outputs
+        sched = self._sched()
+        pending = self._step_to_apply(step)
+        with refused_as_input_error():
+            sched.validate_model_output(pending, sampled_token_ids, draft_token_ids)
+        prepared = self._prepared.popleft()
+        assert prepared.out is pending
+        result = self.runner.run(prepared, keep_logits=True)
+        outputs = self._apply(pending, sampled_token_ids, draft_token_ids)
         self.runner.commit(result)
         for index, (req, n, before, ntok, _) in enumerate(pending.entries):
             rows = result.logits.get(index)
@@ -235,8 +289,9 @@ class ImplEngineSut(ImplSchedulerSut):
             drafts = pending.spec_tokens.get(req.req_id, ())
             tokens = req.tokens
             for i in range(rows.shape[0]):
-                # position ntok-1+i had a valid context iff drafts 1..i are the sequence's tokens
-                if i > 0 and not (ntok + i - 1 < len(tokens) and tokens[ntok + i - 1] == drafts[i - 1]):
+                # position ntok-1+i had a valid context iff its tokens (placeholders
+                # included) are the sequence's and drafts 1..i are too
+                if ntok + i - 1 >= len(tokens) or (i > 0 and tokens[ntok + i - 1] != drafts[i - 1]):
                     break
                 kept[ntok - 1 + i] = rows[i]
         for out in outputs:

@@ -164,6 +164,10 @@ class _Lockstep:
             calls += [] if name == "schedule" else [("update_from_output", sampled, drafts)]
         elif name in ("blocks", "queues"):
             calls = [("observe",)]
+        elif name == "reset-prefix-cache":
+            calls = [("reset_prefix_cache", "running" in args)]
+        elif name == "stats":
+            return  # the model's SchedulerStats: not part of the scheduler-under-test interface
         else:
             raise AssertionError(f"unknown command {name}")
         for method, *call_args in calls:
