@@ -209,13 +209,7 @@ class ScenarioRunner:
             else:
                 sampled[key] = tuple(parse_tokens(value))
         sched = self._sched()
-        if step is not None:
-            output = sched.get_in_flight_output(step)
-        elif sched.in_flight:
-            output = sched.in_flight[0].output
-        else:
-            raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
-        outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
+        outputs = sched.update_from_output(sched.get_output_to_apply(step), ModelRunnerOutput(sampled, drafts))
         self.pending = sched.pending_output
         return render_request_outputs(outputs)
 

@@ -31,11 +31,12 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from conformance.campaign import features_of
 from conformance.trace import Trace, read_trace, render_trace, write_atomic
-from conformance.workload import WorkloadError, run_workload
+from conformance.workload import Workload, WorkloadError, run_workload
 
 CORPUS_VERSION = 2
 CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
@@ -52,6 +53,26 @@ V0_PROFILES = ("vllm-0.10",)
 V0_NUM_RANDOM = {"vllm-0.10": 40}
 
 
+def make_random_traces(count: int, make: Callable[[int], Workload], describe: Callable[[int, Workload, str], str],
+                       keep: Callable[[Workload], bool] = lambda w: True) -> list[tuple[str, Trace]]:
+    """``random-SEED`` traces from seeds 0, 1, ... until ``count`` are kept: workloads the
+    reference does not finish (a livelock) and those ``keep`` refuses are passed over."""
+    items: list[tuple[str, Trace]] = []
+    seed = 0
+    while len(items) < count:
+        workload = make(seed).replace(origin="vectors")
+        seed += 1
+        if not keep(workload):
+            continue
+        try:
+            trace = run_workload(workload)
+        except WorkloadError:
+            continue
+        trace.header["description"] = describe(seed - 1, workload, ",".join(features_of(trace)) or "plain")
+        items.append((f"random-{seed - 1:04d}", trace))
+    return items
+
+
 def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[str, Trace]]]:
     """Build every corpus trace (deterministic)."""
     from conformance.config_limits import make_refused_config_traces
@@ -66,19 +87,11 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
             trace = run_workload(workload)
             trace.header["description"] = f"built-in example {name!r}: {workload.description}"
             items.append((f"example-{name}", trace))
-        seed = 0
-        while sum(1 for n, _ in items if n.startswith("random-")) < NUM_RANDOM[profile]:
-            workload = random_workload(seed, profile, in_flight_batches=False).replace(origin="vectors")
-            seed += 1
-            try:
-                trace = run_workload(workload)
-            except WorkloadError:
-                continue  # e.g. a vllm-0.11 livelock: not a corpus trace
-            if profile == "vllm-0.11" and workload.config.policy == "priority":
-                continue  # 0.11's un-repaired priority victim makes outputs no scheduler should copy
-            feats = ",".join(features_of(trace)) or "plain"
-            trace.header["description"] = f"random workload, generator seed {seed - 1}: {feats}"
-            items.append((f"random-{seed - 1:04d}", trace))
+        # 0.11's un-repaired priority victim makes outputs no scheduler should copy: no priority there.
+        items += make_random_traces(
+            NUM_RANDOM[profile], lambda seed: random_workload(seed, profile, in_flight_batches=False),
+            lambda seed, w, feats: f"random workload, generator seed {seed}: {feats}",
+            keep=lambda w: not (profile == "vllm-0.11" and w.config.policy == "priority"))
         for rule, trace in make_refused_config_traces(profile):
             items.append((f"refused-{rule}", trace))
         if WITNESS_DIR.is_dir():
@@ -103,17 +116,9 @@ def build_v0_corpus(profiles: tuple[str, ...] = V0_PROFILES) -> dict[str, list[t
             trace = run_workload(workload)
             trace.header["description"] = f"built-in v0 example {name!r}: {workload.description}"
             items.append((f"example-{name}", trace))
-        seed = 0
-        while sum(1 for n, _ in items if n.startswith("random-")) < V0_NUM_RANDOM[profile]:
-            workload = random_v0_workload(seed, profile).replace(origin="vectors")
-            seed += 1
-            try:
-                trace = run_workload(workload)
-            except WorkloadError:
-                continue
-            feats = ",".join(features_of(trace)) or "plain"
-            trace.header["description"] = f"random v0 workload ({workload.description}), generator seed {seed - 1}: {feats}"
-            items.append((f"random-{seed - 1:04d}", trace))
+        items += make_random_traces(
+            V0_NUM_RANDOM[profile], lambda seed: random_v0_workload(seed, profile),
+            lambda seed, w, feats: f"random v0 workload ({w.description}), generator seed {seed}: {feats}")
         for rule, trace in make_v0_refused_config_traces(profile):
             items.append((f"refused-{rule}", trace))
         corpus[profile] = items
@@ -139,18 +144,10 @@ def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, 
             trace = run_workload(workload)
             trace.header["description"] = f"built-in example {name!r}, two steps in flight: {workload.description}"
             items.append((f"example-{name}", trace))
-        seed = 0
-        while sum(1 for n, _ in items if n.startswith("random-")) < ASYNC_NUM_RANDOM[profile]:
-            workload = random_workload(seed, profile).replace(origin="vectors")
-            seed += 1
-            try:
-                trace = run_workload(workload)
-            except WorkloadError:
-                continue
-            feats = ",".join(features_of(trace)) or "plain"
-            trace.header["description"] = (f"random workload, generator seed {seed - 1}, "
-                                           f"{workload.config.max_concurrent_batches} step(s) in flight: {feats}")
-            items.append((f"random-{seed - 1:04d}", trace))
+        items += make_random_traces(
+            ASYNC_NUM_RANDOM[profile], lambda seed: random_workload(seed, profile),
+            lambda seed, w, feats: (f"random workload, generator seed {seed}, "
+                                    f"{w.config.max_concurrent_batches} step(s) in flight: {feats}"))
         corpus[profile] = items
     return corpus
 

@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 
+from gpu_checks.device import get_check_device
+
 REPORT_NAME = "async_check.json"
 
 VARIANTS: tuple[tuple[str, int], ...] = (
@@ -216,18 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report_path = args.out / REPORT_NAME
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        message = "no CUDA device on this machine: async_check checked nothing (it needs a GPU)"
-        print(message)
-        report_path.write_text(json.dumps({"verdict": "skipped", "reason": message, "ran": False}, indent=1) + "\n")
-        return 0
-    if device.type != "cuda" and not args.allow_cpu:
-        print(f"device {device} is not a GPU; pass --allow-cpu for a dry run")
-        return 2
-    dry_run = device.type != "cuda"
-    if dry_run:
-        torch.set_num_threads(1)
+    chosen = get_check_device(args.device, args.allow_cpu, report_path, "async_check")
+    if isinstance(chosen, int):
+        return chosen
+    device, dry_run = chosen
     began = time.monotonic()
     info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
                             "dry_run_on_cpu": dry_run}

@@ -341,6 +341,17 @@ class Scheduler:
         """True if a step still in flight scheduled tokens for ``request_id``."""
         return any(request_id in record.output.num_scheduled_tokens for record in self.in_flight)
 
+    def get_output_to_apply(self, step: int | None = None) -> SchedulerOutput:
+        """The output the next ``update_from_output`` applies: that of ``step``
+        (refused as :meth:`get_in_flight_output` does), or with None the oldest
+        in flight (``unexpected_model_output`` when none is)."""
+        if step is not None:
+            return self.get_in_flight_output(step)
+        self._require_alive()
+        require(bool(self.in_flight), InvalidEvent, "unexpected_model_output",
+                "model output without a step in flight", step=self.current_step)
+        return self.in_flight[0].output
+
     def get_in_flight_output(self, step: int) -> SchedulerOutput:
         """The output of ``step`` if its model output is the one to apply next.
 

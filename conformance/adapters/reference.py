@@ -55,13 +55,7 @@ class ReferenceSut(InProcessSut):
             self.pending = None
             return [o.to_canonical() for o in outputs]
         with refused_as_input_error():
-            if step is not None:
-                scheduler_output = sched.get_in_flight_output(step)
-            elif sched.in_flight:
-                scheduler_output = sched.in_flight[0].output
-            else:
-                raise SutInputError("unexpected_model_output", "model output without a pending step")
-            outputs = sched.update_from_output(scheduler_output, output)
+            outputs = sched.update_from_output(sched.get_output_to_apply(step), output)
         self.pending = sched.pending_output
         return [o.to_canonical() for o in outputs]
 

@@ -15,13 +15,11 @@ import pytest
 from hypothesis import given, settings
 
 from conformance.adapters.impl import ImplSchedulerSut
-from conformance.adapters.reference import ReferenceSut
-from conformance.datadriven import parse_file, parse_tokens
 from conformance.examples import EXAMPLES
 from conformance.generate import random_workload as generate_workload
 from conformance.generate import workloads
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
-from conformance.sut import SutInputError, SutUnsupported
+from conformance.sut import SutUnsupported
 from conformance.tight_workloads import make_tight_workload
 from conformance.trace import read_trace
 from conformance.workload import run_workload
@@ -30,7 +28,6 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent
 
 ROOT = Path(__file__).parents[2]
-SCENARIOS = sorted((ROOT / "conformance" / "testdata" / "scenarios").glob("*.txt"))
 CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
 
 
@@ -104,92 +101,8 @@ def test_other_profiles_are_unsupported_not_failed():
 # ----------------------------------------------------------------- golden scenarios in lockstep
 
 
-class _Lockstep:
-    """Runs a scenario file's commands on the reference and on impl, comparing every answer."""
-
-    def __init__(self) -> None:
-        self.ref: ReferenceSut | None = None
-        self.impl: ImplSchedulerSut | None = None
-        self.commands_compared = 0
-
-    @staticmethod
-    def _call(sut: Any, method: str, *args: Any) -> tuple[str, Any]:
-        try:
-            return "ok", getattr(sut, method)(*args)
-        except SutInputError as exc:
-            return "error", exc.code
-
-    def run(self, command: str) -> None:
-        name, *args = command.split()
-        if name == "config":
-            kv = dict(a.split("=", 1) for a in args)
-            profile = kv.pop("profile", "vllm-0.33")
-            fields = {k: (v if k == "policy" else (v == "true") if v in ("true", "false") else int(v))
-                      for k, v in kv.items()}
-            self.ref, self.impl = ReferenceSut(), ImplSchedulerSut()
-            ref = self._call(self.ref, "start", fields, profile)
-            try:
-                got = self._call(self.impl, "start", fields, profile)
-            except SutUnsupported:
-                self.ref = self.impl = None  # not comparable: skip to the next config
-                return
-            assert got == ref, command
-            if ref[0] == "error":
-                self.ref = self.impl = None
-            self.commands_compared += 1
-            return
-        if self.ref is None or self.impl is None:
-            return
-        if name == "add-request":
-            rid, *rest = args
-            opts = dict((a.partition("=")[0], a.partition("=")[2]) for a in rest)
-            event = {
-                "request_id": rid, "prompt_token_ids": parse_tokens(opts["prompt"]),
-                "max_tokens": int(opts["max-tokens"]), "priority": int(opts.get("priority", 0)),
-                "arrival_time": int(opts.get("arrival", 0)),
-                "eos_token_id": int(opts["eos"]) if "eos" in opts else None,
-                "ignore_eos": "ignore-eos" in opts, "stop_token_ids": parse_tokens(opts.get("stop", "-")),
-                "min_tokens": int(opts.get("min-tokens", 0)),
-            }
-            calls = [("add_request", event)]
-        elif name == "abort":
-            calls = [("abort", args[0])]
-        elif name in ("schedule", "step", "model-output"):
-            sampled: dict[str, list[int]] = {}
-            drafts: dict[str, list[int]] = {}
-            for a in args:
-                key, _, value = a.partition("=")
-                (drafts if key.startswith("drafts:") else sampled)[key.removeprefix("drafts:")] = parse_tokens(value)
-            calls = [] if name == "model-output" else [("schedule",)]
-            calls += [] if name == "schedule" else [("update_from_output", sampled, drafts)]
-        elif name in ("blocks", "queues"):
-            calls = [("observe",)]
-        elif name == "reset-prefix-cache":
-            calls = [("reset_prefix_cache", "running" in args)]
-        elif name == "stats":
-            return  # the model's SchedulerStats: not part of the scheduler-under-test interface
-        else:
-            raise AssertionError(f"unknown command {name}")
-        for method, *call_args in calls:
-            expected = self._call(self.ref, method, *call_args)
-            actual = self._call(self.impl, method, *call_args)
-            assert actual == expected, f"{command}: {method}"
-            if method == "schedule" and expected[0] == "ok":
-                assert self.impl.observe() == self.ref.observe(), f"{command}: free queue"
-            self.commands_compared += 1
-
-
-def test_golden_scenarios_in_lockstep_with_the_reference():
-    """Every command of every golden scenario (supported profiles) answers as the reference."""
-    compared_files = 0
-    for path in SCENARIOS:
-        _, blocks = parse_file(path)
-        runner = _Lockstep()
-        for block in blocks:
-            runner.run(block.command)
-        compared_files += runner.commands_compared > 1
-    assert len(SCENARIOS) >= 9
-    assert compared_files >= len(SCENARIOS) - 2  # the vllm-0.11-only files are not comparable
+# The golden scenarios in lockstep with the reference (steps in flight and resets
+# included): tests/engine/test_impl_async.py::test_golden_scenarios_in_lockstep_with_the_reference.
 
 
 # ----------------------------------------------------------------- hand-derived cases

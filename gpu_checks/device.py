@@ -1,0 +1,30 @@
+"""The start every GPU check shares: pick the device, or say why nothing was checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def get_check_device(device_name: str, allow_cpu: bool, report_path: Path, check: str) -> tuple[torch.device, bool] | int:
+    """``(device, dry_run)`` for a check to run on, or the exit code when it must not run.
+
+    Without CUDA the check writes a ``skipped`` report (it needs a GPU) and
+    exits 0; a CPU device without ``--allow-cpu`` exits 2. A CPU dry run uses
+    one thread (the tiny model gains nothing from more; CI shares two cores).
+    """
+    device = torch.device(device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        message = f"no CUDA device on this machine: {check} checked nothing (it needs a GPU)"
+        print(message)
+        report_path.write_text(json.dumps({"verdict": "skipped", "reason": message, "ran": False}, indent=1) + "\n")
+        return 0
+    if device.type != "cuda" and not allow_cpu:
+        print(f"device {device} is not a GPU; pass --allow-cpu for a dry run")
+        return 2
+    dry_run = device.type != "cuda"
+    if dry_run:
+        torch.set_num_threads(1)
+    return device, dry_run
