@@ -407,7 +407,10 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
-    if (not getattr(probe, "in_flight", False) or spec.comparison == "safety") and not spec.profile.endswith("-async"):
+    from conformance.workload import is_v0_profile
+
+    if ((not getattr(probe, "in_flight", False) or spec.comparison == "safety")
+            and not spec.profile.endswith("-async") and not is_v0_profile(spec.profile)):
         # One step at a time: generate no steps in flight (a scheduler that does
         # not declare them would only collect "unknown" verdicts).
         forced.setdefault("max_concurrent_batches", 1)

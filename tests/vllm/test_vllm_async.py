@@ -1,7 +1,7 @@
 """The real vLLM v1 driver running steps in flight (``max_concurrent_batches``, ``-async`` profiles).
 
 Marked ``vllm``: the driver runs in the release's environment (built on demand by
-``ensure_vllm_env``, never skipped), one driver process per release for the module.
+``ensure_vllm_env``, never skipped), one driver process per release for the session (tests/vllm/vllm_drivers.py).
 Each test drives the driver through the protocol on a hand-built event sequence
 and asserts values derived by hand from vLLM 0.33.0's
 ``vllm/v1/core/sched/scheduler.py`` and ``async_scheduler.py`` (the contract:
@@ -20,12 +20,12 @@ freed blocks are prepended to its front in reverse order (LIFO reuse).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from vllm_drivers import vllm_sut
 
-from conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
+from conformance.adapters.vllm_v1 import VllmV1Sut
 from conformance.sut import SutInputError, SutUnsupported
 from conformance.vllm_env import ensure_vllm_env
 
@@ -33,24 +33,9 @@ pytestmark = pytest.mark.vllm
 
 RELEASES = {"0.33.0": "vllm-0.33", "0.32.0": "vllm-0.32"}
 
-_SUTS: dict[str, VllmV1Sut] = {}
-
-
 def _sut(version: str) -> VllmV1Sut:
-    if version not in _SUTS:
-        ensure_vllm_env(version)
-        sut = make_vllm_sut(f"vllm-v1@{version}")
-        assert isinstance(sut, VllmV1Sut)
-        _SUTS[version] = sut
-    return _SUTS[version]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_drivers() -> Iterator[None]:
-    yield
-    for sut in _SUTS.values():
-        sut.close()
-    _SUTS.clear()
+    """The session's driver for ``version`` (shared with the differential tests, closed at the end)."""
+    return vllm_sut(version)
 
 
 # CI builds the 0.33.0 environment only; 0.32.0 runs locally (-m deep).

@@ -35,18 +35,17 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_drivers import vllm_sut
 
-from conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
 from conformance.datadriven import parse_file, parse_tokens
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from conformance.sut import add_request_kwargs
 from conformance.trace import Trace, make_header, read_trace
-from conformance.vllm_env import REPO_ROOT, ensure_vllm_env
+from conformance.vllm_env import REPO_ROOT
 from conformance.workload import (
     OBSERVE_MAX_BLOCKS,
     AbortSpec,
@@ -72,27 +71,6 @@ NUM_TRACES = int(os.environ.get("SCHEDCONF_VLLM_TRACES", "300"))
 
 
 # ------------------------------------------------------------------ fixtures
-
-_SUTS: dict[str, VllmV1Sut] = {}
-
-
-def vllm_sut(version: str) -> VllmV1Sut:
-    """The session's driver process for ``version``, building its environment if needed."""
-    if version not in _SUTS:
-        ensure_vllm_env(version)
-        sut = make_vllm_sut(f"vllm-v1@{version}")
-        assert isinstance(sut, VllmV1Sut)
-        _SUTS[version] = sut
-    return _SUTS[version]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _close_drivers() -> Iterator[None]:
-    yield
-    for sut in _SUTS.values():
-        sut.close()
-    _SUTS.clear()
-
 
 # ------------------------------------------------------- scenario -> traces
 
