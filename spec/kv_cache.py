@@ -113,14 +113,19 @@ class KVCacheManager:
         hit: PrefixHit = NO_HIT,
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
     ) -> AllocationResult:
         """Give ``request`` slots for ``num_new_tokens`` more tokens plus lookahead (§9.5).
 
         1. With ``full_sequence_must_fit`` (waiting requests, 0.25+), refuse
            unless the free blocks cover the whole current sequence
            (``min(num_tokens, max_model_len)`` tokens), hit blocks counted.
-        2. Refuse unless the free blocks cover this step's slots:
-           ``min(computed + hit + new + lookahead, max_model_len)`` tokens.
+        2. Refuse unless the free blocks, less ``reserved_blocks``, cover this
+           step's slots: ``min(computed + hit + new + lookahead, max_model_len)``
+           tokens. (vLLM 0.33 reserves blocks for the prefills of requests
+           loading KV asynchronously from a connector; the full-sequence gate
+           of step 1 does not count them. Without connectors the scheduler
+           passes 0.)
         3. Take references on the hit blocks, append them to the table, pop new
            blocks from the front of the free queue.
         4. Cache every block that is now full, counting tokens up to
@@ -142,7 +147,7 @@ class KVCacheManager:
 
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         needed = self.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, hit.blocks)
-        if needed > num_free:
+        if needed > num_free - reserved_blocks:
             return NoSpace(gate="slots", num_blocks_needed=needed, num_free_blocks=num_free)
 
         request_id = request.request_id

@@ -267,3 +267,29 @@ def test_optional_config_fields_are_left_out_at_their_defaults():
                                  "long_prefill_token_threshold_adaptive": True, "use_v2_model_runner": True})
     assert set(OPTIONAL_FIELDS) <= set(changed.to_dict())
     assert SchedulerConfig.from_dict(changed.to_dict()) == changed
+
+
+def test_allocate_slots_keeps_reserved_blocks_free_but_the_full_sequence_gate_ignores_them():
+    """vLLM 0.33 allocate_slots(reserved_blocks=...): the slots gate needs free - reserved blocks; the
+    full-sequence gate counts all free blocks (kv_cache_manager.py: it checks get_num_free_blocks())."""
+    from spec.block_pool import BlockPool
+    from spec.kv_cache import Allocated, KVCacheManager, NoSpace
+    from spec.request import Request, SamplingParams
+
+    def fresh() -> tuple[KVCacheManager, Request]:
+        pool = BlockPool(num_gpu_blocks=6, enable_caching=False, free_uncached_to_front=True)  # 5 usable
+        kv = KVCacheManager(pool, block_size=4, max_model_len=32, enable_caching=False)
+        return kv, Request("r", tuple(range(12)), SamplingParams(max_tokens=4), 0, 0, 4)
+
+    # 12 tokens need 3 blocks; 5 are free.
+    kv, req = fresh()
+    assert isinstance(kv.allocate_slots(req, 12, reserved_blocks=2), Allocated)  # 5 - 2 = 3 suffice
+    kv, req = fresh()
+    refused = kv.allocate_slots(req, 12, reserved_blocks=3)  # 5 - 3 = 2 < 3
+    assert isinstance(refused, NoSpace) and refused.gate == "slots" and kv.pool.get_num_free_blocks() == 5
+    # A first chunk of 4 tokens (1 block): the full-sequence gate (3 blocks <= 5 free) passes whatever is
+    # reserved; the slots gate decides: 5 - 5 = 0 < 1 refuses, 5 - 4 = 1 admits.
+    kv, req = fresh()
+    assert kv.allocate_slots(req, 4, full_sequence_must_fit=True, reserved_blocks=5).gate == "slots"
+    kv, req = fresh()
+    assert isinstance(kv.allocate_slots(req, 4, full_sequence_must_fit=True, reserved_blocks=4), Allocated)
