@@ -449,8 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
     p.add_argument("--sut", default="reference", help=_sut_help() + " (default: reference, a self-check)")
-    p.add_argument("--profile", default=None, help="release profile of the expected outputs (default: the SUT's: "
-                   "vllm-0.10 (vLLM 0.10.2's legacy v0 scheduler) for vllm-v0@VERSION, a mutant's own, else vllm-0.33)")
+    p.add_argument("--profile", default=None, help="release profile of the expected outputs: vllm-0.33, vllm-0.32, "
+                   "vllm-0.11, aphrodite-0.24, vllm-0.33-async / vllm-0.32-async (AsyncScheduler, steps in flight), "
+                   "vllm-0.10 (default: the SUT's: vllm-0.10 (vLLM 0.10.2's legacy v0 scheduler) for "
+                   "vllm-v0@VERSION, a mutant's own, else vllm-0.33)")
     p.add_argument("--examples", type=COUNT, default=100, help="number of generated traces (default 100)")
     p.add_argument("--seed", type=SEED, default=0, help="generator seed; the same seed gives the same traces")
     p.add_argument("--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines")
