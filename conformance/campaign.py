@@ -55,6 +55,8 @@ class CampaignSpec:
     quiet: bool = False
     config_overrides: dict[str, Any] = field(default_factory=dict)
     """Config fields forced in every generated workload (e.g. enable_prefix_caching=False)."""
+    prefix_cache_resets: bool = True
+    """Keep the generator's ``reset_prefix_cache`` events (off for schedulers without them)."""
 
     def __post_init__(self) -> None:
         problems = get_spec_problems(self)
@@ -100,6 +102,29 @@ class TraceOutcome:
 
 # ------------------------------------------------------------ generation
 
+def get_forced_for_protocol_level(probe: Any, spec: CampaignSpec) -> dict[str, Any]:
+    """Config the campaign must force for what the SUT can run (v1 profiles only).
+
+    A scheduler that does not declare ``in_flight`` was written against the
+    protocol before steps in flight, the 0.32 knobs and resets existed: it gets
+    none of them (all optional config fields at their defaults; the resets are
+    dropped by the caller). The safety comparison runs one step at a time.
+    """
+    from conformance.workload import is_v0_profile
+    from spec.config import OPTIONAL_FIELDS
+
+    if is_v0_profile(spec.profile):
+        return {}
+    forced: dict[str, Any] = {}
+    if not getattr(probe, "in_flight", False):
+        forced.update(OPTIONAL_FIELDS)
+    if spec.comparison == "safety":
+        forced["max_concurrent_batches"] = 1
+    if spec.profile.endswith("-async"):
+        forced.pop("max_concurrent_batches", None)  # an async profile runs steps in flight by definition
+    return forced
+
+
 def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``.
 
@@ -107,11 +132,16 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     is invalid (e.g. chunking off with a small budget) is replaced by the
     next draw of the seeded generator.
     """
-    drawn = _draw(spec)
-    if spec.comparison == "safety":
+    workloads = _apply_overrides(spec, _draw(spec))
+    if spec.comparison == "safety" or not spec.prefix_cache_resets:
         # The safety comparison drives one step at a time and has no prefix-cache
         # reset (a reset is a vLLM API, not a rule every scheduler shares).
-        drawn = [w.replace(resets=()) if getattr(w, "resets", ()) else w for w in drawn]
+        workloads = [w.replace(resets=()) if getattr(w, "resets", ()) else w for w in workloads]
+    return workloads
+
+
+def _apply_overrides(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload]:
+    """``spec.config_overrides`` on each workload; an invalid result is replaced by a fresh draw."""
     if not spec.config_overrides:
         return drawn
     from dataclasses import replace as dc_replace
@@ -407,13 +437,9 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
-    from conformance.workload import is_v0_profile
-
-    if ((not getattr(probe, "in_flight", False) or spec.comparison == "safety")
-            and not spec.profile.endswith("-async") and not is_v0_profile(spec.profile)):
-        # One step at a time: generate no steps in flight (a scheduler that does
-        # not declare them would only collect "unknown" verdicts).
-        forced.setdefault("max_concurrent_batches", 1)
+    forced.update(get_forced_for_protocol_level(probe, spec))
+    if not getattr(probe, "in_flight", False) and spec.prefix_cache_resets:
+        spec = replace(spec, prefix_cache_resets=False)
     probe.close()
     if forced:
         # The SUT cannot express these config values at all (e.g. vLLM has no

@@ -209,9 +209,13 @@ class ScenarioRunner:
             else:
                 sampled[key] = tuple(parse_tokens(value))
         sched = self._sched()
-        outputs = sched.update_from_output(sched.get_output_to_apply(step), ModelRunnerOutput(sampled, drafts))
-        self.pending = sched.pending_output
+        outputs = sched.update_from_output(self.get_output_to_apply(step), ModelRunnerOutput(sampled, drafts))
+        self.pending = getattr(sched, "pending_output", None)  # the v0 model runs one step at a time
         return render_request_outputs(outputs)
+
+    def get_output_to_apply(self, step: int | None) -> SchedulerOutput:
+        """The scheduler output a ``model-output`` applies (``step=N``, else the oldest in flight)."""
+        return self._sched().get_output_to_apply(step)
 
     def cmd_step(self, args: list[str]) -> str:
         scheduled = self.cmd_schedule([])

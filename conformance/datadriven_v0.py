@@ -26,6 +26,7 @@ from typing import Any
 
 from conformance.datadriven import ScenarioRunner
 from conformance.datadriven import run_file as run_scenario_file
+from spec.errors import InvalidEvent
 from spec.v0.config import V0SchedulerConfig
 from spec.v0.invariants import check_invariants
 from spec.v0.output import V0SchedulerOutput
@@ -83,6 +84,12 @@ class V0ScenarioRunner(ScenarioRunner):
     def cmd_schedule(self, args: list[str]) -> str:
         self.pending = self._sched().schedule()
         return render_v0_scheduler_output(self.pending)
+
+    def get_output_to_apply(self, step: int | None) -> V0SchedulerOutput:  # type: ignore[override]
+        """The v0 engine runs one step at a time: the output of the last ``schedule``."""
+        if self.pending is None:
+            raise InvalidEvent("unexpected_model_output", "model-output without a pending schedule")
+        return self.pending
 
     def cmd_blocks(self, args: list[str]) -> str:
         sched = self._sched()
