@@ -125,6 +125,8 @@ class ImplSchedulerSut(InProcessSut):
         """The in-flight StepOutput the model output answers (refused with the model's codes)."""
         sched = self._sched()
         if step is None:
+            with refused_as_input_error():
+                sched._require_alive()  # a dead engine refuses every call first (engine_dead), as the model does
             if not sched.in_flight:
                 raise SutInputError("unexpected_model_output", "model output without a pending step")
             return sched.in_flight[0]
