@@ -68,6 +68,7 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
     rows: list[dict[str, tuple[str, int]]] = []
     used: list[int] = []
     current: dict[str, tuple[str, int]] = {}
+    step_rows: dict[int, int] = {}  # step -> its row (an output may answer an older step in flight)
     for event in trace.events:
         kind = event["kind"]
         try:
@@ -96,12 +97,16 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
                 for rid, n in expect["num_scheduled_tokens"].items():
                     current[rid] = ("prefill", n)
                     state[rid] = "prefill"
+                step_rows[event["step"]] = len(rows)
                 rows.append(current)
             elif kind == "model_output":
-                outputs = ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
+                outputs = ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"],
+                                                 step=event["step"])
+                # With steps in flight the output answers an older step: mark its row.
+                answered = rows[step_rows[event["step"]]] if event["step"] in step_rows else current
                 for rid, toks in event["sampled_token_ids"].items():
-                    if toks and rid in current:
-                        current[rid] = ("decode", current[rid][1])
+                    if toks and rid in answered:
+                        answered[rid] = ("decode", answered[rid][1])
                         state[rid] = "decode"
                 for o in event.get("expect", {"outputs": outputs})["outputs"]:
                     if o["finish_reason"] is not None:
