@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import sys
 import time
@@ -48,7 +47,7 @@ from typing import Any
 
 import torch
 
-from gpu_checks.device import get_check_device
+from gpu_checks.device import get_check_device, get_device_info
 
 REPORT_NAME = "async_check.json"
 
@@ -223,12 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return chosen
     device, dry_run = chosen
     began = time.monotonic()
-    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-                            "dry_run_on_cpu": dry_run}
-    if not dry_run:
-        props = torch.cuda.get_device_properties(device)
-        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                     "cuda": torch.version.cuda})
+    info = get_device_info(device, dry_run)
     print(f"async_check on {info.get('gpu', 'the CPU (dry run)')}")
     model_name = "tiny" if dry_run else "small"
     seeds = range(args.seeds)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,3 +30,14 @@ def get_check_device(device_name: str, allow_cpu: bool, report_path: Path, check
     if dry_run:
         torch.set_num_threads(1)
     return device, dry_run
+
+
+def get_device_info(device: torch.device, dry_run: bool) -> dict[str, Any]:
+    """What a check's report says about the machine: versions, the device, and the GPU's name and memory."""
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+                            "dry_run_on_cpu": dry_run}
+    if not dry_run:
+        props = torch.cuda.get_device_properties(device)
+        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                     "cuda": torch.version.cuda})
+    return info

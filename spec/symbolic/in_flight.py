@@ -92,7 +92,7 @@ import z3
 
 import spec.invariants
 from spec.symbolic.state import DEAD
-from spec.symbolic.z3ops import Z3Ops, count, eq, is_z3, ite, land, limplies, lnot, lor, to_term, total, value_of
+from spec.symbolic.z3ops import Z3Ops, count, eq, is_z3, ite, land, limplies, lnot, lor, to_bool, to_term, total, value_of
 from spec.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
@@ -706,11 +706,7 @@ PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuo
 
 def premises(s: FlightState) -> list[Any]:
     """Invariants and lemmas of ``s`` as Z3 Booleans."""
-    return [_as_bool(f) for _, f in invariant_formulas(s) + lemma_formulas(s)]
-
-
-def _as_bool(f: Any) -> z3.BoolRef:
-    return f if is_z3(f) else z3.BoolVal(bool(f))
+    return [to_bool(f) for _, f in invariant_formulas(s) + lemma_formulas(s)]
 
 
 @dataclass
@@ -753,7 +749,7 @@ def prove(shape: FlightShape, name: str, timeout_s: float = 60.0, mutant: str | 
         return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
 
     solver = z3.Solver()
-    solver.add(*premises(pre), _as_bool(move.guard), *[_as_bool(PROPERTIES[p](pre, Z3Ops())) for p in properties])
+    solver.add(*premises(pre), to_bool(move.guard), *[to_bool(PROPERTIES[p](pre, Z3Ops())) for p in properties])
     solver.set("timeout", remaining_ms())
     if solver.check() != z3.sat:
         result.status, result.seconds = VACUOUS, time.monotonic() - t0
@@ -763,7 +759,7 @@ def prove(shape: FlightShape, name: str, timeout_s: float = 60.0, mutant: str | 
     post_goals += [(f"prop:{p}", lambda p=p: PROPERTIES[p](move.post, Z3Ops())) for p in properties]
     for goal, build in post_goals:
         t_goal = time.monotonic()
-        formula = _as_bool(build())
+        formula = to_bool(build())
         solver.push()
         solver.add(z3.Not(formula))
         solver.set("timeout", remaining_ms())
