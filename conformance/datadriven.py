@@ -210,7 +210,6 @@ class ScenarioRunner:
                 sampled[key] = tuple(parse_tokens(value))
         sched = self._sched()
         outputs = sched.update_from_output(self.get_output_to_apply(step), ModelRunnerOutput(sampled, drafts))
-        self.pending = getattr(sched, "pending_output", None)  # the v0 model runs one step at a time
         return render_request_outputs(outputs)
 
     def get_output_to_apply(self, step: int | None) -> SchedulerOutput:

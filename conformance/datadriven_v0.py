@@ -85,6 +85,11 @@ class V0ScenarioRunner(ScenarioRunner):
         self.pending = self._sched().schedule()
         return render_v0_scheduler_output(self.pending)
 
+    def cmd_model_output(self, args: list[str]) -> str:
+        rendered = super().cmd_model_output(args)
+        self.pending = None  # applied (a refused output leaves it pending)
+        return rendered
+
     def get_output_to_apply(self, step: int | None) -> V0SchedulerOutput:  # type: ignore[override]
         """The v0 engine runs one step at a time: the output of the last ``schedule``."""
         if self.pending is None:
