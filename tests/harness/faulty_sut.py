@@ -44,10 +44,20 @@ from conformance.adapters.reference import ReferenceSut  # noqa: E402
 from conformance.protocol_server import ProtocolSession, write_reply  # noqa: E402
 
 
+def get_start_time(pid: int) -> str:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat), "" when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 def record_pid(pid: int) -> None:
+    """One file per process, named by pid, holding its start time (so a reused pid is not taken for it)."""
     folder = os.environ.get("FAULTY_SUT_PIDS")
     if folder:
-        Path(folder, str(pid)).write_text("")
+        Path(folder, str(pid)).write_text(get_start_time(pid))
 
 
 def floats_in(result: object) -> object:
