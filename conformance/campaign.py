@@ -286,10 +286,15 @@ def get_in_flight_features(trace: Trace) -> set[str]:
     ``stale_output``: tokens delivered to a request preempted after the step
     that produced them; ``aborted_in_flight``: aborted with a step of it in
     flight; ``finished_in_flight``: stopped by one step's output while a later
-    step of it is in flight.
+    step of it is in flight; ``drafts_in_flight``: drafts scheduled for a
+    request while a step of it is in flight (AsyncScheduler's placeholder
+    drafts on top of pending placeholders); ``drafts_rejected_in_flight``: an
+    output rejecting drafts of a request that a later step in flight has
+    already counted on.
     """
     out: set[str] = set()
     in_flight: dict[int, set[str]] = {}
+    num_drafts: dict[int, dict[str, int]] = {}  # step -> request -> drafts scheduled
     preempted_at: dict[str, int] = {}
     for e in trace.events:
         if "expect_error" in e:
@@ -303,6 +308,9 @@ def get_in_flight_features(trace: Trace) -> set[str]:
                 out.add("steps_in_flight")
             if scheduled & older:
                 out.add("scheduled_in_flight")
+            num_drafts[e["step"]] = {r: len(d) for r, d in x["scheduled_spec_decode_tokens"].items()}
+            if set(num_drafts[e["step"]]) & older:
+                out.add("drafts_in_flight")
             for rid in x["preempted_req_ids"] or ():
                 preempted_at[rid] = e["step"]
                 if rid in older:
@@ -313,6 +321,9 @@ def get_in_flight_features(trace: Trace) -> set[str]:
         elif kind == "model_output":
             in_flight.pop(e["step"], None)
             later = set().union(*in_flight.values()) if in_flight else set()
+            for rid, tokens in e["sampled_token_ids"].items():
+                if tokens and len(tokens) - 1 < num_drafts.get(e["step"], {}).get(rid, 0) and rid in later:
+                    out.add("drafts_rejected_in_flight")
             for o in e.get("expect", {}).get("outputs", ()):
                 if preempted_at.get(o["req_id"], 0) > e["step"] and o["new_token_ids"]:
                     out.add("stale_output")

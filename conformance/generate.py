@@ -326,16 +326,17 @@ steps in flight (vLLM's async engine), sometimes three, sometimes one."""
 def choose_in_flight_batches(c: Chooser, config: SchedulerConfig, profile: str) -> SchedulerConfig:
     """Give the config its ``max_concurrent_batches`` for ``profile`` (drawn from its own stream).
 
-    Async profiles get no spec decode (not modelled with AsyncScheduler: the
-    model refuses it); profiles whose in-flight rules are not modelled stay
-    synchronous.
+    Async profiles keep the drawn spec decode (AsyncScheduler's draft
+    placeholders); plain profiles get a batch queue only without it (not
+    modelled: the model refuses it); profiles whose in-flight rules are not
+    modelled stay synchronous.
     """
     rules = PROFILES.get(profile)
     if rules is None or not rules.models_in_flight or config.max_concurrent_batches != 1:
         return config
     if rules.async_scheduling:
         batches = c.choice([2, 2, 3, 1], "async_batches")
-        return replace(config, num_spec_tokens=0, max_concurrent_batches=batches)
+        return replace(config, max_concurrent_batches=batches)
     if config.num_spec_tokens == 0 and c.boolean(IN_FLIGHT_BATCHES_RATE, "in_flight_batches"):
         return replace(config, max_concurrent_batches=c.choice([2, 3], "batches"))
     return config

@@ -254,6 +254,13 @@ class _InFlightIdReused(Scheduler):
         return False
 
 
+class _DraftsWithPlaceholdersPending(Scheduler):
+    """Async + spec decode: drafts counted without the placeholders of the steps in flight."""
+
+    def get_num_scheduled_spec_tokens(self, request: Request, num_new_tokens: int) -> int:
+        return num_new_tokens + request.num_computed_tokens - request.num_tokens
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A named broken model and the real bug it stands for."""
@@ -301,6 +308,10 @@ MUTANTS: dict[str, Mutant] = {
                "async: output placeholders not released when a request leaves running with a step in flight "
                "(preempted): the resumed request is given tokens for outputs that never come",
                profile="vllm-0.33-async"),
+        Mutant("async_drafts_with_placeholders_pending", _DraftsWithPlaceholdersPending,
+               "async + spec decode: drafts scheduled for a request that has placeholders pending (the "
+               "'- num_output_placeholders' term of vLLM's scheduled-draft count missing): a decode cut by the "
+               "budget or the threshold is handed drafts its tokens do not reach", profile="vllm-0.33-async"),
         Mutant("in_flight_id_reused", _InFlightIdReused,
                "async / PP: an id aborted while a step of it is in flight re-added at once; vLLM looks outputs "
                "up by id, so the new request would get the old one's tokens (refused by the model)",

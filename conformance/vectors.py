@@ -43,7 +43,8 @@ CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
 WITNESS_DIR = Path(__file__).with_name("vectors") / "witnesses"
 PROFILES = ("vllm-0.33", "vllm-0.32", "vllm-0.11")
 NUM_RANDOM = {"vllm-0.33": 48, "vllm-0.32": 24, "vllm-0.11": 24}
-ASYNC_CORPUS_VERSION = 1
+ASYNC_CORPUS_VERSION = 2
+"""2: spec decode under AsyncScheduler (random workloads keep their drawn num_spec_tokens)."""
 ASYNC_CORPUS_DIR = Path(__file__).with_name("vectors") / "async"
 ASYNC_PROFILES = ("vllm-0.33-async", "vllm-0.32-async")
 ASYNC_NUM_RANDOM = {"vllm-0.33-async": 40, "vllm-0.32-async": 20}
@@ -138,8 +139,6 @@ def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, 
         items: list[tuple[str, Trace]] = []
         for name, make in sorted(EXAMPLES.items()):
             workload = make().replace(profile=profile, origin="vectors")
-            if workload.config.num_spec_tokens:
-                continue  # spec decode under AsyncScheduler is not modelled
             workload = workload.replace(config=replace(workload.config, max_concurrent_batches=2))
             trace = run_workload(workload)
             trace.header["description"] = f"built-in example {name!r}, two steps in flight: {workload.description}"

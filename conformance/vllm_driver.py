@@ -27,8 +27,10 @@ What each protocol method does (PROTOCOL.md):
     resumed requests among ``scheduled_new_reqs``);
     ``num_spec_tokens`` becomes an ``ngram`` ``SpeculativeConfig`` with that
     many speculative tokens (the drafts themselves come from the trace through
-    ``update_draft_token_ids``; ngram needs no draft model, no lookahead slots
-    and no extra budget). Every knob is read back from the built scheduler,
+    ``update_draft_token_ids``, except under ``AsyncScheduler``, whose drafts
+    stay in the worker: it schedules ``-1`` placeholders and the engine core
+    never calls ``update_draft_token_ids``; ngram needs no draft model, no
+    lookahead slots and no extra budget). Every knob is read back from the built scheduler,
     because the CPU platform may adjust the config; a mismatch is ``unsupported``.
     A ``<release>-async`` profile builds vLLM's ``AsyncScheduler``
     (``vllm/v1/core/sched/async_scheduler.py``) instead (the CPU platform
@@ -37,9 +39,8 @@ What each protocol method does (PROTOCOL.md):
     (optional, default 1; the engine's batch-queue size) is how many steps may
     be in flight: scheduled, their model output not yet applied.
     Answers ``unsupported`` for: a ``profile`` of another release than this
-    process's vLLM (or its ``-async``); what the model does not cover (an
-    async profile with ``num_spec_tokens > 0``, steps in flight with spec
-    decode or on 0.11); ``num_lookahead_tokens > 0`` (vLLM derives lookahead from
+    process's vLLM (or its ``-async``); what the model does not cover (steps
+    in flight with spec decode on the plain scheduler, or on 0.11); ``num_lookahead_tokens > 0`` (vLLM derives lookahead from
     the spec-decode method: EAGLE/draft-model only, equal to the number of
     speculative tokens and with EAGLE's prefix-hit block drop, so an arbitrary
     lookahead is not reachable); configs vLLM's own config classes refuse
@@ -509,18 +510,13 @@ class VllmSchedulerSut:
                                  f"it cannot answer for profile {profile!r}")
         is_async = profile.endswith(ASYNC_SUFFIX)
         cfg = validate_config(config)
-        if is_async and cfg["num_spec_tokens"]:
-            # The model refuses this (async_spec_decode_not_modelled): vLLM's
-            # AsyncScheduler takes its drafts from the worker, not from
-            # update_draft_token_ids, which this protocol cannot express.
-            raise SutUnsupported("an async profile with num_spec_tokens > 0 is not modelled "
-                                 "(AsyncScheduler with spec decode)")
-        if cfg["max_concurrent_batches"] > 1 and (cfg["num_spec_tokens"] or not self.v.has_stale_output):
+        if cfg["max_concurrent_batches"] > 1 and ((cfg["num_spec_tokens"] and not is_async)
+                                                  or not self.v.has_stale_output):
             # The model refuses these too (in_flight_not_modelled). vLLM runs
             # them (0.11 without any stale-output tracking), but a verdict
             # against a model that does not cover them would mean nothing.
-            raise SutUnsupported("steps in flight with spec decode, or on a release without stale-output "
-                                 "tracking (num_stale_output_tokens), are not modelled")
+            raise SutUnsupported("steps in flight with spec decode on the plain scheduler, or on a release "
+                                 "without stale-output tracking (num_stale_output_tokens), are not modelled")
         missing_knobs = [k for k in KNOBS_0_32
                          if cfg[k] != OPTIONAL_CONFIG_FIELDS[k] and k not in self.v.scheduler_config_fields]
         if cfg["use_v2_model_runner"] and "use_v2_model_runner" not in self.v.scheduler_attrs:
@@ -920,6 +916,10 @@ class VllmSchedulerSut:
                          f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens")
         for rid, tokens in drafts.items():
             _require(self.num_spec_tokens > 0, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            # vLLM's EngineCore.post_step never hands drafts to an AsyncScheduler
+            # (they stay in the worker, which fills the -1 placeholders itself).
+            _require(not (tokens and self.is_async), "drafts_under_async_scheduling",
+                     f"draft tokens for {rid!r} under AsyncScheduler: its drafts stay in the worker")
             _require(rid in scheduled, "unscheduled_draft_tokens",
                      f"draft tokens for {rid!r}, which was not scheduled this step")
             _require(isinstance(tokens, list), "invalid_field_type", "draft tokens must be a list")

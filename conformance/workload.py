@@ -36,6 +36,7 @@ from conformance.trace import Trace, make_header
 from spec.config import SchedulerConfig
 from spec.errors import EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput, SchedulerOutput
+from spec.profiles import PROFILES
 from spec.scheduler import Scheduler
 
 OBSERVE_MAX_BLOCKS = 512
@@ -142,6 +143,14 @@ class HashOracle:
     def num_drafts(self, request_id: str, pos: int, num_spec_tokens: int) -> int:
         return _hash_int("ndrafts", self.seed, request_id, pos) % (num_spec_tokens + 1)
 
+    def get_num_accepted_drafts(self, request_id: str, pos: int, k: int) -> int:
+        """Async + spec decode: how many of the worker's ``k`` drafts for a step sampling at ``pos`` are right
+        (the worker proposes ``draft(pos + j)``; greedy verification accepts the leading right ones)."""
+        accepted = 0
+        while accepted < k and self.draft(request_id, pos + accepted) == self.token(request_id, pos + accepted):
+            accepted += 1
+        return accepted
+
     def draft(self, request_id: str, pos: int) -> int:
         h = _hash_int("draft", self.seed, request_id, pos)
         right = self.token(request_id, pos)
@@ -162,6 +171,8 @@ class RecordedOracle:
     tokens: dict[str, tuple[int, ...]]
     drafts: dict[tuple[str, int], tuple[int, ...]]
     fallback: HashOracle = field(default_factory=lambda: HashOracle(seed=0, eos_per_mille=0))
+    accepted: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Async + spec decode: drafts accepted in the step that sampled at ``(rid, pos)``."""
 
     def token(self, request_id: str, pos: int) -> int:
         seq = self.tokens.get(request_id, ())
@@ -175,6 +186,11 @@ class RecordedOracle:
 
     def draft_list(self, request_id: str, pos: int, k: int) -> list[int]:
         return list(self.drafts.get((request_id, pos), ()))[:k]
+
+    def get_num_accepted_drafts(self, request_id: str, pos: int, k: int) -> int:
+        if (request_id, pos) in self.accepted:
+            return min(self.accepted[(request_id, pos)], k)
+        return self.fallback.get_num_accepted_drafts(request_id, pos, k)
 
 
 Oracle = HashOracle | RecordedOracle
@@ -225,7 +241,7 @@ def oracle_id(request_id: str, incarnation: int) -> str:
 
 def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
             num_spec_tokens: int, oracle_ids: Mapping[str, str] | None = None,
-            positions: Mapping[str, int] | None = None,
+            positions: Mapping[str, int] | None = None, worker_drafts: bool = False,
             ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """The model's output for one step: sampled tokens (greedy verification) and next drafts.
 
@@ -234,6 +250,12 @@ def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
     samples at output position ``num_output_tokens`` of its cached data (which
     counts the placeholders of its steps in flight), a new one at 0, unless
     ``positions`` says otherwise (a resumed request listed as new: V2 layout).
+
+    With ``worker_drafts`` (AsyncScheduler with spec decode) the scheduled
+    drafts are placeholders (-1) and the drafts stay in the worker, as in
+    vLLM: the caller passes each request's live position in ``positions``
+    (every earlier output has been applied), the oracle says how many of the
+    worker's drafts are right, and no drafts are returned.
     """
     num_outputs = {c.req_id: c.num_output_tokens for c in output.scheduled_cached_reqs}
     num_outputs.update(positions or {})
@@ -246,10 +268,12 @@ def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
         pos = num_outputs.get(rid, 0)
         proposed = output.scheduled_spec_decode_tokens.get(rid, ())
         accepted = 0
+        if worker_drafts:
+            accepted = oracle.get_num_accepted_drafts(oid, pos, len(proposed))
         while accepted < len(proposed) and proposed[accepted] == oracle.token(oid, pos + accepted):
             accepted += 1
         sampled[rid] = tuple(oracle.token(oid, pos + i) for i in range(accepted + 1))
-        if num_spec_tokens:
+        if num_spec_tokens and not worker_drafts:
             nxt = pos + accepted + 1
             k = oracle.num_drafts(oid, nxt, num_spec_tokens)
             if isinstance(oracle, RecordedOracle):
@@ -399,11 +423,23 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     pending: deque[tuple[SchedulerOutput, dict[str, bool], dict[str, str], dict[str, int]]] = deque()
     max_in_flight = workload.config.max_concurrent_batches
 
+    worker_drafts = sched.profile.async_scheduling and workload.config.num_spec_tokens > 0
+    delivered: dict[str, int] = {}  # oracle name -> tokens delivered in outputs so far
+
     def apply_oldest_output() -> None:
         output, samples, step_oracle_ids, positions = pending.popleft()
+        if worker_drafts:
+            # Where each request samples now: its drafts' acceptance in the
+            # steps before is known only once their outputs are applied. The
+            # tokens delivered so far (a live request's num_output_tokens; for
+            # one finished since, whose output is ignored, the same count).
+            positions = {rid: delivered.get(step_oracle_ids.get(rid, rid), 0) for rid in output.num_scheduled_tokens}
         sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
-                                  step_oracle_ids, positions)
+                                  step_oracle_ids, positions, worker_drafts)
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
+        for o in outputs:
+            oid = step_oracle_ids.get(o.req_id, o.req_id)
+            delivered[oid] = delivered.get(oid, 0) + len(o.new_token_ids)
         if check:
             check_invariants(sched)
         expect: dict[str, Any] = {"outputs": [o.to_canonical() for o in outputs]}
@@ -683,6 +719,12 @@ def workload_from_trace(trace: Trace) -> Workload:
     delivered: dict[str, int] = {}  # oracle name -> tokens appended so far
     step_positions: dict[int, dict[str, int]] = {}  # step -> request id -> output position it samples at
     drafts: dict[tuple[str, int], tuple[int, ...]] = {}
+    # async + spec decode: (oracle name, position) -> (drafts accepted, exact or a lower bound)
+    accepted: dict[tuple[str, int], tuple[int, bool]] = {}
+    step_num_drafts: dict[int, dict[str, int]] = {}  # step -> request id -> drafts scheduled
+    config = get_config_of(trace)
+    worker_drafts = (trace.scheduler != "v0" and config.num_spec_tokens > 0
+                     and trace.profile in PROFILES and PROFILES[trace.profile].async_scheduling)
     adds: dict[str, int] = {}
     steps = 0
     after_schedule = False  # a step scheduled, no model output since
@@ -694,6 +736,7 @@ def workload_from_trace(trace: Trace) -> Workload:
             after_schedule = "expect_error" not in event
             if "expect" in event and trace.scheduler != "v0":
                 x = event["expect"]
+                step_num_drafts[event["step"]] = {r: len(d) for r, d in x["scheduled_spec_decode_tokens"].items()}
                 step_positions[event["step"]] = {
                     **{r["req_id"]: delivered.get(oracle_id(r["req_id"], adds.get(r["req_id"], 1) - 1), 0)
                        for r in x["scheduled_new_reqs"]},
@@ -727,6 +770,19 @@ def workload_from_trace(trace: Trace) -> Workload:
             for rid, toks in event["sampled_token_ids"].items():
                 oid = oracle_id(rid, adds.get(rid, 1) - 1)
                 at = positions.get(rid, len(tokens.get(oid, {})))
+                if worker_drafts:
+                    # The rebuilt run samples at the live position (see respond).
+                    at = delivered.get(oid, 0)
+                    k = step_num_drafts.get(event["step"], {}).get(rid, 0)
+                    if toks:
+                        # The oracle accepts min(L, k) of k drafts, L fixed per
+                        # position: an observation below k gives L exactly, one
+                        # at k a lower bound (several steps may sample at one
+                        # position when outputs are ignored or dropped).
+                        got, exact = len(toks) - 1, len(toks) - 1 < k
+                        known, known_exact = accepted.get((oid, at), (0, False))
+                        if not known_exact:
+                            accepted[(oid, at)] = (got, True) if exact else (max(known, got), False)
                 for i, tok in enumerate(toks):  # a dropped output's position is sampled again later
                     tokens.setdefault(oid, {})[at + i] = tok
                 next_pos[rid] = at + len(toks)
@@ -737,9 +793,9 @@ def workload_from_trace(trace: Trace) -> Workload:
                 oid = oracle_id(o["req_id"], adds.get(o["req_id"], 1) - 1)
                 delivered[oid] = delivered.get(oid, 0) + len(o["new_token_ids"])
     oracle = RecordedOracle(tokens={k: tuple(v[p] for p in range(len(v)) if p in v) for k, v in tokens.items()},
-                            drafts=drafts)
+                            drafts=drafts, accepted={key: n for key, (n, _) in accepted.items()})
     return Workload(
-        config=get_config_of(trace), profile=trace.profile, requests=tuple(requests),
+        config=config, profile=trace.profile, requests=tuple(requests),
         aborts=tuple(aborts), invalid_inputs=tuple(invalid), resets=tuple(resets), oracle=oracle,
         record_stats=any("stats" in e.get("expect", {}) for e in trace.events if e["kind"] == "model_output"),
         seed=trace.header.get("seed", 0),

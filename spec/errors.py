@@ -123,6 +123,7 @@ ERROR_CODES: dict[str, str] = {
     "unscheduled_draft_tokens": "draft tokens for a request not scheduled this step",
     "too_many_draft_tokens": "more draft tokens than num_spec_tokens",
     "drafts_without_spec_decode": "draft tokens while num_spec_tokens is 0",
+    "drafts_under_async_scheduling": "draft tokens in a model output under an async profile (AsyncScheduler's drafts stay in the worker; the engine core never hands them to the scheduler)",
     # configuration
     "invalid_config_type": "a config field of the wrong type",
     "unknown_config_field": "a config field the model does not know",
@@ -142,8 +143,7 @@ ERROR_CODES: dict[str, str] = {
     "invalid_max_concurrent_batches": "max_concurrent_batches < 1",
     "invalid_max_num_active_seqs": "max_num_active_seqs not null and outside [1, max_num_seqs] (vLLM refuses it above max_num_seqs)",
     "knob_not_in_release": "a config knob or parameter the profile's release does not have (max_num_active_seqs, long_prefill_token_threshold_adaptive, use_v2_model_runner, reset_prefix_cache's reset_running_requests: 0.32+)",
-    "async_spec_decode_not_modelled": "an async profile with num_spec_tokens > 0 (AsyncScheduler with spec decode is not modelled yet)",
-    "in_flight_not_modelled": "max_concurrent_batches > 1 with spec decode, or under a profile whose release's in-flight rules are not modelled (vllm-0.11, aphrodite-0.24)",
+    "in_flight_not_modelled": "max_concurrent_batches > 1 with spec decode on a non-async profile, or under a profile whose release's in-flight rules are not modelled (vllm-0.11, aphrodite-0.24)",
     "invalid_num_spec_tokens": "num_spec_tokens < 0",
     "invalid_num_lookahead_tokens": "num_lookahead_tokens < 0",
     "invalid_policy": "a policy other than fcfs or priority",

@@ -109,7 +109,7 @@ def inv_computed_range(s: Any, o: Any) -> Any:
 
 
 def inv_in_flight_accounting(s: Any, o: Any) -> Any:
-    """A request's in-flight tokens are exactly those the steps still in flight scheduled for it, its stale share is part of them, and its output placeholders are never negative nor more than one per in-flight step in which it samples."""
+    """A request's in-flight tokens are exactly those the steps still in flight scheduled for it, its stale share is part of them, and its output placeholders are never negative nor more than the in-flight steps may sample for it (1 plus its scheduled drafts per step in which it samples)."""
     return o.forall(
         s.requests,
         lambda r: o.and_(

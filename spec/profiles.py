@@ -97,7 +97,21 @@ class Profile:
 
     trim_computed_on_stop: bool
     """§5 step 4.3: tokens sampled after a stop token are dropped and
-    ``num_computed_tokens`` is reduced by their number (0.33)."""
+    ``num_computed_tokens`` is reduced by their number (0.33). 0.32.0 drops
+    them without touching ``num_computed_tokens`` (its
+    ``_update_request_with_output`` has no trim). The only reader of a stopped
+    request's counter before its free is 0.32's ``AsyncScheduler``, which
+    caches up to ``num_computed_tokens - num_output_placeholders``; with
+    ``resolve_trimmed_placeholders`` (0.33 resolves the trimmed tokens'
+    placeholders too, 0.32 does not) the two knobs cancel there, so together
+    they change nothing observable, and either one alone does (a 0.32-async
+    campaign with only the second flipped fails 86 of 1,500 traces)."""
+
+    resolve_trimmed_placeholders: bool
+    """Async + spec decode: on a stop inside a multi-token output, do the tokens
+    trimmed after the stop resolve their placeholders too? Not in the notes;
+    read in 0.33.0 (base class, ``scheduler.py`` ``_update_request_with_output``): yes, every returned token
+    resolves one. 0.32 (``async_scheduler.py:68-71``): only the tokens kept."""
 
     pad_new_decodes_to_spec_size: bool
     """§4.3 step 8.2 (expanded rule): with ``num_spec_tokens > 0``, a waiting
@@ -176,6 +190,7 @@ VLLM_0_33 = Profile(
     ignore_drafts_for_prefill_chunks=True,
     guard_empty_output_rejection=True,
     trim_computed_on_stop=True,
+    resolve_trimmed_placeholders=True,
     pad_new_decodes_to_spec_size=True,
     cache_blocks_after_spec_update=True,
     lookahead_for_fresh_requests=True,
@@ -183,7 +198,8 @@ VLLM_0_33 = Profile(
 )
 
 # DEVIATION-free by construction: the 0.32.0 wheel's core differs from 0.33.0
-# in exactly these two knobs (diff of schedule() and update_from_output()).
+# in exactly these knobs (diff of schedule() and update_from_output(); the two
+# stop-trim knobs were found when async + spec decode made them observable).
 VLLM_0_32 = Profile(
     **{
         **{f.name: getattr(VLLM_0_33, f.name) for f in fields(VLLM_0_33)},
@@ -191,6 +207,8 @@ VLLM_0_32 = Profile(
         "vllm_version": "0.32.0",
         "priority_self_preemption": "break",
         "cache_blocks_after_spec_update": False,
+        "trim_computed_on_stop": False,
+        "resolve_trimmed_placeholders": False,
     }
 )
 
@@ -211,6 +229,7 @@ VLLM_0_11 = Profile(
     ignore_drafts_for_prefill_chunks=False,
     guard_empty_output_rejection=False,
     trim_computed_on_stop=False,
+    resolve_trimmed_placeholders=False,
     pad_new_decodes_to_spec_size=False,
     cache_blocks_after_spec_update=False,
     lookahead_for_fresh_requests=False,
@@ -263,12 +282,6 @@ def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> Non
             InvalidConfig, "threshold_above_max_model_len",
             "long_prefill_token_threshold cannot exceed max_model_len under this profile",
             long_prefill_token_threshold=config.long_prefill_token_threshold, max_model_len=config.max_model_len)
-    # DEVIATION(vllm 0.33.0): vLLM runs AsyncScheduler with spec decode (draft
-    # placeholders filled in by the worker); the model does not cover it yet.
-    require(not (profile.async_scheduling and config.num_spec_tokens > 0), InvalidConfig,
-            "async_spec_decode_not_modelled",
-            "an async profile with num_spec_tokens > 0 is not modelled yet (AsyncScheduler with spec decode)",
-            num_spec_tokens=config.num_spec_tokens, profile=profile.name)
     late_knobs = [name for name, on in (("max_num_active_seqs", config.max_num_active_seqs is not None),
                                         ("long_prefill_token_threshold_adaptive",
                                          config.long_prefill_token_threshold_adaptive),
@@ -276,7 +289,12 @@ def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> Non
     require(profile.has_0_32_scheduler_knobs or not late_knobs, InvalidConfig, "knob_not_in_release",
             f"{', '.join(late_knobs)}: not a knob of {profile.name}'s release", fields=late_knobs, profile=profile.name)
     in_flight = config.max_concurrent_batches > 1
-    require(not in_flight or (profile.models_in_flight and config.num_spec_tokens == 0), InvalidConfig,
+    # DEVIATION(vllm 0.33.0): the plain scheduler with a batch queue (pipeline
+    # parallelism) and spec decode gets its drafts through EngineCore.post_step
+    # after whichever batch returned; not modelled. AsyncScheduler with spec
+    # decode is (its drafts never reach the scheduler).
+    spec_in_flight_modelled = config.num_spec_tokens == 0 or profile.async_scheduling
+    require(not in_flight or (profile.models_in_flight and spec_in_flight_modelled), InvalidConfig,
             "in_flight_not_modelled",
             f"steps in flight (max_concurrent_batches={config.max_concurrent_batches}) are not modelled "
             + ("with spec decode" if profile.models_in_flight else f"under profile {profile.name}"),

@@ -575,13 +575,23 @@ class Scheduler:
         """
         if not request.spec_token_ids:
             return
-        num_scheduled_spec = num_new_tokens + request.num_computed_tokens - request.num_tokens
+        num_scheduled_spec = self.get_num_scheduled_spec_tokens(request, num_new_tokens)
         if num_scheduled_spec > 0:
             st.scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_scheduled_spec]
         if self.profile.clear_drafts_when_scheduled:
             request.spec_token_ids = []
         elif num_scheduled_spec > 0:
             del request.spec_token_ids[num_scheduled_spec:]
+
+    def get_num_scheduled_spec_tokens(self, request: Request, num_new_tokens: int) -> int:
+        """How many of ``request``'s drafts this step's ``num_new_tokens`` reach (§4.1 step 7).
+
+        The tokens past ``num_tokens`` and past the placeholders of its steps
+        in flight (each of which will become a real token or be rolled back):
+        ``num_new_tokens + num_computed_tokens - num_tokens - num_output_placeholders``.
+        """
+        return (num_new_tokens + request.num_computed_tokens - request.num_tokens
+                - request.num_output_placeholders)
 
     def _schedule_waiting(self, st: _StepState, threshold: int) -> None:
         """The waiting loop (§4.3): admit from the head while budget, seats and blocks last.
@@ -765,8 +775,12 @@ class Scheduler:
                 request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
             )
             if self.profile.async_scheduling and not request.is_prefill_chunk:
-                # AsyncScheduler: the step will sample 1 token plus its drafts.
+                # AsyncScheduler: the step will sample 1 token plus its drafts,
+                # and the worker will propose drafts for the next step, which
+                # the scheduler never sees: k placeholders (-1) stand for them.
                 request.num_output_placeholders += 1 + len(output.scheduled_spec_decode_tokens.get(request_id, ()))
+                if self.config.num_spec_tokens:
+                    request.spec_token_ids = [-1] * self.config.num_spec_tokens
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
 
@@ -927,6 +941,10 @@ class Scheduler:
         for request_id, drafts in model_output.draft_token_ids.items():
             require(self.config.num_spec_tokens > 0, InvalidEvent, "drafts_without_spec_decode",
                     "draft tokens given but num_spec_tokens is 0", request_id=request_id)
+            require(not (drafts and self.profile.async_scheduling), InvalidEvent, "drafts_under_async_scheduling",
+                    f"draft tokens for {request_id!r} under {self.profile.name}: AsyncScheduler's drafts stay "
+                    "in the worker (vLLM's engine core never hands them to the scheduler)",
+                    request_id=request_id)
             require(request_id in scheduled, InvalidEvent, "unscheduled_draft_tokens",
                     f"draft tokens for {request_id!r}, which was not scheduled this step", request_id=request_id)
             require(len(drafts) <= self.config.num_spec_tokens, InvalidEvent, "too_many_draft_tokens",
@@ -952,6 +970,9 @@ class Scheduler:
             num_rejected = len(drafts) - (len(generated) - 1)
             if request.num_computed_tokens > 0:
                 request.num_computed_tokens -= num_rejected
+            if request.num_output_placeholders > 0:
+                # Async: the rejected drafts' placeholders are resolved too.
+                request.num_output_placeholders -= num_rejected
         else:
             # <=0.11: empty output accepts -1 drafts and rolls back one token
             # more than was drafted; the last token is recomputed.
@@ -962,8 +983,8 @@ class Scheduler:
 
         Tokens after the stopping one are discarded, and (0.33)
         ``num_computed_tokens`` forgets them. Under async scheduling every
-        returned token (trimmed ones included) resolves one placeholder. Stale
-        output (§6) changes neither counter.
+        returned token resolves one placeholder (0.32: only those kept, see
+        ``resolve_trimmed_placeholders``). Stale output (§6) changes neither counter.
         """
         result, stopped = generated, False
         for i, token in enumerate(generated, 1):
@@ -976,7 +997,8 @@ class Scheduler:
                 result, stopped = generated[:i], True
                 break
         if not is_stale and request.num_output_placeholders > 0:
-            request.num_output_placeholders -= len(generated)
+            resolved = generated if self.profile.resolve_trimmed_placeholders else result
+            request.num_output_placeholders -= len(resolved)
             assert request.num_output_placeholders >= 0
         return result, stopped
 

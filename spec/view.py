@@ -90,7 +90,9 @@ class ConcreteView:
         records = list(getattr(scheduler, "in_flight", ()))
         self._in_flight_scheduled = {
             rid: sum(rec.output.num_scheduled_tokens.get(rid, 0) for rec in records) for rid in reqs}
-        self._in_flight_samples = {rid: sum(1 for rec in records if rec.samples.get(rid)) for rid in reqs}
+        self._in_flight_samples = {
+            rid: sum(1 + len(rec.output.scheduled_spec_decode_tokens.get(rid, ())) for rec in records
+                     if rec.samples.get(rid)) for rid in reqs}
         self._tables = {rid: [b.block_id for b in kv.req_to_blocks.get(rid, [])] for rid in reqs}
         self.orphan_tables = len([rid for rid in kv.req_to_blocks if rid not in reqs])
         self._req_hashes = {rid: r.block_hashes for rid, r in reqs.items()}
@@ -164,7 +166,7 @@ class ConcreteView:
         return self._in_flight_scheduled[r]
 
     def num_in_flight_samples(self, r: str) -> int:
-        """Steps still in flight in which ``r`` samples."""
+        """Tokens the steps still in flight may sample for ``r``: 1 plus its drafts per step in which it samples."""
         return self._in_flight_samples[r]
 
     def num_scheduled_tokens(self, r: str) -> int:

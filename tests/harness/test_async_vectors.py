@@ -29,7 +29,7 @@ def test_async_corpus_covers_the_in_flight_cases():
         feats = {f for e in entries for f in e["features"]}
         assert {"steps_in_flight", "scheduled_in_flight", "preempted_in_flight", "stale_output",
                 "aborted_in_flight", "finished_in_flight", "preemption", "resume", "prefix_cache_reset",
-                "prefix_cache_reset_running"} <= feats, profile
+                "prefix_cache_reset_running", "spec_decode", "drafts_in_flight", "drafts_rejected_in_flight"} <= feats, profile
         # Every depth of the batch queue the generator draws: 1, 2 and 3 steps in flight.
         assert {e.get("max_concurrent_batches", 1) for e in entries} == {1, 2, 3}, profile
 

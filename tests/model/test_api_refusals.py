@@ -35,7 +35,7 @@ NOT_API_CODES = {
     "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
     "budget_below_max_model_len", "pool_below_max_model_len",
     "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
-    "invalid_max_concurrent_batches", "async_spec_decode_not_modelled", "in_flight_not_modelled",
+    "invalid_max_concurrent_batches", "in_flight_not_modelled",
     "invalid_max_num_active_seqs", "knob_not_in_release",  # config: tests/model/test_in_flight.py
 } | {code for code, meaning in ERROR_CODES.items() if meaning.startswith("(v0")}  # v0 model: tests/model_v0
 
@@ -109,6 +109,17 @@ def with_drafts() -> Scheduler:
     return sched
 
 
+def async_with_drafts() -> Scheduler:
+    """vllm-0.33-async, k=2: a's prefill (step 1) and its first decode (step 2, with 2 placeholder drafts) in flight."""
+    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2, "max_concurrent_batches": 2}),
+                      "vllm-0.33-async")
+    sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
+    sched.schedule()
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": (-1, -1)}
+    return sched
+
+
 def update(sched: Scheduler, sampled: dict, drafts: dict | None = None) -> Callable[[], object]:
     return lambda: sched.update_from_output(sched.pending_output, ModelRunnerOutput(sampled, drafts or {}))
 
@@ -162,6 +173,8 @@ CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], objec
     ("unscheduled_model_output", "waiting w", pending, lambda s: update(s, {"a": (1,), "w": (2,)})()),
     ("unscheduled_draft_tokens", "waiting w", with_drafts, lambda s: update(s, {"a": (9,)}, {"w": (1,)})()),
     ("too_many_draft_tokens", "3 > 2", with_drafts, lambda s: update(s, {"a": (9,)}, {"a": (1, 2, 3)})()),
+    ("drafts_under_async_scheduling", "worker drafts handed over", async_with_drafts,
+     lambda s: s.update_from_output(s.get_output_to_apply(), ModelRunnerOutput({"a": (5,)}, {"a": (6, 7)}))),
     ("drafts_without_spec_decode", "k = 0", pending, lambda s: update(s, {"a": (1,)}, {"a": (2,)})()),
     ("invalid_finish_status", "WAITING -> STOPPED", base,
      lambda s: s.finish_requests(["a", "w"], RequestStatus.FINISHED_STOPPED)),

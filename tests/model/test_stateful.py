@@ -2,12 +2,17 @@
 
 Pools and budgets are drawn close to the prompt sizes so that preemption,
 budget exhaustion, chunked prefill and prefix hits really happen; the last test
-prints how often each happened and fails if one of them became rare.
+prints how often each happened and fails if one of them became rare. Steps run
+as vLLM's engine loop with a batch queue (``step_with_batch_queue``): under
+the async profiles (AsyncScheduler, spec decode included) and, without spec
+decode, the plain 0.32/0.33 ones, up to ``max_concurrent_batches`` steps are
+in flight and their outputs are applied oldest first.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
@@ -16,6 +21,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent
 from spec.invariants import check_invariants
 from spec.output import ModelRunnerOutput
+from spec.profiles import get_profile
 from spec.scheduler import Scheduler
 
 EOS = 1
@@ -54,12 +60,16 @@ def configs(draw):
 class SchedulerMachine(RuleBasedStateMachine):
     """Drive the reference model with random inputs; every invariant after each rule."""
 
-    @initialize(config=configs(), profile=st.sampled_from(["vllm-0.33", "vllm-0.32", "vllm-0.11"]))
-    def init(self, config, profile):
+    @initialize(config=configs(), batches=st.sampled_from([1, 2, 2, 3]),
+                profile=st.sampled_from(["vllm-0.33", "vllm-0.32", "vllm-0.11", "vllm-0.33-async", "vllm-0.32-async"]))
+    def init(self, config, profile, batches):
         if profile == "vllm-0.11" and config.policy == "priority":
             # 0.11's un-repaired priority victim breaks invariants on purpose;
             # tests/model/test_profile_findings.py covers it.
             profile = "vllm-0.32"
+        rules = get_profile(profile)
+        if rules.models_in_flight and (rules.async_scheduling or config.num_spec_tokens == 0):
+            config = replace(config, max_concurrent_batches=batches)
         self.sched = Scheduler(config, profile)
         self.next_id = 0
         self.clock = 0
@@ -107,29 +117,33 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             raise AssertionError("abort of an unknown id must be refused")
 
-    @precondition(lambda self: self.sched.has_requests())
+    @precondition(lambda self: self.sched.has_requests() or bool(self.sched.in_flight))
     @rule(data=st.data(), repeat=st.integers(1, 4))
     def step(self, data, repeat):
         for _ in range(repeat):
-            if self.sched.has_requests():
+            if self.sched.has_requests() or self.sched.in_flight:
                 self._step(data)
 
     def _step(self, data):
+        """One call of the engine loop: schedule while the batch queue has room
+        and there is work, then apply the oldest output once the queue is full
+        or nothing is left to schedule."""
+        sched = self.sched
+        if len(sched.in_flight) < sched.config.max_concurrent_batches and sched.has_requests():
+            self._schedule()
+            if len(sched.in_flight) < sched.config.max_concurrent_batches and sched.has_requests():
+                return
+        self._apply_oldest_output(data)
+
+    def _schedule(self):
         sched = self.sched
         out = sched.schedule()
         check_invariants(sched)
         record = sched.last_step
-        sampled, drafts = {}, {}
-        for rid, samples in record.samples.items():
-            if not samples:
-                continue
-            num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
-            accepted = data.draw(st.integers(0, num_drafts), label="accepted")
-            sampled[rid] = tuple(data.draw(st.lists(TOKENS, min_size=accepted + 1, max_size=accepted + 1)))
-        if sched.config.num_spec_tokens:
-            for rid in out.num_scheduled_tokens:
-                n = data.draw(st.integers(0, sched.config.num_spec_tokens), label="drafts")
-                drafts[rid] = tuple(data.draw(st.lists(TOKENS, min_size=n, max_size=n)))
+        if len(sched.in_flight) > 1:
+            self.saw["steps_in_flight"] += 1
+            if out.scheduled_spec_decode_tokens:
+                self.saw["drafts_in_flight"] += 1
         if record.preemptions:
             self.saw["preemption"] += 1
         if out.total_num_scheduled_tokens == sched.config.max_num_batched_tokens:
@@ -142,6 +156,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.saw["chunked_prefill"] += 1
         if out.scheduled_spec_decode_tokens:
             self.saw["spec_decode"] += 1
+
+    def _apply_oldest_output(self, data):
+        """The model's output for the oldest step in flight: 1 + accepted drafts per sampling request,
+        and (not under AsyncScheduler, whose drafts stay in the worker) drafts for the next step."""
+        sched = self.sched
+        record = sched.in_flight[0]
+        out = record.output
+        sampled, drafts = {}, {}
+        for rid, samples in record.samples.items():
+            if not samples:
+                continue
+            num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            accepted = data.draw(st.integers(0, num_drafts), label="accepted")
+            sampled[rid] = tuple(data.draw(st.lists(TOKENS, min_size=accepted + 1, max_size=accepted + 1)))
+        if sched.config.num_spec_tokens and not sched.profile.async_scheduling:
+            for rid in out.num_scheduled_tokens:
+                n = data.draw(st.integers(0, sched.config.num_spec_tokens), label="drafts")
+                drafts[rid] = tuple(data.draw(st.lists(TOKENS, min_size=n, max_size=n)))
         sched.update_from_output(out, ModelRunnerOutput(sampled, drafts))
 
     @invariant()
@@ -172,7 +204,8 @@ def test_reachability_shares():
     run_state_machine_as_test(SchedulerMachine)
     n = SHARES["examples"]
     assert n >= 10, f"only {n} runs reached 5 steps"
-    shares = {k: SHARES[k] / n for k in ("preemption", "prefix_hit", "chunked_prefill", "budget_exhausted", "spec_decode")}
+    shares = {k: SHARES[k] / n for k in ("preemption", "prefix_hit", "chunked_prefill", "budget_exhausted", "spec_decode",
+                                         "steps_in_flight", "drafts_in_flight")}
     print("\nstateful runs of >= 5 steps:", n, " ".join(f"{k}={v:.0%}" for k, v in shares.items()))
-    for key in ("preemption", "prefix_hit", "chunked_prefill"):
+    for key in ("preemption", "prefix_hit", "chunked_prefill", "steps_in_flight"):
         assert shares[key] >= 0.10, (key, shares)

@@ -154,8 +154,13 @@ def test_profiles_table_names_and_differences():
         a, r = PROFILES[f"{release}-async"], PROFILES[release]
         assert [k for k in r.knob_names() if getattr(a, k) != getattr(r, k)] == ["async_scheduling"]
     diff = [k for k in VLLM_0_33.knob_names() if getattr(VLLM_0_33, k) != getattr(VLLM_0_32, k)]
-    # The two differences found by diffing the 0.32.0 and 0.33.0 wheels.
-    assert diff == ["priority_self_preemption", "cache_blocks_after_spec_update"]
+    # The differences found by diffing the 0.32.0 and 0.33.0 wheels. The two
+    # stop-trim knobs were missed at first: 0.32.0's _update_request_with_output
+    # has no trim of num_computed_tokens and its async_scheduler.py:68-71
+    # resolves only the kept tokens' placeholders; together they cancel in the
+    # one place that reads them (see the knobs' docstrings).
+    assert diff == ["priority_self_preemption", "trim_computed_on_stop", "resolve_trimmed_placeholders",
+                    "cache_blocks_after_spec_update"]
     aphrodite = PROFILES["aphrodite-0.24"]
     # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request
     # (and the knobs whose Aphrodite counterparts were not checked: not modelled for it).
@@ -228,9 +233,9 @@ def test_invalid_event_leaves_state_unchanged():
     [
         # 0.32/0.33 accept a threshold of at most num_spec_tokens at start (they
         # crash later, in schedule(): tests/harness/test_engine_crash.py).
-        # (The async profiles refuse any num_spec_tokens > 0: not modelled yet.)
-        (dict(num_spec_tokens=2, long_prefill_token_threshold=2), "async_spec_decode_not_modelled",
-         {"vllm-0.33-async", "vllm-0.32-async"}),
+        # A batch queue with spec decode is modelled under AsyncScheduler only.
+        (dict(num_spec_tokens=2, max_concurrent_batches=2), "in_flight_not_modelled",
+         {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24"}),
         # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len); so does
         # Aphrodite 0.24, which tracks 0.32 (its config refusals are 0.32's: tests/engines/test_aphrodite.py).
         (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len",

@@ -337,6 +337,59 @@ def test_each_refusal_changes_nothing(release: tuple[VllmV1Sut, str]) -> None:
     assert s4["finished_req_ids"] == ["a"]
 
 
+def test_async_spec_decode_placeholder_drafts(release: tuple[VllmV1Sut, str]) -> None:
+    """AsyncScheduler with k=2: the story of conformance/testdata/scenarios/async_spec_decode.txt,
+    each value derived there (C computed, N num_tokens, PH placeholders)."""
+    sut, profile = release
+    sut.start(_config(num_spec_tokens=2, max_concurrent_batches=2), f"{profile}-async")
+    sut.add_request(_request("a", 4, 10))
+    # Step 1: the prompt; afterwards PH=1 and spec_token_ids = [-1, -1].
+    s1 = sut.schedule()
+    assert s1["num_scheduled_tokens"] == {"a": 4} and _new(s1) == {"a": [1]}
+    # Step 2: N 4 + 2 + PH 1 - C 4 = 3 tokens, drafts 3 + 4 - 4 - 1 = 2 placeholders.
+    s2 = sut.schedule()
+    assert s2["num_scheduled_tokens"] == {"a": 3}
+    assert s2["scheduled_spec_decode_tokens"] == {"a": [-1, -1]}
+    assert _cached(s2) == {"a": (False, [2], 4, 1)}
+    # The engine core never hands drafts to an AsyncScheduler: refused, nothing changed.
+    assert _refused(sut.update_from_output, {"a": [100]}, {"a": [5, 6]}, step=1) == "drafts_under_async_scheduling"
+    assert _tokens(sut.update_from_output({"a": [100]}, {}, step=1)) == {"a": ([100], None)}
+    # Step 3: N 5 + 2 + PH 3 - C 7 = 3, drafts 2; num_output_tokens 1 + 3 = 4.
+    s3 = sut.schedule()
+    assert s3["num_scheduled_tokens"] == {"a": 3} and s3["scheduled_spec_decode_tokens"] == {"a": [-1, -1]}
+    assert _cached(s3) == {"a": (False, [3], 7, 4)}
+    # Step 2's output: both drafts rejected (C 10 -> 8, PH 6 -> 4 -> 3).
+    assert _tokens(sut.update_from_output({"a": [101]}, {}, step=2)) == {"a": ([101], None)}
+    # Step 4: 6 + 2 + 3 - 8 = 3 tokens, no new block; num_output_tokens 2 + 3 = 5.
+    s4 = sut.schedule()
+    assert s4["num_scheduled_tokens"] == {"a": 3} and _cached(s4) == {"a": (False, [], 8, 5)}
+    # Step 3: both accepted; step 4: one accepted (C 11 -> 10, PH 3 -> 0).
+    assert _tokens(sut.update_from_output({"a": [102, 103, 104]}, {}, step=3)) == {"a": ([102, 103, 104], None)}
+    assert _tokens(sut.update_from_output({"a": [105, 106]}, {}, step=4)) == {"a": ([105, 106], None)}
+    # Step 5: 11 + 2 + 0 - 10 = 3 tokens, 2 drafts, block 4; step 6: 11 + 2 + 3 - 13 = 3.
+    s5 = sut.schedule()
+    assert s5["num_scheduled_tokens"] == {"a": 3} and _cached(s5) == {"a": (False, [4], 10, 7)}
+    s6 = sut.schedule()
+    assert s6["num_scheduled_tokens"] == {"a": 3} and _cached(s6) == {"a": (False, [], 13, 10)}
+    # Step 5's 3 tokens reach max_tokens 10; step 6's output is for a finished request.
+    assert _tokens(sut.update_from_output({"a": [107, 108, 109]}, {}, step=5)) == {
+        "a": ([107, 108, 109], "length")}
+    assert sut.update_from_output({"a": [110]}, {}, step=6) == []
+
+
+def test_async_spec_decode_no_drafts_for_a_decode_max_model_len_cuts(release: tuple[VllmV1Sut, str]) -> None:
+    """Prompt 1, max_model_len 3, k=3: step 2's decode is cut to 1 token, so 1 + 1 - 1 - PH 1 = 0 drafts
+    (the mutant async_drafts_with_placeholders_pending schedules one)."""
+    sut, profile = release
+    sut.start(_config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=3, max_num_seqs=1, max_model_len=3,
+                      enable_chunked_prefill=False, num_spec_tokens=3, max_concurrent_batches=2), f"{profile}-async")
+    sut.add_request(_request("z", 1, 2))
+    assert sut.schedule()["num_scheduled_tokens"] == {"z": 1}
+    s2 = sut.schedule()
+    assert s2["num_scheduled_tokens"] == {"z": 1}
+    assert s2["scheduled_spec_decode_tokens"] == {}
+
+
 def test_config_refusals(release: tuple[VllmV1Sut, str]) -> None:
     sut, profile = release
     with pytest.raises(SutInputError) as info:
@@ -345,11 +398,9 @@ def test_config_refusals(release: tuple[VllmV1Sut, str]) -> None:
     with pytest.raises(SutInputError) as info:
         sut.start(_config(max_concurrent_batches=True), profile)
     assert info.value.code == "invalid_config_type"
-    # The model refuses async + spec decode (async_spec_decode_not_modelled); vLLM
-    # takes async drafts from the worker, so the driver answers unsupported.
-    with pytest.raises(SutUnsupported):
-        sut.start(_config(num_spec_tokens=2), f"{profile}-async")
-    # Steps in flight with spec decode: the model refuses them (in_flight_not_modelled).
+    # Steps in flight with spec decode on the plain scheduler: the model refuses
+    # them (in_flight_not_modelled); AsyncScheduler with spec decode is accepted.
+    sut.start(_config(num_spec_tokens=2, max_concurrent_batches=2), f"{profile}-async")
     with pytest.raises(SutUnsupported):
         sut.start(_config(num_spec_tokens=2, max_concurrent_batches=2), profile)
     # Absent means 1: a second schedule before the first output is refused.
