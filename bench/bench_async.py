@@ -1,7 +1,7 @@
 """Tokens per second of impl/'s engine: the synchronous loop next to the overlapped (async) loop.
 
 Usage: python bench/bench_async.py [--requests 64] [--prompt 128] [--output 64] [--model tiny,small]
-                                   [--dtype float64] [--threads 1] [--repeats 3] [--device auto]
+                                   [--dtype float64] [--threads 1] [--repeats 3] [--device auto] [--spec 0]
 
 The same workload (``--requests`` random ``--prompt``-token prompts, ``--output``
 greedy tokens each, EOS ignored, all batched; paged KV, prefix caching on,
@@ -14,8 +14,12 @@ budget 8192) runs twice in the same process, per model and device:
   forward pass runs on a worker thread; a decode reads the token step N is still
   sampling from step N's result (output placeholders).
 
-Both must generate identical tokens (the bench refuses to print figures
-otherwise). Tokens/s = generated tokens over wall time (best of ``--repeats``,
+``--spec K`` runs both with spec decode, ``K`` n-gram drafts per step (the
+overlapped loop: AsyncScheduler's ``-1`` drafts filled by the runner, positions
+moved back over the drafts the step before rejected); random prompts give
+the n-gram drafter few matches, so this measures what spec decode costs more
+than what it buys. Both must generate identical tokens (the bench refuses to
+print figures otherwise). Tokens/s = generated tokens over wall time (best of ``--repeats``,
 the two loops alternating); ``host ms/step`` is the sync loop's time outside the
 forward pass (schedule, batch preparation, update), ``forward ms/step`` the
 forward pass and sampling: the overlapped loop can at best hide the smaller of
@@ -50,13 +54,13 @@ from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel  # noqa: E402
 from spec.config import SchedulerConfig  # noqa: E402
 
 
-def make_config(prompts: list[list[int]], output_len: int, batches: int) -> SchedulerConfig:
+def make_config(prompts: list[list[int]], output_len: int, batches: int, spec_tokens: int = 0) -> SchedulerConfig:
     block_size = 16
-    max_len = max(len(p) for p in prompts) + output_len + 2
+    max_len = max(len(p) for p in prompts) + output_len + 2 + 2 * spec_tokens
     blocks_per_req = -(-max_len // block_size)
     return SchedulerConfig(block_size=block_size, num_gpu_blocks=len(prompts) * blocks_per_req + 1,
                            max_num_batched_tokens=8192, max_num_seqs=len(prompts), max_model_len=max_len,
-                           enable_prefix_caching=True, max_concurrent_batches=batches)
+                           enable_prefix_caching=True, max_concurrent_batches=batches, num_spec_tokens=spec_tokens)
 
 
 def _sync(device: torch.device) -> None:
@@ -64,9 +68,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_sync(model: LlamaModel, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+def run_sync(model: LlamaModel, prompts: list[list[int]], output_len: int, spec_tokens: int = 0) -> dict[str, Any]:
     """The synchronous loop, its host and forward time measured apart."""
-    engine = Engine(make_config(prompts, output_len, 1), model, profile="vllm-0.33")
+    engine = Engine(make_config(prompts, output_len, 1, spec_tokens), model, profile="vllm-0.33")
     runner = engine.runner
     _sync(model.device)
     c0 = time.process_time()
@@ -86,12 +90,14 @@ def run_sync(model: LlamaModel, prompts: list[list[int]], output_len: int) -> di
         steps += 1
     seconds = time.perf_counter() - t0
     return {"tokens": [r.output_tokens for r in engine.records], "seconds": seconds, "steps": steps,
-            "forward_s": forward, "host_s": seconds - forward, "cpu_s": time.process_time() - c0}
+            "forward_s": forward, "host_s": seconds - forward, "cpu_s": time.process_time() - c0,
+            "accepted": engine.stats.num_drafts_accepted}
 
 
-def run_overlapped(model: LlamaModel, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+def run_overlapped(model: LlamaModel, prompts: list[list[int]], output_len: int,
+                   spec_tokens: int = 0) -> dict[str, Any]:
     """The overlapped loop: async profile, two steps in flight, forward on the worker thread."""
-    engine = Engine(make_config(prompts, output_len, 2), model, profile="vllm-0.33-async")
+    engine = Engine(make_config(prompts, output_len, 2, spec_tokens), model, profile="vllm-0.33-async")
     _sync(model.device)
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -102,11 +108,12 @@ def run_overlapped(model: LlamaModel, prompts: list[list[int]], output_len: int)
     engine.close()
     return {"tokens": [r.output_tokens for r in engine.records], "seconds": seconds,
             "cpu_s": time.process_time() - c0,
-            "steps": engine.scheduler.current_step, "holes": engine.runner.num_holes_from_runner}
+            "steps": engine.scheduler.current_step, "holes": engine.runner.num_holes_from_runner,
+            "accepted": engine.stats.num_drafts_accepted}
 
 
 def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: int, output_len: int,
-          repeats: int = 3, seed: int = 0, require_equal: bool = True) -> dict[str, Any]:
+          repeats: int = 3, seed: int = 0, require_equal: bool = True, spec_tokens: int = 0) -> dict[str, Any]:
     """Both loops on one model and device, best of ``repeats``; one row of the table.
 
     ``require_equal``: refuse (SystemExit) when the two loops' tokens differ;
@@ -122,8 +129,8 @@ def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: i
     best_over: dict[str, Any] | None = None
     equal = True
     for _ in range(repeats):
-        s = run_sync(model, prompts, output_len)
-        o = run_overlapped(model, prompts, output_len)
+        s = run_sync(model, prompts, output_len, spec_tokens)
+        o = run_overlapped(model, prompts, output_len, spec_tokens)
         equal = equal and s["tokens"] == o["tokens"]
         if not equal and require_equal:
             raise SystemExit(f"{model_name} on {device}: the two loops generated different tokens; "
@@ -144,6 +151,7 @@ def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: i
         "bound": (best_sync["host_s"] + best_sync["forward_s"]) / max(best_sync["host_s"], best_sync["forward_s"]),
         "steps": (best_sync["steps"], best_over["steps"]), "holes": best_over["holes"], "tokens_equal": equal,
         "requests": requests, "prompt_len": prompt_len, "output_len": output_len,
+        "spec_tokens": spec_tokens, "accepted": (best_sync["accepted"], best_over["accepted"]),
     }
 
 
@@ -158,29 +166,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cpu, and cuda when present)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spec", type=int, default=0, help="spec decode: n-gram drafts per step (0: off)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     devices = ["cpu", "cuda"] if args.device == "auto" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         devices.remove("cuda")
         print("no CUDA device: CPU only")
-    rows = [bench(m, d, args.dtype, args.requests, args.prompt, args.output, args.repeats, args.seed)
+    rows = [bench(m, d, args.dtype, args.requests, args.prompt, args.output, args.repeats, args.seed,
+                  spec_tokens=args.spec)
             for d in devices for m in args.model.split(",")]
     print(f"{args.requests} requests x ({args.prompt} prompt + {args.output} output) tokens, {args.dtype}, "
-          f"{args.threads} torch thread(s), best of {args.repeats}; identical tokens in both loops")
+          + (f"spec decode k={args.spec}, " if args.spec else "")
+          + f"{args.threads} torch thread(s), best of {args.repeats}; identical tokens in both loops")
     print(render_table(rows))
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """The rows of ``bench`` as a markdown table."""
     lines = ["| model | device | sync tokens/s | overlapped tokens/s | overlapped / sync | host ms/step (sync) "
-             "| forward ms/step (sync) | bound | CPU s sync/overlapped | steps sync/overlapped | placeholder inputs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| forward ms/step (sync) | bound | CPU s sync/overlapped | steps sync/overlapped | placeholder inputs "
+             "| spec k | drafts accepted sync/overlapped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        accepted = r.get("accepted", (0, 0))
         lines.append(f"| {r['model']} ({r['params_m']:.2f} M) | {r['device']} | {r['sync_tps']:,.0f} | "
                      f"{r['overlapped_tps']:,.0f} | {r['ratio']:.2f}x | {r['host_ms']:.2f} | {r['forward_ms']:.2f} | "
                      f"{r['bound']:.2f}x | {r['sync_cpu_s']:.2f}/{r['overlapped_cpu_s']:.2f} | "
-                     f"{r['steps'][0]}/{r['steps'][1]} | {r['holes']:,} |")
+                     f"{r['steps'][0]}/{r['steps'][1]} | {r['holes']:,} | {r.get('spec_tokens', 0)} | "
+                     f"{accepted[0]:,}/{accepted[1]:,} |")
     return "\n".join(lines)
 
 

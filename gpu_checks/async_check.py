@@ -12,14 +12,16 @@ Stages, each recorded in ``OUT/async_check.json``:
    GPU (``small`` model, float64) with the overlapped loop
    (``Engine.step_overlapped``: the forward pass on a worker thread while the
    next step is scheduled) under ``vllm-0.33-async`` and ``vllm-0.32-async``
-   with 2 and 3 steps in flight, and a plain profile with a batch queue of 2.
+   with 2 and 3 steps in flight, and a plain profile with a batch queue of 2;
+   and both async profiles with spec decode (n-gram drafts in place of
+   AsyncScheduler's ``-1`` placeholders, positions moved back over rejections).
    Every request's tokens must equal the dense, cache-free greedy forward
    (``impl/dense.py``, also on the GPU); a difference where the oracle saw a
    near tie is reported, not failed.
 2. ``replay``: async traces of ``conformance/generate.py`` replayed against the
    teacher-forced engine adapter (``impl-engine``) on the GPU: scheduler
    outputs equal to the trace and the logits of every sampled position within
-   1e-8 of the dense forward.
+   1e-8 of the dense forward (async profiles also with spec decode).
 3. ``throughput``: ``bench/bench_async.py``'s two loops (synchronous
    ``Engine.step()`` under ``vllm-0.33``; overlapped, two steps in flight, under
    ``vllm-0.33-async``) on the ``bench-250m`` model in bfloat16, per batch size:
@@ -57,6 +59,13 @@ VARIANTS: tuple[tuple[str, int], ...] = (
 """(profile, max_concurrent_batches) of the token stage, each run with the overlapped loop (the
 first also once more with a ``reset_prefix_cache(True)`` midway)."""
 
+SPEC_VARIANTS: tuple[tuple[str, int, int], ...] = (("vllm-0.33-async", 2, 2), ("vllm-0.32-async", 3, 3))
+"""(profile, max_concurrent_batches, num_spec_tokens): async scheduling with spec decode in the token stage."""
+
+REPLAY_PROFILES: tuple[tuple[str, int], ...] = (("vllm-0.33-async", 0), ("vllm-0.33", 0), ("vllm-0.33-async", 2),
+                                                ("vllm-0.32-async", 3))
+"""(profile, num_spec_tokens forced; 0: as generated) of the replay stage."""
+
 MAX_MODEL_LEN = 40
 
 Arrival = tuple[int, str, list[int], dict[str, Any]]
@@ -85,16 +94,17 @@ def random_async_workload(seed: int) -> tuple[dict[str, Any], list[Arrival]]:
 
 
 def run_overlapped_workload(model: Any, config: dict[str, Any], arrivals: list[Arrival], profile: str,
-                            overlap: bool = True, reset_at: int | None = None) -> Any:
+                            overlap: bool = True, reset_at: int | None = None, drafter: Any = None) -> Any:
     """Drive an Engine through ``arrivals`` (added at their loop call) until done; returns the engine.
 
     ``reset_at``: at that loop call, ``reset_prefix_cache(reset_running_requests=True)``
-    (steps in flight lose their output; the running requests recompute).
+    (steps in flight lose their output; the running requests recompute). ``drafter``:
+    the engine's drafter (default: n-gram, with ``num_spec_tokens > 0``).
     """
     from impl.engine import Engine
     from spec.config import SchedulerConfig
 
-    engine = Engine(SchedulerConfig(**config), model, profile=profile)
+    engine = Engine(SchedulerConfig(**config), model, profile=profile, drafter=drafter)
     pending = list(arrivals)
     calls = 0
     try:
@@ -125,7 +135,8 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
     model = LlamaModel(MODEL_CONFIGS[model_name], device=device, dtype=torch.float64)
     failures: list[str] = []
     counts = {"workloads": 0, "requests": 0, "generated_tokens": 0, "preemptions": 0, "stale_outputs": 0,
-              "placeholder_inputs_from_runner": 0, "near_tie_mismatches": 0}
+              "placeholder_inputs_from_runner": 0, "near_tie_mismatches": 0, "spec_workloads": 0,
+              "drafts_accepted": 0, "segments_moved_back": 0}
     near_ties: list[dict[str, Any]] = []
     skipped = 0
     for seed in seeds:
@@ -133,11 +144,15 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
             skipped += 1
             continue
         config, arrivals = random_async_workload(seed)
-        runs = [(profile, batches, None) for profile, batches in VARIANTS] + [("vllm-0.33-async", 2, 5)]
-        for profile, batches, reset_at in runs:
-            engine = run_overlapped_workload(model, {**config, "max_concurrent_batches": batches}, arrivals, profile,
-                                             reset_at=reset_at)
+        runs = ([(profile, batches, None, 0) for profile, batches in VARIANTS] + [("vllm-0.33-async", 2, 5, 0)]
+                + [(profile, batches, None, k) for profile, batches, k in SPEC_VARIANTS])
+        for profile, batches, reset_at, k in runs:
+            engine = run_overlapped_workload(model, {**config, "max_concurrent_batches": batches, "num_spec_tokens": k},
+                                             arrivals, profile, reset_at=reset_at)
             counts["workloads"] += 1
+            counts["spec_workloads"] += k > 0
+            counts["drafts_accepted"] += engine.stats.num_drafts_accepted
+            counts["segments_moved_back"] += engine.runner.num_shifted_segments
             counts["preemptions"] += engine.scheduler.num_preemptions
             counts["stale_outputs"] += engine.scheduler.num_stale_outputs
             counts["placeholder_inputs_from_runner"] += engine.runner.num_holes_from_runner
@@ -170,11 +185,16 @@ def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: 
     max_diff = 0.0
     skipped = 0
     for seed in seeds:
-        for profile in ("vllm-0.33-async", "vllm-0.33"):
+        for profile, k in REPLAY_PROFILES:
             if time.monotonic() > deadline:
                 skipped += 1
                 continue
-            trace = run_workload(random_workload(seed, profile))
+            workload = random_workload(seed, profile)
+            if k:
+                workload = _with_spec_tokens(workload, profile, k)
+                if workload is None:
+                    continue
+            trace = run_workload(workload)
             sut = ImplEngineSut(model=model_name, device=str(device), dtype="float64", cpu_threads=None)
             result = replay(trace, sut, "strict")
             verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
@@ -186,6 +206,21 @@ def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: 
     return {"traces": sum(verdicts.values()), "verdicts": verdicts, "checked_positions": checked,
             "max_abs_logit_diff": max_diff, "failures": failures, "skipped_for_time": skipped,
             "ok": not failures and verdicts.get("fail", 0) == 0}
+
+
+def _with_spec_tokens(workload: Any, profile: str, k: int) -> Any:
+    """The workload with ``num_spec_tokens = k``, or None when its profile refuses that config."""
+    from dataclasses import replace
+
+    from spec.errors import InvalidConfig
+    from spec.profiles import PROFILES, check_config_for_profile
+
+    config = replace(workload.config, num_spec_tokens=k)
+    try:
+        check_config_for_profile(config, PROFILES[profile])
+    except InvalidConfig:
+        return None
+    return workload.replace(config=config)
 
 
 def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: int, output_len: int,

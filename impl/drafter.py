@@ -69,6 +69,13 @@ class NgramDrafter:
                 return drafts
         return []
 
+    def context_tail(self, req_id: str) -> tuple[int, int] | None:
+        """``(length, last token)`` of the drafter's copy of a request's sequence, or None if it has none."""
+        ctx = self._contexts.get(req_id)
+        if ctx is None or not ctx.tokens:
+            return None
+        return len(ctx.tokens), ctx.tokens[-1]
+
     def forget(self, req_id: str) -> None:
         """Drop a finished request's index."""
         self._contexts.pop(req_id, None)

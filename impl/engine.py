@@ -15,6 +15,13 @@ sampling (an output placeholder); the runner fills that input when N+1 runs
 (``impl/runner.py``). ``run()`` picks the overlapped loop when the scheduler
 allows more than one step in flight.
 
+Async scheduling with spec decode: as in vLLM's worker, the drafts never reach
+the scheduler. The runner proposes them on the thread that runs the steps,
+right after sampling, and puts them in place of the ``[-1] * k`` placeholders
+the scheduler gives the request's next step, whose positions it moves back
+over the drafts the steps before rejected; ``update`` hands the scheduler no
+drafts.
+
 The pieces are public (``schedule`` / ``execute`` / ``update``) so that a
 checker can run a reference scheduler in lockstep (``gpu_checks/engine_check.py``).
 """

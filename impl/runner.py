@@ -46,6 +46,22 @@ the token the earlier step sampled (vLLM's async model runner reads
 in full count as valid for the prefix-hit repair of later steps (they run
 after it); ``commit`` makes them valid for good once the step's output is
 applied.
+
+Async scheduling with spec decode. ``AsyncScheduler`` never sees a draft: it
+schedules ``[-1] * k`` placeholders for a request's next step, counting on all
+of them being accepted. Like vLLM's worker, the runner keeps the drafter's
+proposals from each request's previous step (made in ``run``, right after
+sampling, on the thread that runs the steps) and puts them where the ``-1``s
+are; and since the scheduler counted the previous step's drafts as accepted
+(its output was not back yet), every position of the next step is moved back
+by the number of drafts the previous steps in flight rejected (their
+"sources", the request's sampling steps prepared and not yet applied when it
+was scheduled, same incarnation). ``run`` does both, with slots and attention
+rebuilt for moved segments; the segment then holds the real positions.
+Blocks a moved step writes are marked in flight only where every possible
+shift writes them; ``commit`` marks exactly. ``commit(result, sampled)``
+takes the tokens the scheduler was given when they are not the runner's own
+(teacher forcing): they decide the sources' rejections.
 """
 
 from __future__ import annotations
@@ -90,6 +106,20 @@ class Segment:
     """Index of the segment's first position in the flattened batch."""
     sample_row: int = -1
     """Index (in the logits) of the first sampled position, or -1."""
+    commit_first: int = 0
+    """Table index of ``commit_blocks[0]``."""
+    marked: list[tuple[int, int]] = field(default_factory=list)
+    """``(block, generation)`` marked written in flight by ``prepare`` (unmarked by ``commit``)."""
+    num_scheduled_drafts: int = 0
+    """Drafts scheduled (fixed at ``prepare``; ``end - num_tokens`` once positions are real)."""
+    incarnation: int = 0
+    """The request's ``num_preemptions`` when prepared."""
+    sources: list["Segment"] = field(default_factory=list)
+    """Async + spec: the request's sampling segments in flight when this one was prepared."""
+    rejected: int = 0
+    """Async + spec: drafts this segment's verification rejected (the shift it causes later steps)."""
+    known: int = 0
+    """``len(req.tokens)`` at ``prepare``: positions from here on were placeholders then."""
 
 
 @dataclass
@@ -107,6 +137,8 @@ class PreparedStep:
     slots: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
     plans: list["_Attention"] = field(default_factory=list)
+    fixups: list[Segment] = field(default_factory=list)
+    """Async + spec: segments whose positions, placeholder inputs and drafts ``run`` settles."""
 
 
 @dataclass
@@ -160,6 +192,18 @@ class ModelRunner:
         """Placeholder inputs filled from an earlier step's sampled tokens (not yet applied by the scheduler)."""
         self.num_holes_from_scheduler = 0
         """Placeholder inputs whose token the scheduler had applied by the time the step ran."""
+        self.async_spec = async_scheduling and num_spec_tokens > 0
+        """AsyncScheduler with spec decode: drafts are the runner's, positions corrected at ``run``."""
+        self._open: dict[Req, list[Segment]] = {}
+        """Async + spec: per request, its sampling segments prepared and not yet committed (scheduler's thread)."""
+        self.next_drafts: dict[Req, tuple[int, list[int]]] = {}
+        """Async + spec: per request, ``(sequence length, proposals)`` after its last sampling step (run's thread)."""
+        self._to_forget: list[str] = []
+        """Async + spec: ids whose drafter state ``run`` drops (the drafter lives on run's thread)."""
+        self.num_drafts_substituted = 0
+        """Async + spec: scheduled ``-1`` drafts given the drafter's proposals."""
+        self.num_shifted_segments = 0
+        """Async + spec: segments moved back over drafts rejected by steps still in flight."""
 
     # ------------------------------------------------------------------ batch building
 
@@ -199,7 +243,20 @@ class ModelRunner:
                 ids = ids + [-1] * len(holes)
             ids += drafts[: max(end - ntok, 0)]
             seg = Segment(index, req, table, seg_start, end, ntok, drafts, ids, holes)
-            seg.commit_blocks = [(b, gen[b]) for b in table[seg_start // bs: (end + bs - 1) // bs]]
+            seg.num_scheduled_drafts = max(end - ntok, 0)
+            seg.known = len(req.tokens)
+            seg.incarnation = req.num_preemptions
+            max_shift = 0
+            if self.async_spec:
+                seg.sources = [s for s in self._open.get(req, ()) if s.incarnation == seg.incarnation]
+                max_shift = sum(s.num_scheduled_drafts for s in seg.sources)
+            seg.commit_first = max(seg_start - max_shift, 0) // bs
+            seg.commit_blocks = [(b, gen[b]) for b in table[seg.commit_first: (end + bs - 1) // bs]]
+            # blocks this step fills with the sequence's tokens whatever the
+            # shift (placeholders are tokens; drafts are not, until verified):
+            # later steps may read them
+            seg.marked = seg.commit_blocks[seg_start // bs - seg.commit_first:
+                                           max(real_end - max_shift, 0) // bs - seg.commit_first]
             segments.append(seg)
         return segments, repaired
 
@@ -234,12 +291,14 @@ class ModelRunner:
         step = PreparedStep(out, segments, repaired)
         if not segments:
             return step
-        bs = self.block_size
         ids, positions, slots, sample_rows = step.ids, step.positions, step.slots, step.sample_rows
         for seg in segments:
             seg.row = len(ids)
-            for pos in seg.holes:
-                step.hole_rows.append((seg.row + pos - seg.start, seg.req, pos))
+            if self.async_spec and (seg.sources or seg.holes or seg.num_scheduled_drafts):
+                step.fixups.append(seg)  # run settles its positions and inputs
+            else:
+                for pos in seg.holes:
+                    step.hole_rows.append((seg.row + pos - seg.start, seg.req, pos))
             ids.extend(seg.input_ids)
             positions.extend(range(seg.start, seg.end))
             slots.extend(self._slots(seg.table, seg.start, seg.end))
@@ -247,21 +306,25 @@ class ModelRunner:
                 seg.sample_row = len(sample_rows)
                 first = seg.row + (seg.num_tokens - 1 - seg.start)
                 sample_rows.extend(range(first, seg.row + (seg.end - seg.start)))
-            # blocks this step fills with the sequence's tokens (placeholders are
-            # tokens; drafts are not, until verified): later steps may read them
-            first_block = seg.start // bs
-            for b, g in seg.commit_blocks[: min(seg.end, seg.num_tokens) // bs - first_block]:
+                if self.async_spec:
+                    self._open.setdefault(seg.req, []).append(seg)
+            for b, g in seg.marked:
                 self.inflight_gen[b] = g
         step.plans = self._attention_plans(segments)
         return step
 
     @torch.inference_mode()
-    def run(self, step: PreparedStep, *, keep_logits: bool = False) -> ExecuteResult:
+    def run(self, step: PreparedStep, *, keep_logits: bool = False,
+            drafts: dict[str, list[int]] | None = None) -> ExecuteResult:
         """The forward pass and greedy sampling of a prepared step (steps run in schedule order).
 
         Touches no scheduler state but the tokens of the requests with holes
-        (read, never written); may run on a worker thread.
+        (read, never written); may run on a worker thread. Async + spec:
+        ``drafts`` (per request id) replace the drafter's proposals as the
+        inputs of the scheduled ``-1`` drafts (teacher forcing).
         """
+        if self._to_forget:
+            self._forget_now()
         out, segments = step.out, step.segments
         self.num_repaired_tokens += step.repaired
         sampled: list[list[int]] = [[] for _ in out.entries]
@@ -282,11 +345,13 @@ class ModelRunner:
                 else:  # not applied yet: the token an earlier step sampled (0 for an output since discarded)
                     ids[row] = ahead.get(req, {}).get(pos, 0)
                     self.num_holes_from_runner += 1
+        positions, slots, plans = step.positions, step.slots, step.plans
+        if step.fixups:
+            ids, positions, slots, plans = self._settle(step, ids, drafts)
         self.num_forward_tokens += len(ids)
         ids_t = model.token_tensor(ids)
-        rope = model.rope(torch.tensor(step.positions, dtype=torch.long, device=dev))
-        slot_t = torch.tensor(step.slots, dtype=torch.long, device=dev)
-        plans = step.plans
+        rope = model.rope(torch.tensor(positions, dtype=torch.long, device=dev))
+        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
         hidden = model.embed(ids_t)
         c = model.config
         for layer in range(c.num_layers):
@@ -303,7 +368,102 @@ class ModelRunner:
             return result
         logits = model.logits(hidden[torch.tensor(step.sample_rows, dtype=torch.long, device=dev)])
         self._sample(out, segments, logits, result, keep_logits=keep_logits)
+        if self.async_spec and self.drafter is not None:
+            self._propose_ahead(result)
         return result
+
+    def _settle(self, step: PreparedStep, ids: list[int], given: dict[str, list[int]] | None
+                ) -> tuple[list[int], list[int], list[int], list["_Attention"]]:
+        """Async + spec, at run time: move segments back over their sources' rejected drafts, fill inputs.
+
+        A segment's real tokens come from the request (applied) or from the
+        steps that sampled them (``sampled_ahead``); its scheduled ``-1``
+        drafts become ``given[req_id]`` or the proposals made after the
+        request's previous step, if they were made for this sequence length
+        (padded with token 0: a draft only has to be verified, not right).
+        """
+        ids = list(ids)
+        positions, slots = step.positions, step.slots
+        moved = False
+        for seg in step.fixups:
+            req = seg.req
+            shift = 0
+            for src in seg.sources:
+                shift += src.rejected
+            if shift:
+                if not moved:
+                    positions, slots, moved = list(positions), list(slots), True
+                seg.start -= shift
+                seg.end -= shift
+                seg.num_tokens -= shift
+                n = seg.end - seg.start
+                positions[seg.row: seg.row + n] = range(seg.start, seg.end)
+                slots[seg.row: seg.row + n] = self._slots(seg.table, seg.start, seg.end)
+                self.num_shifted_segments += 1
+            tokens = req.tokens
+            ahead = self.sampled_ahead.get(req, {})
+            for pos in range(seg.start, min(seg.end, seg.num_tokens)):
+                if pos < len(tokens):
+                    ids[seg.row + pos - seg.start] = tokens[pos]
+                    if pos >= seg.known:
+                        self.num_holes_from_scheduler += 1
+                else:  # not applied yet: the token an earlier step sampled (0 for an output since discarded)
+                    ids[seg.row + pos - seg.start] = ahead.get(pos, 0)
+                    self.num_holes_from_runner += 1
+            m = seg.num_scheduled_drafts
+            if m:
+                proposal: list[int] | None = None if given is None else given.get(req.req_id)
+                if proposal is None:
+                    kept = self.next_drafts.get(req)
+                    proposal = kept[1] if kept is not None and kept[0] == seg.num_tokens else []
+                d = list(proposal[:m])
+                self.num_drafts_substituted += len(d)
+                d += [0] * (m - len(d))
+                seg.drafts = d
+                first = seg.row + seg.num_tokens - seg.start
+                ids[first: first + m] = d
+        plans = self._attention_plans(step.segments) if moved else step.plans
+        return ids, positions, slots, plans
+
+    def _propose_ahead(self, result: ExecuteResult) -> None:
+        """Async + spec: the drafter's proposals after this step, kept for each request's next step.
+
+        The drafter's copy of a sequence is checked against the runner's view
+        (length and last token) and rebuilt where it went astray (an output
+        dropped by a reset preemption); finished requests get none.
+        """
+        drafter = self.drafter
+        assert drafter is not None
+        limit_base = self.max_model_len - 1
+        for seg in result.segments:
+            chosen = result.sampled[seg.entry_index]
+            req = seg.req
+            if seg.sample_row < 0 or not chosen or req.is_finished:
+                continue
+            length = seg.num_tokens
+            tail = drafter.context_tail(req.req_id)
+            prefix: list[int] = []
+            if tail is None or tail != (length, self._token_at(req, length - 1)):
+                drafter.forget(req.req_id)
+                prefix = [self._token_at(req, p) for p in range(length)]
+            proposals = drafter.propose(req.req_id, prefix, chosen, limit_base - (length + len(chosen)))
+            self.next_drafts[req] = (length + len(chosen), proposals)
+
+    def _token_at(self, req: Req, pos: int) -> int:
+        """The request's token at ``pos``: applied, or sampled by a step that ran (0 if unknown)."""
+        tokens = req.tokens
+        if pos < len(tokens):
+            return tokens[pos]
+        return self.sampled_ahead.get(req, {}).get(pos, 0)
+
+    def _forget_now(self) -> None:
+        """Drop the drafter state of finished requests (on run's thread, where the drafter works)."""
+        while self._to_forget:
+            rid = self._to_forget.pop()
+            if self.drafter is not None:
+                self.drafter.forget(rid)
+        for req in [r for r in self.next_drafts if r.is_finished]:
+            del self.next_drafts[req]
 
     def _attention_plans(self, segments: list[Segment]) -> list["_Attention"]:
         short = [s for s in segments if s.end - s.start <= SHORT_SEGMENT]
@@ -343,6 +503,7 @@ class ModelRunner:
             chosen = tokens[row: row + accepted + 1]
             result.sampled[seg.entry_index] = chosen
             result.num_drafts_accepted += accepted
+            seg.rejected = m - accepted
             num_out = seg.num_tokens - req.num_prompt
             for i in range(accepted + 1):
                 if margins[row + i] < self.tie_eps:
@@ -357,8 +518,11 @@ class ModelRunner:
                 ahead[req] = known
 
     def propose(self, result: ExecuteResult) -> None:
-        """The drafter's proposals for the next step, per request that sampled (on the scheduler's thread)."""
-        if self.drafter is None:
+        """The drafter's proposals for the next step, per request that sampled (on the scheduler's thread).
+
+        Async + spec: none (``run`` proposed already; the scheduler gets no drafts).
+        """
+        if self.drafter is None or self.async_spec:
             return
         limit_base = self.max_model_len - 1
         for seg in result.segments:
@@ -372,8 +536,13 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ after the update
 
-    def commit(self, result: ExecuteResult) -> None:
+    def commit(self, result: ExecuteResult, sampled: list[list[int]] | None = None) -> None:
         """Record which blocks now hold valid KV; call after ``update_from_output``.
+
+        ``sampled``: the tokens the scheduler was given per entry when they
+        are not ``result.sampled`` (teacher forcing); they decide how many
+        drafts each segment rejected (async + spec: later steps move back by
+        that many).
 
         A position's KV is valid when it was computed from the token the
         sequence really has there, with a valid context: every real token of a
@@ -385,8 +554,15 @@ class ModelRunner:
         bs = self.block_size
         written, inflight = self.written_gen, self.inflight_gen
         for seg in result.segments:
-            first_block = seg.start // bs
-            for b, g in seg.commit_blocks[: min(seg.end, seg.num_tokens) // bs - first_block]:
+            if self.async_spec and seg.sample_row >= 0:
+                if sampled is not None and sampled[seg.entry_index]:
+                    seg.rejected = seg.num_scheduled_drafts - (len(sampled[seg.entry_index]) - 1)
+                open_segments = self._open.get(seg.req)
+                if open_segments is not None:
+                    open_segments[:] = [s for s in open_segments if s is not seg]
+                    if not open_segments or seg.req.is_finished:
+                        del self._open[seg.req]
+            for b, g in seg.marked:
                 if inflight.get(b) == g:
                     del inflight[b]
             valid_end = min(seg.end, seg.num_tokens)
@@ -397,10 +573,14 @@ class ModelRunner:
                         valid_end += 1
                     else:
                         break
-            for b, g in seg.commit_blocks[: max(valid_end // bs - first_block, 0)]:
+            first = seg.start // bs - seg.commit_first
+            for b, g in seg.commit_blocks[first: max(valid_end // bs - seg.commit_first, first)]:
                 written[b] = g
             if self.drafter is not None and seg.req.is_finished:
-                self.drafter.forget(seg.req.req_id)
+                if self.async_spec:
+                    self._to_forget.append(seg.req.req_id)
+                else:
+                    self.drafter.forget(seg.req.req_id)
         ahead = self.sampled_ahead
         if ahead:
             for req in list(ahead):
@@ -410,7 +590,10 @@ class ModelRunner:
     def forget(self, req_id: str) -> None:
         """Drop per-request state of an aborted request."""
         if self.drafter is not None:
-            self.drafter.forget(req_id)
+            if self.async_spec:
+                self._to_forget.append(req_id)  # the drafter is run's
+            else:
+                self.drafter.forget(req_id)
 
 
 class _Attention:

@@ -50,7 +50,16 @@ back). Under an ``-async`` profile (vLLM's ``AsyncScheduler``) every scheduled
 request that is not a prefill chunk gains ``1 + drafts`` output
 ``placeholders``: they count as tokens to compute, so a decode is scheduled
 again while its previous token is still being sampled, and a request whose
-steps in flight are sure to reach ``max_tokens`` is skipped.
+steps in flight are sure to reach ``max_tokens`` is skipped. With spec decode
+the worker keeps its drafts: a scheduled request that is not a prefill chunk
+gets ``[-1] * k`` drafts for its next step, the drafts a step schedules are
+those past ``num_tokens + placeholders``, a rejected draft also resolves its
+placeholder, and a model output carrying drafts is refused
+(``drafts_under_async_scheduling``). On a stop inside a multi-token output
+0.33 forgets the trimmed tokens' ``num_computed_tokens`` and resolves a
+placeholder for every returned token; 0.32 does neither (only the kept tokens
+resolve theirs) and caches after the update up to ``num_computed -
+placeholders``.
 
 Invalid input raises ``spec.errors.InvalidEvent`` with the reference's error
 codes (the shared vocabulary of the trace format), leaving the state unchanged.
@@ -398,11 +407,6 @@ class FastScheduler:
         release = profile.removesuffix(ASYNC_SUFFIX)
         self.async_scheduling = profile != release
         check_config_for_profile(config, get_profile(profile))  # the release's start-up refusals
-        if self.async_scheduling and config.num_spec_tokens > 0:
-            # The model's refusal (check_config_for_profile makes it too):
-            # AsyncScheduler with spec decode is not modelled yet.
-            raise InvalidConfig("async_spec_decode_not_modelled",
-                                f"an async profile with num_spec_tokens={config.num_spec_tokens} is not modelled yet")
         self.max_concurrent_batches = getattr(config, "max_concurrent_batches", 1)
         if not _is_int(self.max_concurrent_batches) or self.max_concurrent_batches < 1:
             raise InvalidConfig("invalid_max_concurrent_batches", "max_concurrent_batches must be >= 1")
@@ -428,13 +432,20 @@ class FastScheduler:
         # Both supported profiles default to the full-sequence admission gate.
         self.reserve_full = True if config.scheduler_reserve_full_isl is None else config.scheduler_reserve_full_isl
         self.self_preempt_continue = release == "vllm-0.33"
+        # On a stop inside a multi-token output: 0.33 forgets the trimmed
+        # tokens' num_computed_tokens and resolves a placeholder for every
+        # returned token; 0.32 does neither (only the kept tokens resolve theirs).
+        self.trim_on_stop = release == "vllm-0.33"
+        self.resolve_trimmed = release == "vllm-0.33"
+        self.spec_placeholders: list[int] = [-1] * self.k
+        """Async + spec decode: the drafts a scheduled request gets for its next step (the worker fills them in)."""
         # After appending a running request's tokens, cache the blocks its
         # settled tokens fill: 0.33 does it when the request had placeholders
-        # or with spec decode; 0.32 only in AsyncScheduler (where every request
-        # that samples had placeholders). Without spec decode both cache up to
-        # ``num_computed - in_flight`` (0.32: ``num_computed - placeholders``,
-        # the same count: every later step in flight is a 1-token decode).
+        # or with spec decode, up to ``num_computed - in_flight``; 0.32 only in
+        # AsyncScheduler (where every request that samples had placeholders),
+        # up to ``num_computed - placeholders``.
         self.cache_after_spec_update = (release == "vllm-0.33" and self.k > 0) or self.async_scheduling
+        self.cache_minus_placeholders = release == "vllm-0.32"
         self.pool = BlockPool(config.num_gpu_blocks, self.caching)
         self.requests: dict[str, Req] = {}
         self.seen_ids: set[str] = set()
@@ -725,6 +736,8 @@ class FastScheduler:
         preempted = False
         append = entries.append
         async_scheduling = self.async_scheduling
+        k_spec = self.k
+        spec_placeholders = self.spec_placeholders
 
         # ---- running loop
         i = 0
@@ -762,6 +775,8 @@ class FastScheduler:
                     req.in_flight += 1
                     if async_scheduling:
                         req.placeholders += 1
+                        if k_spec:
+                            req.spec = spec_placeholders
                     i += 1
                     continue
             n = total + len(spec) - start
@@ -810,6 +825,10 @@ class FastScheduler:
                 req.spec = []
             if async_scheduling and not req.is_prefill_chunk:
                 req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
+                if k_spec:
+                    # The worker proposes the next step's drafts; the scheduler
+                    # only learns how many: placeholders (-1).
+                    req.spec = spec_placeholders
             i += 1
         num_running = len(entries)
 
@@ -950,6 +969,8 @@ class FastScheduler:
                 req.in_flight += n
                 if self.async_scheduling and not req.is_prefill_chunk:
                     req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
+                    if k:
+                        req.spec = self.spec_placeholders
         finally:
             if skipped:
                 if self.priority:
@@ -989,14 +1010,18 @@ class FastScheduler:
                 # Nothing sampled is skipped (as vLLM does), except with drafts
                 # scheduled: refused, as the reference does under 0.32+.
                 num_drafts = len(out.spec_tokens.get(rid, ()))
-                if got > 1 + num_drafts or (got == 0 and num_drafts):
+                if got > 1 + num_drafts or (got == 0 and (num_drafts or self.async_scheduling)):
                     raise InvalidEvent("bad_num_sampled_tokens",
-                                       f"request {rid!r} must sample 0 (without drafts) to 1 + drafts tokens")
+                                       f"request {rid!r} must sample 0 (without drafts, not async) to 1 + drafts "
+                                       "tokens")
             elif got != 0:
                 raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} ran a prefill chunk and samples nothing")
         for rid, d in drafts.items():
             if self.k <= 0:
                 raise InvalidEvent("drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            if d and self.async_scheduling:
+                raise InvalidEvent("drafts_under_async_scheduling", f"draft tokens for {rid!r} under {self.profile}: "
+                                   "AsyncScheduler's drafts stay in the worker")
             if rid not in scheduled:
                 raise InvalidEvent("unscheduled_draft_tokens", f"draft tokens for unscheduled {rid!r}")
             if len(d) > self.k:
@@ -1027,6 +1052,7 @@ class FastScheduler:
         requests = self.requests
         any_stopped = False
         cache_after = self.cache_after_spec_update
+        minus_placeholders = self.cache_minus_placeholders
         for entry, toks in zip(out.entries, sampled):
             req = entry[0]
             if req.status >= FINISHED_STOPPED:
@@ -1040,30 +1066,35 @@ class FastScheduler:
                 continue
             if not toks:
                 continue
-            had_placeholders = req.placeholders > 0
             if spec_out:
                 d = spec_out.get(req.req_id)
                 if d:
                     rejected = len(d) - (len(toks) - 1)
                     if req.num_computed > 0:
                         req.num_computed -= rejected
-                    if had_placeholders:
-                        req.placeholders -= rejected
-            if had_placeholders:
-                req.placeholders -= len(toks)  # every token returned, trimmed ones included (0.33)
+                    if req.placeholders > 0:
+                        req.placeholders -= rejected  # async: the rejected drafts' placeholders
+            had_placeholders = req.placeholders > 0
             if len(toks) == 1:
                 tokens: list[int] = req.tokens
                 t = toks[0]
                 tokens.append(t)
                 if t not in req.stopset and len(tokens) < req.length_cap:
+                    if had_placeholders:
+                        req.placeholders -= 1
                     if cache_after:
-                        self._cache_upto(req, req.num_computed - req.in_flight)
+                        self._cache_upto(req, req.num_computed - (req.placeholders if minus_placeholders
+                                                                  else req.in_flight))
                     results.append((req.req_id, toks, None, None))
                     continue
                 tokens.pop()
             kept, status = self._append_slow(req, toks)
+            if had_placeholders:
+                # 0.33: every token returned resolves one, trimmed ones
+                # included; 0.32 (AsyncScheduler): only the kept ones.
+                req.placeholders -= len(toks) if self.resolve_trimmed else len(kept)
             if cache_after:
-                self._cache_upto(req, req.num_computed - req.in_flight)
+                self._cache_upto(req, req.num_computed - (req.placeholders if minus_placeholders else req.in_flight))
             if status:
                 req.status = status
                 self._free(req)
@@ -1073,7 +1104,9 @@ class FastScheduler:
                 results.append((req.req_id, kept, None, req.stop_reason))
         if any_stopped:
             self.running = [r for r in self.running if r.status == RUNNING]
-        if drafts:
+        if drafts and not self.async_scheduling:
+            # (Under AsyncScheduler the engine core never hands drafts over:
+            # they stay in the worker; validate_model_output refuses them.)
             for rid, proposed in drafts.items():
                 target = requests.get(rid)
                 if target is None:
@@ -1123,7 +1156,8 @@ class FastScheduler:
             elif len(tokens) >= req.length_cap:
                 status = FINISHED_LENGTH_CAPPED
             if status:
-                req.num_computed -= len(toks) - i
+                if self.trim_on_stop:
+                    req.num_computed -= len(toks) - i
                 return list(toks[:i]), status
         return toks, 0
 

@@ -280,15 +280,21 @@ class ImplEngineSut(ImplSchedulerSut):
             sched.validate_model_output(pending, sampled_token_ids, draft_token_ids)
         prepared = self._prepared.popleft()
         assert prepared.out is pending
-        result = self.runner.run(prepared, keep_logits=True)
+        # Async + spec decode: the scheduled drafts are -1s the worker fills;
+        # teacher forced, they are the trace's accepted tokens (the rest: the runner's filler).
+        drafts_in = ({rid: list(t[:-1]) for rid, t in sampled_token_ids.items()} if self.runner.async_spec
+                     else None)
+        result = self.runner.run(prepared, keep_logits=True, drafts=drafts_in)
         outputs = self._apply(pending, sampled_token_ids, draft_token_ids)
-        self.runner.commit(result)
-        for index, (req, n, before, ntok, _) in enumerate(pending.entries):
+        # the trace's tokens decide the drafts rejected (async + spec: later steps' positions)
+        self.runner.commit(result, [list(sampled_token_ids.get(e[0].req_id, ())) for e in pending.entries])
+        for index, req in enumerate(e[0] for e in pending.entries):
             rows = result.logits.get(index)
             if rows is None:
                 continue
             kept = self._positions.setdefault(req, {})
-            drafts = pending.spec_tokens.get(req.req_id, ())
+            seg = result.segments[index]  # positions as run (async + spec: moved back over rejected drafts)
+            ntok, drafts = seg.num_tokens, seg.drafts
             tokens = req.tokens
             for i in range(rows.shape[0]):
                 # position ntok-1+i had a valid context iff its tokens (placeholders

@@ -295,10 +295,87 @@ def test_0_32_scheduler_knobs_by_hand():
     assert c["scheduled_cached_reqs"] == []
 
 
+def test_async_spec_decode_placeholder_drafts_and_rejections_by_hand():
+    # vllm-0.33-async, k = 2, blocks of 4 (free queue [1..8]); P 4, max_tokens 8: P + max_tokens = 12.
+    for profile in ("vllm-0.33-async", "vllm-0.32-async"):
+        sched = _sched(profile, num_spec_tokens=2, max_model_len=32)
+        sched.add_request("r0", range(4), max_tokens=8)
+        r0 = sched.requests["r0"]
+        # Step 1: the prompt (no padding: nothing runs, no hit), block 1. Not a
+        # prefill chunk: PH 0 -> 1 and the worker's next drafts are [-1, -1].
+        s1 = sched.schedule()
+        assert _entries(s1) == [("r0", 4, 0, 4, [1])] and s1.spec_tokens == {}
+        assert _counters(sched, "r0") == (4, 4, 1, 4, 0) and r0.spec == [-1, -1]
+        # Step 2, step 1 in flight: skip rule 4 + 2 - 1 = 5 < 12; n = N 4 + drafts 2
+        # + PH 1 - C 4 = 3; drafts scheduled n + C - N - PH = 3 + 4 - 4 - 1 = 2: [-1, -1];
+        # positions 4..6 -> block 2. PH 1 + 1 + 2 = 4.
+        s2 = sched.schedule()
+        assert _entries(s2) == [("r0", 3, 4, 5, [2])] and s2.spec_tokens == {"r0": [-1, -1]}
+        assert s2.to_canonical()["scheduled_spec_decode_tokens"] == {"r0": [-1, -1]}
+        assert _counters(sched, "r0") == (7, 4, 4, 7, 0) and r0.spec == [-1, -1]
+        # Drafts under async scheduling are refused (the engine core never hands
+        # them over), an empty list is not; an async request that samples must
+        # return a token. Nothing changes.
+        before = _state(sched)
+        assert _refused(sched.validate_model_output, s1, {"r0": [100]}, {"r0": [7]}) == \
+            "drafts_under_async_scheduling"
+        assert _refused(sched.validate_model_output, s1, {}, {}) == "bad_num_sampled_tokens"
+        sched.validate_model_output(s1, {"r0": [100]}, {"r0": []})
+        assert _state(sched) == before
+        # Step 1's output: [100]: IF 7 - 4 = 3, PH 4 - 1 = 3, N 5.
+        assert sched.update_from_output(s1, [[100]]) == [("r0", [100], None, None)]
+        assert _counters(sched, "r0") == (7, 5, 3, 3, 0)
+        # Step 3: 7 + 2 - 3 = 6 < 12; n = 5 + 2 + 3 - 7 = 3, drafts 7 + 3 - 5 - 3 = 2; block 3 (positions 7..9).
+        s3 = sched.schedule()
+        assert _entries(s3) == [("r0", 3, 7, 8, [3])] and s3.spec_tokens == {"r0": [-1, -1]}
+        assert _counters(sched, "r0") == (10, 5, 6, 6, 0)
+        # Step 2's output: 1 of 2 drafts accepted (2 tokens): rejected 1 rolls
+        # back C 10 -> 9 and PH 6 -> 5; the two tokens resolve 2: PH 3. C = N + PH - 1.
+        assert sched.update_from_output(s2, [[101, 102]]) == [("r0", [101, 102], None, None)]
+        assert _counters(sched, "r0") == (9, 7, 3, 3, 0)
+        # Step 4: 9 + 2 - 3 = 8 < 12; n = 7 + 2 + 3 - 9 = 3, drafts 2; positions 9..11: no new block.
+        s4 = sched.schedule()
+        assert _entries(s4) == [("r0", 3, 9, 10, [])]
+        # Step 3's output: both drafts rejected: C 12 - 2 = 10, PH 6 - 2 - 1 = 3.
+        assert sched.update_from_output(s3, [[103]]) == [("r0", [103], None, None)]
+        assert _counters(sched, "r0") == (10, 8, 3, 3, 0)
+        # Step 5: n = 8 + 2 + 3 - 10 = 3 (positions 10..12: block 4). Step 4's output: both accepted.
+        s5 = sched.schedule()
+        assert _entries(s5) == [("r0", 3, 10, 11, [4])]
+        assert sched.update_from_output(s4, [[104, 105, 106]]) == [("r0", [104, 105, 106], None, None)]
+        assert _counters(sched, "r0") == (13, 11, 3, 3, 0)
+        # Step 6: 13 + 2 - 3 = 12 >= 12: step 5 is sure to reach max_tokens: skipped.
+        s6 = sched.schedule()
+        assert _entries(s6) == []
+        # Step 5's output [107, 108, 109]: 107 makes N 12 = P + max_tokens: length;
+        # 108 and 109 are dropped. 0.33 trims C by them (13 -> 11) and resolves
+        # all 3 placeholders (PH 0); 0.32 does neither: C 13, PH 3 - 1 kept = 2.
+        assert sched.update_from_output(s5, [[107, 108, 109]]) == [("r0", [107], "length", None)]
+        expected = (11, 0) if profile == "vllm-0.33-async" else (13, 2)
+        assert (r0.num_computed, r0.placeholders) == expected, profile
+        assert "r0" not in sched.requests and sched.update_from_output(s6, []) == []
+        assert sched.pool.free_queue() == [4, 3, 2, 1, 5, 6, 7, 8]  # table freed tail first, to the front
+
+
+def test_async_spec_decode_drafts_scheduled_count_the_placeholders_by_hand():
+    # Budget 2: a decode whose previous step is in flight is cut; its drafts
+    # are what the cut leaves past N + PH, not past N (the contract's mutant).
+    sched = _sched(num_spec_tokens=2, max_num_batched_tokens=2, max_num_seqs=2, max_model_len=32)
+    sched.add_request("r0", range(2), max_tokens=8)
+    assert _entries(sched.schedule()) == [("r0", 2, 0, 2, [1])]  # PH 1, drafts [-1, -1] for the next step
+    # Step 2: n = 2 + 2 + 1 - 2 = 3, cut to the budget 2; drafts 2 + 2 - 2 - 1 = 1
+    # (without "- PH": 2, all of them). PH 1 + 1 + 1 = 3; drafts for next: [-1, -1].
+    s2 = sched.schedule()
+    assert _entries(s2) == [("r0", 2, 2, 3, [])] and s2.spec_tokens == {"r0": [-1]}
+    assert _counters(sched, "r0") == (4, 2, 3, 4, 0) and sched.requests["r0"].spec == [-1, -1]
+    # A preemption clears the drafts and the placeholders.
+    sched._preempt(sched.running.pop())
+    assert _counters(sched, "r0") == (0, 2, 0, 4, 4) and sched.requests["r0"].spec == []
+
+
 def test_config_refusals():
-    with pytest.raises(InvalidConfig) as info:
-        _sched(num_spec_tokens=2)
-    assert info.value.code == "async_spec_decode_not_modelled"
+    _sched(num_spec_tokens=2)  # async + spec decode: modelled
+    _sched("vllm-0.32-async", num_spec_tokens=3, max_concurrent_batches=3)
     with pytest.raises(InvalidConfig) as info:
         _sched(max_concurrent_batches=0)
     assert info.value.code == "invalid_max_concurrent_batches"
@@ -420,6 +497,30 @@ def test_generated_in_flight_workloads_replay_strict(profile):
     assert in_flight >= (100 if profile.endswith("-async") else 10)
 
 
+@pytest.mark.parametrize("profile", ["vllm-0.33-async", "vllm-0.32-async"])
+def test_generated_async_spec_decode_workloads_replay_strict(profile):
+    """Async + spec decode (k = 1..3, 1-3 steps in flight): placeholder drafts, the worker's acceptance."""
+    from dataclasses import replace as dc_replace
+
+    failures: list[str] = []
+    multi = 0
+    for seed in range(100):
+        workload = random_workload(seed, profile)
+        config = dc_replace(workload.config, num_spec_tokens=1 + seed % 3)
+        try:
+            FastScheduler(config, profile)
+        except InvalidConfig:
+            continue
+        trace = run_workload(workload.replace(config=config))
+        multi += sum(len(t) > 1 for e in trace.events if e["kind"] == "model_output"
+                     for t in e["sampled_token_ids"].values())
+        result = replay(trace, ImplSchedulerSut(), "strict")
+        if result.verdict != PASS and len(failures) < 3:
+            failures.append(render_divergence(trace, result))
+    assert not failures, "\n\n".join(failures)
+    assert multi > 100  # outputs with accepted drafts
+
+
 # ----------------------------------------------------------------- the engine
 
 
@@ -535,9 +636,12 @@ class _WrongPlaceholderSut(ImplEngineSut):
 
 
 def test_teacher_forced_adapter_detects_wrong_placeholder_inputs():
+    from dataclasses import replace as dc_replace
+
     failed = 0
     for seed in range(10):
-        trace = run_workload(random_workload(seed, "vllm-0.33-async"))
+        workload = random_workload(seed, "vllm-0.33-async")  # without spec decode: the holes are hole_rows
+        trace = run_workload(workload.replace(config=dc_replace(workload.config, num_spec_tokens=0)))
         sut = _WrongPlaceholderSut()
         result = replay(trace, sut, "strict")
         failed += result.verdict == FAIL or bool(sut.failures)
@@ -547,11 +651,95 @@ def test_teacher_forced_adapter_detects_wrong_placeholder_inputs():
     assert failed >= 5
 
 
-def test_engine_refuses_async_spec_decode(tiny_model):
-    with pytest.raises(InvalidConfig):
-        Engine(SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_num_seqs=4,
-                               max_model_len=40, num_spec_tokens=2, max_concurrent_batches=2),
-               tiny_model, profile="vllm-0.33-async")
+class _OracleDrafter:
+    """Drafts from the dense oracle's sequence (some made wrong): many accepted, some rejected midway."""
+
+    def __init__(self, truth: dict[str, list[int]], k: int) -> None:
+        self.truth, self.k = truth, k
+        self.lengths: dict[str, tuple[int, int]] = {}
+
+    def propose(self, req_id: str, tokens: list[int], new_tokens: list[int], limit: int) -> list[int]:
+        n, last = self.lengths.get(req_id, (len(tokens), tokens[-1] if tokens else -1))
+        n += len(new_tokens)
+        self.lengths[req_id] = (n, new_tokens[-1] if new_tokens else last)
+        drafts = self.truth[req_id][n: n + min(limit, self.k)]
+        return [t + 1 if (n + j) % 5 == 3 else t for j, t in enumerate(drafts)]  # every 5th position wrong
+
+    def context_tail(self, req_id: str) -> tuple[int, int] | None:
+        return self.lengths.get(req_id)
+
+    def forget(self, req_id: str) -> None:
+        self.lengths.pop(req_id, None)
+
+
+def test_overlapped_engine_with_async_spec_decode_equals_the_dense_oracle(tiny_model):
+    """AsyncScheduler + spec decode: the runner's drafts replace the -1s, positions move back over rejections."""
+    seen = {"shifted": 0, "substituted": 0, "accepted": 0, "holes_from_runner": 0, "stale": 0}
+    # (profile, steps in flight, k, overlapped loop, reset at call, oracle drafter)
+    variants = [("vllm-0.33-async", 2, 2, True, None, False), ("vllm-0.32-async", 2, 3, True, None, False),
+                ("vllm-0.33-async", 3, 3, True, None, True), ("vllm-0.32-async", 2, 2, True, None, True),
+                ("vllm-0.33-async", 2, 1, False, None, True),
+                ("vllm-0.33-async", 2, 2, True, 4, True)]  # reset_prefix_cache(True): dropped output
+    for seed in range(8):
+        config, arrivals = random_async_workload(seed)
+        dense = {rid: dense_generate(tiny_model, prompt, kw["max_tokens"], max_model_len=40,
+                                     eos_token_id=kw["eos_token_id"]) for _, rid, prompt, kw in arrivals}
+        truth = {rid: list(prompt) + dense[rid].tokens for _, rid, prompt, _ in arrivals}
+        for profile, batches, k, overlap, reset_at, oracle in variants:
+            engine = run_overlapped_workload(tiny_model, {**config, "max_concurrent_batches": batches,
+                                                          "num_spec_tokens": k}, arrivals, profile, overlap, reset_at,
+                                             drafter=_OracleDrafter(truth, k) if oracle else None)
+            for record in engine.records:
+                assert record.output_tokens == dense[record.req_id].tokens, (seed, profile, batches, k, record.req_id)
+                assert record.finish_reason == dense[record.req_id].finish_reason
+            seen["shifted"] += engine.runner.num_shifted_segments
+            seen["substituted"] += engine.runner.num_drafts_substituted
+            seen["accepted"] += engine.stats.num_drafts_accepted
+            seen["holes_from_runner"] += engine.runner.num_holes_from_runner
+            seen["stale"] += engine.scheduler.num_stale_outputs
+    # Steps ran moved back over their predecessors' rejected drafts, with the
+    # drafter's proposals in place of -1s, many accepted; tokens from the runner.
+    assert seen["shifted"] > 200 and seen["substituted"] > 300 and seen["accepted"] > 150, seen
+    assert seen["holes_from_runner"] > 100 and seen["stale"] > 0, seen
+
+
+class _UnshiftedRunnerSut(ImplEngineSut):
+    """A runner that forgets to move a step back over the drafts its predecessors rejected."""
+
+    def start(self, config: dict[str, Any], profile: str) -> None:
+        super().start(config, profile)
+        settle = self.runner._settle
+
+        def unshifted(step, ids, given):
+            for seg in step.fixups:
+                seg.sources = []
+            return settle(step, ids, given)
+
+        self.runner._settle = unshifted
+
+
+def test_teacher_forced_adapter_runs_async_spec_decode_traces_and_catches_unmoved_positions():
+    """impl-engine on async + spec traces: the trace's acceptance moves later steps; an unmoved runner fails."""
+    from dataclasses import replace as dc_replace
+
+    checked = shifted = caught = 0
+    for seed in range(40):
+        profile = ("vllm-0.33-async", "vllm-0.32-async")[seed % 2]
+        workload = random_workload(seed, profile)
+        config = dc_replace(workload.config, num_spec_tokens=2)
+        try:
+            FastScheduler(config, profile)
+        except InvalidConfig:
+            continue
+        trace = run_workload(workload.replace(config=config))
+        sut = ImplEngineSut()
+        result = replay(trace, sut, "strict")
+        assert result.verdict == PASS and not sut.failures, render_divergence(trace, result)
+        checked += sut.num_checked_positions
+        shifted += sut.runner.num_shifted_segments
+        wrong = _UnshiftedRunnerSut()
+        caught += replay(trace, wrong, "strict").verdict == FAIL or bool(wrong.failures)
+    assert checked > 300 and shifted > 20 and caught >= 3, (checked, shifted, caught)
 
 
 
@@ -574,8 +762,11 @@ def test_async_check_cpu_dry_run_runs_every_stage(tmp_path, monkeypatch):
                              "--batch-sizes", "4"]) == 0
     report = json.loads((tmp_path / "async_check.json").read_text())
     assert report["info"]["dry_run_on_cpu"] is True and report["verdict"] == "pass"
-    assert report["tokens"]["failed"] == 0 and report["tokens"]["workloads"] == 10  # 2 seeds x (4 variants + a reset)
-    assert report["replay"]["verdicts"] == {"pass": 4} and report["replay"]["max_abs_logit_diff"] < 1e-12
+    # 2 seeds x (4 variants + a reset + 2 with spec decode)
+    assert report["tokens"]["failed"] == 0 and report["tokens"]["workloads"] == 14
+    assert report["tokens"]["spec_workloads"] == 4 and report["tokens"]["segments_moved_back"] > 0
+    # 2 seeds x (async, plain, async + spec decode under 0.33 and 0.32)
+    assert report["replay"]["verdicts"] == {"pass": 8} and report["replay"]["max_abs_logit_diff"] < 1e-12
     (row,) = report["throughput"]["rows"]
     assert row["requests"] == 4 and row["tokens_equal"] and row["sync_tps"] > 0 and row["overlapped_tps"] > 0
 
