@@ -953,7 +953,8 @@ class VllmSchedulerSut:
         engine_outputs = s.update_from_output(out, runner_output)
         self.stats["update_seconds"] += time.perf_counter() - t0
         self.last_scheduler_stats = self._canonical_stats(engine_outputs)
-        if draft_token_ids and v.DraftTokenIds is not None and out.total_num_scheduled_tokens > 0:
+        # EngineCore.post_step never hands drafts to an AsyncScheduler (not even empty lists).
+        if draft_token_ids and v.DraftTokenIds is not None and out.total_num_scheduled_tokens > 0 and not self.is_async:
             ids = list(draft_token_ids)
             s.update_draft_token_ids(v.DraftTokenIds(ids, [list(draft_token_ids[r]) for r in ids]))
         results: list[dict[str, Any]] = []

@@ -873,7 +873,11 @@ class Scheduler:
         if stopped_preempted:
             self.waiting.remove_requests(stopped_preempted)
             self.deferred_waiting -= stopped_preempted
-        self._update_draft_token_ids(model_output.draft_token_ids)
+        if not self.profile.async_scheduling:
+            # vLLM's engine core hands drafts over only without async
+            # scheduling (EngineCore.post_step); under AsyncScheduler they stay
+            # in the worker (non-empty ones are refused, empty ones change nothing).
+            self._update_draft_token_ids(model_output.draft_token_ids)
         self._make_stats(spec_decoding)
         return outputs
 

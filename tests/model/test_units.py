@@ -298,3 +298,22 @@ def test_allocate_slots_keeps_reserved_blocks_free_but_the_full_sequence_gate_ig
     assert kv.allocate_slots(req, 4, full_sequence_must_fit=True, reserved_blocks=5).gate == "slots"
     kv, req = fresh()
     assert isinstance(kv.allocate_slots(req, 4, full_sequence_must_fit=True, reserved_blocks=4), Allocated)
+
+
+def test_async_empty_draft_lists_keep_the_placeholder_drafts():
+    """Under AsyncScheduler the engine core never calls update_draft_token_ids: an empty draft
+    list in a model output neither is refused nor clears the [-1]*k drafts the schedule set."""
+    from spec.output import ModelRunnerOutput
+    from spec.scheduler import Scheduler
+
+    sched = Scheduler(SchedulerConfig(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=16, max_num_seqs=4,
+                                      max_model_len=32, num_spec_tokens=2, max_concurrent_batches=2),
+                      "vllm-0.33-async")
+    sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
+    sched.schedule()  # the prompt: afterwards spec_token_ids [-1, -1], 1 placeholder
+    sched.update_from_output(sched.get_output_to_apply(), ModelRunnerOutput({"a": (5,)}, {"a": ()}))
+    assert sched.requests["a"].spec_token_ids == [-1, -1]
+    # num_tokens 5 + 2 drafts + 0 placeholders - computed 4 = 3 tokens, 2 of them drafts.
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 3}
+    assert out.scheduled_spec_decode_tokens == {"a": (-1, -1)}

@@ -358,8 +358,10 @@ def test_async_spec_decode_placeholder_drafts(release: tuple[VllmV1Sut, str]) ->
     s3 = sut.schedule()
     assert s3["num_scheduled_tokens"] == {"a": 3} and s3["scheduled_spec_decode_tokens"] == {"a": [-1, -1]}
     assert _cached(s3) == {"a": (False, [3], 7, 4)}
-    # Step 2's output: both drafts rejected (C 10 -> 8, PH 6 -> 4 -> 3).
-    assert _tokens(sut.update_from_output({"a": [101]}, {}, step=2)) == {"a": ([101], None)}
+    # Step 2's output: both drafts rejected (C 10 -> 8, PH 6 -> 4 -> 3). An empty
+    # draft list changes nothing under async (the engine core never calls
+    # update_draft_token_ids): step 4 still counts a's 2 placeholder drafts.
+    assert _tokens(sut.update_from_output({"a": [101]}, {"a": []}, step=2)) == {"a": ([101], None)}
     # Step 4: 6 + 2 + 3 - 8 = 3 tokens, no new block; num_output_tokens 2 + 3 = 5.
     s4 = sut.schedule()
     assert s4["num_scheduled_tokens"] == {"a": 3} and _cached(s4) == {"a": (False, [], 8, 5)}
