@@ -5,8 +5,10 @@ at most between ``schedule()`` and its ``update_from_output()``. This module
 encodes the part of ``spec/scheduler.py`` that steps in flight add
 (``conformance/PROTOCOL.md``, "Steps in flight"): up to ``D`` steps scheduled whose output is not
 applied yet, output placeholders (``AsyncScheduler``), in-flight and stale
-token counts, and the rules that move them. It proves at ``R`` request slots
-and ``D`` steps in flight that every transition preserves the in-flight
+token counts, speculative decoding under ``AsyncScheduler`` (draft placeholders,
+drafts scheduled per step, rejection), and the rules that move them. It proves at
+``R`` request slots, ``D`` steps in flight and ``num_spec_tokens`` up to ``K``
+that every transition preserves the in-flight
 invariants of ``spec/invariants.py`` (``in_flight_accounting``,
 ``computed_range``, ``prefix_hit_capped``, ``scheduled_only_running``,
 evaluated through :class:`FlightView`), that counters stay non-negative, the
@@ -19,14 +21,19 @@ State (:class:`FlightState`)
 Per request slot: status (``DEAD`` or the ``spec/view.py`` codes),
 ``num_tokens``, ``num_prompt_tokens``, ``max_tokens``,
 ``num_computed_tokens``, ``num_output_placeholders``,
-``num_in_flight_tokens``, ``num_stale_output_tokens``. A dead slot holds zeros.
+``num_in_flight_tokens``, ``num_stale_output_tokens``, ``num_spec_token_ids``
+(``len(spec_token_ids)``: 0 or ``num_spec_tokens``). A dead slot holds zeros.
 Per in-flight step ``d`` (``0`` the oldest) and slot: the tokens the step
-scheduled for the slot's request (``scheduled``) and whether it samples
-(``samples``: ``StepRecord.samples``); columns ``d >= num_steps`` hold zeros.
+scheduled for the slot's request (``scheduled``), whether it samples
+(``samples``: ``StepRecord.samples``) and how many drafts it scheduled
+(``drafts``: ``len(scheduled_spec_decode_tokens[req])``); columns ``d >= num_steps`` hold zeros.
 Scalars: the mode (``is_async``: the ``-async`` profiles), ``max_concurrent_batches``
-(in ``1..D``), ``current_step``, ``num_steps`` (``len(Scheduler.in_flight)``)
-and ``building`` (inside ``schedule()``: the newest column is the step being
-built).
+(in ``1..D``), ``current_step``, ``num_steps`` (``len(Scheduler.in_flight)``),
+``building`` (inside ``schedule()``: the newest column is the step being
+built), ``num_spec_tokens`` (``k`` in ``0..K``, ``k > 0`` under async only) and the
+profile knobs ``trim_computed_on_stop`` and ``resolve_trimmed_placeholders``
+(0.33 both, 0.32 neither). The mode, ``k`` and the knobs are symbolic: one
+proof covers both modes, every ``k <= K`` and both releases.
 
 What is abstracted, and why it is sound
 ---------------------------------------
@@ -53,9 +60,21 @@ proved for every encoded transition holds for the model's.
 * ``drop_stale_output`` is always False (it is set only by
   ``reset_prefix_cache(reset_running_requests=True)``, not encoded:
   :func:`from_scheduler` refuses a state where it is set).
-* No speculative decoding (the model refuses in-flight steps with
-  ``num_spec_tokens > 0``): at most one token per sampling request and step,
-  no drafts, no rejection, and the trim on stop (``len(generated) - i``) is 0.
+* Speculative decoding under async scheduling only: the model refuses steps
+  in flight with spec decode on the plain scheduler, and plain spec decode
+  with one step (``max_concurrent_batches = 1``) belongs to the main
+  encoding; here ``num_spec_tokens > 0`` implies ``is_async`` (a lemma; the
+  drift guard's :func:`from_scheduler` refuses the other case). Under async
+  the drafts are ``-1`` placeholders the worker fills in: no draft ids in a
+  model output (an *empty* ``draft_token_ids`` list is accepted and changes
+  nothing: the engine core never calls ``update_draft_token_ids`` under async
+  scheduling). The tokens returned
+  (``1 .. 1 + drafts``), where a stop falls among them (``kept``) and how many
+  drafts were accepted are inputs. Dynamic spec decode is not modelled (nor
+  in the model).
+* The 0.32 stop knobs change the counters of a request that is freed in the
+  same update only: they reach the model assertion ``placeholders >= 0`` and
+  nothing in a post-state.
 
 Lemmas
 ------
@@ -64,9 +83,11 @@ step's tokens, which needs more than ``stale <= in_flight``). The lemmas
 (:data:`LEMMAS`) state the shape (columns past ``num_steps`` are empty, a
 sampling cell has tokens, dead slots hold zeros) and the per-status
 accounting: a WAITING request has nothing in flight; a PREEMPTED one has
-computed nothing, has no placeholder, and *all* its in-flight tokens are
-stale; a RUNNING one has no stale tokens and (async) exactly one placeholder
-per in-flight step in which it samples (plain: none). They are proved with
+computed nothing, has no placeholder nor drafts, and *all* its in-flight tokens are
+stale; a RUNNING one has no stale tokens and (async) exactly ``1 + drafts``
+placeholders per in-flight step in which it samples (plain: none), and
+``decode_progress``: ``computed = num_tokens + placeholders - 1`` (async) while
+it samples in a step in flight, ``<=`` that always. They are proved with
 the invariants.
 
 Mutants
@@ -75,7 +96,7 @@ Mutants
 can express and the transition they change; each makes a proof fail
 (``prove(..., mutant=name)``).
 
-CLI: ``python -m spec.symbolic.in_flight [--reqs 4] [--steps 2,3] [--timeout 60]``
+CLI: ``python -m spec.symbolic.in_flight [--reqs 4] [--steps 2,3] [--spec 0,2] [--timeout 60]``
 prints the proof table (transition x goal group, seconds) and the mutant
 table.
 """
@@ -92,17 +113,19 @@ import z3
 
 import spec.invariants
 from spec.symbolic.state import DEAD
-from spec.symbolic.z3ops import Z3Ops, count, eq, is_z3, ite, land, limplies, lnot, lor, to_bool, to_term, total, value_of
+from spec.symbolic.z3ops import (Z3Ops, count, eq, imax, imin, is_z3, ite, land, limplies, lnot, lor, to_bool, to_term,
+                                 total, value_of)
 from spec.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
 
 SCALAR_FIELDS = (("is_async", BOOL), ("max_concurrent_batches", INT), ("current_step", INT), ("num_steps", INT),
-                 ("building", BOOL))
+                 ("building", BOOL), ("num_spec_tokens", INT), ("trim_computed_on_stop", BOOL),
+                 ("resolve_trimmed_placeholders", BOOL))
 SLOT_FIELDS = (("status", INT), ("num_tokens", INT), ("num_prompt_tokens", INT), ("max_tokens", INT),
                ("num_computed_tokens", INT), ("num_output_placeholders", INT), ("num_in_flight_tokens", INT),
-               ("num_stale_output_tokens", INT))
-STEP_FIELDS = (("scheduled", INT), ("samples", BOOL))
+               ("num_stale_output_tokens", INT), ("num_spec_token_ids", INT))
+STEP_FIELDS = (("scheduled", INT), ("samples", BOOL), ("drafts", INT))
 """Per in-flight step ``d`` (oldest first) and slot ``r``: ``field[d][r]``."""
 
 FIELD_NAMES = tuple(name for group in (SCALAR_FIELDS, SLOT_FIELDS, STEP_FIELDS) for name, _ in group)
@@ -111,13 +134,15 @@ COUNTERS = tuple(name for name, _ in SLOT_FIELDS if name != "status")
 
 @dataclass(frozen=True)
 class FlightShape:
-    """The Python-valued bounds: ``R`` request slots, ``D`` steps in flight at most."""
+    """The Python-valued bounds: ``R`` request slots, ``D`` steps in flight at most, ``K`` the largest
+    ``num_spec_tokens`` (the state's ``num_spec_tokens`` is any ``k`` in ``0..K``; ``k > 0`` under async only)."""
 
     num_reqs: int = 4
     num_steps: int = 2
+    max_spec_tokens: int = 0
 
     def __post_init__(self) -> None:
-        assert 1 <= self.num_reqs <= 10 and 1 <= self.num_steps <= 8
+        assert 1 <= self.num_reqs <= 10 and 1 <= self.num_steps <= 8 and 0 <= self.max_spec_tokens <= 8
 
     @property
     def slots(self) -> range:
@@ -128,7 +153,7 @@ class FlightShape:
         return range(self.num_steps)
 
     def label(self) -> str:
-        return f"R={self.num_reqs},D={self.num_steps}"
+        return f"R={self.num_reqs},D={self.num_steps},K={self.max_spec_tokens}"
 
 
 class FlightState:
@@ -171,9 +196,15 @@ class FlightState:
         """Tokens the steps in flight scheduled for slot ``r``."""
         return total(ite(self.is_active(d), self.scheduled[d][r], 0) for d in self.shape.steps)
 
-    def num_in_flight_samples(self, r: int) -> Any:
+    def num_in_flight_sampling_steps(self, r: int) -> Any:
         """Steps in flight in which slot ``r`` samples."""
         return count(land(self.is_active(d), self.samples[d][r]) for d in self.shape.steps)
+
+    def num_in_flight_samples(self, r: int) -> Any:
+        """Tokens the steps in flight may sample for slot ``r``: ``1 + drafts`` per step in which it samples
+        (``spec/view.py`` counts them so)."""
+        return total(ite(land(self.is_active(d), self.samples[d][r]), 1 + self.drafts[d][r], 0)
+                     for d in self.shape.steps)
 
     def newest_scheduled(self, r: int) -> Any:
         """Tokens the newest step in flight scheduled for slot ``r`` (0 when none is in flight)."""
@@ -222,14 +253,17 @@ def describe(s: FlightState) -> str:
     """A few lines for a Python-valued state."""
     names = {DEAD: "dead", WAITING: "WAITING", RUNNING: "RUNNING", PREEMPTED: "PREEMPTED"}
     lines = [f"async={s.is_async} max_concurrent_batches={s.max_concurrent_batches} step={s.current_step} "
-             f"in_flight={s.num_steps} building={s.building}"]
+             f"in_flight={s.num_steps} building={s.building} num_spec_tokens={s.num_spec_tokens} "
+             f"trim_computed_on_stop={s.trim_computed_on_stop} "
+             f"resolve_trimmed_placeholders={s.resolve_trimmed_placeholders}"]
     for r in s.shape.slots:
         lines.append(f"  r{r}: {names.get(s.status[r], s.status[r])} tokens={s.num_tokens[r]} "
                      f"prompt={s.num_prompt_tokens[r]} max={s.max_tokens[r]} computed={s.num_computed_tokens[r]} "
                      f"placeholders={s.num_output_placeholders[r]} in_flight={s.num_in_flight_tokens[r]} "
-                     f"stale={s.num_stale_output_tokens[r]}")
+                     f"stale={s.num_stale_output_tokens[r]} spec={s.num_spec_token_ids[r]}")
     for d in s.shape.steps:
-        cells = " ".join(f"r{r}:{s.scheduled[d][r]}{'*' if s.samples[d][r] else ''}" for r in s.shape.slots)
+        cells = " ".join(f"r{r}:{s.scheduled[d][r]}{'*' if s.samples[d][r] else ''}"
+                         + (f"+{s.drafts[d][r]}d" if s.drafts[d][r] else "") for r in s.shape.slots)
         lines.append(f"  step[{d}]: {cells}")
     return "\n".join(lines)
 
@@ -245,11 +279,10 @@ class FlightView:
     ``ConcreteView`` reads ``pending_output``.
     """
 
-    num_spec_tokens = 0
-
     def __init__(self, s: FlightState) -> None:
         self._s = s
         self.requests = list(s.shape.slots)
+        self.num_spec_tokens = s.num_spec_tokens
 
     def _masked(self, r: int, x: Any) -> Any:
         return ite(self._s.live(r), x, 0)
@@ -308,15 +341,23 @@ def invariant_formulas(s: FlightState, ops: Any | None = None) -> list[tuple[str
 
 def lemma_shape(s: FlightState, o: Any) -> Any:
     """``1 <= max_concurrent_batches <= D``, ``0 <= num_steps <= max_concurrent_batches`` (at least 1 while
-    building), ``current_step >= num_steps``; columns past ``num_steps`` are empty; a sampling cell has tokens."""
+    building), ``current_step >= num_steps``; ``0 <= num_spec_tokens <= K``, and ``num_spec_tokens > 0`` only
+    under async scheduling (the model refuses steps in flight with spec decode otherwise, and plain spec
+    decode with one step is the main encoding's); columns past ``num_steps`` are empty; a sampling cell has
+    tokens; a cell's drafts are in ``0..num_spec_tokens``, and only a sampling cell has drafts."""
     D = s.shape.num_steps
+    k = s.num_spec_tokens
     parts = [_le(1, s.max_concurrent_batches), _le(s.max_concurrent_batches, D), _le(0, s.num_steps),
              _le(s.num_steps, s.max_concurrent_batches), limplies(s.building, _le(1, s.num_steps)),
-             _le(s.num_steps, s.current_step)]
+             _le(s.num_steps, s.current_step), _le(0, k), _le(k, s.shape.max_spec_tokens),
+             lor(eq(k, 0), s.is_async)]
     for d in s.shape.steps:
         for r in s.shape.slots:
-            parts.append(ite(s.is_active(d), limplies(s.samples[d][r], _lt(0, s.scheduled[d][r])),
-                             land(eq(s.scheduled[d][r], 0), lnot(s.samples[d][r]))))
+            cell = s.drafts[d][r]
+            parts.append(ite(s.is_active(d),
+                             land(limplies(s.samples[d][r], _lt(0, s.scheduled[d][r])), _le(0, cell), _le(cell, k),
+                                  limplies(_lt(0, cell), s.samples[d][r])),
+                             land(eq(s.scheduled[d][r], 0), lnot(s.samples[d][r]), eq(cell, 0))))
     return land(*parts)
 
 
@@ -335,31 +376,40 @@ def lemma_slots(s: FlightState, o: Any) -> Any:
 
 
 def lemma_status_accounting(s: FlightState, o: Any) -> Any:
-    """WAITING: nothing computed or in flight. PREEMPTED: nothing computed, no placeholder, all in-flight tokens stale.
-    RUNNING: nothing stale; async, one placeholder per in-flight step in which it samples; plain, none."""
+    """WAITING: nothing computed or in flight, no drafts. PREEMPTED: nothing computed, no placeholder, no drafts,
+    all in-flight tokens stale. RUNNING: nothing stale; async, ``1 + drafts`` placeholders per in-flight step in
+    which it samples (each such step resolves exactly that many: the rejected drafts and the returned tokens),
+    plain none; its ``spec_token_ids`` are ``[]`` or ``[-1] * num_spec_tokens``."""
     parts = []
     for r in s.shape.slots:
         st, comp, ph = s.status[r], s.num_computed_tokens[r], s.num_output_placeholders[r]
-        fl, stale = s.num_in_flight_tokens[r], s.num_stale_output_tokens[r]
-        parts.append(limplies(eq(st, WAITING), land(eq(comp, 0), eq(ph, 0), eq(fl, 0), eq(stale, 0))))
-        parts.append(limplies(eq(st, PREEMPTED), land(eq(comp, 0), eq(ph, 0), eq(stale, fl))))
+        fl, stale, spec = s.num_in_flight_tokens[r], s.num_stale_output_tokens[r], s.num_spec_token_ids[r]
+        parts.append(limplies(eq(st, WAITING), land(eq(comp, 0), eq(ph, 0), eq(fl, 0), eq(stale, 0), eq(spec, 0))))
+        parts.append(limplies(eq(st, PREEMPTED), land(eq(comp, 0), eq(ph, 0), eq(stale, fl), eq(spec, 0))))
         parts.append(limplies(eq(st, RUNNING), land(eq(stale, 0),
-                                                    eq(ph, ite(s.is_async, s.num_in_flight_samples(r), 0)))))
+                                                    eq(ph, ite(s.is_async, s.num_in_flight_samples(r), 0)),
+                                                    lor(eq(spec, 0), eq(spec, s.num_spec_tokens)))))
     return land(*parts)
 
 
 def lemma_decode_progress(s: FlightState, o: Any) -> Any:
     """A live request has fewer than ``num_prompt_tokens + max_tokens`` tokens (reaching it stops it). A RUNNING
     one with a sampling step in flight has computed up to the position that step samples:
-    ``num_tokens + placeholders - 1`` (async), ``num_tokens`` (plain, where it therefore samples in one
-    step in flight at most: it wants no token until that output returns)."""
+    ``num_tokens + placeholders - 1`` (async; with drafts too: a step scheduled ``d`` drafts past
+    ``num_tokens + placeholders`` and adds ``1 + d`` placeholders, and a returned output moves
+    ``computed`` by ``-rejected``, ``placeholders`` by ``-(1 + d)`` and ``num_tokens`` by ``1 + accepted``),
+    ``num_tokens`` (plain, where it therefore samples in one step in flight at most: it wants no token until
+    that output returns). Any RUNNING one has ``computed <= num_tokens + placeholders - 1`` (async) /
+    ``<= num_tokens`` (plain): drafts are scheduled past that point only."""
     parts = []
     for r in s.shape.slots:
         parts.append(limplies(s.live(r), _lt(s.num_tokens[r], s.num_prompt_tokens[r] + s.max_tokens[r])))
         sampled = s.num_tokens[r] + s.num_output_placeholders[r] - ite(s.is_async, 1, 0)
-        parts.append(limplies(land(eq(s.status[r], RUNNING), _lt(0, s.num_in_flight_samples(r))),
+        running = eq(s.status[r], RUNNING)
+        parts.append(limplies(land(running, _lt(0, s.num_in_flight_sampling_steps(r))),
                               eq(s.num_computed_tokens[r], sampled)))
-        parts.append(limplies(land(eq(s.status[r], RUNNING), lnot(s.is_async)), _le(s.num_in_flight_samples(r), 1)))
+        parts.append(limplies(running, _le(s.num_computed_tokens[r], sampled)))
+        parts.append(limplies(land(running, lnot(s.is_async)), _le(s.num_in_flight_sampling_steps(r), 1)))
     return land(*parts)
 
 
@@ -372,15 +422,16 @@ LEMMAS: dict[str, Callable[[FlightState, Any], Any]] = {
 
 
 def prop_samples_within_max_tokens(s: FlightState, o: Any) -> Any:
-    """Async: a RUNNING request never has more samples in flight than tokens left to ``max_tokens``
-    (``num_tokens + placeholders <= num_prompt_tokens + max_tokens``): the job of the max_tokens skip rule.
+    """Async: a RUNNING request never has more sampling steps in flight than tokens left to ``max_tokens``
+    (``num_tokens + sampling steps <= num_prompt_tokens + max_tokens``; without drafts the steps are the
+    placeholders): the job of the max_tokens skip rule (each sampling step returns at least one token).
 
     Not one of the proved invariants: it holds with at most 2 steps in flight (``D = 2``) and fails with 3
     (the rule subtracts ``placeholders - 1`` as if they were drafts that may be rejected), in the model and
     in vLLM 0.33 alike; see ``PROPERTIES`` and the tests.
     """
     return land(*[limplies(land(s.is_async, eq(s.status[r], RUNNING)),
-                           _le(s.num_tokens[r] + s.num_output_placeholders[r],
+                           _le(s.num_tokens[r] + s.num_in_flight_sampling_steps(r),
                                s.num_prompt_tokens[r] + s.max_tokens[r])) for r in s.shape.slots])
 
 
@@ -432,7 +483,7 @@ def _slot_ok(s: FlightState, q: Any) -> Any:
 def _newest_cell(s: FlightState, name: str, q: Any) -> Any:
     """``name[num_steps - 1][q]``: slot ``q``'s cell of the step being built."""
     rows = getattr(s, name)
-    out: Any = 0 if name == "scheduled" else False
+    out: Any = False if name == "samples" else 0
     for d in reversed(s.shape.steps):
         out = ite(eq(s.num_steps, d + 1), _at(rows[d], q), out)
     return out
@@ -479,44 +530,57 @@ def is_sure_to_reach_max_tokens(s: FlightState, q: Any) -> Any:
                                 _at(s.num_computed_tokens, q) + 2 - ph))
 
 
-def _schedule_tokens(s: FlightState, q: Any, n: Any, computed_before: Any, status: Any) -> FlightState:
-    """Record ``n`` tokens for slot ``q`` in the step being built and apply ``Scheduler._update_after_schedule``
-    to it: ``computed += n``, ``in_flight += n``, ``is_prefill_chunk = computed < num_tokens + placeholders``,
-    samples iff not a chunk, and (AsyncScheduler) ``placeholders += 1`` when not a chunk."""
+def _schedule_tokens(s: FlightState, q: Any, n: Any, computed_before: Any, status: Any, drafts: Any = 0,
+                     spec_before: Any = None) -> FlightState:
+    """Record ``n`` tokens and ``drafts`` scheduled drafts for slot ``q`` in the step being built and apply
+    ``Scheduler._update_after_schedule`` to it: ``computed += n``, ``in_flight += n``,
+    ``is_prefill_chunk = computed < num_tokens + placeholders``, samples iff not a chunk, and (AsyncScheduler)
+    when not a chunk ``placeholders += 1 + drafts`` and ``spec_token_ids = [-1] * num_spec_tokens``.
+    ``spec_before``: the length of ``spec_token_ids`` after the loop that scheduled it (default: unchanged)."""
     computed = computed_before + n
     ph = _at(s.num_output_placeholders, q)
     is_prefill_chunk = _lt(computed, _at(s.num_tokens, q) + ph)
+    sampled_async = land(s.is_async, lnot(is_prefill_chunk))
+    spec = _at(s.num_spec_token_ids, q) if spec_before is None else spec_before
     return s.replace(
         status=_put(s.status, q, status),
         num_computed_tokens=_put(s.num_computed_tokens, q, computed),
         num_in_flight_tokens=_put(s.num_in_flight_tokens, q, _at(s.num_in_flight_tokens, q) + n),
-        num_output_placeholders=_put(s.num_output_placeholders, q,
-                                     ph + ite(land(s.is_async, lnot(is_prefill_chunk)), 1, 0)),
+        num_output_placeholders=_put(s.num_output_placeholders, q, ph + ite(sampled_async, 1 + drafts, 0)),
+        num_spec_token_ids=_put(s.num_spec_token_ids, q, ite(sampled_async, s.num_spec_tokens, spec)),
         scheduled=_set_newest_cell(s, "scheduled", q, n),
         samples=_set_newest_cell(s, "samples", q, lnot(is_prefill_chunk)),
+        drafts=_set_newest_cell(s, "drafts", q, drafts),
     )
 
 
 def schedule_running(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Move:
     """One scheduled request of ``Scheduler._schedule_running``, then its ``_update_after_schedule``.
 
-    Not skipped by the async max_tokens rule; ``num_new_tokens = num_tokens + placeholders - computed``
-    (the model asserts it is >= 0), cut by the threshold, budget and ``max_model_len`` to any ``n`` in
-    ``[1, that]`` (input ``num_new_tokens``; 0 means skipped: no transition).
+    Not skipped by the async max_tokens rule;
+    ``num_new_tokens = num_tokens + len(spec_token_ids) + placeholders - computed`` (the model asserts it is
+    >= 0), cut by the threshold, budget and ``max_model_len`` to any ``n`` in ``[1, that]`` (input
+    ``num_new_tokens``; 0 means skipped: no transition). ``_schedule_drafts``: with ``spec_token_ids``, the
+    drafts scheduled are ``max(0, min(len(spec_token_ids), n + computed - num_tokens - placeholders))``
+    (``get_num_scheduled_spec_tokens``), and ``spec_token_ids`` is cleared.
     """
     q, n = inp["slot"], inp["num_new_tokens"]
-    wanted = _at(s.num_tokens, q) + _at(s.num_output_placeholders, q) - _at(s.num_computed_tokens, q)
+    tokens, ph, computed = _at(s.num_tokens, q), _at(s.num_output_placeholders, q), _at(s.num_computed_tokens, q)
+    spec = _at(s.num_spec_token_ids, q)
+    wanted = tokens + spec + ph - computed
     skip = False if mutant == "async_max_tokens_skip_missing" else is_sure_to_reach_max_tokens(s, q)
     guard = land(s.building, _slot_ok(s, q), eq(_at(s.status, q), RUNNING), eq(_newest_cell(s, "scheduled", q), 0),
                  lnot(skip), _le(1, n), _le(n, wanted))
-    post = _schedule_tokens(s, q, n, _at(s.num_computed_tokens, q), RUNNING)
+    past = n + computed - tokens - (0 if mutant == "async_drafts_with_placeholders_pending" else ph)
+    drafts = ite(_lt(0, spec), imax(0, imin(spec, past)), 0)
+    post = _schedule_tokens(s, q, n, computed, RUNNING, drafts, spec_before=0)
     return Move(post, guard, [("num_new_tokens >= 0", _le(0, wanted))])
 
 
 def preempt(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Move:
     """``Scheduler._preempt_request`` of a running request (after ``_remove_priority_victim``'s ``index`` repair
-    took back the tokens it was given in this step): PREEMPTED, computed 0, ``stale = in_flight``,
-    placeholders 0."""
+    took back the tokens and drafts it was given in this step): PREEMPTED, computed 0, ``stale = in_flight``,
+    placeholders 0, ``spec_token_ids`` cleared."""
     q = inp["slot"]
     given = _newest_cell(s, "scheduled", q)
     in_flight = _at(s.num_in_flight_tokens, q) - given
@@ -529,8 +593,10 @@ def preempt(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> M
         num_in_flight_tokens=_put(s.num_in_flight_tokens, q, in_flight),
         num_stale_output_tokens=_put(s.num_stale_output_tokens, q, stale),
         num_output_placeholders=_put(s.num_output_placeholders, q, placeholders),
+        num_spec_token_ids=_put(s.num_spec_token_ids, q, 0),
         scheduled=_set_newest_cell(s, "scheduled", q, 0),
         samples=_set_newest_cell(s, "samples", q, False),
+        drafts=_set_newest_cell(s, "drafts", q, 0),
     )
     return Move(post, guard)
 
@@ -539,59 +605,83 @@ def admit(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Mov
     """One admission of ``Scheduler._schedule_waiting``, then its ``_update_after_schedule``.
 
     A request with stale output in flight is skipped (not admitted); the prefix hit ``hit`` is any number
-    below ``num_tokens``; ``num_new_tokens`` any ``n`` in ``[1, num_tokens - hit]``.
+    below ``num_tokens``; ``num_new_tokens`` any ``n`` in ``[1, num_tokens - hit]``, or (input ``padded``,
+    ``_should_pad_to_spec_size``, spec decode only) a one-token admission padded to ``n = 1 + num_spec_tokens``
+    with ``num_spec_tokens`` drafts (``-1``s; cut by the threshold it crashes the engine instead: no transition).
     """
-    q, hit, n = inp["slot"], inp["hit"], inp["num_new_tokens"]
+    q, hit, n, padded = inp["slot"], inp["hit"], inp["num_new_tokens"], inp["padded"]
+    k = s.num_spec_tokens
     status = _at(s.status, q)
     stale_ok = True if mutant == "stale_request_resumed_early" else eq(_at(s.num_stale_output_tokens, q), 0)
     computed = _at(s.num_computed_tokens, q)
     # The model: num_computed_tokens if it is nonzero, else the prefix hit.
     computed_before = ite(eq(computed, 0), hit, computed)
+    left = _at(s.num_tokens, q) - computed_before
+    size = ite(padded, land(_lt(0, k), eq(left, 1), eq(n, 1 + k)), land(_le(1, n), _le(n, left)))
     guard = land(s.building, _slot_ok(s, q), lor(eq(status, WAITING), eq(status, PREEMPTED)),
-                 eq(_newest_cell(s, "scheduled", q), 0), stale_ok,
-                 _le(0, hit), _lt(hit, _at(s.num_tokens, q)), _le(1, n), _le(n, _at(s.num_tokens, q) - computed_before))
-    return Move(_schedule_tokens(s, q, n, computed_before, RUNNING), guard)
+                 eq(_newest_cell(s, "scheduled", q), 0), stale_ok, _le(0, hit), _lt(hit, _at(s.num_tokens, q)), size)
+    return Move(_schedule_tokens(s, q, n, computed_before, RUNNING, ite(padded, k, 0)), guard)
 
 
 def apply_output(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Move:
     """``Scheduler.update_from_output`` of the oldest step in flight (``get_in_flight_output(oldest)``).
 
-    Inputs per slot: ``returned`` (tokens in the model output: 0 or 1; ``_validate_model_output``: a
-    sampling request 0 or 1, at least 1 under async scheduling; a prefill chunk 0) and ``stop`` (the
-    appended token stops the request; one that reaches ``max_tokens`` must). Per request still live and
-    scheduled in the step: ``in_flight -= n``; if stale, ``stale -= n`` and no other counter moves;
-    else one placeholder per returned token is resolved (when it has any). A stopped request is freed.
-    Then the step leaves ``in_flight``.
+    Inputs per slot: ``returned`` (tokens in the model output; ``_validate_model_output``: a sampling request
+    ``0 .. 1 + drafts``, at least 1 under async scheduling or with drafts scheduled; a prefill chunk 0),
+    ``stop`` (a returned token stops the request; the one that reaches ``max_tokens`` must), ``kept`` (the
+    tokens appended: up to and including the stopping one, else all). Per request still
+    live and scheduled in the step: ``in_flight -= n``; if stale, ``stale -= n`` and no counter moves but the
+    tokens appended (no rollback, no trim, no resolution); else ``_reject_drafts`` (``rejected = drafts -
+    (returned - 1)`` off ``computed`` if > 0 and off ``placeholders`` if > 0), then ``_append_output_tokens``
+    (on a stop, ``computed -= returned - kept`` if ``trim_computed_on_stop``; placeholders, if any, ``-=
+    returned`` or, without ``resolve_trimmed_placeholders``, ``-= kept``). A stopped request is freed
+    (``_update_draft_token_ids`` does not run under async; without async there are no drafts here). Then the
+    step leaves ``in_flight``.
     """
-    returned, stop = inp["returned"], inp["stop"]
+    returned, kept, stop = inp["returned"], inp["kept"], inp["stop"]
     guard_parts = [lnot(s.building), _le(1, s.num_steps)]
     checks: list[Check] = []
     fields: dict[str, list[Any]] = {c: list(getattr(s, c)) for c in ("status",) + COUNTERS}
     stopped: dict[int, Any] = {}
     for r in s.shape.slots:
-        n, samples = s.scheduled[0][r], s.samples[0][r]
+        n, samples, drafts = s.scheduled[0][r], s.samples[0][r], s.drafts[0][r]
         touched = land(s.live(r), _lt(0, n))
-        got = returned[r]
-        valid = ite(samples, land(_le(0, got), _le(got, 1), limplies(s.is_async, _le(1, got))), eq(got, 0))
+        got, keep = returned[r], kept[r]
+        valid = ite(samples, land(_le(0, got), _le(got, 1 + drafts), limplies(s.is_async, _le(1, got)),
+                                  limplies(_lt(0, drafts), _le(1, got))), eq(got, 0))
         guard_parts.append(limplies(touched, valid))
         is_stale = _lt(0, s.num_stale_output_tokens[r])
         in_flight = s.num_in_flight_tokens[r] - n
         stale = ite(is_stale, s.num_stale_output_tokens[r] - n, s.num_stale_output_tokens[r])
         checks.append((f"stale >= 0 after the drain (r{r})", limplies(touched, _le(0, stale))))
         appended = land(touched, _lt(0, got))
-        tokens = s.num_tokens[r] + ite(appended, got, 0)
-        ph = s.num_output_placeholders[r]
-        resolves = land(appended, lnot(is_stale), _lt(0, ph))
-        new_ph = ite(resolves, ph - got, ph)
-        checks.append((f"placeholders >= 0 after the update (r{r})", limplies(touched, _le(0, new_ph))))
-        reaches_max = _le(s.num_prompt_tokens[r] + s.max_tokens[r], tokens)
-        guard_parts.append(limplies(land(appended, reaches_max), stop[r]))
+        tokens = s.num_tokens[r] + ite(appended, keep, 0)
+        limit = s.num_prompt_tokens[r] + s.max_tokens[r]
         guard_parts.append(limplies(stop[r], appended))
+        guard_parts.append(ite(stop[r], land(_le(1, keep), _le(keep, got)), eq(keep, ite(appended, got, 0))))
+        # The stop check runs per token: none goes past max_tokens, and the one that reaches it stops.
+        guard_parts.append(limplies(appended, _le(tokens, limit)))
+        guard_parts.append(limplies(land(appended, eq(tokens, limit)), stop[r]))
         stopped[r] = land(appended, stop[r])
+        fresh = land(touched, lnot(is_stale))
+        comp, ph = s.num_computed_tokens[r], s.num_output_placeholders[r]
+        rejected = drafts - (got - 1)
+        rolls_back = land(fresh, _lt(0, drafts), _lt(0, got))
+        # vLLM guards both with "> 0" (0.32's AsyncScheduler resolution has no guard): never needed.
+        checks.append((f"computed > 0 and placeholders > 0 at a rollback (r{r})",
+                       limplies(land(rolls_back, s.is_async), land(_lt(0, comp), _lt(0, ph)))))
+        comp = ite(land(rolls_back, _lt(0, comp)), comp - rejected, comp)
+        ph = ite(land(rolls_back, _lt(0, ph)), ph - rejected, ph)
+        checks.append((f"placeholders > 0 when fresh async output resolves them (r{r})",
+                       limplies(land(appended, fresh, s.is_async), _lt(0, ph))))
+        comp = ite(land(stopped[r], fresh, s.trim_computed_on_stop), comp - (got - keep), comp)
+        ph = ite(land(appended, fresh, _lt(0, ph)), ph - ite(s.resolve_trimmed_placeholders, got, keep), ph)
+        checks.append((f"placeholders >= 0 after the update (r{r})", limplies(touched, _le(0, ph))))
         fields["num_in_flight_tokens"][r] = ite(touched, in_flight, s.num_in_flight_tokens[r])
         fields["num_stale_output_tokens"][r] = ite(touched, stale, s.num_stale_output_tokens[r])
         fields["num_tokens"][r] = tokens
-        fields["num_output_placeholders"][r] = ite(touched, new_ph, ph)
+        fields["num_computed_tokens"][r] = comp
+        fields["num_output_placeholders"][r] = ph
     post = s.replace(**fields)
     post = post.replace(**_kill(post, lambda r: stopped[r]))
     D = s.shape.num_steps
@@ -599,6 +689,7 @@ def apply_output(s: FlightState, inp: dict[str, Any], mutant: str | None = None)
         num_steps=s.num_steps - 1,
         scheduled=[list(s.scheduled[d + 1]) for d in range(D - 1)] + [[0] * s.shape.num_reqs],
         samples=[list(s.samples[d + 1]) for d in range(D - 1)] + [[False] * s.shape.num_reqs],
+        drafts=[list(s.drafts[d + 1]) for d in range(D - 1)] + [[0] * s.shape.num_reqs],
     )
     return Move(post, land(*guard_parts), checks)
 
@@ -661,7 +752,12 @@ def _slot_inputs(*names: str) -> Inputs:
 
 def _output_inputs(shape: FlightShape, tag: str) -> dict[str, Any]:
     return {"returned": [z3.Int(f"{tag}.returned[{r}]") for r in shape.slots],
+            "kept": [z3.Int(f"{tag}.kept[{r}]") for r in shape.slots],
             "stop": [z3.Bool(f"{tag}.stop[{r}]") for r in shape.slots]}
+
+
+def _admit_inputs(shape: FlightShape, tag: str) -> dict[str, Any]:
+    return {**_slot_inputs("hit", "num_new_tokens")(shape, tag), "padded": z3.Bool(f"{tag}.padded")}
 
 
 def _step_input(shape: FlightShape, tag: str) -> dict[str, Any]:
@@ -680,7 +776,7 @@ TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     Transition("schedule_refused", schedule_refused, _no_inputs),
     Transition("schedule_running", schedule_running, _slot_inputs("num_new_tokens")),
     Transition("preempt", preempt, _slot_inputs()),
-    Transition("admit", admit, _slot_inputs("hit", "num_new_tokens")),
+    Transition("admit", admit, _admit_inputs),
     Transition("end_step", end_step, _no_inputs),
     Transition("apply_output", apply_output, _output_inputs),
     Transition("output_duplicate", output_duplicate, _step_input),
@@ -695,6 +791,7 @@ MUTANT_RULES: dict[str, tuple[str, str]] = {
     "stale_request_resumed_early": ("admit", "lemma:status_accounting"),
     "in_flight_id_reused": ("add_request", "inv:in_flight_accounting"),
     "async_max_tokens_skip_missing": ("schedule_running", "prop:samples_within_max_tokens"),
+    "async_drafts_with_placeholders_pending": ("schedule_running", "lemma:decode_progress"),
 }
 """Mutants of ``conformance/mutants.py`` the encoding expresses: (the transition they change, a goal that fails)."""
 
@@ -707,6 +804,13 @@ PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuo
 def premises(s: FlightState) -> list[Any]:
     """Invariants and lemmas of ``s`` as Z3 Booleans."""
     return [to_bool(f) for _, f in invariant_formulas(s) + lemma_formulas(s)]
+
+
+def get_failing_premises(s: FlightState) -> list[str]:
+    """The invariants and lemmas a Python-valued state violates (the drift guard's initial state must satisfy
+    them all: the induction starts there)."""
+    return [name for name, f in invariant_formulas(s) + lemma_formulas(s)
+            if not value_of(z3.simplify(to_bool(f)) if is_z3(f) else f)]
 
 
 @dataclass
@@ -795,7 +899,7 @@ def prove_all(shape: FlightShape, timeout_s: float = 60.0, names: list[str] | No
 
 def prove_mutant(shape: FlightShape, mutant: str, timeout_s: float = 60.0) -> FlightResult:
     """Prove the transition ``mutant`` changes, with the mutant's rule (and the property its goal names): a goal
-    must fail."""
+    must fail (``async_drafts_with_placeholders_pending`` needs ``K >= 1``)."""
     name, goal = MUTANT_RULES[mutant]
     properties = (goal.removeprefix("prop:"),) if goal.startswith("prop:") else ()
     return prove(shape, name, timeout_s, mutant, properties)
@@ -822,10 +926,14 @@ def render_table(results: list[FlightResult]) -> str:
 def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> FlightState:
     """The FlightState of a concrete scheduler between two calls; ``slot_of`` maps request ids to slots.
 
-    Every live request and every id a step in flight scheduled must have a slot.
+    Every live request and every id a step in flight scheduled must have a slot; ``num_spec_tokens`` must be
+    at most the shape's ``K``.
     """
     from spec.view import STATUS_CODES
 
+    k = sched.config.num_spec_tokens
+    assert k <= shape.max_spec_tokens, f"num_spec_tokens={k} exceeds K={shape.max_spec_tokens}"
+    assert k == 0 or sched.profile.async_scheduling, "spec decode without async scheduling is not encoded here"
     R = shape.num_reqs
     fields: dict[str, Any] = {c: [0] * R for c in COUNTERS}
     fields["status"] = [DEAD] * R
@@ -840,17 +948,24 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
         fields["num_output_placeholders"][r] = req.num_output_placeholders
         fields["num_in_flight_tokens"][r] = req.num_in_flight_tokens
         fields["num_stale_output_tokens"][r] = req.num_stale_output_tokens
+        fields["num_spec_token_ids"][r] = len(req.spec_token_ids)
     records = list(sched.in_flight)
     assert len(records) <= shape.num_steps, f"{len(records)} steps in flight exceed D={shape.num_steps}"
     scheduled = [[0] * R for _ in shape.steps]
     samples = [[False] * R for _ in shape.steps]
+    drafts = [[0] * R for _ in shape.steps]
     for d, rec in enumerate(records):
         for rid, n in rec.output.num_scheduled_tokens.items():
             scheduled[d][slot_of[rid]] = n
             samples[d][slot_of[rid]] = bool(rec.samples.get(rid))
-    return FlightState(shape, is_async=bool(sched.profile.async_scheduling),
+            drafts[d][slot_of[rid]] = len(rec.output.scheduled_spec_decode_tokens.get(rid, ()))
+    profile = sched.profile
+    return FlightState(shape, is_async=bool(profile.async_scheduling),
                        max_concurrent_batches=sched.config.max_concurrent_batches, current_step=sched.current_step,
-                       num_steps=len(records), building=False, scheduled=scheduled, samples=samples, **fields)
+                       num_steps=len(records), building=False, num_spec_tokens=k,
+                       trim_computed_on_stop=bool(profile.trim_computed_on_stop),
+                       resolve_trimmed_placeholders=bool(profile.resolve_trimmed_placeholders),
+                       scheduled=scheduled, samples=samples, drafts=drafts, **fields)
 
 
 class DriftError(AssertionError):
@@ -938,26 +1053,33 @@ def explain_schedule(ev: Evaluator, pre: FlightState, sched_after: Any, slot_of:
     for data in out.scheduled_cached_reqs:
         q, n = slot_of[data.req_id], out.num_scheduled_tokens[data.req_id]
         if data.resumed:
-            inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n}
+            inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n,
+                      "padded": data.req_id in out.scheduled_spec_decode_tokens}
             s = run_move(ev, "admit", s, inputs, what, mutant)
         else:
             s = run_move(ev, "schedule_running", s, {"slot": q, "num_new_tokens": n}, what, mutant)
     for data in out.scheduled_new_reqs:
         q, n = slot_of[data.req_id], out.num_scheduled_tokens[data.req_id]
-        s = run_move(ev, "admit", s, {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n}, what, mutant)
+        inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n,
+                  "padded": data.req_id in out.scheduled_spec_decode_tokens}
+        s = run_move(ev, "admit", s, inputs, what, mutant)
     return run_move(ev, "end_step", s, {}, what, mutant)
 
 
 def explain_output(ev: Evaluator, pre: FlightState, returned: dict[str, int], stopped: set[str],
-                   slot_of: dict[str, int], mutant: str | None = None) -> FlightState:
+                   slot_of: dict[str, int], mutant: str | None = None,
+                   kept: dict[str, int] | None = None) -> FlightState:
     """The encoded ``update_from_output`` of the oldest step: ``returned`` tokens per request id of the model
-    output, ``stopped`` the ids the update finished."""
+    output (of a live request), ``stopped`` the ids the update finished, ``kept`` the tokens each stopped one
+    kept (default: all)."""
     R = pre.shape.num_reqs
-    ret, stop = [0] * R, [False] * R
+    ret, keep, stop = [0] * R, [0] * R, [False] * R
     for rid, q in slot_of.items():
         ret[q] = returned.get(rid, 0)
+        keep[q] = (kept or {}).get(rid, ret[q])
         stop[q] = rid in stopped
-    return run_move(ev, "apply_output", pre, {"returned": ret, "stop": stop}, "update_from_output()", mutant)
+    return run_move(ev, "apply_output", pre, {"returned": ret, "kept": keep, "stop": stop},
+                    "update_from_output()", mutant)
 
 
 def check_refusal(ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, Any], others: tuple[str, ...],
@@ -977,12 +1099,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spec.symbolic.in_flight", description=__doc__.split("\n\n")[0])
     parser.add_argument("--reqs", type=int, default=4, help="request slots R")
     parser.add_argument("--steps", default="2,3", help="comma-separated steps in flight D")
+    parser.add_argument("--spec", default="0,2", help="comma-separated bounds K on num_spec_tokens")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per transition")
     args = parser.parse_args(argv)
+    shapes = [FlightShape(args.reqs, int(d), int(k)) for k in args.spec.split(",") for d in args.steps.split(",")]
     results, exit_code = [], 0
-    for d in (int(x) for x in args.steps.split(",")):
+    for shape in shapes:
         for name in TRANSITIONS:
-            res = prove(FlightShape(args.reqs, d), name, args.timeout)
+            res = prove(shape, name, args.timeout)
             results.append(res)
             exit_code |= res.status != PROVED
             for text in list(res.counterexamples.values())[:1]:
@@ -991,17 +1115,18 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| property | bounds | transitions proved | counterexamples | time (s) |")
     print("|---|---|---|---|---|")
-    for d in (int(x) for x in args.steps.split(",")):
+    for shape in shapes:
         for prop in PROPERTIES:
-            res_p = [prove(FlightShape(args.reqs, d), name, args.timeout, properties=(prop,)) for name in TRANSITIONS]
+            res_p = [prove(shape, name, args.timeout, properties=(prop,)) for name in TRANSITIONS]
             bad = [r.transition for r in res_p if r.status != PROVED]
-            print(f"| {prop} | {FlightShape(args.reqs, d).label()} | {len(res_p) - len(bad)}/{len(res_p)} | "
+            print(f"| {prop} | {shape.label()} | {len(res_p) - len(bad)}/{len(res_p)} | "
                   f"{', '.join(bad) or '-'} | {sum(r.seconds for r in res_p):.2f} |")
     print()
     print("| mutant | transition | bounds | result | goals failed | time (s) |")
     print("|---|---|---|---|---|---|")
+    max_spec = max(int(k) for k in args.spec.split(","))
     for mutant, (name, _) in MUTANT_RULES.items():
-        res = prove_mutant(FlightShape(args.reqs, 2), mutant, args.timeout)
+        res = prove_mutant(FlightShape(args.reqs, 2, max(max_spec, 1)), mutant, args.timeout)
         failed = ", ".join(g for g, st in res.goals.items() if st == FAILED) or "-"
         print(f"| {mutant} | {name} | {res.shape.label()} | {res.status} | {failed} | {res.seconds:.2f} |")
         exit_code |= res.status != FAILED

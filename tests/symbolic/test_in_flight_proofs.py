@@ -1,14 +1,17 @@
 """Steps in flight in Z3 (``spec/symbolic/in_flight.py``): proofs, mutants, drift guard.
 
-``-m symbolic`` proves every in-flight transition at R = 4 request slots and
-D = 2 and 3 steps in flight (a second or two each), and shows that each async
-mutant of ``conformance/mutants.py`` the encoding expresses breaks a proof.
+``-m symbolic`` proves every in-flight transition at R = 4 request slots,
+D = 2 and 3 steps in flight and ``num_spec_tokens`` any k in 0..2 (a second or
+so each), and shows that each async mutant of ``conformance/mutants.py`` the
+encoding expresses breaks a proof.
 
 The drift guard (default run) ties the encoding to the model: seeded random
 programs (adds, re-adds of aborted ids, aborts, ``schedule()`` with steps in
-flight, model outputs oldest first, refused calls) run on the concrete model
-under ``vllm-0.33-async`` and ``vllm-0.33`` with ``max_concurrent_batches``
-1 to 3; each call's before/after states are mapped to the encoding's state
+flight, model outputs oldest first with 1 + accepted drafts tokens and stops
+inside them, empty draft lists, refused calls) run on the concrete model
+under ``vllm-0.33-async`` and ``vllm-0.33`` without spec decode and
+``vllm-0.33-async`` and ``vllm-0.32-async`` with ``num_spec_tokens = 2``, with
+``max_concurrent_batches`` 1 to 3; each call's before/after states are mapped to the encoding's state
 and the call must be a sequence of enabled encoded transitions reaching the
 mapped after-state exactly. It must catch a broken encoding and the
 concrete mutants.
@@ -24,7 +27,7 @@ from typing import Any
 import pytest
 
 from spec.config import SchedulerConfig, cdiv
-from spec.errors import InvalidEvent
+from spec.errors import EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput
 from spec.scheduler import Scheduler
 from spec.symbolic import in_flight as F
@@ -48,8 +51,14 @@ from spec.symbolic.in_flight import (
 )
 
 R = 4
+K = 2
+"""``num_spec_tokens`` of the spec-decode proofs and programs."""
 EOS, STOP = 1, 2
 PROFILES = ("vllm-0.33-async", "vllm-0.33")
+SPEC_PROFILES = ("vllm-0.33-async", "vllm-0.32-async")
+"""Async + spec decode (num_spec_tokens = K): 0.33 trims ``computed`` on a stop and every returned token resolves a
+placeholder; 0.32 neither trims nor resolves the trimmed tokens' placeholders."""
+DRIFT_CASES = [(p, 0) for p in PROFILES] + [(p, K) for p in SPEC_PROFILES]
 
 
 # ------------------------------------------------------------------ proofs
@@ -65,15 +74,16 @@ def _assert_proved(res: F.FlightResult) -> None:
 @pytest.mark.parametrize("steps", [2, 3])
 @pytest.mark.parametrize("name", list(F.TRANSITIONS))
 def test_transition_preserves_in_flight_invariants(name: str, steps: int) -> None:
-    """Inv and lemmas and guard imply the model's assertions, the lemmas and Inv after (R = 4, D = 2 and 3)."""
-    _assert_proved(prove(FlightShape(R, steps), name, timeout_s=60.0))
+    """Inv and lemmas and guard imply the model's assertions, the lemmas and Inv after (R = 4, D = 2 and 3,
+    ``num_spec_tokens`` any k in 0..2, k > 0 under async only: so without spec decode too, in both modes)."""
+    _assert_proved(prove(FlightShape(R, steps, K), name, timeout_s=60.0))
 
 
 @pytest.mark.symbolic
 @pytest.mark.parametrize("mutant", list(MUTANT_RULES))
 def test_mutant_breaks_a_proof(mutant: str) -> None:
-    """Each async mutant the encoding expresses yields a counterexample to the goal it breaks."""
-    res = prove_mutant(FlightShape(R, 2), mutant, timeout_s=60.0)
+    """Each async mutant the encoding expresses yields a counterexample to the goal it breaks (k in 0..2)."""
+    res = prove_mutant(FlightShape(R, 2, K), mutant, timeout_s=60.0)
     goal = MUTANT_RULES[mutant][1]
     assert res.goals.get(goal) == FAILED, res.goals
     assert goal in res.counterexamples
@@ -99,13 +109,16 @@ def test_false_invariant_fails() -> None:
 
 @pytest.mark.symbolic
 def test_skip_rule_bounds_samples_with_two_steps_in_flight() -> None:
-    """Async: samples in flight never exceed the tokens left to max_tokens with 2 steps in flight (every transition
-    preserves it), but do with 3: the skip rule subtracts ``placeholders - 1`` as if they were drafts."""
+    """Async: sampling steps in flight never exceed the tokens left to max_tokens with 2 steps in flight (every
+    transition preserves it, with drafts too: ``computed + 2 - placeholders`` is ``num_tokens + 1`` for a request
+    with a sampling step in flight, by ``decode_progress``, and a multi-token output stops at max_tokens), but
+    do with 3: the skip rule subtracts ``placeholders - 1`` as if they were all drafts."""
     prop = ("samples_within_max_tokens",)
     for name in F.TRANSITIONS:
-        _assert_proved_with(prove(FlightShape(R, 2), name, timeout_s=60.0, properties=prop), prop)
-    res = prove(FlightShape(R, 3), "schedule_running", timeout_s=60.0, properties=prop)
+        _assert_proved_with(prove(FlightShape(R, 2, K), name, timeout_s=60.0, properties=prop), prop)
+    res = prove(FlightShape(R, 3, K), "schedule_running", timeout_s=60.0, properties=prop)
     assert res.goals["prop:samples_within_max_tokens"] == FAILED, res.goals
+
 
 
 def _assert_proved_with(res: F.FlightResult, props: tuple[str, ...]) -> None:
@@ -137,16 +150,16 @@ def test_three_steps_in_flight_schedule_a_token_past_max_tokens() -> None:
 @pytest.mark.deep
 @pytest.mark.parametrize("name", list(F.TRANSITIONS))
 def test_transition_proved_at_larger_bounds(name: str) -> None:
-    """R = 8, D = 6 (about 30 s for all transitions)."""
-    _assert_proved(prove(FlightShape(8, 6), name, timeout_s=600.0))
+    """R = 8, D = 6, k in 0..4 (about a minute for all transitions)."""
+    _assert_proved(prove(FlightShape(8, 6, 4), name, timeout_s=600.0))
 
 
 @pytest.mark.deep
-@pytest.mark.parametrize("profile", PROFILES)
-def test_drift_guard_long(profile: str) -> None:
+@pytest.mark.parametrize(("profile", "num_spec_tokens"), DRIFT_CASES)
+def test_drift_guard_long(profile: str, num_spec_tokens: int) -> None:
     """The drift guard over 3,000 longer programs."""
     for seed in range(10_000, 13_000):
-        run_program(seed, num_events=120, profile=profile)
+        run_program(seed, num_events=120, profile=profile, num_spec_tokens=num_spec_tokens)
 
 
 # ------------------------------------------------------------------ drift guard
@@ -163,6 +176,7 @@ class Program:
     next_id: int = 0
     aborted: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+    crashed: bool = False
 
     def state(self) -> F.FlightState:
         return from_scheduler(self.sched, self.shape, self.slot_of)
@@ -180,8 +194,10 @@ class Program:
         return self.rng.choice(free) if free else None
 
 
-def random_config(rng: random.Random, max_concurrent_batches: int) -> SchedulerConfig:
-    """A small, tight configuration (preemptions happen) with ``max_concurrent_batches`` steps in flight."""
+def random_config(rng: random.Random, max_concurrent_batches: int, num_spec_tokens: int = 0) -> SchedulerConfig:
+    """A small, tight configuration (preemptions happen) with ``max_concurrent_batches`` steps in flight and
+    ``num_spec_tokens`` drafts (the threshold 2 then may cut a padded admission: the engine crashes, and the
+    program ends there)."""
     block_size = rng.choice([1, 2, 4])
     max_model_len = rng.randint(4, 14)
     chunked = rng.randint(0, 4) != 0
@@ -194,7 +210,7 @@ def random_config(rng: random.Random, max_concurrent_batches: int) -> SchedulerC
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         enable_chunked_prefill=chunked, long_prefill_token_threshold=rng.choice([0, 0, 2]),
         enable_prefix_caching=rng.randint(0, 3) != 0, policy=rng.choice(["fcfs", "priority"]),
-        max_concurrent_batches=max_concurrent_batches)
+        max_concurrent_batches=max_concurrent_batches, num_spec_tokens=num_spec_tokens)
 
 
 def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) -> None:
@@ -266,7 +282,14 @@ def _schedule(p: Program, ev: Evaluator, mutant: str | None) -> None:
         p.log.append("schedule refused")
         return
     # A new request of this step gets its slot before the call (ids added since are all mapped already).
-    sched.schedule()
+    try:
+        sched.schedule()
+    except EngineCrash as exc:
+        # A padded admission cut by the threshold (vLLM's assertion): not encoded; the program ends.
+        assert exc.code == "engine_assertion_padded_admission", exc
+        p.log.append("schedule crashed")
+        p.crashed = True
+        return
     p.log.append(f"schedule -> step {sched.current_step}: {dict(sched.last_step.output.num_scheduled_tokens)}")
     post = explain_schedule(ev, pre, sched, p.slot_of, mutant)
     assert_same(p.state(), post, f"schedule() after {p.log}")
@@ -301,27 +324,35 @@ def _output(p: Program, ev: Evaluator, mutant: str | None) -> None:
     before = set(sched.requests)
     sampled: dict[str, tuple[int, ...]] = {}
     for rid in out.num_scheduled_tokens:
-        token = rng.choice([EOS, STOP] + [7] * 10)
+        # 1 token plus any number of accepted drafts; a stop token one time in six (so a stop may come before
+        # the last token: the tokens after it are trimmed).
+        num = 1 + rng.randint(0, len(out.scheduled_spec_decode_tokens.get(rid, ())))
+        tokens = tuple(rng.choice([EOS, STOP] + [7] * 10) for _ in range(num))
         if rid not in sched.requests:
             if rng.random() < 0.5:
-                sampled[rid] = (token,)  # vLLM ignores output for requests gone since
+                sampled[rid] = tokens  # vLLM ignores output for requests gone since
         elif record.samples[rid] and (sched.profile.async_scheduling or rng.random() < 0.9):
-            sampled[rid] = (token,)
-    sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
+            sampled[rid] = tokens
+    # Under async only an empty draft list is accepted; it empties spec_token_ids.
+    drafts = {rid: () for rid in out.num_scheduled_tokens if sched.config.num_spec_tokens and rng.random() < 0.1}
+    outputs = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled, draft_token_ids=drafts))
     stopped = before - set(sched.requests)
-    p.log.append(f"output of step {record.step}: {sampled} stopped {sorted(stopped)}")
+    p.log.append(f"output of step {record.step}: {sampled} drafts {drafts} stopped {sorted(stopped)}")
     returned = {rid: len(tokens) for rid, tokens in sampled.items() if rid in before}
-    post = explain_output(ev, pre, returned, stopped, p.slot_of, mutant)
+    kept = {o.req_id: len(o.new_token_ids) for o in outputs if o.req_id in stopped}
+    post = explain_output(ev, pre, returned, stopped, p.slot_of, mutant, kept=kept)
     assert_same(p.state(), post, f"update_from_output() after {p.log}")
 
 
 def run_program(seed: int, ev: Evaluator = python_evaluator, num_events: int = 60, mutant: str | None = None,
-                scheduler_class: type[Scheduler] = Scheduler, profile: str | None = None) -> Program:
+                scheduler_class: type[Scheduler] = Scheduler, profile: str | None = None,
+                num_spec_tokens: int = 0) -> Program:
     """A seeded random program on the model, each call checked against the encoding (``mutant``: its encoding)."""
     rng = random.Random(seed)
     profile = profile or rng.choice(PROFILES)
     mcb = rng.choice([1, 2, 2, 3, 3])
-    p = Program(scheduler_class(random_config(rng, mcb), profile), FlightShape(R, 3), rng)
+    config = random_config(rng, mcb, num_spec_tokens)
+    p = Program(scheduler_class(config, profile), FlightShape(R, 3, num_spec_tokens), rng)
     actions: list[tuple[int, Callable[[], None]]] = [
         (3, lambda: _add(p, ev, mutant)),
         (1, lambda: _readd(p, ev, mutant)),
@@ -331,21 +362,27 @@ def run_program(seed: int, ev: Evaluator = python_evaluator, num_events: int = 6
         (1, lambda: _refused_output(p, ev)),
     ]
     weights = [w for w, _ in actions]
+    # The induction starts at the empty scheduler: it must satisfy the premises (and so must the last state).
+    assert not F.get_failing_premises(p.state()), F.get_failing_premises(p.state())
     for _ in range(num_events):
+        if p.crashed:
+            break
         p.release_slots()
         rng.choices(actions, weights)[0][1]()
+    if not p.crashed:
+        assert not F.get_failing_premises(p.state()), (F.get_failing_premises(p.state()), p.log)
     return p
 
 
 NUM_PROGRAMS = 150
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_drift_guard(profile: str) -> None:
+@pytest.mark.parametrize(("profile", "num_spec_tokens"), DRIFT_CASES)
+def test_drift_guard(profile: str, num_spec_tokens: int) -> None:
     """Every call of seeded random programs is a sequence of enabled encoded transitions reaching the model's state."""
     reached: set[str] = set()
     for seed in range(NUM_PROGRAMS):
-        p = run_program(seed, profile=profile)
+        p = run_program(seed, profile=profile, num_spec_tokens=num_spec_tokens)
         for line in p.log:
             kind = line.split()[0]
             for code in ("refused (duplicate_model_output)", "refused (model_output_out_of_order)", "refused"):
@@ -357,6 +394,7 @@ def test_drift_guard(profile: str) -> None:
             reached.add("preempt")
         if p.sched.config.max_concurrent_batches > 1:
             reached.add("in flight")
+    reached.discard("schedule crashed")
     assert reached == {"add", "add refused", "abort", "schedule", "schedule refused", "output", "preempt",
                        "output refused (duplicate_model_output)", "output refused (model_output_out_of_order)",
                        "in flight"}, reached
@@ -384,11 +422,58 @@ def test_drift_guard_reaches_stale_output() -> None:
     assert corners == {"stale output", "placeholders > 1", "stale request waits"}, corners
 
 
+@pytest.mark.parametrize("profile", SPEC_PROFILES)
+def test_drift_guard_reaches_spec_decode_corners(profile: str) -> None:
+    """Async + spec decode programs reach the corners the draft rules are about: drafts scheduled with steps in
+    flight, rejected and accepted drafts, a stop inside a multi-token output (the tokens after it trimmed), a
+    padded admission, a decode cut below its drafts while placeholders are pending (where the mutant
+    ``async_drafts_with_placeholders_pending`` differs), a stale multi-token output. (Empty draft lists are
+    sent too and change nothing, as in vLLM's engine under async: the drift guard checks that.)"""
+    corners: set[str] = set()
+
+    def spy(name: str, s: F.FlightState, inputs: dict[str, Any], mutant: str | None = None) -> F.Move:
+        move = python_evaluator(name, s, inputs, mutant)
+        if not move.guard:
+            return move
+        if name == "end_step" and s.num_steps > 1 and any(s.drafts[s.num_steps - 1][r] for r in s.shape.slots):
+            corners.add("drafts with steps in flight")
+        if name == "admit" and inputs["padded"]:
+            corners.add("padded admission")
+        if name == "schedule_running":
+            q = inputs["slot"]
+            wrong = python_evaluator(name, s, inputs, "async_drafts_with_placeholders_pending")
+            if s.num_output_placeholders[q] > 0 and wrong.post.drafts != move.post.drafts:
+                corners.add("drafts cut with placeholders pending")
+        if name == "apply_output":
+            for r in s.shape.slots:
+                got, d0 = inputs["returned"][r], s.drafts[0][r]
+                if s.status[r] == F.DEAD or not s.scheduled[0][r] or not got:
+                    continue
+                if s.num_stale_output_tokens[r]:
+                    corners.add("stale output" + (" of several tokens" if got > 1 else ""))
+                    continue
+                if d0 and got < 1 + d0:
+                    corners.add("drafts rejected")
+                if got > 1:
+                    corners.add("drafts accepted")
+                if inputs["stop"][r] and inputs["kept"][r] < got:
+                    corners.add("stop before the last token")
+        return move
+
+    for seed in range(NUM_PROGRAMS):
+        run_program(seed, ev=spy, profile=profile, num_spec_tokens=K)
+    assert corners >= {"drafts with steps in flight", "padded admission", "drafts cut with placeholders pending",
+                       "drafts rejected", "drafts accepted", "stop before the last token", "stale output",
+                       "stale output of several tokens"}, corners
+
+
 def test_drift_guard_through_z3_formulas() -> None:
     """The same check with each transition evaluated through its Z3 formula (the formulas the proofs use)."""
     ev = Z3Evaluator()
     for seed in range(8):
         run_program(seed, ev=ev, num_events=40, profile=PROFILES[seed % 2])
+    for seed in range(4):
+        run_program(seed, ev=ev, num_events=40, profile=SPEC_PROFILES[seed % 2], num_spec_tokens=K)
     # And through the formulas too, a broken encoding is caught.
     assert _first_drift(10, ev=ev, mutant="placeholders_kept_on_preempt", profile="vllm-0.33-async")
 
@@ -402,20 +487,24 @@ def _first_drift(num_programs: int, **kwargs: Any) -> DriftError | None:
     return None
 
 
-@pytest.mark.parametrize("mutant", ["stale_output_applied_as_fresh", "placeholders_kept_on_preempt"])
+@pytest.mark.parametrize("mutant", ["stale_output_applied_as_fresh", "placeholders_kept_on_preempt",
+                                    "async_drafts_with_placeholders_pending"])
 def test_drift_guard_catches_broken_encoding(mutant: str) -> None:
-    """An encoding whose preemption forgets a rule no longer matches the model: the guard says so.
+    """An encoding whose preemption forgets a rule, or that counts drafts without the pending placeholders,
+    no longer matches the model: the guard says so.
 
     (The other encoded mutants only weaken a guard: that encoding still allows every model transition,
     so the drift guard cannot see them, and the proofs catch them.)
     """
-    assert _first_drift(NUM_PROGRAMS, mutant=mutant, profile="vllm-0.33-async") is not None
+    k = K if mutant == "async_drafts_with_placeholders_pending" else 0
+    exc = _first_drift(NUM_PROGRAMS, mutant=mutant, profile="vllm-0.33-async", num_spec_tokens=k)
+    assert exc is not None
 
 
 def test_drift_guard_catches_broken_placeholder_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoding that forgets AsyncScheduler's placeholder increment is caught too."""
-    def no_placeholders(s: F.FlightState, q: Any, n: Any, computed_before: Any, status: Any) -> F.FlightState:
-        post = original(s, q, n, computed_before, status)
+    def no_placeholders(s: F.FlightState, *args: Any, **kwargs: Any) -> F.FlightState:
+        post = original(s, *args, **kwargs)
         return post.replace(num_output_placeholders=s.num_output_placeholders)
 
     original = F._schedule_tokens
@@ -428,10 +517,12 @@ MODEL_MUTANTS = ("stale_output_applied_as_fresh", "placeholders_kept_on_preempt"
                  "async_max_tokens_skip_missing", "in_flight_id_reused")
 
 
-@pytest.mark.parametrize("name", MODEL_MUTANTS)
+@pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending",))
 def test_drift_guard_catches_model_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
     from conformance.mutants import MUTANTS
 
-    exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async")
+    k = K if name == "async_drafts_with_placeholders_pending" else 0
+    exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async",
+                       num_spec_tokens=k)
     assert exc is not None, f"{name} survived {NUM_PROGRAMS} programs"
