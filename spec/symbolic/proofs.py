@@ -10,8 +10,19 @@ where ``Inv`` are the invariants of ``spec/invariants.py`` evaluated through
 ``Lemmas`` the encoding's well-formedness and strengthening lemmas
 (``state.LEMMAS``), and ``checks_T`` the model's own assertions on the way.
 Each conjunct of the conclusion is one Z3 query (its negation must be
-unsatisfiable). A proof is also checked for vacuity: the premises must be
-satisfiable.
+unsatisfiable), in order (checks, lemmas, invariants), and each goal proved is
+assumed for the later ones. A proof is also checked for vacuity: the premises
+must be satisfiable.
+
+How the queries are sent (``METHODS``; issue 14): by default (``named``) every
+premise and every goal is a fresh literal defined equal to its formula, and a
+query is ``not goal`` under the premises' and proved goals' literals as
+assumptions, so Z3 never rewrites a goal against the premises it repeats
+(an unchanged invariant costs nothing) and keeps what it learns from query to
+query; the expensive goals are proved in parts (``GOAL_SPLITS``); and the
+transitions' stepping stones for counting (``transitions.STONE``) are proved
+and assumed. ``plain`` is the path before issue 14 (``not goal`` asserted in
+a pushed scope, no such stones), kept for ``bench/bench_proofs.py --compare``.
 
 A failed goal yields a counterexample: the pre-state and inputs from the Z3
 model, printed, injected into a concrete scheduler (``state.to_scheduler``),
@@ -33,13 +44,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import multiprocessing
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import z3
 
@@ -55,7 +67,7 @@ from spec.symbolic.state import (
     theorem_order,
     theorem_rank,
 )
-from spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome
+from spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
 from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
@@ -128,20 +140,82 @@ def _inputs_of(model: z3.ModelRef, inputs: dict[str, Any]) -> dict[str, Any]:
     return {key: [value(x) for x in sym] if isinstance(sym, list) else value(sym) for key, sym in inputs.items()}
 
 
+NAMED, PLAIN = "named", "plain"
+METHODS = (NAMED, PLAIN)
+"""How ``prove`` queries a goal (``_prove_case``): ``named`` (each goal a named literal, queried as
+an assumption; the goals of :data:`GOAL_SPLITS` by cases; the counting stepping stones), or
+``plain`` (``not goal`` asserted in a pushed scope, no counting stones: the path before issue 14,
+kept for ``bench/bench_proofs.py``)."""
+
+
+PARTS = "parts"
+"""``GOAL_SPLITS`` entry ``(PARTS, depth, chunks)``: the goal's conjuncts ``depth`` levels of ``And``
+down, in ``chunks`` consecutive groups (:func:`goal_parts`)."""
+
+
+def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
+    """The conjuncts of ``goal`` down to ``depth`` nested ``And``s, in at most ``chunks`` groups (their ``And`` is ``goal``)."""
+
+    def flat(f: z3.BoolRef, d: int) -> list[z3.BoolRef]:
+        if d == 0 or not z3.is_and(f):
+            return [f]
+        return [g for child in f.children() for g in flat(child, d - 1)]
+
+    items = flat(goal, depth)
+    size = -(-len(items) // max(1, chunks))
+    return [z3.And(*items[i:i + size]) if size > 1 else items[i] for i in range(0, len(items), size)]
+
+
+def _request_term(pre: State, inputs: dict[str, Any], out: Outcome) -> tuple[Any, range]:
+    """The slot the transition acts on: its ``request`` fact, else its ``slot`` input."""
+    return out.facts["request"] if "request" in out.facts else inputs["slot"], pre.shape.slots
+
+
+CASE_TERMS: dict[str, Callable[[State, dict[str, Any], Outcome], tuple[Any, range]]] = {
+    "request": _request_term,
+    "victim": lambda pre, inputs, out: (out.facts["victim"], pre.shape.slots),
+    "record": lambda pre, inputs, out: (pre.num_preemptions, pre.shape.slots),
+}
+"""Case keys: the term a goal is split on and the values it is split into (slots; records ``0..R-1``)."""
+
+SLOTS = 0
+"""``chunks`` of a :data:`PARTS` split: one group per request slot."""
+
+GOAL_SPLITS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "*": {
+        "lemma:requests": (PARTS, 2, 1 << 10),  # each slot's table rules, then the queue positions
+        "inv:prefix_chain": (PARTS, 1, SLOTS),  # table positions, slot by slot
+        "inv:victim_order": (PARTS, 1, SLOTS),  # preemption records, one by one
+    },
+}
+"""Per transition (``"*"``: every transition, overridden per goal by the transition's own entry),
+the goals proved by cases or by parts, and how.
+
+By cases (a tuple of :data:`CASE_TERMS` keys): before the first goal split on a key,
+``cover:<key>`` proves (under the premises, the guard and the goals proved so far) that the key's
+term equals one of its values; the goal is then proved once per value with ``term == value``
+assumed. By parts (``(PARTS, depth, chunks)``): the goal's conjuncts (:func:`goal_parts`) are
+proved in order, each with the earlier ones assumed. Either way the goal follows from the premises
+alone, and is assumed for the later goals like any other. When a cover goal is not proved, the
+goals split on its key are proved whole.
+"""
+
+
 CASE_FACTS = {"case_request": "request", "case_victim": "victim"}
 """Which fact of an outcome a pinned case key stands for (input ``slot`` stands for itself)."""
 
 
 def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | None = None,
-          stop_at_first_failure: bool = False) -> TransitionResult:
+          stop_at_first_failure: bool = False, method: str = NAMED) -> TransitionResult:
     """Prove transition ``name`` at ``shape``: every invariant, lemma and model assertion.
 
     A transition with ``split`` slots is proved case by case (each slot a
     Python int, so the formulas index directly instead of through ``If``
     chains); one more goal, ``cases``, proves the cases cover the transition's
     guard. The time limit covers the whole transition; goals not reached in
-    time are ``unknown``.
+    time are ``unknown``. ``method``: see :data:`METHODS`.
     """
+    assert method in METHODS, method
     t0 = time.monotonic()
     transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
     result = TransitionResult(name, shape, PROVED, 0.0)
@@ -165,7 +239,8 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     vacuous = True
     for case in cases:
         label = ",".join(f"{k}={v}" for k, v in case.items())
-        status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure)
+        status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
+                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method == NAMED else {}, method)
         vacuous = vacuous and status == VACUOUS
         if stop_at_first_failure and FAILED in result.goals.values():
             break
@@ -176,7 +251,7 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     return result
 
 
-def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0) -> TransitionResult:
+def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = NAMED) -> TransitionResult:
     """``prove`` in a fresh process, so that its time does not depend on what ran before it.
 
     Z3 keeps every term ever built in one global context, and a proof run
@@ -188,12 +263,16 @@ def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0) -> Transiti
     """
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(prove, shape, name, timeout_s).result()
+        return pool.submit(prove, shape, name, timeout_s, None, False, method).result()
 
 
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
-                result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool) -> str:
-    """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable."""
+                result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
+                splits: dict[str, tuple[Any, ...]] | None = None, method: str = NAMED) -> str:
+    """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
+
+    ``splits`` maps a goal to the case keys (:data:`CASE_TERMS`) it is proved by cases on.
+    """
 
     def remaining_ms() -> int:
         return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
@@ -202,14 +281,22 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     inputs = {**transition.inputs(shape, "in"), **case}
     out: Outcome = transition.apply(pre, inputs)
     solver = z3.Solver()
-    solver.add(*premises(pre))
-    solver.add(_as_bool(out.guard))
-    # Instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*).
-    solver.add(*[_as_bool(p) for p in out.premises])
+    named = method == NAMED
+    facts: list[z3.BoolRef] = []
+    """``named``: literals standing for the premises and the goals proved so far, passed as assumptions."""
+    # Premises, guard, and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*).
+    for i, p in enumerate([*premises(pre), _as_bool(out.guard), *[_as_bool(p) for p in out.premises]]):
+        if named:
+            facts.append(z3.Bool(f"premise!{i}"))
+            solver.add(facts[-1] == p)
+        else:
+            solver.add(p)
     solver.set("timeout", remaining_ms())
-    base = solver.check()
+    base = solver.check(*facts)
     if base == z3.unsat:
         return VACUOUS
+    if method == PLAIN:
+        out.checks = [(c, f) for c, f in out.checks if not c.startswith(STONE)]
     view = SymbolicView(out.post)
     # Checks first, then lemmas, then invariants; each goal proved is assumed
     # for the next ones (sound: it follows from the premises).
@@ -220,20 +307,47 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         post_goals.append((f"inv:{inv_name}", lambda ops, fn=fn: fn(view, ops)))
     if goals is not None:
         post_goals = [(g, f) for g, f in post_goals if g in goals]
-    for goal_name, build in post_goals:
-        if time.monotonic() - t0 >= timeout_s:
-            result.goals[goal_name] = UNKNOWN
-            continue
-        solver.push()
-        ops = Z3Ops()
-        goal = _as_bool(build(ops))
-        solver.add(z3.Not(goal))
+    splits = splits or {}
+    covered: dict[str, bool] = {}
+    """Case key -> whether its cover goal is proved (its term takes one of its values)."""
+
+    names: dict[int, z3.BoolRef] = {}
+
+    def name_of(goal: z3.BoolRef) -> z3.BoolRef:
+        """The fresh literal standing for ``goal`` (``lit == goal`` asserted once)."""
+        if goal.get_id() not in names:
+            names[goal.get_id()] = z3.Bool(f"goal!{len(names)}")
+            solver.add(names[goal.get_id()] == goal)
+        return names[goal.get_id()]
+
+    def assume_proved(goal: z3.BoolRef) -> None:
+        if named:
+            facts.append(name_of(goal))
+        else:
+            solver.add(goal)
+
+    def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, assume: list[z3.BoolRef], part: str = "") -> str:
+        """One query: ``goal`` under everything asserted and ``assume``; a counterexample goes into ``result``.
+
+        ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
+        any model extends), and the query is ``not lit`` under the ``facts`` (premises and goals
+        proved, named alike) as assumptions. Asserted, the premises are simplified by Z3 into
+        other terms than the goals', so a goal that repeats a premise (an unchanged invariant)
+        still cost a search (about 2 s for ``victim_order`` after ``get_new_blocks`` at R=6,
+        B=12); named, it is the same literal. No scope is pushed, so what Z3 learns in one query
+        serves the next.
+        """
+        if named:
+            query = [*facts, z3.Not(name_of(goal)), *assume]
+        else:
+            solver.push()
+            solver.add(*assume, z3.Not(goal))
+            query = []
         solver.set("timeout", remaining_ms())
         t_goal = time.monotonic()
-        verdict = solver.check()
-        key = f"{label}:{goal_name}" if label else goal_name
+        verdict = solver.check(*query)
+        key = f"{label}:{goal_name}{part}" if label else goal_name + part
         result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
-        previous = result.goals.get(goal_name, PROVED)
         if verdict == z3.unsat:
             status = PROVED
         elif verdict == z3.sat:
@@ -241,11 +355,11 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             solver.push()
             solver.add(*dense_tables(pre))
             solver.set("timeout", remaining_ms())
-            dense = solver.check() == z3.sat
+            dense = solver.check(*query) == z3.sat
             model = solver.model() if dense else None
             solver.pop()
             if model is None:
-                solver.check()
+                solver.check(*query)
                 model = solver.model()
             status = FAILED
             result.counterexamples.append(Counterexample(
@@ -253,10 +367,51 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
                 post=evaluate(out.post, model), subjects=ops.failing_subjects(model)))
         else:
             status = UNKNOWN
-        solver.pop()
+        if not named:
+            solver.pop()
+        return status
+
+    def cover(key: str) -> bool:
+        """Prove (once) that the case term of ``key`` takes one of its values; assume it from then on."""
+        if key not in covered:
+            term, values = CASE_TERMS[key](pre, inputs, out)
+            goal = z3.Or(*[term == v for v in values])
+            covered[key] = check(f"cover:{key}", goal, Z3Ops(), []) == PROVED
+            if covered[key]:
+                assume_proved(goal)
+        return covered[key]
+
+    for goal_name, build in post_goals:
+        if time.monotonic() - t0 >= timeout_s:
+            result.goals[goal_name] = UNKNOWN
+            continue
+        ops = Z3Ops()
+        goal = _as_bool(build(ops))
+        keys = splits.get(goal_name, ())
+        if keys and keys[0] == PARTS:
+            # By parts: each proved with the earlier ones assumed; together they are the goal.
+            status = PROVED
+            for i, part in enumerate(goal_parts(goal, keys[1], keys[2] or shape.num_reqs)):
+                status = check(goal_name, part, ops, [], f"#{i}")
+                if status != PROVED:
+                    break
+                assume_proved(part)
+        elif keys and all(cover(k) for k in keys):
+            # By cases: the cover goals say the cases exhaust every state the premises allow.
+            status = PROVED
+            terms = [CASE_TERMS[k](pre, inputs, out)[0] for k in keys]
+            for values in itertools.product(*(CASE_TERMS[k](pre, inputs, out)[1] for k in keys)):
+                status_v = check(goal_name, goal, ops, [_as_bool(term == v) for term, v in zip(terms, values)])
+                if status_v != PROVED:
+                    status = status_v
+                    if status_v == FAILED:
+                        break
+        else:
+            status = check(goal_name, goal, ops, [])
+        previous = result.goals.get(goal_name, PROVED)
         result.goals[goal_name] = status if previous == PROVED else previous
         if status == PROVED:
-            solver.add(goal)
+            assume_proved(goal)
         if stop_at_first_failure and status == FAILED:
             break
     return PROVED

@@ -155,6 +155,67 @@ def test_counterexample_is_confirmed_and_traced() -> None:
     assert kind == "abort" and "free_blocks_uncached" in description, got
 
 
+def _split_false_invariant_counterexamples() -> dict:
+    """In a fresh process: the false invariant proved by parts and by cases (abort's slot); both must fail."""
+    from spec import invariants
+    from spec.symbolic import proofs
+
+    invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
+    got = {}
+    for how in [(proofs.PARTS, 1, 2), ("request",)]:
+        proofs.GOAL_SPLITS["abort"] = {"inv:free_blocks_uncached": how}
+        res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
+        cex = res.counterexamples[0] if res.counterexamples else None
+        got[how[0]] = {"status": res.status, "goal": cex and cex.goal,
+                       "confirmed": cex and confirm_counterexample(cex, "abort")}
+    return got
+
+
+@pytest.mark.symbolic
+def test_split_goals_still_fail() -> None:
+    """A false invariant proved by parts or by cases still yields a counterexample the model confirms."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(_split_false_invariant_counterexamples).result()
+    for how, one in got.items():
+        assert one["status"] == "counterexample", (how, got)
+        assert one["goal"] == "inv:free_blocks_uncached", (how, got)
+        assert one["confirmed"] is not None and one["confirmed"].startswith("free_blocks_uncached"), (how, got)
+
+
+def test_goal_parts_are_the_goal() -> None:
+    """``goal_parts`` flattens nested conjunctions and regroups them; the parts' conjunction is the goal."""
+    import z3
+
+    from spec.symbolic.proofs import goal_parts
+
+    a, b, c, d, e = z3.Bools("a b c d e")
+    goal = z3.And(z3.And(a, z3.And(b, c)), d, z3.Or(e, a))
+    assert [str(p) for p in goal_parts(goal, 1, 100)] == ["And(a, And(b, c))", "d", "Or(e, a)"]
+    assert [str(p) for p in goal_parts(goal, 3, 100)] == ["a", "b", "c", "d", "Or(e, a)"]
+    assert [str(p) for p in goal_parts(goal, 3, 2)] == ["And(a, b, c)", "And(d, Or(e, a))"]
+    for depth, chunks in [(1, 1), (2, 2), (3, 4)]:
+        solver = z3.Solver()
+        solver.add(z3.Not(z3.And(*goal_parts(goal, depth, chunks)) == goal))
+        assert solver.check() == z3.unsat
+    assert goal_parts(a, 2, 3) == [a]
+
+
+@pytest.mark.symbolic
+@pytest.mark.parametrize("name", ["touch", "running_preempt", "waiting_admit"])
+def test_methods_agree_small(name: str) -> None:
+    """The path before issue 14 (``plain``) and the default (``named``: stepping stones, goals by parts and cases) both prove, R=2, B=3."""
+    from spec.symbolic.proofs import NAMED, PLAIN
+
+    for method in (PLAIN, NAMED):
+        res = prove(Shape(2, 3, 2, "priority"), name, CI_TIMEOUT_S, method=method)
+        _assert_proved(res)
+        stones = [g for g in res.goals if g.startswith("check:stepping stone: ")]
+        assert bool(stones) == (method == NAMED), (method, stones)
+
+
 BRANCHES = {
     "running_preempt": ["self_preempted", "victim_was_scheduled"],
     "running_start": ["skipped"],
