@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import itertools
 import json
 import multiprocessing
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
@@ -143,14 +142,9 @@ def _inputs_of(model: z3.ModelRef, inputs: dict[str, Any]) -> dict[str, Any]:
 NAMED, PLAIN = "named", "plain"
 METHODS = (NAMED, PLAIN)
 """How ``prove`` queries a goal (``_prove_case``): ``named`` (each goal a named literal, queried as
-an assumption; the goals of :data:`GOAL_SPLITS` by cases; the counting stepping stones), or
+an assumption; the goals of :data:`GOAL_SPLITS` by parts; the counting stepping stones), or
 ``plain`` (``not goal`` asserted in a pushed scope, no counting stones: the path before issue 14,
 kept for ``bench/bench_proofs.py``)."""
-
-
-PARTS = "parts"
-"""``GOAL_SPLITS`` entry ``(PARTS, depth, chunks)``: the goal's conjuncts ``depth`` levels of ``And``
-down, in ``chunks`` consecutive groups (:func:`goal_parts`)."""
 
 
 def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
@@ -166,38 +160,21 @@ def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
     return [z3.And(*items[i:i + size]) if size > 1 else items[i] for i in range(0, len(items), size)]
 
 
-def _request_term(pre: State, inputs: dict[str, Any], out: Outcome) -> tuple[Any, range]:
-    """The slot the transition acts on: its ``request`` fact, else its ``slot`` input."""
-    return out.facts["request"] if "request" in out.facts else inputs["slot"], pre.shape.slots
-
-
-CASE_TERMS: dict[str, Callable[[State, dict[str, Any], Outcome], tuple[Any, range]]] = {
-    "request": _request_term,
-    "victim": lambda pre, inputs, out: (out.facts["victim"], pre.shape.slots),
-    "record": lambda pre, inputs, out: (pre.num_preemptions, pre.shape.slots),
-}
-"""Case keys: the term a goal is split on and the values it is split into (slots; records ``0..R-1``)."""
-
 SLOTS = 0
-"""``chunks`` of a :data:`PARTS` split: one group per request slot."""
+"""``chunks`` of a :data:`GOAL_SPLITS` entry: one group per request slot."""
 
-GOAL_SPLITS: dict[str, dict[str, tuple[Any, ...]]] = {
+GOAL_SPLITS: dict[str, dict[str, tuple[int, int]]] = {
     "*": {
-        "lemma:requests": (PARTS, 2, 1 << 10),  # each slot's table rules, then the queue positions
-        "inv:prefix_chain": (PARTS, 1, SLOTS),  # table positions, slot by slot
-        "inv:victim_order": (PARTS, 1, SLOTS),  # preemption records, one by one
+        "lemma:requests": (2, 1 << 10),  # each slot's table rules, then the queue positions
+        "inv:prefix_chain": (1, SLOTS),  # table positions, slot by slot
+        "inv:victim_order": (1, SLOTS),  # preemption records, one by one
     },
 }
 """Per transition (``"*"``: every transition, overridden per goal by the transition's own entry),
-the goals proved by cases or by parts, and how.
-
-By cases (a tuple of :data:`CASE_TERMS` keys): before the first goal split on a key,
-``cover:<key>`` proves (under the premises, the guard and the goals proved so far) that the key's
-term equals one of its values; the goal is then proved once per value with ``term == value``
-assumed. By parts (``(PARTS, depth, chunks)``): the goal's conjuncts (:func:`goal_parts`) are
-proved in order, each with the earlier ones assumed. Either way the goal follows from the premises
-alone, and is assumed for the later goals like any other. When a cover goal is not proved, the
-goals split on its key are proved whole.
+the goals proved by parts, as ``(depth, chunks)``: the goal's conjuncts ``depth`` levels of
+``And`` down, in ``chunks`` consecutive groups (:func:`goal_parts`), proved in order, each with
+the earlier ones assumed. The parts' conjunction is the goal, so it follows from the premises
+alone, and is assumed for the later goals like any other.
 """
 
 
@@ -268,10 +245,10 @@ def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str
 
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
                 result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
-                splits: dict[str, tuple[Any, ...]] | None = None, method: str = NAMED) -> str:
+                splits: dict[str, tuple[int, int]] | None = None, method: str = NAMED) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
-    ``splits`` maps a goal to the case keys (:data:`CASE_TERMS`) it is proved by cases on.
+    ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
     """
 
     def remaining_ms() -> int:
@@ -308,8 +285,6 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     if goals is not None:
         post_goals = [(g, f) for g, f in post_goals if g in goals]
     splits = splits or {}
-    covered: dict[str, bool] = {}
-    """Case key -> whether its cover goal is proved (its term takes one of its values)."""
 
     names: dict[int, z3.BoolRef] = {}
 
@@ -326,8 +301,8 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         else:
             solver.add(goal)
 
-    def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, assume: list[z3.BoolRef], part: str = "") -> str:
-        """One query: ``goal`` under everything asserted and ``assume``; a counterexample goes into ``result``.
+    def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
+        """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
         ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
         any model extends), and the query is ``not lit`` under the ``facts`` (premises and goals
@@ -338,10 +313,10 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         serves the next.
         """
         if named:
-            query = [*facts, z3.Not(name_of(goal)), *assume]
+            query = [*facts, z3.Not(name_of(goal))]
         else:
             solver.push()
-            solver.add(*assume, z3.Not(goal))
+            solver.add(z3.Not(goal))
             query = []
         solver.set("timeout", remaining_ms())
         t_goal = time.monotonic()
@@ -371,43 +346,23 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             solver.pop()
         return status
 
-    def cover(key: str) -> bool:
-        """Prove (once) that the case term of ``key`` takes one of its values; assume it from then on."""
-        if key not in covered:
-            term, values = CASE_TERMS[key](pre, inputs, out)
-            goal = z3.Or(*[term == v for v in values])
-            covered[key] = check(f"cover:{key}", goal, Z3Ops(), []) == PROVED
-            if covered[key]:
-                assume_proved(goal)
-        return covered[key]
-
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
             result.goals[goal_name] = UNKNOWN
             continue
         ops = Z3Ops()
         goal = _as_bool(build(ops))
-        keys = splits.get(goal_name, ())
-        if keys and keys[0] == PARTS:
+        if goal_name in splits:
             # By parts: each proved with the earlier ones assumed; together they are the goal.
+            depth, chunks = splits[goal_name]
             status = PROVED
-            for i, part in enumerate(goal_parts(goal, keys[1], keys[2] or shape.num_reqs)):
-                status = check(goal_name, part, ops, [], f"#{i}")
+            for i, part in enumerate(goal_parts(goal, depth, chunks or shape.num_reqs)):
+                status = check(goal_name, part, ops, f"#{i}")
                 if status != PROVED:
                     break
                 assume_proved(part)
-        elif keys and all(cover(k) for k in keys):
-            # By cases: the cover goals say the cases exhaust every state the premises allow.
-            status = PROVED
-            terms = [CASE_TERMS[k](pre, inputs, out)[0] for k in keys]
-            for values in itertools.product(*(CASE_TERMS[k](pre, inputs, out)[1] for k in keys)):
-                status_v = check(goal_name, goal, ops, [_as_bool(term == v) for term, v in zip(terms, values)])
-                if status_v != PROVED:
-                    status = status_v
-                    if status_v == FAILED:
-                        break
         else:
-            status = check(goal_name, goal, ops, [])
+            status = check(goal_name, goal, ops)
         previous = result.goals.get(goal_name, PROVED)
         result.goals[goal_name] = status if previous == PROVED else previous
         if status == PROVED:

@@ -156,24 +156,24 @@ def test_counterexample_is_confirmed_and_traced() -> None:
 
 
 def _split_false_invariant_counterexamples() -> dict:
-    """In a fresh process: the false invariant proved by parts and by cases (abort's slot); both must fail."""
+    """In a fresh process: the false invariant proved by parts, in two groups and one part per slot; both must fail."""
     from spec import invariants
     from spec.symbolic import proofs
 
     invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     got = {}
-    for how in [(proofs.PARTS, 1, 2), ("request",)]:
+    for how in [(1, 2), (2, proofs.SLOTS)]:
         proofs.GOAL_SPLITS["abort"] = {"inv:free_blocks_uncached": how}
         res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
         cex = res.counterexamples[0] if res.counterexamples else None
-        got[how[0]] = {"status": res.status, "goal": cex and cex.goal,
+        got[how] = {"status": res.status, "goal": cex and cex.goal,
                        "confirmed": cex and confirm_counterexample(cex, "abort")}
     return got
 
 
 @pytest.mark.symbolic
 def test_split_goals_still_fail() -> None:
-    """A false invariant proved by parts or by cases still yields a counterexample the model confirms."""
+    """A false invariant proved by parts still yields a counterexample the model confirms."""
     import concurrent.futures
     import multiprocessing
 
@@ -206,7 +206,7 @@ def test_goal_parts_are_the_goal() -> None:
 @pytest.mark.symbolic
 @pytest.mark.parametrize("name", ["touch", "running_preempt", "waiting_admit"])
 def test_methods_agree_small(name: str) -> None:
-    """The path before issue 14 (``plain``) and the default (``named``: stepping stones, goals by parts and cases) both prove, R=2, B=3."""
+    """The path before issue 14 (``plain``) and the default (``named``: stepping stones, goals by parts) both prove, R=2, B=3."""
     from spec.symbolic.proofs import NAMED, PLAIN
 
     for method in (PLAIN, NAMED):
