@@ -272,7 +272,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     base = solver.check(*facts)
     if base == z3.unsat:
         return VACUOUS
-    if method == PLAIN:
+    if not named:
         out.checks = [(c, f) for c, f in out.checks if not c.startswith(STONE)]
     view = SymbolicView(out.post)
     # Checks first, then lemmas, then invariants; each goal proved is assumed

@@ -240,7 +240,7 @@ STONE = "stepping stone: "
 """Prefix of the stepping stones added for issue 14 (speed); ``proofs.PLAIN`` leaves them out."""
 
 
-def count_steps(s: State, post: State, taken: dict[int, Any], freed: dict[int, Any]) -> Check:
+def count_steps(s: State, post: State, taken: dict[int, Any] | None = None, freed: dict[int, Any] | None = None) -> Check:
     """A stepping stone for the counting goals: per block, "held" (``ref_cnt > 0``) and "free" change by one exactly when it is taken or freed.
 
     ``inv_block_conservation`` compares sums of per-block indicators before
@@ -250,9 +250,11 @@ def count_steps(s: State, post: State, taken: dict[int, Any], freed: dict[int, A
     indicators are built with the invariants' own operations, so they are the
     same Z3 terms as those in the goals. Needs ``taken`` blocks unheld and
     free, ``freed`` blocks held once and not free (both follow from the
-    premises; the stone is proved like every check).
+    premises; the stone is proved like every check). ``None``: no block.
     """
     o = Z3Ops()
+    taken = taken or {b: False for b in s.shape.blocks}
+    freed = freed or {b: False for b in s.shape.blocks}
 
     def ind(x: Any) -> Any:
         return count([x])
@@ -291,8 +293,7 @@ def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[i
         indexed=[s.indexed[0]] + [land(s.indexed[b], lnot(evict[b])) for b in blocks],
         num_free_blocks=s.num_free_blocks - n,
     )
-    none = {b: False for b in blocks}
-    checks.append(count_steps(s, post, popped, none))
+    checks.append(count_steps(s, post, taken=popped))
     return post, popped, rank, checks + [(PREMISE + "rank", theorem_rank(s, n))], []
 
 
@@ -314,7 +315,7 @@ def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
     )
     once = (STONE + "touch: a block is hit at most once (its references grow by 0 or 1)",
             land(*(eq(cnt[b], count([lor(*hits[b])])) for b in blocks)))
-    return post, checks + [once, count_steps(s, post, removed, {b: False for b in blocks})]
+    return post, checks + [once, count_steps(s, post, taken=removed)]
 
 
 def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
@@ -351,7 +352,7 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
         free_hi=s.free_hi + num_back + 1,
         num_free_blocks=s.num_free_blocks + count(reach0.values()),
     )
-    return post, checks + [count_steps(s, post, {b: False for b in blocks}, reach0)]
+    return post, checks + [count_steps(s, post, freed=reach0)]
 
 
 # ------------------------------------------------------------------ KV cache manager
