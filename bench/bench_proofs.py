@@ -1,18 +1,19 @@
 """Time the symbolic proofs: the bounded table, larger bounds, and the all-sizes micro-steps.
 
     python bench/bench_proofs.py [--bounds 4,8] [--large 6,12] [--timeout 60] [--policy fcfs,priority]
-        [--skip-bounded] [--skip-large] [--skip-unbounded] [--method named|plain] [--compare]
-        [--transitions a,b]
+        [--skip-bounded] [--skip-large] [--skip-unbounded] [--method symmetric|named|plain]
+        [--compare [--methods plain,symmetric]] [--transitions a,b]
 
 Every bounded proof runs in a fresh process (``proofs.prove_isolated``), one at a time, with a
 timeout per proof; the micro-step proofs of ``spec/symbolic/unbounded.py`` likewise. Prints one
 markdown table per part and the totals. Report the machine's load with the figures.
 
-``--compare`` proves the bounded table (``--bounds``) by both methods of ``proofs.METHODS`` in one
-command: per transition and policy, ``plain`` (the path before issue 14) and ``named``, each in a
-fresh process, one right after the other (which goes first alternates from row to row), so that
-both see the same load on a shared machine; it prints both times, their ratio and the 1-minute load
-average per row, then the totals. ``--method`` picks the method of the other tables.
+``--compare`` proves the bounded table (``--bounds``) by each method of ``--methods`` (default
+``plain``, the path before issue 14, and ``symmetric``, today's) in one command: per transition and
+policy, each method in a fresh process, one right after the other (the order rotates from row to
+row), so that all see the same load on a shared machine; it prints the times, the ratio first / last
+and the 1-minute load average per row, then the totals. ``symmetric`` also pays for its theorem
+(one row per policy). ``--method`` picks the method of the other tables.
 """
 
 from __future__ import annotations
@@ -24,13 +25,25 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spec.symbolic.proofs import METHODS, NAMED, PLAIN, PROVED, prove_isolated  # noqa: E402
+from spec.symbolic.proofs import (  # noqa: E402
+    METHODS,
+    PLAIN,
+    PROVED,
+    SYMMETRIC,
+    prove_isolated,
+    prove_theorem_symmetry,
+    run_isolated,
+)
 from spec.symbolic.state import Shape  # noqa: E402
 from spec.symbolic.transitions import TRANSITIONS  # noqa: E402
 from spec.symbolic.unbounded import prove_all_steps  # noqa: E402
 
 
-def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: list[str], method: str = NAMED) -> float:
+THEOREM_SYMMETRY = "theorem_symmetry"
+
+
+def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: list[str],
+                method: str = SYMMETRIC) -> float:
     """Prove every transition at (r, b) per policy; print the table; return the total seconds."""
     print(f"\n| transition | {' | '.join(policies)} |  (R={r}, B={b}, timeout {timeout_s:.0f} s, {method})")
     print("|---|" + "---|" * len(policies))
@@ -46,26 +59,40 @@ def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: li
     return total
 
 
-def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: list[str]) -> dict[str, float]:
-    """Prove every transition at (r, b) per policy by both methods, alternating; print the table; return the totals."""
-    print(f"\n| transition | policy | {PLAIN} | {NAMED} | {PLAIN} / {NAMED} | load (1 min) |"
+def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: list[str],
+                methods: list[str]) -> dict[str, float]:
+    """Prove every transition at (r, b) per policy by each method, rotating the order; print the table; return the totals.
+
+    The ``symmetric`` method rests on one theorem per shape (the premises are blind to slot
+    names, ``proofs.prove_theorem_symmetry``), proved in a fresh process of its own and counted
+    in its total as one more row.
+    """
+    first, last = methods[0], methods[-1]
+    print(f"\n| transition | policy | {' | '.join(methods)} | {first} / {last} | load (1 min) |"
           f"  (R={r}, B={b}, timeout {timeout_s:.0f} s)")
-    print("|---|---|---|---|---|---|")
-    totals = {m: 0.0 for m in METHODS}
-    row = 0
-    for name in names:
-        for policy in policies:
-            order = (PLAIN, NAMED) if row % 2 == 0 else (NAMED, PLAIN)
-            row += 1
-            cells = {}
-            for method in order:
-                res = prove_isolated(Shape(r, b, 2, policy), name, timeout_s, method)
-                totals[method] += res.seconds
-                cells[method] = (res.seconds, f"{res.seconds:.1f} s" + ("" if res.status == PROVED else f" ({res.status})"))
-            ratio = cells[PLAIN][0] / max(cells[NAMED][0], 1e-9)
-            print(f"| `{name}` | {policy} | {cells[PLAIN][1]} | {cells[NAMED][1]} | {ratio:.2f} | "
-                  f"{os.getloadavg()[0]:.2f} |", flush=True)
-    print(f"| total | | {totals[PLAIN]:.1f} s | {totals[NAMED]:.1f} s | {totals[PLAIN] / max(totals[NAMED], 1e-9):.2f} | |")
+    print("|---|---|" + "---|" * len(methods) + "---|---|")
+    totals = {m: 0.0 for m in methods}
+    rows = [(name, policy) for name in names for policy in policies]
+    if SYMMETRIC in methods:
+        rows += [(THEOREM_SYMMETRY, policy) for policy in policies]
+    for i, (name, policy) in enumerate(rows):
+        shape = Shape(r, b, 2, policy)
+        cells = {}
+        for method in methods[i % len(methods):] + methods[:i % len(methods)]:
+            if name == THEOREM_SYMMETRY:
+                if method != SYMMETRIC:
+                    cells[method] = (0.0, "-")
+                    continue
+                res = run_isolated(prove_theorem_symmetry, shape, timeout_s)
+            else:
+                res = prove_isolated(shape, name, timeout_s, method)
+            totals[method] += res.seconds
+            cells[method] = (res.seconds, f"{res.seconds:.1f} s" + ("" if res.status == PROVED else f" ({res.status})"))
+        ratio = f"{cells[first][0] / cells[last][0]:.2f}" if cells[first][0] and cells[last][0] else "-"
+        print(f"| `{name}` | {policy} | {' | '.join(cells[m][1] for m in methods)} | {ratio} | "
+              f"{os.getloadavg()[0]:.2f} |", flush=True)
+    print(f"| total | | {' | '.join(f'{totals[m]:.1f} s' for m in methods)} | "
+          f"{totals[first] / max(totals[last], 1e-9):.2f} | |")
     return totals
 
 
@@ -91,8 +118,11 @@ def main() -> int:
     parser.add_argument("--skip-bounded", action="store_true")
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--skip-unbounded", action="store_true")
-    parser.add_argument("--method", default=NAMED, choices=METHODS, help="how the bounded proofs query Z3")
-    parser.add_argument("--compare", action="store_true", help="the table at --bounds by both methods, alternating")
+    parser.add_argument("--method", default=SYMMETRIC, choices=METHODS, help="how the bounded proofs query Z3")
+    parser.add_argument("--compare", action="store_true",
+                        help="the table at --bounds by each of --methods, in rotating order")
+    parser.add_argument("--methods", default=f"{PLAIN},{SYMMETRIC}",
+                        help=f"with --compare: comma-separated, among {', '.join(METHODS)}; the ratio is first / last")
     parser.add_argument("--transitions", default="", help="comma-separated names (default: all)")
     args = parser.parse_args()
     policies = args.policy.split(",")
@@ -104,7 +134,11 @@ def main() -> int:
     if not args.skip_bounded:
         bounds = tuple(int(x) for x in args.bounds.split(","))
         if args.compare:
-            run_compare(*bounds, policies, args.timeout, names)
+            methods = args.methods.split(",")
+            unknown = [m for m in methods if m not in METHODS]
+            if unknown or len(methods) < 2:
+                parser.error(f"--methods: two or more of {', '.join(METHODS)}, got {args.methods!r}")
+            run_compare(*bounds, policies, args.timeout, names, methods)
         else:
             run_bounded(*bounds, policies, args.timeout, names, args.method)
     if not args.skip_large:

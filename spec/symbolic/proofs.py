@@ -14,15 +14,18 @@ unsatisfiable), in order (checks, lemmas, invariants), and each goal proved is
 assumed for the later ones. A proof is also checked for vacuity: the premises
 must be satisfiable.
 
-How the queries are sent (``METHODS``; issue 14): by default (``named``) every
-premise and every goal is a fresh literal defined equal to its formula, and a
-query is ``not goal`` under the premises' and proved goals' literals as
-assumptions, so Z3 never rewrites a goal against the premises it repeats
-(an unchanged invariant costs nothing) and keeps what it learns from query to
-query; the expensive goals are proved in parts (``GOAL_SPLITS``); and the
-transitions' stepping stones for counting (``transitions.STONE``) are proved
-and assumed. ``plain`` is the path before issue 14 (``not goal`` asserted in
-a pushed scope, no such stones), kept for ``bench/bench_proofs.py --compare``.
+How the queries are sent (``METHODS``; issue 14): every premise and every goal
+is a fresh literal defined equal to its formula, and a query is ``not goal``
+under the premises' and proved goals' literals as assumptions, so Z3 never
+rewrites a goal against the premises it repeats (an unchanged invariant costs
+nothing) and keeps what it learns from query to query; the expensive goals
+are proved in parts (``GOAL_SPLITS``); and the transitions' stepping stones
+for counting (``transitions.STONE``) are proved and assumed (``named``). By
+default (``symmetric``) a transition with an acting slot is, on top of that,
+proved for slot 0 only, the other slots following by slot symmetry, which Z3
+checks too (``symmetry.py``). ``plain`` is the path before issue 14 (``not
+goal`` asserted in a pushed scope, no such stones); it and ``named`` are kept
+for ``bench/bench_proofs.py --compare``.
 
 A failed goal yields a counterexample: the pre-state and inputs from the Z3
 model, printed, injected into a concrete scheduler (``state.to_scheduler``),
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import multiprocessing
 import sys
@@ -66,6 +70,7 @@ from spec.symbolic.state import (
     theorem_order,
     theorem_rank,
 )
+from spec.symbolic.symmetry import canonical_cases, check_equivariance, check_premises_symmetric
 from spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
 from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
@@ -139,12 +144,13 @@ def _inputs_of(model: z3.ModelRef, inputs: dict[str, Any]) -> dict[str, Any]:
     return {key: [value(x) for x in sym] if isinstance(sym, list) else value(sym) for key, sym in inputs.items()}
 
 
-NAMED, PLAIN = "named", "plain"
-METHODS = (NAMED, PLAIN)
-"""How ``prove`` queries a goal (``_prove_case``): ``named`` (each goal a named literal, queried as
-an assumption; the goals of :data:`GOAL_SPLITS` by parts; the counting stepping stones), or
-``plain`` (``not goal`` asserted in a pushed scope, no counting stones: the path before issue 14,
-kept for ``bench/bench_proofs.py``)."""
+SYMMETRIC, NAMED, PLAIN = "symmetric", "named", "plain"
+METHODS = (SYMMETRIC, NAMED, PLAIN)
+"""How ``prove`` queries a goal (``_prove_case``): ``symmetric`` (``named``, and a transition with
+an acting slot is proved for slot 0 only, by slot symmetry: ``symmetry.py``), ``named`` (each goal
+a named literal, queried as an assumption; the goals of :data:`GOAL_SPLITS` by parts; the counting
+stepping stones), or ``plain`` (``not goal`` asserted in a pushed scope, no counting stones: the
+path before issue 14). ``named`` and ``plain`` are kept for ``bench/bench_proofs.py --compare``."""
 
 
 def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
@@ -183,7 +189,7 @@ CASE_FACTS = {"case_request": "request", "case_victim": "victim"}
 
 
 def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | None = None,
-          stop_at_first_failure: bool = False, method: str = NAMED) -> TransitionResult:
+          stop_at_first_failure: bool = False, method: str = SYMMETRIC) -> TransitionResult:
     """Prove transition ``name`` at ``shape``: every invariant, lemma and model assertion.
 
     A transition with ``split`` slots is proved case by case (each slot a
@@ -191,6 +197,16 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     chains); one more goal, ``cases``, proves the cases cover the transition's
     guard. The time limit covers the whole transition; goals not reached in
     time are ``unknown``. ``method``: see :data:`METHODS`.
+
+    ``symmetric``, for a transition with acting slots (``Transition.actor``):
+    only the canonical cases are proved (``symmetry.canonical_cases``: the
+    acting slot is slot 0), and two more goals carry them to every slot:
+    ``cases`` (every application has its acting slots in range: one of the
+    cases over all slots) and ``symmetry`` (the transition commutes with the
+    permutation taking each other case to a canonical one:
+    ``symmetry.check_equivariance``). The third premise of the argument, that
+    the invariants and lemmas are blind to slot names, is a theorem of the
+    shape, proved once by :func:`prove_theorem_symmetry`.
     """
     assert method in METHODS, method
     t0 = time.monotonic()
@@ -201,7 +217,11 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
         return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
 
     cases = transition.cases(shape)
+    symmetric = method == SYMMETRIC and bool(transition.actor) and not transition.split
+    if symmetric:
+        cases = dataclasses.replace(transition, split=transition.actor).cases(shape)
     if len(cases) > 1 and goals is None:
+        t_cases = time.monotonic()
         pre = fresh_state(shape, "pre")
         inputs = transition.inputs(shape, "in")
         out = transition.apply(pre, inputs)
@@ -213,11 +233,18 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
             solver.add(z3.Not(z3.And(*[_as_bool(m) for m in match])))
         verdict = solver.check()
         result.goals["cases"] = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
+        result.goal_seconds["cases"] = time.monotonic() - t_cases
+    if symmetric:
+        cases = canonical_cases(transition.actor)
+        if goals is None:
+            status, seconds, _ = check_equivariance(shape, transition, timeout_s - (time.monotonic() - t0))
+            result.goals["symmetry"] = status
+            result.goal_seconds["symmetry"] = seconds
     vacuous = True
     for case in cases:
         label = ",".join(f"{k}={v}" for k, v in case.items())
         status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
-                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method == NAMED else {}, method)
+                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method)
         vacuous = vacuous and status == VACUOUS
         if stop_at_first_failure and FAILED in result.goals.values():
             break
@@ -228,7 +255,7 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     return result
 
 
-def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = NAMED) -> TransitionResult:
+def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC) -> TransitionResult:
     """``prove`` in a fresh process, so that its time does not depend on what ran before it.
 
     Z3 keeps every term ever built in one global context, and a proof run
@@ -238,14 +265,19 @@ def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str
     pytest-xdist). Every figure in the proof table and every CI proof is
     therefore measured in a process of its own (``spawn``: nothing inherited).
     """
+    return run_isolated(prove, shape, name, timeout_s, None, False, method)
+
+
+def run_isolated(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a fresh process (``spawn``), for the reason ``prove_isolated`` gives."""
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(prove, shape, name, timeout_s, None, False, method).result()
+        return pool.submit(fn, *args).result()
 
 
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
                 result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
-                splits: dict[str, tuple[int, int]] | None = None, method: str = NAMED) -> str:
+                splits: dict[str, tuple[int, int]] | None = None, method: str = SYMMETRIC) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
@@ -258,7 +290,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     inputs = {**transition.inputs(shape, "in"), **case}
     out: Outcome = transition.apply(pre, inputs)
     solver = z3.Solver()
-    named = method == NAMED
+    named = method != PLAIN
     facts: list[z3.BoolRef] = []
     """``named``: literals standing for the premises and the goals proved so far, passed as assumptions."""
     # Premises, guard, and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*).
@@ -383,6 +415,12 @@ def prove_theorem_rank(shape: Shape, timeout_s: float = 120.0) -> TransitionResu
     verdict = solver.check()
     status = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
     return TransitionResult("theorem_rank", shape, status, time.monotonic() - t0, {"theorem_rank": status})
+
+
+def prove_theorem_symmetry(shape: Shape, timeout_s: float = 120.0) -> TransitionResult:
+    """Prove that the premises (every invariant and lemma) are blind to slot names at ``shape`` (``symmetry.py``)."""
+    status, seconds = check_premises_symmetric(shape, timeout_s)
+    return TransitionResult("theorem_symmetry", shape, status, seconds, {"theorem_symmetry": status})
 
 
 def prove_theorem_order(num_items: int, timeout_s: float = 120.0) -> TransitionResult:
@@ -573,6 +611,14 @@ def main(argv: list[str] | None = None) -> int:
                     exit_code = 1
                 for cex in res.counterexamples[:1]:
                     print(_report_counterexample(cex, name, Path(args.out)))
+            if any(known[n].actor for n in names):
+                # The symmetric proofs above rest on this theorem of the shape.
+                res = run_isolated(prove_theorem_symmetry, Shape(num_reqs, num_blocks, bs, policy), args.timeout)
+                results.append(res)
+                print(f"{res.transition:20s} {res.bounds:10s} bs={bs} {policy:8s} {res.status:15s} {res.seconds:6.1f}s",
+                      flush=True)
+                if res.status != PROVED:
+                    exit_code = 1
     print()
     print(render_table(results))
     if args.largest:

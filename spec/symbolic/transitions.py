@@ -1041,6 +1041,9 @@ class Transition:
     mirrors: str
     split: tuple[str, ...] = ()
     """Slots the proof splits on: input ``slot`` or the derived ``case_request`` / ``case_victim``."""
+    actor: tuple[str, ...] = ()
+    """The acting slot(s), as case keys: a proof by slot symmetry (``symmetry.py``) keeps only the
+    canonical cases (the first acting slot 0; a second one 0 or 1)."""
 
     def cases(self, shape: Shape) -> list[dict[str, int]]:
         """One dict of Python slot values per case (a single empty case when there is no split)."""
@@ -1051,25 +1054,25 @@ class Transition:
 
 
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
-    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/block_pool.py BlockPool.get_new_blocks"),
-    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/block_pool.py _maybe_evict_cached_block"),
-    Transition("touch", touch, _slot_input, "spec/block_pool.py BlockPool.touch; spec/kv_cache.py allocate_slots"),
-    Transition("free", free_table, _slot_input, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request"),
-    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/kv_cache.py cache_blocks; spec/block_pool.py cache_full_blocks"),
+    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/block_pool.py BlockPool.get_new_blocks", actor=("slot",)),
+    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/block_pool.py _maybe_evict_cached_block", actor=("slot",)),
+    Transition("touch", touch, _slot_input, "spec/block_pool.py BlockPool.touch; spec/kv_cache.py allocate_slots", actor=("slot",)),
+    Transition("free", free_table, _slot_input, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request", actor=("slot",)),
+    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/kv_cache.py cache_blocks; spec/block_pool.py cache_full_blocks", actor=("slot",)),
     Transition("begin_step", begin_step, _no_inputs, "spec/scheduler.py schedule (start)"),
-    Transition("running_start", running_start, _no_inputs, "spec/scheduler.py _schedule_running (loop body, steps 1-3)"),
-    Transition("running_allocate", running_allocate, _no_inputs, "spec/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)"),
-    Transition("running_preempt", running_preempt, _no_inputs, "spec/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim"),
+    Transition("running_start", running_start, _no_inputs, "spec/scheduler.py _schedule_running (loop body, steps 1-3)", actor=("case_request",)),
+    Transition("running_allocate", running_allocate, _no_inputs, "spec/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)", actor=("case_request",)),
+    Transition("running_preempt", running_preempt, _no_inputs, "spec/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim", actor=("case_request", "case_victim")),
     Transition("end_running_loop", end_running_loop, _no_inputs, "spec/scheduler.py schedule (between the loops)"),
-    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/scheduler.py _schedule_waiting (admission); spec/kv_cache.py allocate_slots"),
-    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/scheduler.py _schedule_waiting (break)"),
+    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/scheduler.py _schedule_waiting (admission); spec/kv_cache.py allocate_slots", actor=("case_request",)),
+    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/scheduler.py _schedule_waiting (break)", actor=("case_request",)),
     Transition("end_schedule", end_schedule, _no_inputs, "spec/scheduler.py _update_after_schedule"),
     Transition("begin_update", begin_update, _no_inputs, "spec/scheduler.py update_from_output (start)"),
-    Transition("append_token", append_token, _append_inputs, "spec/scheduler.py update_from_output, _append_output_tokens; spec/stop.py"),
+    Transition("append_token", append_token, _append_inputs, "spec/scheduler.py update_from_output, _append_output_tokens; spec/stop.py", actor=("slot",)),
     Transition("end_update", end_update, _no_inputs, "spec/scheduler.py update_from_output (end)"),
-    Transition("add_request", add_request, _add_inputs, "spec/scheduler.py add_request"),
-    Transition("abort", abort_idle, _slot_input, "spec/scheduler.py abort, finish_requests"),
-    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests"),
+    Transition("add_request", add_request, _add_inputs, "spec/scheduler.py add_request", actor=("slot",)),
+    Transition("abort", abort_idle, _slot_input, "spec/scheduler.py abort, finish_requests", actor=("slot",)),
+    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests", actor=("slot",)),
 )}
 
 

@@ -206,14 +206,22 @@ def test_goal_parts_are_the_goal() -> None:
 @pytest.mark.symbolic
 @pytest.mark.parametrize("name", ["touch", "running_preempt", "waiting_admit"])
 def test_methods_agree_small(name: str) -> None:
-    """The path before issue 14 (``plain``) and the default (``named``: stepping stones, goals by parts) both prove, R=2, B=3."""
-    from spec.symbolic.proofs import NAMED, PLAIN
+    """The three methods prove alike at R=3, B=3: ``plain`` (the path before issue 14), ``named`` (stepping stones,
+    goals by parts) and the default ``symmetric`` (``named`` for slot 0 only, with the cover and symmetry goals)."""
+    from spec.symbolic.proofs import METHODS, PLAIN, SYMMETRIC
 
-    for method in (PLAIN, NAMED):
-        res = prove(Shape(2, 3, 2, "priority"), name, CI_TIMEOUT_S, method=method)
+    for method in METHODS:
+        res = prove(Shape(3, 3, 2, "priority"), name, CI_TIMEOUT_S, method=method)
         _assert_proved(res)
         stones = [g for g in res.goals if g.startswith("check:stepping stone: ")]
-        assert bool(stones) == (method == NAMED), (method, stones)
+        assert bool(stones) == (method != PLAIN), (method, stones)
+        assert ("symmetry" in res.goals) == (method == SYMMETRIC), (method, res.goals)
+        cases = {key.split(":")[0] for key in res.goal_seconds if key not in ("symmetry", "cases")}
+        if method == SYMMETRIC:
+            # Only the canonical cases: the acting slot is slot 0, a victim slot 0 (itself) or 1.
+            canonical = {"slot=0", "case_request=0", "case_request=0,case_victim=0", "case_request=0,case_victim=1"}
+            assert cases and cases <= canonical, cases
+            assert res.goals["cases"] == PROVED
 
 
 BRANCHES = {
