@@ -27,15 +27,24 @@ is the same slot, else 1):
     guard(pi s, pi x),  actor(pi s, pi x) = pi(a),  T(pi s, pi x) = pi(T(s, x)) leaf by leaf,
     and every model check of T holds at (pi s, pi x) iff it holds at (s, x).
 
+Both sides are the transition with its acting slots pinned to Python ints
+(``transitions.pinned``: the slot is replaced by its value, and the guard
+says the derived slot has it), so ``actor(pi s, pi x) = pi(a)`` is part of
+the canonical case's guard, and most leaves are the same term on both sides.
+A third goal, ``cases``, proves that every application has its acting slots
+in range, i.e. falls into one of the pinned cases.
+
 And once per shape (:func:`check_premises_symmetric`): ``Pre(s) => Pre(pi s)``
 for the transpositions ``(0 r)``, which generate every permutation, so every
 invariant and lemma is blind to slot names (the goals after a step are the
 same formulas as the premises before it, on the post-state).
 
 Then the proof of the canonical case covers every case: given ``s, x`` with
-acting slot ``a``, the canonical case holds at ``(pi s, pi x)``, so the goals
-hold at ``T(pi s, pi x) = pi T(s, x)``, hence at ``T(s, x)``; each check of T
-holds at ``(pi s, pi x)``, hence at ``(s, x)``. ``proofs.prove`` does this
+``Pre(s)``, the guard and acting slot ``a`` (in range, by ``cases``),
+``Pre(pi s)`` holds and so does the canonical case's guard at ``(pi s, pi
+x)``; its proof gives the goals at ``T(pi s, pi x) = pi T(s, x)``, hence (the
+goals being blind to slot names, and ``pi`` invertible) at ``T(s, x)``; each
+check of T holds at ``(pi s, pi x)``, hence at ``(s, x)``. ``proofs.prove`` does this
 when a transition names its acting slot (``Transition.actor``).
 """
 
@@ -147,6 +156,7 @@ def check_equivariance(shape: Shape, transition: Any, timeout_s: float = 60.0) -
     checks hold iff the case's do. With the slots pinned, most leaves on the two sides are the same
     term up to the renaming, and are not sent to Z3.
     """
+    # proofs.py imports this module; its premises and verdicts are read at call time.
     from spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, _as_bool, premises
     from spec.symbolic.state import fresh_state
 
