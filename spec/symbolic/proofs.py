@@ -289,6 +289,13 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     pre = fresh_state(shape, "pre")
     inputs = {**transition.inputs(shape, "in"), **case}
     out: Outcome = transition.apply(pre, inputs)
+    if method != PLAIN:
+        phase = _phase_fixed_by(out.guard, pre.phase)
+        if phase is not None:
+            # The guard fixes the phase: prove over the states with that phase as a Python value,
+            # so the premises fold what depends on it (has_output) the way the goals do.
+            pre = pre.replace(phase=phase)
+            out = transition.apply(pre, inputs)
     solver = z3.Solver()
     named = method != PLAIN
     facts: list[z3.BoolRef] = []
@@ -402,6 +409,25 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         if stop_at_first_failure and status == FAILED:
             break
     return PROVED
+
+
+def _phase_fixed_by(guard: Any, phase: Any) -> int | None:
+    """The value ``c`` when ``phase == c`` is a top-level conjunct of ``guard``, else None."""
+    if not is_z3(guard):
+        return None
+    if z3.is_and(guard):
+        for child in guard.children():
+            found = _phase_fixed_by(child, phase)
+            if found is not None:
+                return found
+        return None
+    if z3.is_eq(guard):
+        a, b = guard.arg(0), guard.arg(1)
+        if a.eq(phase) and z3.is_int_value(b):
+            return b.as_long()
+        if b.eq(phase) and z3.is_int_value(a):
+            return a.as_long()
+    return None
 
 
 def prove_theorem_rank(shape: Shape, timeout_s: float = 120.0) -> TransitionResult:

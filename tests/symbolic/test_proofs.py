@@ -253,3 +253,17 @@ def test_premises_admit_each_branch(name: str) -> None:
         solver.set("timeout", 60_000)
         solver.add(*base, *([to_bool(out.facts[branch])] if branch else []))
         assert solver.check() == z3.sat, f"{name}: no state takes branch {branch or '(any)'}"
+
+
+def test_phase_fixed_by_guard() -> None:
+    """A guard that fixes the phase (``2 == phase`` among nested conjuncts) is read; a disjunction of phases is not."""
+    from spec.symbolic.proofs import _phase_fixed_by
+    from spec.symbolic.state import IDLE, RUNNING_LOOP, WAITING_LOOP, fresh_state
+
+    shape = Shape(2, 3, 2, "priority")
+    pre = fresh_state(shape, "pre")
+    expected = {"end_schedule": WAITING_LOOP, "end_running_loop": RUNNING_LOOP, "waiting_admit": WAITING_LOOP,
+                "abort": IDLE, "add_request": None, "touch": None}
+    for name, phase in expected.items():
+        out = TRANSITIONS[name].apply(pre, TRANSITIONS[name].inputs(shape, "in"))
+        assert _phase_fixed_by(out.guard, pre.phase) == phase, name
