@@ -20,7 +20,9 @@ under the premises' and proved goals' literals as assumptions, so Z3 never
 rewrites a goal against the premises it repeats (an unchanged invariant costs
 nothing) and keeps what it learns from query to query; the expensive goals
 are proved in parts (``GOAL_SPLITS``); and the transitions' stepping stones
-for counting (``transitions.STONE``) are proved and assumed (``named``). By
+for counting (``transitions.STONE``) are proved and assumed; and when the
+guard fixes the phase, the pre-state's phase is that Python value, so the
+premises fold what depends on it as the goals do (``named``). By
 default (``symmetric``) a transition with an acting slot is, on top of that,
 proved for slot 0 only, the other slots following by slot symmetry, which Z3
 checks too (``symmetry.py``). ``plain`` is the path before issue 14 (``not
