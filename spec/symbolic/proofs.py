@@ -633,8 +633,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 res = prove_isolated(Shape(num_reqs, num_blocks, bs, policy), name, args.timeout)
                 results.append(res)
-                print(f"{name:20s} {res.bounds:10s} bs={bs} {policy:8s} {res.status:15s} {res.seconds:6.1f}s",
-                      flush=True)
+                print(_render_row(res), flush=True)
                 if res.status != PROVED:
                     exit_code = 1
                 for cex in res.counterexamples[:1]:
@@ -643,8 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                 # The symmetric proofs above rest on this theorem of the shape.
                 res = run_isolated(prove_theorem_symmetry, Shape(num_reqs, num_blocks, bs, policy), args.timeout)
                 results.append(res)
-                print(f"{res.transition:20s} {res.bounds:10s} bs={bs} {policy:8s} {res.status:15s} {res.seconds:6.1f}s",
-                      flush=True)
+                print(_render_row(res), flush=True)
                 if res.status != PROVED:
                     exit_code = 1
     print()
@@ -660,6 +658,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | {policy} | B={big.blocks[1]} ({big.blocks[2]:.1f} s) | "
                       f"R={big.reqs[0]} ({big.reqs[2]:.1f} s) |", flush=True)
     return exit_code
+
+
+def _render_row(res: TransitionResult) -> str:
+    """One progress line of the CLI: transition, bounds, block size, policy, result, time."""
+    sh = res.shape
+    return f"{res.transition:20s} {res.bounds:10s} bs={sh.block_size} {sh.policy:8s} {res.status:15s} {res.seconds:6.1f}s"
 
 
 def _report_counterexample(cex: Counterexample, transition: str, out_dir: Path) -> str:
