@@ -139,49 +139,71 @@ def ite(c: Any, a: Any, b: Any) -> Any:
         return a if c else b
     if a is b:
         return a
-    if is_z3(a) and is_z3(b) and z3.eq(a, b):
+    if is_z3(a) and is_z3(b) and a.get_id() == b.get_id():
         return a
     if not is_z3(a) and not is_z3(b) and type(a) is type(b) and a == b:
         return a
-    if z3.is_true(c):
+    i = c.get_id()
+    if i == _TRUE_ID:
         return a
-    if z3.is_false(c):
+    if i == _FALSE_ID:
         return b
     return z3.If(c, to_term(a), to_term(b))
+
+
+_TRUE_ID = z3.BoolVal(True).get_id()
+_FALSE_ID = z3.BoolVal(False).get_id()
+"""AST ids of the literals ``true`` and ``false`` (Z3 shares terms, so every ``true`` has this id)."""
+
+
+def _boolean(x: z3.ExprRef) -> z3.BoolRef:
+    """``x``, which must be a Z3 Boolean (every Boolean term is a ``BoolRef``)."""
+    if not isinstance(x, z3.BoolRef):
+        raise TypeError(f"expected a Boolean term, got {x.sort()}: {x}")
+    return x
+
+
+def _mk_nary(mk: Any, terms: list[Any]) -> z3.BoolRef:
+    """``And`` / ``Or`` of Z3 Booleans through the C API (``z3.And`` re-checks and coerces every operand)."""
+    ctx = terms[0].ctx
+    args = (z3.Ast * len(terms))(*[t.as_ast() for t in terms])
+    return z3.BoolRef(mk(ctx.ref(), len(terms), args), ctx)
 
 
 def land(*xs: Any) -> Any:
     """Conjunction (Python when every operand is)."""
     terms = []
     for x in xs:
-        if not is_z3(x):
+        if not isinstance(x, z3.ExprRef):
             if not x:
                 return False
             continue
-        if z3.is_false(x):
+        i = x.get_id()
+        if i == _FALSE_ID:
             return False
-        if not z3.is_true(x):
-            terms.append(x)
+        if i != _TRUE_ID:
+            terms.append(_boolean(x))
     if not terms:
         return True
-    return terms[0] if len(terms) == 1 else z3.And(*terms)
+    return terms[0] if len(terms) == 1 else _mk_nary(z3.Z3_mk_and, terms)
 
 
 def lor(*xs: Any) -> Any:
     """Disjunction (Python when every operand is)."""
     terms = []
     for x in xs:
-        if not is_z3(x):
+        if not isinstance(x, z3.ExprRef):
             if x:
                 return True
             continue
-        if z3.is_true(x):
+        i = x.get_id()
+        if i == _TRUE_ID:
             return True
-        if not z3.is_false(x):
-            terms.append(x)
+        if i != _FALSE_ID:
+            terms.append(_boolean(x))
     if not terms:
         return False
-    return terms[0] if len(terms) == 1 else z3.Or(*terms)
+    return terms[0] if len(terms) == 1 else _mk_nary(z3.Z3_mk_or, terms)
 
 
 def lnot(x: Any) -> Any:
