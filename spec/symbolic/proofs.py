@@ -283,6 +283,10 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
+    ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
+    their facts are proved first (goals ``abstraction:...``, in a solver of their own),
+    then every goal with the abstracted terms replaced by fresh constants of which only
+    those facts are known (:func:`_abstract`).
     """
 
     def remaining_ms() -> int:
@@ -298,21 +302,48 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             # so the premises fold what depends on it (has_output) the way the goals do.
             pre = pre.replace(phase=phase)
             out = transition.apply(pre, inputs)
-    solver = z3.Solver()
     named = method != PLAIN
-    facts: list[z3.BoolRef] = []
-    """``named``: literals standing for the premises and the goals proved so far, passed as assumptions."""
-    # Premises, guard, and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*).
-    for i, p in enumerate([*premises(pre), _as_bool(out.guard), *[_as_bool(p) for p in out.premises]]):
-        if named:
-            facts.append(z3.Bool(f"premise!{i}"))
-            solver.add(facts[-1] == p)
-        else:
-            solver.add(p)
+    state_premises = premises(pre)
+    hypotheses = [_as_bool(out.guard), *[_as_bool(p) for p in out.premises]]
+    """Guard and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*)."""
+    abstract_facts: list[tuple[str, Any]] = []
+    """Facts of the abstracted terms, proved on the terms (first) and assumed of their stand-ins (then)."""
+    substitute: Any = None
+    definitions: list[Any] = []
+    """``stand-in == term`` for each abstracted term: added only to confirm a counterexample."""
+    if method == SYMMETRIC and out.abstractions and goals is None:
+        abstract_facts = [(f"abstraction:{name}", _as_bool(f)) for a in out.abstractions for name, f in a.facts(a.terms)]
+        substitute, stand_in_facts, definitions = _abstract(out.abstractions, label)
+
+    def open_solver(formulas: list[Any]) -> tuple[z3.Solver, list[z3.BoolRef]]:
+        solver = z3.Solver()
+        facts: list[z3.BoolRef] = []
+        """``named``: literals standing for the premises and the goals proved so far, passed as assumptions."""
+        for i, p in enumerate(formulas):
+            if named:
+                facts.append(z3.Bool(f"premise!{i}"))
+                solver.add(facts[-1] == p)
+            else:
+                solver.add(p)
+        return solver, facts
+
+    names: dict[int, z3.BoolRef] = {}
+    solver, facts = open_solver([*state_premises, *hypotheses])
     solver.set("timeout", remaining_ms())
-    base = solver.check(*facts)
-    if base == z3.unsat:
+    if solver.check(*facts) == z3.unsat:
         return VACUOUS
+    if abstract_facts:
+        # The abstraction's facts, on the terms themselves (this solver); then a solver where
+        # the terms are replaced by stand-ins of which only those facts are known.
+        for goal_name, goal in abstract_facts:
+            key = f"{label}:{goal_name}" if label else goal_name
+            status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                                 inputs, Z3Ops(), [])
+            result.goals[goal_name] = status
+            if status != PROVED:
+                return PROVED
+        solver, facts = open_solver([*state_premises, *[substitute(h) for h in hypotheses], *stand_in_facts])
+        names = {}
     if not named:
         out.checks = [(c, f) for c, f in out.checks if not c.startswith(STONE)]
     view = SymbolicView(out.post)
@@ -327,65 +358,16 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         post_goals = [(g, f) for g, f in post_goals if g in goals]
     splits = splits or {}
 
-    names: dict[int, z3.BoolRef] = {}
-
-    def name_of(goal: z3.BoolRef) -> z3.BoolRef:
-        """The fresh literal standing for ``goal`` (``lit == goal`` asserted once)."""
-        if goal.get_id() not in names:
-            names[goal.get_id()] = z3.Bool(f"goal!{len(names)}")
-            solver.add(names[goal.get_id()] == goal)
-        return names[goal.get_id()]
-
     def assume_proved(goal: z3.BoolRef) -> None:
         if named:
-            facts.append(name_of(goal))
+            facts.append(_name_of(solver, names, goal))
         else:
             solver.add(goal)
 
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
-        """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
-
-        ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
-        any model extends), and the query is ``not lit`` under the ``facts`` (premises and goals
-        proved, named alike) as assumptions. Asserted, the premises are simplified by Z3 into
-        other terms than the goals', so a goal that repeats a premise (an unchanged invariant)
-        still cost a search (about 2 s for ``victim_order`` after ``get_new_blocks`` at R=6,
-        B=12); named, it is the same literal. No scope is pushed, so what Z3 learns in one query
-        serves the next.
-        """
-        if named:
-            query = [*facts, z3.Not(name_of(goal))]
-        else:
-            solver.push()
-            solver.add(z3.Not(goal))
-            query = []
-        solver.set("timeout", remaining_ms())
-        t_goal = time.monotonic()
-        verdict = solver.check(*query)
         key = f"{label}:{goal_name}{part}" if label else goal_name + part
-        result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
-        if verdict == z3.unsat:
-            status = PROVED
-        elif verdict == z3.sat:
-            # Prefer a counterexample the concrete model can hold: tables without holes.
-            solver.push()
-            solver.add(*dense_tables(pre))
-            solver.set("timeout", remaining_ms())
-            dense = solver.check(*query) == z3.sat
-            model = solver.model() if dense else None
-            solver.pop()
-            if model is None:
-                solver.check(*query)
-                model = solver.model()
-            status = FAILED
-            result.counterexamples.append(Counterexample(
-                goal=goal_name, pre=evaluate(pre, model), inputs=_inputs_of(model, inputs),
-                post=evaluate(out.post, model), subjects=ops.failing_subjects(model)))
-        else:
-            status = UNKNOWN
-        if not named:
-            solver.pop()
-        return status
+        return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                           inputs, ops, definitions)
 
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
@@ -393,6 +375,8 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             continue
         ops = Z3Ops()
         goal = _as_bool(build(ops))
+        if substitute is not None:
+            goal = substitute(goal)
         if goal_name in splits:
             # By parts: each proved with the earlier ones assumed; together they are the goal.
             depth, chunks = splits[goal_name]
@@ -411,6 +395,104 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         if stop_at_first_failure and status == FAILED:
             break
     return PROVED
+
+
+def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef], list[z3.BoolRef]]:
+    """Fresh constants for the abstracted terms: ``(substitute, facts of the constants, definitions)``.
+
+    ``substitute(f)`` is ``f`` with every abstracted term replaced by its
+    constant; the definitions (``constant == term``) are not assumed by the
+    proof, only added to confirm a counterexample it finds.
+    """
+    pairs: list[tuple[Any, Any]] = []
+    stand_in_facts: list[z3.BoolRef] = []
+    for n, a in enumerate(abstractions):
+        fresh: dict[Any, Any] = {}
+        for key, term in a.terms.items():
+            if not is_z3(term):
+                fresh[key] = term
+                continue
+            const = z3.Const(f"abstract!{label}!{n}!{key}", term.sort())
+            fresh[key] = const
+            pairs.append((term, const))
+        stand_in_facts += [_as_bool(f) for _, f in a.facts(fresh)]
+
+    def substitute(f: Any) -> Any:
+        return z3.substitute(f, *pairs) if is_z3(f) and pairs else f
+
+    # A fact may mention another abstraction's terms (the free queue after a touch mentions the hit).
+    return substitute, [substitute(f) for f in stand_in_facts], [c == t for t, c in pairs]
+
+
+def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) -> z3.BoolRef:
+    """The fresh literal standing for ``goal`` in ``solver`` (``lit == goal`` asserted once)."""
+    if goal.get_id() not in names:
+        names[goal.get_id()] = z3.Bool(f"goal!{len(names)}")
+        solver.add(names[goal.get_id()] == goal)
+    return names[goal.get_id()]
+
+
+def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
+                goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
+                pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef]) -> str:
+    """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
+
+    ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
+    any model extends), and the query is ``not lit`` under the ``facts`` (premises and goals
+    proved, named alike) as assumptions. Asserted, the premises are simplified by Z3 into
+    other terms than the goals', so a goal that repeats a premise (an unchanged invariant)
+    still cost a search (about 2 s for ``victim_order`` after ``get_new_blocks`` at R=6,
+    B=12); named, it is the same literal. No scope is pushed, so what Z3 learns in one query
+    serves the next.
+
+    ``definitions``: the goal is over stand-ins for abstracted terms; a model of its negation
+    may give them values the terms cannot take, so the query is repeated with the definitions
+    (the goal on the terms themselves, time under ``key + " (terms)"``) before it counts as a
+    counterexample.
+    """
+    if named:
+        query = [*facts, z3.Not(_name_of(solver, names, goal))]
+    else:
+        solver.push()
+        solver.add(z3.Not(goal))
+        query = []
+    solver.set("timeout", remaining_ms())
+    t_goal = time.monotonic()
+    verdict = solver.check(*query)
+    result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
+    if verdict == z3.sat and definitions:
+        solver.push()
+        solver.add(*definitions)
+        solver.set("timeout", remaining_ms())
+        t_goal = time.monotonic()
+        verdict = solver.check(*query)
+        result.goal_seconds[key + " (terms)"] = time.monotonic() - t_goal
+        solver.pop()
+    if verdict == z3.unsat:
+        status = PROVED
+    elif verdict == z3.sat:
+        # Prefer a counterexample the concrete model can hold: tables without holes.
+        solver.push()
+        solver.add(*definitions, *dense_tables(pre))
+        solver.set("timeout", remaining_ms())
+        dense = solver.check(*query) == z3.sat
+        model = solver.model() if dense else None
+        solver.pop()
+        if model is None:
+            solver.push()
+            solver.add(*definitions)
+            solver.check(*query)
+            model = solver.model()
+            solver.pop()
+        status = FAILED
+        result.counterexamples.append(Counterexample(
+            goal=goal_name, pre=evaluate(pre, model), inputs=_inputs_of(model, inputs),
+            post=evaluate(out.post, model), subjects=ops.failing_subjects(model)))
+    else:
+        status = UNKNOWN
+    if not named:
+        solver.pop()
+    return status
 
 
 def _phase_fixed_by(guard: Any, phase: Any) -> int | None:

@@ -692,7 +692,7 @@ def free_rank(s: State, b: int) -> Any:
 
 
 def theorem_rank(s: State, n: Any) -> Any:
-    """For ``0 <= n <= num_free_blocks``: exactly ``n`` free blocks have fewer than ``n`` free blocks before them; and a free block before another has a smaller rank.
+    """For ``0 <= n <= num_free_blocks``: exactly ``n`` free blocks have fewer than ``n`` free blocks before them; and (for any keys) a free block before another has a smaller rank.
 
     Holds in every state whose free blocks have distinct keys and number
     ``num_free_blocks`` (a fact about finite orders, not about the model);
@@ -706,16 +706,11 @@ def theorem_rank(s: State, n: Any) -> Any:
           for b in sh.blocks for c in sh.blocks if b < c),
         0 <= n, n <= s.num_free_blocks,
     )
-    distinct = land(
-        eq_(count(s.in_free[b] for b in sh.blocks), s.num_free_blocks),
-        *(limplies(land(s.in_free[b], s.in_free[c]), lnot(eq_(s.free_key[b], s.free_key[c])))
-          for b in sh.blocks for c in sh.blocks if b < c),
-    )
     rank = {b: free_rank(s, b) for b in sh.blocks}
+    # Needs no hypothesis: every free block before b is before c too, and b is one more.
     monotone = land(*(limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), rank[b] < rank[c])
                       for b in sh.blocks for c in sh.blocks if b != c))
-    return land(limplies(hypothesis, eq_(count(land(s.in_free[b], rank[b] < n) for b in sh.blocks), n)),
-                limplies(distinct, monotone))
+    return land(limplies(hypothesis, eq_(count(land(s.in_free[b], rank[b] < n) for b in sh.blocks), n)), monotone)
 
 
 def order_rank(members: dict[int, Any], keys: dict[int, Any], b: int, descending: bool = False) -> Any:

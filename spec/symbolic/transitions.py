@@ -96,6 +96,7 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     premises: list[Any] = field(default_factory=list)
+    abstractions: list["Abstraction"] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Theorem instances travel with the checks as "premise:" entries.
@@ -105,6 +106,23 @@ class Outcome:
 
 PREMISE = "premise:"
 """Prefix of a check-list entry that is an instance of a proved theorem, to be assumed rather than proved."""
+
+
+@dataclass
+class Abstraction:
+    """Subterms of an outcome that a proof may treat as unknowns, and the facts it needs of them.
+
+    ``terms`` names Z3 subterms of the outcome (e.g. the prefix hit matrix,
+    whose entries compare every block's hash with every position's); ``facts``
+    maps a dict with the same keys (the terms themselves, or stand-ins for
+    them) to named facts. A proof (``proofs.py``, method ``symmetric``) first
+    proves ``facts(terms)``, then proves its goals with each term replaced by
+    a fresh constant of which only ``facts`` is known. Sound: an instance of
+    the second proof at the constants' true values is the goal itself.
+    """
+
+    terms: dict[Any, Any]
+    facts: Callable[[dict[Any, Any]], list[Check]]
 
 
 # ------------------------------------------------------------------ helpers
@@ -297,6 +315,26 @@ def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[i
     return post, popped, rank, checks + [(PREMISE + "rank", theorem_rank(s, n))], []
 
 
+def rank_abstraction(s: State, rank: dict[int, Any]) -> Abstraction:
+    """The free-queue ranks ``rank[b]`` (``free_rank`` in ``s``: a count over every other block) as unknowns.
+
+    The goals need only that ranks are non-negative and follow the free
+    queue's order (``theorem_rank``'s second part, so that free blocks, whose
+    keys differ, have distinct ranks); how many fall below a count is the
+    ``theorem_rank`` instance the transition carries as a premise, which
+    mentions the ranks and follows them.
+    """
+    blocks = list(s.shape.blocks)
+
+    def facts(x: dict[Any, Any]) -> list[Check]:
+        return [("free rank: ranks are non-negative and follow the free queue's order",
+                 land(*(0 <= x[b] for b in blocks),
+                      *(limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), x[b] < x[c])
+                        for b in blocks for c in blocks if b != c)))]
+
+    return Abstraction(dict(rank), facts)
+
+
 def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
     """``BlockPool.touch(blocks)``: take a reference on each; a block at ref_cnt 0 leaves the free queue.
 
@@ -452,6 +490,40 @@ def computed_blocks(s: State, q: Any) -> tuple[Any, Hits, list[Any]]:
         present_at.append(present)
         num_hits.append(going)
     return count(num_hits), hits, present_at
+
+
+def hit_abstraction(s: State, q: Any, k: Any, hits: Hits) -> Abstraction:
+    """The prefix hit of slot ``q`` (``computed_blocks``) as unknowns: the hit count ``k`` and ``hits[b][i]``.
+
+    Each hit entry compares a block's hash with the request's hash of its
+    position and its insertion order with every other block's; the goals
+    after an admission need only what ``facts`` says: the count is within the
+    lookup's range (0 without caching), a hit is below the count and is an
+    indexed, cached block under the request's hash of its position, and a
+    position has at most one hit block, a block at most one position.
+    """
+    sh = s.shape
+    n = sh.num_blocks
+    hashes = row_of(s.hashes, q)
+    max_hit_blocks = fdiv(at(s.num_tokens, q) - 1, sh.block_size)
+    terms = {"k": k, **{("hit", b, i): hits[b][i] for b in sh.blocks for i in range(n)}}
+
+    def facts(x: dict[Any, Any]) -> list[Check]:
+        def hit(b: int, i: int) -> Any:
+            return x[("hit", b, i)]
+
+        return [
+            ("prefix hit: the hit count is within the lookup (none without caching)",
+             land(0 <= x["k"], x["k"] <= max_hit_blocks, limplies(lnot(s.enable_prefix_caching), eq(x["k"], 0)))),
+            ("prefix hit: a hit is below the count, an indexed cached block under the request's hash of its position",
+             land(*(limplies(hit(b, i), land(i < x["k"], s.indexed[b], s.cached[b], eq(s.block_hash[b], hashes[i])))
+                    for b in sh.blocks for i in range(n)))),
+            ("prefix hit: at most one block per position and one position per block",
+             land(*(lnot(land(hit(b, i), hit(c, i))) for i in range(n) for b in sh.blocks for c in sh.blocks if b < c),
+                  *(lnot(land(hit(b, i), hit(b, j))) for b in sh.blocks for i in range(n) for j in range(i + 1, n)))),
+        ]
+
+    return Abstraction(terms, facts)
 
 
 def kv_adopt_hits(s: State, q: Any, hits: Hits, k: Any) -> tuple[State, list[Check]]:
@@ -757,6 +829,7 @@ def waiting_admit(s: State, inp: dict[str, Any]) -> Outcome:
     guard = land(_waiting_guard(s), lnot(plan["stop"]), plan["is_case"])
     a, c1 = pool_touch(s, plan["hits"])
     a, c2 = kv_adopt_hits(a, q, plan["hits"], k)
+    touched = a
     num_new_blocks = imax(cdiv(plan["need_slot"], bs) - k, 0)
     a, popped, rank, c3, _ = pool_get_new_blocks(a, num_new_blocks)
     # Stepping stones for the proofs (each is also a fact of the model):
@@ -777,7 +850,8 @@ def waiting_admit(s: State, inp: dict[str, Any]) -> Outcome:
         total_num_scheduled=a.total_num_scheduled + num_new, status=put(a.status, q, RUNNING),
         num_computed_tokens=put(a.num_computed_tokens, q, plan["num_computed"]),
     )
-    return Outcome(a, guard, plan["checks"] + c2 + c1 + c3 + steps + c4 + c5, _waiting_facts(plan, True))
+    return Outcome(a, guard, plan["checks"] + c2 + c1 + c3 + steps + c4 + c5, _waiting_facts(plan, True),
+                   abstractions=[hit_abstraction(s, q, k, plan["hits"]), rank_abstraction(touched, rank)])
 
 
 def waiting_stop(s: State, inp: dict[str, Any]) -> Outcome:
@@ -970,7 +1044,7 @@ def touch(s: State, inp: dict[str, Any]) -> Outcome:
     checks = checks + more
     guard = land(slot_in_range(s, q), _running_slot(s, q), eq(at(s.num_blocks, q), 0),
                  eq(at(s.num_computed_tokens, q), 0), eq(at(s.num_scheduled, q), 0))
-    return Outcome(post, guard, checks, {"hit_blocks": k})
+    return Outcome(post, guard, checks, {"hit_blocks": k}, abstractions=[hit_abstraction(s, q, k, hits)])
 
 
 def free_table(s: State, inp: dict[str, Any]) -> Outcome:
