@@ -303,6 +303,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             pre = pre.replace(phase=phase)
             out = transition.apply(pre, inputs)
     named = method != PLAIN
+    fresh_after_s = FRESH_AFTER_S if method == SYMMETRIC else None
     state_premises = premises(pre)
     hypotheses = [_as_bool(out.guard), *[_as_bool(p) for p in out.premises]]
     """Guard and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*)."""
@@ -338,7 +339,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         for goal_name, goal in abstract_facts:
             key = f"{label}:{goal_name}" if label else goal_name
             status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                                 inputs, Z3Ops(), [])
+                                 inputs, Z3Ops(), [], fresh_after_s)
             result.goals[goal_name] = status
             if status != PROVED:
                 return PROVED
@@ -367,7 +368,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
         key = f"{label}:{goal_name}{part}" if label else goal_name + part
         return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                           inputs, ops, definitions)
+                           inputs, ops, definitions, fresh_after_s)
 
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
@@ -424,6 +425,26 @@ def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef
     return substitute, [substitute(f) for f in stand_in_facts], [c == t for t, c in pairs]
 
 
+FRESH_AFTER_S = 5.0
+"""How long a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one."""
+
+
+def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, z3.Solver]:
+    """``query`` (assumption literals) checked in a new solver holding ``solver``'s assertions, the literals asserted.
+
+    The proof's solver is incremental: its queries pass the premises and goals as assumptions, so
+    Z3 cannot preprocess them (solve equations, propagate values) and keeps no proof-specific
+    simplification; a new solver with the same formulas asserted checks them the way a single
+    query is checked. ``running_preempt`` at R=6, B=12, self-preemption: the record rule of
+    ``lemma:step`` is unknown after 60 s in the proof's solver and unsat in 0.8 s in a new one.
+    What the new solver learns is lost; the proof's solver keeps its own.
+    """
+    fresh = z3.Solver()
+    fresh.add(*solver.assertions(), *query)
+    fresh.set("timeout", timeout_ms)
+    return fresh.check(), fresh
+
+
 def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) -> z3.BoolRef:
     """The fresh literal standing for ``goal`` in ``solver`` (``lit == goal`` asserted once)."""
     if goal.get_id() not in names:
@@ -434,7 +455,8 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
 
 def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
                 goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
-                pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef]) -> str:
+                pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
+                fresh_after_s: float | None = None) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -449,6 +471,10 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     may give them values the terms cannot take, so the query is repeated with the definitions
     (the goal on the terms themselves, time under ``key + " (terms)"``) before it counts as a
     counterexample.
+
+    ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
+    to a fresh solver with everything asserted (:func:`_check_fresh`; time under
+    ``key + " (fresh)"``).
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -456,10 +482,17 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         solver.push()
         solver.add(z3.Not(goal))
         query = []
-    solver.set("timeout", remaining_ms())
+    capped = named and fresh_after_s is not None and remaining_ms() > fresh_after_s * 1000
+    solver.set("timeout", max(1, int(fresh_after_s * 1000)) if capped else remaining_ms())
     t_goal = time.monotonic()
     verdict = solver.check(*query)
     result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
+    if capped and verdict == z3.unknown:
+        t_goal = time.monotonic()
+        verdict, fresh = _check_fresh(solver, query, remaining_ms())
+        result.goal_seconds[key + " (fresh)"] = time.monotonic() - t_goal
+        if verdict == z3.sat:
+            solver = fresh  # the counterexample is read from the solver that found it
     if verdict == z3.sat and definitions:
         solver.push()
         solver.add(*definitions)

@@ -96,6 +96,7 @@ from spec.scheduler import PreemptionRecord, Scheduler, StepRecord, _StepState
 from spec.symbolic.z3ops import (
     cdiv,
     count,
+    count_set,
     eq as eq_,
     limplies,
     fdiv,
@@ -279,12 +280,12 @@ class State:
         return z3.And(st >= WAITING, st <= PREEMPTED)
 
     def num_running(self) -> Any:
-        """``len(running)``."""
-        return count(self.in_running[r] for r in self.shape.slots)
+        """``len(running)`` (the same term under any renaming of the slots)."""
+        return count_set(self.in_running[r] for r in self.shape.slots)
 
     def num_waiting(self) -> Any:
-        """``len(waiting)``."""
-        return count(self.in_waiting[r] for r in self.shape.slots)
+        """``len(waiting)`` (the same term under any renaming of the slots)."""
+        return count_set(self.in_waiting[r] for r in self.shape.slots)
 
     def num_full_blocks(self, r: int) -> Any:
         """``len(request.block_hashes)``: the full blocks of its tokens."""

@@ -77,6 +77,7 @@ from spec.symbolic.z3ops import (
     lnot,
     lor,
     select,
+    total_set,
 )
 from spec.view import PREEMPTED, RUNNING, WAITING
 
@@ -172,6 +173,16 @@ def running_at(s: State, j: Any) -> Any:
     for r in reversed(s.shape.slots):
         out = ite(land(s.in_running[r], eq(s.running_pos[r], j)), r, out)
     return out
+
+
+def running_value(s: State, values: list[Any], j: int) -> Any:
+    """``values[running[j]]`` (0 if none), as a sum over the slots in a canonical order.
+
+    Running positions are distinct (``lemma_requests``), so at most one term is
+    non-zero; unlike ``at(values, running_at(s, j))`` the term is the same
+    under any renaming of the slots, so the symmetry checks need not prove it.
+    """
+    return total_set(ite(land(s.in_running[r], eq(s.running_pos[r], j)), values[r], 0) for r in s.shape.slots)
 
 
 def waiting_head(s: State) -> Any:
@@ -592,14 +603,13 @@ def preempt_victim(s: State, victim: Any) -> tuple[State, list[Check]]:
     k = s.num_preemptions
     n = s.num_running()
     vpos = at(s.running_pos, victim)
-    cand = [running_at(s, j) for j in range(sh.num_reqs)]
     rec = s.replace(
         rec_num_candidates=put(s.rec_num_candidates, k, n),
         rec_victim_pos=put(s.rec_victim_pos, k, vpos),
-        rec_priority=[[ite(eq(k, kk), at(s.priority, cand[j]), s.rec_priority[kk][j]) for j in range(sh.num_reqs)]
-                      for kk in sh.slots],
-        rec_arrival=[[ite(eq(k, kk), at(s.arrival_time, cand[j]), s.rec_arrival[kk][j]) for j in range(sh.num_reqs)]
-                     for kk in sh.slots],
+        rec_priority=[[ite(eq(k, kk), running_value(s, s.priority, j), s.rec_priority[kk][j])
+                       for j in range(sh.num_reqs)] for kk in sh.slots],
+        rec_arrival=[[ite(eq(k, kk), running_value(s, s.arrival_time, j), s.rec_arrival[kk][j])
+                      for j in range(sh.num_reqs)] for kk in sh.slots],
         num_preemptions=k + 1,
     )
     checks: list[Check] = [("preemption records fit R slots", k < sh.num_reqs),

@@ -270,6 +270,22 @@ def count(xs: Iterable[Any]) -> Any:
     return total(ite(x, 1, 0) if is_z3(x) else (1 if x else 0) for x in xs)
 
 
+def total_set(xs: Iterable[Any]) -> Any:
+    """Sum of integers, its terms in a canonical order (by AST id).
+
+    The same terms in any order give the same Z3 term: a sum over request
+    slots is then literally unchanged when the slots are renamed, and the
+    symmetry checks (``symmetry.py``) need not prove it equal.
+    """
+    xs = list(xs)
+    return total(sorted((x for x in xs if is_z3(x)), key=lambda x: x.get_id()) + [x for x in xs if not is_z3(x)])
+
+
+def count_set(xs: Iterable[Any]) -> Any:
+    """Number of true Booleans, as :func:`total_set` orders them."""
+    return total_set(ite(x, 1, 0) if is_z3(x) else (1 if x else 0) for x in xs)
+
+
 def select(values: list[Any], idx: Any, default: Any) -> Any:
     """``values[idx]`` for a possibly symbolic index; ``default`` when out of range."""
     if not is_z3(idx):
