@@ -100,13 +100,18 @@ class Outcome:
     abstractions: list["Abstraction"] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # Theorem instances travel with the checks as "premise:" entries.
+        # Theorem instances travel with the checks as "premise:" entries, abstractions as "abstraction:" ones.
         self.premises = self.premises + [c for name, c in self.checks if name.startswith(PREMISE)]
-        self.checks = [(name, c) for name, c in self.checks if not name.startswith(PREMISE)]
+        self.abstractions = self.abstractions + [c for name, c in self.checks if name.startswith(ABSTRACTION)]
+        self.checks = [(name, c) for name, c in self.checks
+                       if not name.startswith(PREMISE) and not name.startswith(ABSTRACTION)]
 
 
 PREMISE = "premise:"
 """Prefix of a check-list entry that is an instance of a proved theorem, to be assumed rather than proved."""
+
+ABSTRACTION = "abstraction:"
+"""Prefix of a check-list entry that is an :class:`Abstraction` (collected into ``Outcome.abstractions``)."""
 
 
 @dataclass
@@ -127,6 +132,11 @@ class Abstraction:
 
 
 # ------------------------------------------------------------------ helpers
+
+def under(cond: Any, checks: list[Check]) -> list[Check]:
+    """The checks asserted only when ``cond`` holds (an abstraction entry passes as it is: its facts hold anyway)."""
+    return [(n, c) if n.startswith(ABSTRACTION) else (n, limplies(cond, c)) for n, c in checks]
+
 
 def at(values: list[Any], q: Any, default: Any = 0) -> Any:
     """``values[q]`` for a possibly symbolic slot ``q``."""
@@ -346,6 +356,30 @@ def rank_abstraction(s: State, rank: dict[int, Any]) -> Abstraction:
     return Abstraction(dict(rank), facts)
 
 
+def order_abstraction(front: dict[int, Any], back: dict[int, Any], pos: dict[int, Any], rank_front: dict[int, Any],
+                      rank_back: dict[int, Any]) -> Abstraction:
+    """The places of the freed blocks in the order they are given (``order_rank``: counts over the table) as unknowns.
+
+    What the goals need is ``theorem_order`` for each group (front, back): a
+    block later in the table comes earlier, and every place is below the
+    group's size; the transition carries that instance as a premise too.
+    """
+    blocks = list(front)
+    terms = {**{("front", b): rank_front[b] for b in blocks}, **{("back", b): rank_back[b] for b in blocks}}
+
+    def facts(x: dict[Any, Any]) -> list[Check]:
+        def group(members: dict[int, Any], key: str) -> Any:
+            size = count(members.values())
+            return land(*(limplies(land(members[b], members[c], pos[b] > pos[c]), x[(key, b)] < x[(key, c)])
+                          for b in blocks for c in blocks if b != c),
+                        *(limplies(members[b], land(0 <= x[(key, b)], x[(key, b)] < size)) for b in blocks))
+
+        return [("freed blocks: each group in table order from its tail, every place below the group's size",
+                 land(group(front, "front"), group(back, "back")))]
+
+    return Abstraction(terms, facts)
+
+
 def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
     """``BlockPool.touch(blocks)``: take a reference on each; a block at ref_cnt 0 leaves the free queue.
 
@@ -391,7 +425,8 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
     rank_back = {b: order_rank(back, pos, b, descending=True) for b in blocks}
     checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks))),
               (PREMISE + "order of the freed blocks", land(theorem_order(front, pos, descending=True),
-                                                          theorem_order(back, pos, descending=True)))]
+                                                          theorem_order(back, pos, descending=True))),
+              (ABSTRACTION + "order of the freed blocks", order_abstraction(front, back, pos, rank_front, rank_back))]
     post = s.replace(
         ref_cnt=[s.ref_cnt[0]] + [ite(held[b], s.ref_cnt[b] - 1, s.ref_cnt[b]) for b in blocks],
         in_free=[s.in_free[0]] + [lor(s.in_free[b], reach0[b]) for b in blocks],
@@ -689,7 +724,7 @@ def running_allocate(s: State, inp: dict[str, Any]) -> Outcome:
     q, is_case = pinned(inp, CASE_REQUEST, s.alloc_request)
     num_new = s.alloc_num_new
     needed = _slots_needed(s, q)
-    guard = land(s.alloc_active, needed <= s.num_free_blocks, is_case)
+    guard = land(eq(s.phase, RUNNING_LOOP), s.alloc_active, needed <= s.num_free_blocks, is_case)
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
     post, popped, rank, c1, _ = pool_get_new_blocks(s, needed)
     post, c2 = kv_append_blocks(post, q, popped, rank, needed)
@@ -711,7 +746,9 @@ def running_preempt(s: State, inp: dict[str, Any]) -> Outcome:
     sh = s.shape
     q, is_case = pinned(inp, CASE_REQUEST, s.alloc_request)
     victim, is_victim_case = pinned(inp, CASE_VICTIM, select_victim(s))
-    guard = land(s.alloc_active, _slots_needed(s, q) > s.num_free_blocks, is_case, is_victim_case)
+    # alloc_active implies the running loop (lemma_step); said here so that the proofs pin the phase.
+    guard = land(eq(s.phase, RUNNING_LOOP), s.alloc_active, _slots_needed(s, q) > s.num_free_blocks, is_case,
+                 is_victim_case)
     post, checks = preempt_victim(s, victim)
     is_self = eq(victim, q)
     was_scheduled = at(s.num_scheduled, victim) > 0
@@ -744,8 +781,8 @@ def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
         alloc = running_allocate(cur, inp)
         pre = running_preempt(cur, inp)
         active = cur.alloc_active
-        checks += [(n, limplies(land(active, alloc.guard), c)) for n, c in alloc.checks]
-        checks += [(n, limplies(land(active, pre.guard), c)) for n, c in pre.checks]
+        checks += under(land(active, alloc.guard), alloc.checks)
+        checks += under(land(active, pre.guard), pre.checks)
         premises += alloc.premises + pre.premises
         self_preempted = lor(self_preempted, land(active, pre.guard, pre.facts["self_preempted"]))
         victim_was_scheduled = lor(victim_was_scheduled, land(active, pre.guard, pre.facts["victim_was_scheduled"]))
@@ -877,7 +914,7 @@ def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
     stop = waiting_stop(s, inp)
     facts = {k: ite(admit.guard, v, stop.facts[k]) if k != "admitted" else admit.guard for k, v in admit.facts.items()}
     return Outcome(merge(admit.guard, admit.post, stop.post), lor(admit.guard, stop.guard),
-                   [(n, limplies(admit.guard, c)) for n, c in admit.checks], facts, admit.premises)
+                   under(admit.guard, admit.checks), facts, admit.premises)
 
 
 def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
@@ -943,7 +980,7 @@ def append_token(s: State, inp: dict[str, Any]) -> Outcome:
     after = merge(stopped, freed, grown)
     post = merge(samples, after, s)
     post = post.replace(num_scheduled=put(post.num_scheduled, q, 0))
-    checks = [(name, limplies(land(samples, stopped), c)) for name, c in c1]
+    checks = under(land(samples, stopped), c1)
     return Outcome(post, guard, checks, {
         "request": q, "samples": samples, "stopped": land(samples, stopped),
         "length_capped_at_max_model_len": land(samples, lnot(is_stop), n1 >= s.max_model_len,
@@ -976,7 +1013,7 @@ def _abort(s: State, inp: dict[str, Any], phases: tuple[int, ...]) -> Outcome:
     out, checks = kv_free(out, q)
     post = merge(live, out, s)
     guard = land(_phase_is(s, *phases), slot_in_range(s, q))
-    return Outcome(post, guard, [(name, limplies(live, c)) for name, c in checks], {"request": q, "live": live})
+    return Outcome(post, guard, under(live, checks), {"request": q, "live": live})
 
 
 def abort_idle(s: State, inp: dict[str, Any]) -> Outcome:
