@@ -134,8 +134,11 @@ class Abstraction:
 # ------------------------------------------------------------------ helpers
 
 def under(cond: Any, checks: list[Check]) -> list[Check]:
-    """The checks asserted only when ``cond`` holds (an abstraction entry passes as it is: its facts hold anyway)."""
-    return [(n, c) if n.startswith(ABSTRACTION) else (n, limplies(cond, c)) for n, c in checks]
+    """The checks asserted only when ``cond`` holds (an abstraction's facts likewise)."""
+    def guarded(a: Abstraction) -> Abstraction:
+        return Abstraction(a.terms, lambda x: [(n, limplies(cond, f)) for n, f in a.facts(x)])
+
+    return [(n, guarded(c)) if n.startswith(ABSTRACTION) else (n, limplies(cond, c)) for n, c in checks]
 
 
 def at(values: list[Any], q: Any, default: Any = 0) -> Any:
