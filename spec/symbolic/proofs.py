@@ -25,7 +25,13 @@ guard fixes the phase, the pre-state's phase is that Python value, so the
 premises fold what depends on it as the goals do (``named``). By
 default (``symmetric``) a transition with an acting slot is, on top of that,
 proved for slot 0 only, the other slots following by slot symmetry, which Z3
-checks too (``symmetry.py``). ``plain`` is the path before issue 14 (``not
+checks too (``symmetry.py``); the subterms an outcome declares as
+:class:`~spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
+queue's ranks, the freed blocks' order) are replaced by unknowns of which only
+their facts are known, once those facts are proved on the terms; and a query
+still open after :data:`FRESH_AFTER_S` is sent again to a fresh solver with
+everything asserted, which Z3 preprocesses (the proof's own solver, queried
+with assumptions, cannot). ``plain`` is the path before issue 14 (``not
 goal`` asserted in a pushed scope, no such stones); it and ``named`` are kept
 for ``bench/bench_proofs.py --compare``.
 
