@@ -293,7 +293,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
     ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
-    their facts are proved first (goals ``abstraction:...``, in a solver of their own),
+    their facts are proved first (goals ``abstraction:...``, in the solver that checked the premises),
     then every goal with the abstracted terms replaced by fresh constants of which only
     those facts are known (:func:`_abstract`).
     """
