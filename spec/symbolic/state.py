@@ -719,16 +719,18 @@ def order_rank(members: dict[int, Any], keys: dict[int, Any], b: int, descending
     return count(land(members[c], keys[c] > keys[b] if descending else keys[c] < keys[b]) for c in members if c != b)
 
 
-def theorem_order(members: dict[int, Any], keys: dict[int, Any], descending: bool = False) -> Any:
+def theorem_order(members: dict[int, Any], keys: dict[int, Any], descending: bool = False,
+                  rank: dict[int, Any] | None = None) -> Any:
     """Ranks by key within a subset: a member before another has a smaller rank, and every rank is below the subset's size.
 
     Valid for any Booleans ``members`` and integers ``keys`` over the same
     index set (transitivity of ``<``); ``proofs.prove_theorem_order`` proves
     it for index sets of a given size, after which transitions use instances
-    of it as premises.
+    of it as premises. ``rank``: stand-ins for the ranks (``order_rank`` by
+    default), of which the same is said.
     """
     size = count(members.values())
-    rank = {b: order_rank(members, keys, b, descending) for b in members}
+    rank = rank or {b: order_rank(members, keys, b, descending) for b in members}
     before = (lambda x, y: x > y) if descending else (lambda x, y: x < y)
     return land(
         *(limplies(land(members[b], members[c], before(keys[b], keys[c])), rank[b] < rank[c])

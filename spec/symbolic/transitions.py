@@ -372,10 +372,9 @@ def order_abstraction(front: dict[int, Any], back: dict[int, Any], pos: dict[int
 
     def facts(x: dict[Any, Any]) -> list[Check]:
         def group(members: dict[int, Any], key: str) -> Any:
-            size = count(members.values())
-            return land(*(limplies(land(members[b], members[c], pos[b] > pos[c]), x[(key, b)] < x[(key, c)])
-                          for b in blocks for c in blocks if b != c),
-                        *(limplies(members[b], land(0 <= x[(key, b)], x[(key, b)] < size)) for b in blocks))
+            rank = {b: x[(key, b)] for b in blocks}
+            return land(theorem_order(members, pos, descending=True, rank=rank),
+                        *(limplies(members[b], 0 <= rank[b]) for b in blocks))
 
         return [("freed blocks: each group in table order from its tail, every place below the group's size",
                  land(group(front, "front"), group(back, "back")))]
