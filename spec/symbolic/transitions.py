@@ -426,8 +426,8 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
     rank_front = {b: order_rank(front, pos, b, descending=True) for b in blocks}
     rank_back = {b: order_rank(back, pos, b, descending=True) for b in blocks}
     checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks))),
-              (PREMISE + "order of the freed blocks", land(theorem_order(front, pos, descending=True),
-                                                          theorem_order(back, pos, descending=True))),
+              (PREMISE + "order of the freed blocks", land(theorem_order(front, pos, descending=True, rank=rank_front),
+                                                          theorem_order(back, pos, descending=True, rank=rank_back))),
               (ABSTRACTION + "order of the freed blocks", order_abstraction(front, back, pos, rank_front, rank_back))]
     post = s.replace(
         ref_cnt=[s.ref_cnt[0]] + [ite(held[b], s.ref_cnt[b] - 1, s.ref_cnt[b]) for b in blocks],

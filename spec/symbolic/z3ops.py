@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import z3
+from z3.z3 import _to_expr_ref  # the wrapper z3.If puts on a new term (right class for its sort)
 
 from spec.ops import LexMixin
 
@@ -46,8 +47,22 @@ def to_term(x: Any) -> z3.ExprRef:
     if isinstance(x, bool):
         return z3.BoolVal(x)
     if isinstance(x, int):
-        return z3.IntVal(x)
+        return _int_val(x)
     raise TypeError(f"cannot make a Z3 term of {type(x).__name__}: {x!r}")
+
+
+_INT_VALS: dict[int, z3.IntNumRef] = {}
+"""Numerals made so far, by value (Z3 shares terms, so a cached one is the term ``IntVal`` makes)."""
+
+
+def _int_val(x: int) -> z3.IntNumRef:
+    """``z3.IntVal(x)``, made once per value for small values (the counts' 0 and 1 are made thousands of times)."""
+    if -1024 <= x <= 1024:
+        v = _INT_VALS.get(x)
+        if v is None:
+            v = _INT_VALS[x] = z3.IntVal(x)
+        return v
+    return z3.IntVal(x)
 
 
 class Z3Ops(LexMixin):
@@ -148,7 +163,12 @@ def ite(c: Any, a: Any, b: Any) -> Any:
         return a
     if i == _FALSE_ID:
         return b
-    return z3.If(c, to_term(a), to_term(b))
+    a, b = to_term(a), to_term(b)
+    if a.sort_kind() != b.sort_kind():
+        return z3.If(c, a, b)  # z3.If coerces (Int and Real) or raises
+    # The C API directly: z3.If re-checks and coerces every operand; the term is the same.
+    ctx = c.ctx
+    return _to_expr_ref(z3.Z3_mk_ite(ctx.ref(), c.as_ast(), a.as_ast(), b.as_ast()), ctx)
 
 
 _TRUE_ID = z3.BoolVal(True).get_id()
@@ -261,7 +281,15 @@ def total(xs: Iterable[Any]) -> Any:
             const += int(x)
     if not terms:
         return const
-    s = terms[0] if len(terms) == 1 else z3.Sum(*terms)
+    if len(terms) == 1:
+        s = terms[0]
+    elif all(isinstance(t, z3.ArithRef) and t.is_int() for t in terms):
+        # z3.Sum through the C API (z3.Sum coerces every operand first): the same term.
+        ctx = terms[0].ctx
+        args = (z3.Ast * len(terms))(*[t.as_ast() for t in terms])
+        s = z3.ArithRef(z3.Z3_mk_add(ctx.ref(), len(terms), args), ctx)
+    else:
+        s = z3.Sum(*terms)
     return s + const if const else s
 
 
