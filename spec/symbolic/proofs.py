@@ -29,10 +29,9 @@ checks too (``symmetry.py``); the subterms an outcome declares as
 :class:`~spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
 queue's ranks, the freed blocks' order) are replaced by unknowns of which only
 their facts are known, once those facts are proved on the terms; and a query
-still open after :data:`FRESH_AFTER_RLIMIT` units of Z3's resource count (not
-seconds: the same queries go fresh on every run, whatever the load) is sent
-again to a fresh solver with everything asserted, which Z3 preprocesses (the
-proof's own solver, queried with assumptions, cannot). ``plain`` is the path before issue 14 (``not
+still open after :data:`FRESH_AFTER_S` is sent again to a fresh solver with
+everything asserted, which Z3 preprocesses (the proof's own solver, queried
+with assumptions, cannot). ``plain`` is the path before issue 14 (``not
 goal`` asserted in a pushed scope, no such stones); it and ``named`` are kept
 for ``bench/bench_proofs.py --compare``.
 
@@ -313,7 +312,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             pre = pre.replace(phase=phase)
             out = transition.apply(pre, inputs)
     named = method != PLAIN
-    fresh_after = FRESH_AFTER_RLIMIT.get(transition.name, FRESH_AFTER_RLIMIT["*"]) if method == SYMMETRIC else None
+    fresh_after_s = FRESH_AFTER_S if method == SYMMETRIC else None
     state_premises = premises(pre)
     hypotheses = [_as_bool(out.guard), *[_as_bool(p) for p in out.premises]]
     """Guard and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*)."""
@@ -352,7 +351,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         for goal_name, goal in abstract_facts:
             key = f"{label}:{goal_name}" if label else goal_name
             status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                                 inputs, Z3Ops(), [], fresh_after)
+                                 inputs, Z3Ops(), [], fresh_after_s)
             result.goals[goal_name] = status
             if status != PROVED:
                 return PROVED
@@ -381,7 +380,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
         key = f"{label}:{goal_name}{part}" if label else goal_name + part
         return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                           inputs, ops, definitions, fresh_after)
+                           inputs, ops, definitions, fresh_after_s)
 
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
@@ -438,17 +437,9 @@ def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef
     return substitute, [substitute(f) for f in stand_in_facts], [c == t for t, c in pairs]
 
 
-FRESH_AFTER_RLIMIT: dict[str, int] = {"*": 5_000_000, "running_preempt": 1_000_000}
-"""How far a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one, in
-units of Z3's resource count (solver parameter ``rlimit``, counted per query; 1.3-10 M a second
-on the 2-core CI machine, by query), per transition (``"*"``: the others). A count, not a time,
-so the same queries go fresh on every run and a proof's path (what each solver has learned
-when) does not depend on the machine's load: with a 2 s time cap, ``running_preempt`` under
-priority at R=6, B=12 took 46 to 107 s across six runs of the same code. The fresh solver is not
-always faster: ``waiting_admit``'s ``lemma:cached_prefix`` takes 27 s fresh after 1 M and never
-leaves the proof's solver with 5 M (priority, R=6, B=12: 63.9 s in all with 1 M, 36.0 s with
-5 M); ``running_preempt``'s free-queue and victim-order goals are the other way (about 45 s
-with 1 M, 55 s with 5 M)."""
+FRESH_AFTER_S = 2.0
+"""How long a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one
+(``running_preempt`` at R=6, B=12, FCFS: 63.8 s with 5 s, 51.5 s with 2 s)."""
 
 
 def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, z3.Solver]:
@@ -478,7 +469,7 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
 def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
                 goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
                 pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
-                fresh_after: int | None = None) -> str:
+                fresh_after_s: float | None = None) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -494,8 +485,8 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     (the goal on the terms themselves, time under ``key + " (terms)"``) before it counts as a
     counterexample.
 
-    ``fresh_after`` (named only): a query still open after that many resource units (``rlimit``)
-    is stopped and sent again to a fresh solver with everything asserted (:func:`_check_fresh`; time under
+    ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
+    to a fresh solver with everything asserted (:func:`_check_fresh`; time under
     ``key + " (fresh)"``).
     """
     if named:
@@ -504,15 +495,11 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         solver.push()
         solver.add(z3.Not(goal))
         query = []
-    capped = named and fresh_after is not None
-    solver.set("timeout", remaining_ms())
-    if capped:
-        solver.set("rlimit", fresh_after)  # counted from this query's start
+    capped = named and fresh_after_s is not None and remaining_ms() > fresh_after_s * 1000
+    solver.set("timeout", max(1, int(fresh_after_s * 1000)) if capped else remaining_ms())
     t_goal = time.monotonic()
     verdict = solver.check(*query)
     result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
-    if capped:
-        solver.set("rlimit", 0)  # the retries below (terms, dense tables) run to the proof's time limit
     if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
         verdict, fresh = _check_fresh(solver, query, remaining_ms())
