@@ -29,10 +29,9 @@ checks too (``symmetry.py``); the subterms an outcome declares as
 :class:`~spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
 queue's ranks, the freed blocks' order) are replaced by unknowns of which only
 their facts are known, once those facts are proved on the terms; and a query
-still open after :data:`FRESH_AFTER_S` goes on in the proof's solver while a
-fresh solver with everything asserted, which Z3 preprocesses (the proof's own
-solver, queried with assumptions, cannot), races it in a second thread; the
-first verdict stops the other. ``plain`` is the path before issue 14 (``not
+still open after :data:`FRESH_AFTER_S` is sent again to a fresh solver with
+everything asserted, which Z3 preprocesses (the proof's own solver, queried
+with assumptions, cannot). ``plain`` is the path before issue 14 (``not
 goal`` asserted in a pushed scope, no such stones); it and ``named`` are kept
 for ``bench/bench_proofs.py --compare``.
 
@@ -60,7 +59,6 @@ import dataclasses
 import json
 import multiprocessing
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -439,10 +437,9 @@ def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef
     return substitute, [substitute(f) for f in stand_in_facts], [c == t for t, c in pairs]
 
 
-FRESH_AFTER_S = 0.5
-"""How long a ``symmetric`` query runs alone in the proof's solver before a fresh solver races it
-(:func:`_race_fresh`; R=6, B=12, one run each: ``waiting_admit`` FCFS 39.4 s with 0.5 s, 42.8 s with 2 s;
-``running_preempt`` priority 44.9 s and 49.7 s)."""
+FRESH_AFTER_S = 2.0
+"""How long a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one
+(``running_preempt`` at R=6, B=12, FCFS: 63.8 s with 5 s, 51.5 s with 2 s)."""
 
 
 def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, z3.Solver]:
@@ -453,54 +450,12 @@ def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) ->
     simplification; a new solver with the same formulas asserted checks them the way a single
     query is checked. ``running_preempt`` at R=6, B=12, self-preemption: the record rule of
     ``lemma:step`` is unknown after 60 s in the proof's solver and unsat in 0.8 s in a new one.
-    What the new solver learns is lost; the proof's solver keeps its own. Used to check the premises
-    (vacuity), and to read a counterexample that the race's fresh solver (another context) found.
+    What the new solver learns is lost; the proof's solver keeps its own.
     """
     fresh = z3.Solver()
     fresh.add(*solver.assertions(), *query)
     fresh.set("timeout", timeout_ms)
     return fresh.check(), fresh
-
-
-def _race_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, str]:
-    """``query`` in ``solver`` again and, at the same time, in a fresh solver of a Z3 context of its own.
-
-    The fresh solver (as :func:`_check_fresh`) is often much faster than the proof's (the record
-    rule of ``lemma:step`` after a self-preemption at R=6, B=12: 0.8 s fresh, unknown after 140 s
-    in the proof's solver) and sometimes much slower (``waiting_admit``'s touch stepping stone:
-    26-31 s fresh, about 3 s in the proof's). Sending it fresh after a fixed cap was a gamble that
-    left ``waiting_admit`` unknown after 60 s in some runs; side by side (Z3 releases the GIL, and
-    contexts are independent), the first verdict stops the other search (``Context.interrupt``,
-    which a context forgets once its check returns), so a query costs about the faster of the
-    two. Returns ``(verdict, "proof" | "fresh" | "neither")``: ``unknown`` and ``"neither"`` when
-    both ran out of time.
-    """
-    ctx = z3.Context()
-    fresh = z3.Solver(ctx=ctx)
-    fresh.add(*[a.translate(ctx) for a in solver.assertions()], *[q.translate(ctx) for q in query])
-    fresh.set("timeout", timeout_ms)
-    solver.set("timeout", timeout_ms)
-    verdicts: dict[str, Any] = {}
-    order: list[str] = []
-    lock = threading.Lock()
-
-    def run(name: str, other: z3.Context, check: Any) -> None:
-        verdict = check()
-        with lock:
-            verdicts[name] = verdict
-            if verdict != z3.unknown and not order:
-                order.append(name)
-                other.interrupt()
-
-    threads = [threading.Thread(target=run, args=("proof", ctx, lambda: solver.check(*query))),
-               threading.Thread(target=run, args=("fresh", solver.ctx, fresh.check))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if not order:
-        return z3.unknown, "neither"
-    return verdicts[order[0]], order[0]
 
 
 def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) -> z3.BoolRef:
@@ -530,9 +485,9 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     (the goal on the terms themselves, time under ``key + " (terms)"``) before it counts as a
     counterexample.
 
-    ``fresh_after_s`` (named only): a query still open after that long goes on while a fresh
-    solver with everything asserted races it (:func:`_race_fresh`; time under
-    ``key + " (race: proof)"`` or ``" (race: fresh)"``, by the solver that answered first).
+    ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
+    to a fresh solver with everything asserted (:func:`_check_fresh`; time under
+    ``key + " (fresh)"``).
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -547,11 +502,10 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
     if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
-        verdict, winner = _race_fresh(solver, query, remaining_ms())
-        result.goal_seconds[key + f" (race: {winner})"] = time.monotonic() - t_goal
-        if verdict == z3.sat and winner == "fresh":
-            # The counterexample is read from a solver of this context that finds it.
-            verdict, solver = _check_fresh(solver, query, remaining_ms())
+        verdict, fresh = _check_fresh(solver, query, remaining_ms())
+        result.goal_seconds[key + " (fresh)"] = time.monotonic() - t_goal
+        if verdict == z3.sat:
+            solver = fresh  # the counterexample is read from the solver that found it
     if verdict == z3.sat and definitions:
         solver.push()
         solver.add(*definitions)
