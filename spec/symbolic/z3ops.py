@@ -165,7 +165,7 @@ def ite(c: Any, a: Any, b: Any) -> Any:
         return b
     a, b = to_term(a), to_term(b)
     if a.sort_kind() != b.sort_kind():
-        return z3.If(c, a, b)  # z3.If coerces (Int and Real) or raises
+        return z3.If(c, a, b)  # through z3.If and its coercions (Int with Real)
     # The C API directly: z3.If re-checks and coerces every operand; the term is the same.
     ctx = c.ctx
     return _to_expr_ref(z3.Z3_mk_ite(ctx.ref(), c.as_ast(), a.as_ast(), b.as_ast()), ctx)
@@ -183,11 +183,11 @@ def _boolean(x: z3.ExprRef) -> z3.BoolRef:
     return x
 
 
-def _mk_nary(mk: Any, terms: list[Any]) -> z3.BoolRef:
-    """``And`` / ``Or`` of Z3 Booleans through the C API (``z3.And`` re-checks and coerces every operand)."""
+def _mk_nary(mk: Any, terms: list[Any], cls: Any = z3.BoolRef) -> Any:
+    """``And`` / ``Or`` / ``+`` of Z3 terms of one sort through the C API (``z3.And`` / ``z3.Sum`` re-check and coerce every operand)."""
     ctx = terms[0].ctx
     args = (z3.Ast * len(terms))(*[t.as_ast() for t in terms])
-    return z3.BoolRef(mk(ctx.ref(), len(terms), args), ctx)
+    return cls(mk(ctx.ref(), len(terms), args), ctx)
 
 
 def land(*xs: Any) -> Any:
@@ -284,10 +284,7 @@ def total(xs: Iterable[Any]) -> Any:
     if len(terms) == 1:
         s = terms[0]
     elif all(isinstance(t, z3.ArithRef) and t.is_int() for t in terms):
-        # z3.Sum through the C API (z3.Sum coerces every operand first): the same term.
-        ctx = terms[0].ctx
-        args = (z3.Ast * len(terms))(*[t.as_ast() for t in terms])
-        s = z3.ArithRef(z3.Z3_mk_add(ctx.ref(), len(terms), args), ctx)
+        s = _mk_nary(z3.Z3_mk_add, terms, z3.ArithRef)  # z3.Sum's term
     else:
         s = z3.Sum(*terms)
     return s + const if const else s
