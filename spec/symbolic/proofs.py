@@ -29,10 +29,9 @@ checks too (``symmetry.py``); the subterms an outcome declares as
 :class:`~spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
 queue's ranks, the freed blocks' order) are replaced by unknowns of which only
 their facts are known, once those facts are proved on the terms; and a query
-still open after :data:`FRESH_AFTER_S` goes on in the proof's solver while a
-fresh solver with everything asserted, which Z3 preprocesses (the proof's own
-solver, queried with assumptions, cannot), races it in a process of its own
-(``race.py``); the first verdict stops the other. ``plain`` is the path before issue 14 (``not
+still open after :data:`FRESH_AFTER_S` is sent again to a fresh solver with
+everything asserted, which Z3 preprocesses (the proof's own solver, queried
+with assumptions, cannot). ``plain`` is the path before issue 14 (``not
 goal`` asserted in a pushed scope, no such stones); it and ``named`` are kept
 for ``bench/bench_proofs.py --compare``.
 
@@ -79,7 +78,6 @@ from spec.symbolic.state import (
     theorem_order,
     theorem_rank,
 )
-from spec.symbolic.race import FreshRacer
 from spec.symbolic.symmetry import canonical_cases, check_equivariance, check_premises_symmetric
 from spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
 from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
@@ -233,114 +231,39 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     symmetric = method == SYMMETRIC and bool(transition.actor) and not transition.split
     if symmetric:
         cases = dataclasses.replace(transition, split=transition.actor).cases(shape)
-    side: SideGoals | None = None
-    if goals is None and (len(cases) > 1 or symmetric):
-        if method == SYMMETRIC:
-            # In another process, alongside the cases.
-            side = SideGoals(shape, name, timeout_s, ["cases"] * (len(cases) > 1) + ["symmetry"] * symmetric)
-        else:
-            side_statuses, side_seconds = side_goals(shape, name, timeout_s, method)
-            result.goals.update(side_statuses)
-            result.goal_seconds.update(side_seconds)
-    if symmetric:
-        cases = canonical_cases(transition.actor)
-    vacuous = True
-    with FreshRacer(FRESH_AFTER_S) as racer:
-        for case in cases:
-            label = ",".join(f"{k}={v}" for k, v in case.items())
-            status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
-                                 {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method,
-                                 racer if method == SYMMETRIC else None)
-            vacuous = vacuous and status == VACUOUS
-            if stop_at_first_failure and FAILED in result.goals.values():
-                break
-    if side is not None:
-        side_statuses, side_seconds = side.wait(timeout_s - (time.monotonic() - t0))
-        result.goals = {**side_statuses, **result.goals}
-        result.goal_seconds = {**side_seconds, **result.goal_seconds}
-    statuses = set(result.goals.values())
-    result.status = (VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses
-                     else PROVED)
-    result.seconds = time.monotonic() - t0
-    return result
-
-
-def side_goals(shape: Shape, name: str, timeout_s: float, method: str = SYMMETRIC) -> tuple[dict[str, str], dict[str, float]]:
-    """The goals of ``prove`` that do not depend on its case proofs: ``cases`` and (``symmetric``) ``symmetry``.
-
-    Returns ``(statuses, seconds)`` by goal name; nothing for a transition proved in one case.
-    """
-    t0 = time.monotonic()
-    transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
-    statuses: dict[str, str] = {}
-    seconds: dict[str, float] = {}
-    cases = transition.cases(shape)
-    symmetric = method == SYMMETRIC and bool(transition.actor) and not transition.split
-    if symmetric:
-        cases = dataclasses.replace(transition, split=transition.actor).cases(shape)
-    if len(cases) > 1:
+    if len(cases) > 1 and goals is None:
+        t_cases = time.monotonic()
         pre = fresh_state(shape, "pre")
         inputs = transition.inputs(shape, "in")
         out = transition.apply(pre, inputs)
         solver = z3.Solver()
-        solver.set("timeout", max(1, int(timeout_s * 1000)))
+        solver.set("timeout", remaining_ms())
         solver.add(*premises(pre), _as_bool(out.guard))
         for case in cases:
             match = [inputs[k] == v if k == "slot" else out.facts[CASE_FACTS[k]] == v for k, v in case.items()]
             solver.add(z3.Not(z3.And(*[_as_bool(m) for m in match])))
         verdict = solver.check()
-        statuses["cases"] = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
-        seconds["cases"] = time.monotonic() - t0
+        result.goals["cases"] = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
+        result.goal_seconds["cases"] = time.monotonic() - t_cases
     if symmetric:
-        status, took, _ = check_equivariance(shape, transition, timeout_s - (time.monotonic() - t0))
-        statuses["symmetry"] = status
-        seconds["symmetry"] = took
-    return statuses, seconds
-
-
-class SideGoals:
-    """:func:`side_goals` in a process of its own, started now, while ``prove`` proves the cases.
-
-    The two goals share nothing with the case proofs but the shape, and they are
-    mostly term building (``running_preempt`` at R=6, B=12: 34 permuted copies of
-    the transition, 13-14 s), which the second core does meanwhile. A plain
-    subprocess (a JSON request as its argument, the answer on its output), for the reason
-    ``race.FreshRacer`` gives.
-    """
-
-    def __init__(self, shape: Shape, name: str, timeout_s: float, goals: list[str]) -> None:
-        import os
-        import subprocess
-
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        request = json.dumps({"shape": dataclasses.asdict(shape), "name": name, "timeout_s": timeout_s})
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from spec.symbolic.proofs import serve_side_goals; serve_side_goals()", request],
-            stdout=subprocess.PIPE, env=env)
-        self._goals = goals
-
-    def wait(self, timeout_s: float) -> tuple[dict[str, str], dict[str, float]]:
-        """The side goals' statuses and seconds; ``unknown`` for each if the process outlives ``timeout_s`` (+10 s)."""
-        import subprocess
-
-        try:
-            out, _ = self._proc.communicate(timeout=max(0.0, timeout_s) + 10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.communicate()
-            return {goal: UNKNOWN for goal in self._goals}, {}
-        if self._proc.returncode != 0:
-            raise RuntimeError(f"the side goals' process failed (exit {self._proc.returncode}; its error is above)")
-        answer = json.loads(out)
-        return answer["statuses"], answer["seconds"]
-
-
-def serve_side_goals() -> None:
-    """The process of :class:`SideGoals`: the JSON request as its argument, the answer on standard output."""
-    request = json.loads(sys.argv[1])
-    statuses, seconds = side_goals(Shape(**request["shape"]), request["name"], request["timeout_s"])
-    sys.stdout.write(json.dumps({"statuses": statuses, "seconds": seconds}))
+        cases = canonical_cases(transition.actor)
+        if goals is None:
+            status, seconds, _ = check_equivariance(shape, transition, timeout_s - (time.monotonic() - t0))
+            result.goals["symmetry"] = status
+            result.goal_seconds["symmetry"] = seconds
+    vacuous = True
+    for case in cases:
+        label = ",".join(f"{k}={v}" for k, v in case.items())
+        status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
+                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method)
+        vacuous = vacuous and status == VACUOUS
+        if stop_at_first_failure and FAILED in result.goals.values():
+            break
+    statuses = set(result.goals.values())
+    result.status = (VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses
+                     else PROVED)
+    result.seconds = time.monotonic() - t0
+    return result
 
 
 def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC) -> TransitionResult:
@@ -365,12 +288,10 @@ def run_isolated(fn: Any, *args: Any) -> Any:
 
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
                 result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
-                splits: dict[str, tuple[int, int]] | None = None, method: str = SYMMETRIC,
-                racer: FreshRacer | None = None) -> str:
+                splits: dict[str, tuple[int, int]] | None = None, method: str = SYMMETRIC) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
-    ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`); ``racer`` races the
-    queries still open after its ``after_s`` with a fresh solver (``race.py``).
+    ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
     ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
     their facts are proved first (goals ``abstraction:...``, in the solver that checked the premises),
     then every goal with the abstracted terms replaced by fresh constants of which only
@@ -391,6 +312,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             pre = pre.replace(phase=phase)
             out = transition.apply(pre, inputs)
     named = method != PLAIN
+    fresh_after_s = FRESH_AFTER_S if method == SYMMETRIC else None
     state_premises = premises(pre)
     hypotheses = [_as_bool(out.guard), *[_as_bool(p) for p in out.premises]]
     """Guard and instances of theorem_rank / theorem_order (proved for the shape by prove_theorem_*)."""
@@ -429,7 +351,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         for goal_name, goal in abstract_facts:
             key = f"{label}:{goal_name}" if label else goal_name
             status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                                 inputs, Z3Ops(), [], racer)
+                                 inputs, Z3Ops(), [], fresh_after_s)
             result.goals[goal_name] = status
             if status != PROVED:
                 return PROVED
@@ -458,7 +380,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
         key = f"{label}:{goal_name}{part}" if label else goal_name + part
         return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                           inputs, ops, definitions, racer)
+                           inputs, ops, definitions, fresh_after_s)
 
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
@@ -515,9 +437,9 @@ def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef
     return substitute, [substitute(f) for f in stand_in_facts], [c == t for t, c in pairs]
 
 
-FRESH_AFTER_S = 0.5
-"""How long a ``symmetric`` query runs alone in the proof's solver before a fresh solver races it
-(``race.FreshRacer``)."""
+FRESH_AFTER_S = 2.0
+"""How long a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one
+(``running_preempt`` at R=6, B=12, FCFS: 63.8 s with 5 s, 51.5 s with 2 s)."""
 
 
 def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, z3.Solver]:
@@ -528,8 +450,7 @@ def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) ->
     simplification; a new solver with the same formulas asserted checks them the way a single
     query is checked. ``running_preempt`` at R=6, B=12, self-preemption: the record rule of
     ``lemma:step`` is unknown after 60 s in the proof's solver and unsat in 0.8 s in a new one.
-    What the new solver learns is lost; the proof's solver keeps its own. Used to check the premises
-    (vacuity), and to read a counterexample that the race's fresh solver (another process) found.
+    What the new solver learns is lost; the proof's solver keeps its own.
     """
     fresh = z3.Solver()
     fresh.add(*solver.assertions(), *query)
@@ -548,7 +469,7 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
 def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
                 goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
                 pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
-                racer: FreshRacer | None = None) -> str:
+                fresh_after_s: float | None = None) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -564,11 +485,9 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     (the goal on the terms themselves, time under ``key + " (terms)"``) before it counts as a
     counterexample.
 
-    ``racer`` (named only): a query still open after ``racer.after_s`` goes on while a fresh
-    solver with everything asserted races it in another process (:class:`~spec.symbolic.race.FreshRacer`;
-    time under ``key + " (race: proof)"`` or ``" (race: fresh)"``, by the solver that answered
-    first). A counterexample the fresh solver found is read from one of this process
-    (:func:`_check_fresh`).
+    ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
+    to a fresh solver with everything asserted (:func:`_check_fresh`; time under
+    ``key + " (fresh)"``).
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -576,18 +495,17 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         solver.push()
         solver.add(z3.Not(goal))
         query = []
-    capped = named and racer is not None and remaining_ms() > racer.after_s * 1000
-    solver.set("timeout", max(1, int(racer.after_s * 1000)) if capped and racer else remaining_ms())
+    capped = named and fresh_after_s is not None and remaining_ms() > fresh_after_s * 1000
+    solver.set("timeout", max(1, int(fresh_after_s * 1000)) if capped else remaining_ms())
     t_goal = time.monotonic()
     verdict = solver.check(*query)
     result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
-    if capped and racer and verdict == z3.unknown:
+    if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
-        verdict, winner = racer.check(solver, query, remaining_ms)
-        result.goal_seconds[key + f" (race: {winner})"] = time.monotonic() - t_goal
-        if verdict == z3.sat and winner != "proof":
-            # The counterexample is read from a solver of this process that finds it.
-            verdict, solver = _check_fresh(solver, query, remaining_ms())
+        verdict, fresh = _check_fresh(solver, query, remaining_ms())
+        result.goal_seconds[key + " (fresh)"] = time.monotonic() - t_goal
+        if verdict == z3.sat:
+            solver = fresh  # the counterexample is read from the solver that found it
     if verdict == z3.sat and definitions:
         solver.push()
         solver.add(*definitions)

@@ -1,9 +1,8 @@
-"""A query of a ``symmetric`` proof still open after ``proofs.FRESH_AFTER_S`` is raced by fresh solvers.
+"""A query of a ``symmetric`` proof still open after ``proofs.FRESH_AFTER_S`` goes to a fresh solver.
 
-With the cap made tiny every query takes that path (``race.FreshRacer``): the
-proofs must come out the same, and a false invariant must still give a
-counterexample (a worker's ``sat`` carries no model: it is read in the proof's
-process).
+With the cap made tiny every query takes that path: the proofs must come out
+the same, and a false invariant must still give a counterexample (read from
+the fresh solver that found it).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ def test_fresh_queries_prove_alike(name: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
     res = P.prove(SHAPE, name, 240)
     assert res.status == P.PROVED, {g: s for g, s in res.goals.items() if s != P.PROVED}
-    assert [k for k in res.goal_seconds if "(race: " in k], "no query was raced"
+    assert [k for k in res.goal_seconds if k.endswith(" (fresh)")], "no query was sent to a fresh solver"
 
 
 def _inv_nothing_running(s: Any, o: Any) -> Any:
