@@ -439,7 +439,10 @@ def _abstract(abstractions: list[Any], label: str) -> tuple[Any, list[z3.BoolRef
 
 FRESH_AFTER_S = 2.0
 """How long a ``symmetric`` query runs in the proof's solver before it is sent to a fresh one
-(``running_preempt`` at R=6, B=12, FCFS: 63.8 s with 5 s, 51.5 s with 2 s)."""
+(``running_preempt`` at R=6, B=12, FCFS: 63.8 s with 5 s, 51.5 s with 2 s; 0.5 s: faster at
+R=6, B=12 in 3 of 4 rows, slower at R=4, B=8 for ``waiting_admit``, README). The proof's solver
+is stopped by its own timeout only: ``Context.interrupt`` landing mid-check made it answer
+``sat`` to valid queries (README, stop 24), so a race that stops the loser that way is unsound."""
 
 
 def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) -> tuple[Any, z3.Solver]:
