@@ -27,6 +27,7 @@ from spec.symbolic.proofs import (
 )
 from spec.symbolic.state import Shape
 from spec.symbolic.transitions import COMPOSED, TRANSITIONS
+from spec.symbolic.z3ops import Z3Ops
 
 TARGET_R, TARGET_B = 4, 8
 CI_TIMEOUT_S = 240.0
@@ -267,3 +268,80 @@ def test_phase_fixed_by_guard() -> None:
     for name, phase in expected.items():
         out = TRANSITIONS[name].apply(pre, TRANSITIONS[name].inputs(shape, "in"))
         assert _phase_fixed_by(out.guard, pre.phase) == phase, name
+
+
+def test_pinned_parts_imply_the_goal() -> None:
+    """``pinned_parts`` on ``running_preempt``'s new record (R=3, B=3, priority): part ``v`` (the count of
+    records before the step is ``v``) states the new record's rule only, the records below it being the
+    premise's own terms; the parts, the premise and the range of the count imply the goal; and a post-state
+    whose new record names a victim the rule forbids leaves a part that fails."""
+    import re
+
+    import z3
+
+    import spec.invariants
+    from spec.symbolic.proofs import pinned_parts
+    from spec.symbolic.state import SymbolicView, fresh_state
+
+    shape = Shape(3, 3, 2, "priority")
+    pre = fresh_state(shape, "pre")
+    transition = TRANSITIONS["running_preempt"]
+    post = transition.apply(pre, transition.inputs(shape, "in")).post
+
+    def goal_of(s):  # noqa: ANN001, ANN202
+        return spec.invariants.INVARIANTS["victim_order"](SymbolicView(s), Z3Ops())
+
+    n = pre.num_preemptions
+    values = range(shape.num_reqs + 1)
+    parts = pinned_parts(goal_of, pre, post, n, values)
+    assert len(parts) == len(values)
+    for v, part in enumerate(parts):
+        assert str(part.arg(0)) == f"pre.num_preemptions == {v}", part
+        # No record of the pre-state is left to prove: the rule of record v is on the running requests' keys.
+        assert not re.search(r"pre\.rec_\w+\[", str(part.arg(1))), (v, part)
+    in_range = z3.Or(*[n == v for v in values])
+    solver = z3.Solver()
+    solver.add(goal_of(pre), in_range, *parts, z3.Not(goal_of(post)))
+    assert solver.check() == z3.unsat
+    # The new record's victim moved one place on: some part must fail where the goal does.
+    wrong = post.replace(rec_victim_pos=[z3.If(r == n, post.rec_victim_pos[r] + 1, post.rec_victim_pos[r])
+                                         for r in shape.slots])
+    solver = z3.Solver()
+    solver.add(goal_of(pre), in_range, z3.Not(goal_of(wrong)))
+    assert solver.check() == z3.sat
+    solver.add(z3.Not(z3.And(*pinned_parts(goal_of, pre, wrong, n, values))))
+    assert solver.check() == z3.sat
+
+
+@pytest.mark.symbolic
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_victim_order_by_count(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``running_preempt`` proves ``inv:victim_order`` one part per count of preemption records (``Pin``), and a
+    transition that preempts the head of running instead of the policy's victim fails it."""
+    from spec.symbolic import transitions
+    from spec.symbolic.proofs import FAILED
+
+    shape = Shape(3, 3, 2, policy)
+    res = prove(shape, "running_preempt", CI_TIMEOUT_S, goals=["inv:victim_order"])
+    _assert_proved(res)
+    parts = {key.rsplit("#", 1)[1] for key in res.goal_seconds if "inv:victim_order#" in key}
+    assert parts == {*map(str, range(shape.num_reqs + 1)), "range"}, res.goal_seconds
+
+    monkeypatch.setattr(transitions, "select_victim", lambda s: transitions.running_at(s, 0))
+    res = prove(shape, "running_preempt", CI_TIMEOUT_S, goals=["inv:victim_order"])
+    assert res.status == FAILED and res.goals["inv:victim_order"] == FAILED, (res.status, res.goals)
+    assert res.counterexamples and res.counterexamples[0].goal == "inv:victim_order"
+
+
+@pytest.mark.symbolic
+def test_pin_on_an_unbounded_count_proves_the_goal_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``Pin`` whose count the premises do not keep within ``0..R`` (the step number) covers only some states:
+    its parts prove, the range query does not, and the goal is then proved whole."""
+    from spec.symbolic import proofs
+
+    monkeypatch.setitem(proofs.GOAL_SPLITS, "running_preempt", {"inv:victim_order": proofs.Pin("step")})
+    res = prove(Shape(3, 3, 2, "priority"), "running_preempt", CI_TIMEOUT_S, goals=["inv:victim_order"])
+    _assert_proved(res)
+    for case in ("case_request=0,case_victim=0", "case_request=0,case_victim=1"):
+        assert f"{case}:inv:victim_order#range" in res.goal_seconds, res.goal_seconds
+        assert f"{case}:inv:victim_order" in res.goal_seconds, res.goal_seconds  # the whole goal, after the parts
