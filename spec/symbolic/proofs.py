@@ -311,10 +311,12 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
             result.goals["symmetry"] = status
             result.goal_seconds["symmetry"] = seconds
     vacuous = True
+    went_fresh: set[str] = set()
     for case in cases:
         label = ",".join(f"{k}={v}" for k, v in case.items())
         status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
-                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method)
+                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method,
+                             went_fresh)
         vacuous = vacuous and status == VACUOUS
         if stop_at_first_failure and FAILED in result.goals.values():
             break
@@ -347,10 +349,13 @@ def run_isolated(fn: Any, *args: Any) -> Any:
 
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
                 result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
-                splits: dict[str, tuple[int, int] | Pin] | None = None, method: str = SYMMETRIC) -> str:
+                splits: dict[str, tuple[int, int] | Pin] | None = None, method: str = SYMMETRIC,
+                went_fresh: set[str] | None = None) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
+    ``went_fresh``: the goals (and parts) an earlier case sent to a fresh solver (``symmetric``,
+    :data:`FRESH_AFTER_S`); this case sends them there at once, and adds its own.
     ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
     their facts are proved first (goals ``abstraction:...``, in the solver that checked the premises),
     then every goal with the abstracted terms replaced by fresh constants of which only
@@ -360,6 +365,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     def remaining_ms() -> int:
         return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
 
+    went_fresh = set() if went_fresh is None else went_fresh
     pre = fresh_state(shape, "pre")
     inputs = {**transition.inputs(shape, "in"), **case}
     out: Outcome = transition.apply(pre, inputs)
@@ -475,8 +481,13 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
 
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
         key = f"{label}:{goal_name}{part}" if label else goal_name + part
-        return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                           inputs, ops, definitions, fresh_after_s)
+        # A goal that an earlier case of the transition sent to a fresh solver goes there first.
+        after_s = 0.0 if fresh_after_s is not None and goal_name + part in went_fresh else fresh_after_s
+        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                             inputs, ops, definitions, after_s)
+        if f"{key} (fresh)" in result.goal_seconds:
+            went_fresh.add(goal_name + part)
+        return status
 
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
@@ -587,7 +598,7 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
 
     ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
     to a fresh solver with everything asserted (:func:`_check_fresh`; time under
-    ``key + " (fresh)"``).
+    ``key + " (fresh)"``); 0: it goes to the fresh solver at once.
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -596,10 +607,12 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         solver.add(z3.Not(goal))
         query = []
     capped = named and fresh_after_s is not None and remaining_ms() > fresh_after_s * 1000
-    solver.set("timeout", max(1, int(fresh_after_s * 1000)) if capped else remaining_ms())
-    t_goal = time.monotonic()
-    verdict = solver.check(*query)
-    result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
+    verdict = z3.unknown
+    if not (capped and fresh_after_s == 0):
+        solver.set("timeout", max(1, int(fresh_after_s * 1000)) if capped else remaining_ms())
+        t_goal = time.monotonic()
+        verdict = solver.check(*query)
+        result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
     if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
         verdict, fresh = _check_fresh(solver, query, remaining_ms())

@@ -640,13 +640,16 @@ def preempt_victim(s: State, victim: Any) -> tuple[State, list[Check]]:
     k = s.num_preemptions
     n = s.num_running()
     vpos = at(s.running_pos, victim)
+    # The candidates' keys in running order, built once for all records (the same terms for each).
+    priorities = [running_value(s, s.priority, j) for j in range(sh.num_reqs)]
+    arrivals = [running_value(s, s.arrival_time, j) for j in range(sh.num_reqs)]
     rec = s.replace(
         rec_num_candidates=put(s.rec_num_candidates, k, n),
         rec_victim_pos=put(s.rec_victim_pos, k, vpos),
-        rec_priority=[[ite(eq(k, kk), running_value(s, s.priority, j), s.rec_priority[kk][j])
-                       for j in range(sh.num_reqs)] for kk in sh.slots],
-        rec_arrival=[[ite(eq(k, kk), running_value(s, s.arrival_time, j), s.rec_arrival[kk][j])
-                      for j in range(sh.num_reqs)] for kk in sh.slots],
+        rec_priority=[[ite(eq(k, kk), priorities[j], s.rec_priority[kk][j]) for j in range(sh.num_reqs)]
+                      for kk in sh.slots],
+        rec_arrival=[[ite(eq(k, kk), arrivals[j], s.rec_arrival[kk][j]) for j in range(sh.num_reqs)]
+                     for kk in sh.slots],
         num_preemptions=k + 1,
     )
     checks: list[Check] = [("preemption records fit R slots", k < sh.num_reqs),

@@ -73,3 +73,21 @@ def test_c_api_helpers_make_the_terms_z3_makes() -> None:
     r = z3.Real("r")
     assert ite(b, x, r).get_id() == z3.If(b, x, r).get_id() and ite(b, x, r).sort() == z3.RealSort()
 
+
+
+@pytest.mark.symbolic
+def test_a_goal_sent_fresh_once_goes_fresh_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``running_preempt`` has two cases (a victim that is the request itself, or another): a goal the first case
+    sent to a fresh solver is not tried in the proof's solver in the second, and still proves."""
+    monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
+    res = P.prove(SHAPE, "running_preempt", 240)
+    assert res.status == P.PROVED, {g: s for g, s in res.goals.items() if s != P.PROVED}
+    first, second = "case_request=0,case_victim=0:", "case_request=0,case_victim=1:"
+    sent = {k[len(first):-len(" (fresh)")] for k in res.goal_seconds if k.startswith(first) and k.endswith(" (fresh)")}
+    sent = {g for g in sent if not g.startswith("abstraction:")}  # checked before the goals, not by check()
+    assert sent, res.goal_seconds
+    for goal in sent:
+        assert first + goal in res.goal_seconds, goal  # tried in the proof's solver first
+        if second + goal + " (fresh)" in res.goal_seconds:
+            assert second + goal not in res.goal_seconds, goal  # not tried there in the second case
+    assert any(second + goal + " (fresh)" in res.goal_seconds for goal in sent)
