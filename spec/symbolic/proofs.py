@@ -240,17 +240,18 @@ GOAL_SPLITS: dict[str, dict[str, tuple[int, int] | Pin]] = {
         "inv:prefix_chain": (1, SLOTS),  # table positions, slot by slot
         "inv:victim_order": (1, SLOTS),  # preemption records, one by one
     },
-    # The new record sits at the symbolic index num_preemptions: by records (R=6, B=12, priority)
-    # 94.5 s, whole 62.2 s (22-106 s on one day, stop 25), one part per count 7-8 s (README).
+    # The new record sits at the symbolic index num_preemptions (R=6, B=12, priority): by records
+    # 94.5 s (stop 22); whole 5-8 s per case in most runs of stop 25, 108 s in one; one part per
+    # count 7-8 s per case, no part above 3.5 s (README).
     "running_preempt": {"inv:victim_order": Pin("num_preemptions")},
 }
 """Per transition (``"*"``: every transition, overridden per goal by the transition's own entry),
 the goals proved by parts, as ``(depth, chunks)``: the goal's conjuncts ``depth`` levels of
 ``And`` down, in ``chunks`` consecutive groups (:func:`goal_parts`), proved in order, each with
 the earlier ones assumed; or as a :class:`Pin`: one part per value of a count
-(:func:`pinned_parts`), once Z3 has proved the premises keep the count within ``0..R``. Either
-way the parts imply the goal, so it follows from the premises alone, and is assumed for the
-later goals like any other.
+(:func:`pinned_parts`), and then a query that the premises keep the count within ``0..R``
+(if Z3 cannot show it, the goal is proved whole). Either way the parts imply the goal, so it
+follows from the premises alone, and is assumed for the later goals like any other.
 """
 
 
@@ -458,11 +459,8 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         return [substitute(part) for part in parts] if substitute is not None else parts
 
     def is_covered(goal_name: str, how: tuple[int, int] | Pin) -> bool:
-        """The parts imply the goal: always for conjuncts; for a pin, when the premises keep the count in ``0..R``.
-
-        Asked after the parts (asked before them, the query changed what Z3 had learnt, and the
-        parts of ``running_preempt``'s ``victim_order`` at R=6, B=12 slowed from 0.1-0.4 s to the cap).
-        """
+        """The parts imply the goal: always for conjuncts; for a pin, when the premises keep the count in ``0..R``
+        (asked after the parts, which do not assume it)."""
         if not isinstance(how, Pin):
             return True
         term = getattr(pre, how.field)
