@@ -161,15 +161,18 @@ stepping stones), or ``plain`` (``not goal`` asserted in a pushed scope, no coun
 path before issue 14). ``named`` and ``plain`` are kept for ``bench/bench_proofs.py --compare``."""
 
 
+def conjuncts(f: Any, depth: int = -1) -> list[z3.BoolRef]:
+    """The conjuncts of ``f`` down to ``depth`` nested ``And``s (all of them when negative); a Python bool is one."""
+    if not is_z3(f):
+        return [z3.BoolVal(bool(f))]
+    if depth == 0 or not z3.is_and(f):
+        return [f]
+    return [g for child in f.children() for g in conjuncts(child, depth - 1)]
+
+
 def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
     """The conjuncts of ``goal`` down to ``depth`` nested ``And``s, in at most ``chunks`` groups (their ``And`` is ``goal``)."""
-
-    def flat(f: z3.BoolRef, d: int) -> list[z3.BoolRef]:
-        if d == 0 or not z3.is_and(f):
-            return [f]
-        return [g for child in f.children() for g in flat(child, d - 1)]
-
-    items = flat(goal, depth)
+    items = conjuncts(goal, depth)
     size = -(-len(items) // max(1, chunks))
     return [z3.And(*items[i:i + size]) if size > 1 else items[i] for i in range(0, len(items), size)]
 
@@ -217,11 +220,6 @@ def pinned_parts(goal_of: Any, pre: State, post: State, term: z3.ExprRef, values
     (Replacing the count in the two formulas instead, and simplifying them, gave the same
     conjuncts different normal forms, depending on which formula was simplified first.)
     """
-
-    def conjuncts(f: Any) -> list[z3.BoolRef]:
-        if not is_z3(f):
-            return [z3.BoolVal(bool(f))]
-        return [g for child in f.children() for g in conjuncts(child)] if z3.is_and(f) else [f]
 
     parts = []
     for v in values:
@@ -443,6 +441,9 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         else:
             solver.add(goal)
 
+    def key_of(goal_name: str, part: str = "") -> str:
+        return f"{label}:{goal_name}{part}" if label else goal_name + part
+
     def split_goal(goal_name: str, goal: z3.BoolRef, how: tuple[int, int] | Pin) -> list[z3.BoolRef]:
         if not isinstance(how, Pin):
             depth, chunks = how
@@ -469,11 +470,11 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         solver.set("timeout", remaining_ms())
         t_range = time.monotonic()
         verdict = solver.check(*facts, z3.Not(_name_of(solver, names, in_range)))
-        result.goal_seconds[f"{label}:{goal_name}#range" if label else f"{goal_name}#range"] = time.monotonic() - t_range
+        result.goal_seconds[key_of(goal_name, "#range")] = time.monotonic() - t_range
         return verdict == z3.unsat
 
     def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
-        key = f"{label}:{goal_name}{part}" if label else goal_name + part
+        key = key_of(goal_name, part)
         # A goal that an earlier case of the transition sent to a fresh solver goes there first.
         after_s = 0.0 if fresh_after_s is not None and goal_name + part in went_fresh else fresh_after_s
         status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,

@@ -74,7 +74,6 @@ def test_c_api_helpers_make_the_terms_z3_makes() -> None:
     assert ite(b, x, r).get_id() == z3.If(b, x, r).get_id() and ite(b, x, r).sort() == z3.RealSort()
 
 
-
 @pytest.mark.symbolic
 def test_a_goal_sent_fresh_once_goes_fresh_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """``running_preempt`` has two cases (a victim that is the request itself, or another): a goal the first case
