@@ -67,6 +67,7 @@ from typing import Any
 import z3
 
 import spec.invariants
+from spec.symbolic.helper import Helper, check_text, render_query, result_by
 from spec.symbolic.state import (
     LEMMAS,
     Shape,
@@ -83,6 +84,8 @@ from spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
 from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
+PENDING = "pending"
+"""A goal whose query runs in the helper process (``prove(parallel=True)``); never in a finished result."""
 
 
 def invariant_formulas(s: State) -> list[tuple[str, Any]]:
@@ -258,7 +261,7 @@ CASE_FACTS = {"case_request": "request", "case_victim": "victim"}
 
 
 def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | None = None,
-          stop_at_first_failure: bool = False, method: str = SYMMETRIC) -> TransitionResult:
+          stop_at_first_failure: bool = False, method: str = SYMMETRIC, parallel: bool = False) -> TransitionResult:
     """Prove transition ``name`` at ``shape``: every invariant, lemma and model assertion.
 
     A transition with ``split`` slots is proved case by case (each slot a
@@ -276,49 +279,74 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     ``symmetry.check_equivariance``). The third premise of the argument, that
     the invariants and lemmas are blind to slot names, is a theorem of the
     shape, proved once by :func:`prove_theorem_symmetry`.
+
+    ``parallel`` (``symmetric`` only): a second process (``helper.py``) checks the ``cases`` and
+    ``symmetry`` goals and the queries sent to a fresh solver while this one goes on; the
+    result waits for all of them (:func:`settle`). It builds those two goals from the modules as
+    imported, so ask for it only in a process nothing has patched (``prove_isolated`` does).
     """
     assert method in METHODS, method
     t0 = time.monotonic()
+    helper = Helper() if parallel and method == SYMMETRIC else None
+    try:
+        return _prove(shape, name, timeout_s, goals, stop_at_first_failure, method, helper, t0)
+    finally:
+        if helper is not None:
+            helper.close()
+
+
+@dataclass
+class Pending:
+    """A goal (or part) whose fresh query runs in the helper; the proof assumed it and went on.
+
+    ``recheck()`` checks the same query here, in a fresh solver (:func:`_check_goal` with the facts
+    as they were): for a query the helper has not started, and for a counterexample, which is read
+    from a model here.
+    """
+
+    goal_name: str
+    key: str
+    future: Any
+    recheck: Any
+
+
+def _prove(shape: Shape, name: str, timeout_s: float, goals: list[str] | None, stop_at_first_failure: bool,
+           method: str, helper: Helper | None, t0: float) -> TransitionResult:
     transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
     result = TransitionResult(name, shape, PROVED, 0.0)
+    deadline = t0 + timeout_s
+    deferred: dict[str, tuple[Any, Any]] = {}
+    """A goal checked by the helper: its future and how to check it here instead."""
 
-    def remaining_ms() -> int:
-        return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
+    def run_goal(goal_name: str, fn: Any, *args: Any) -> None:
+        if helper is None:
+            result.goals[goal_name], result.goal_seconds[goal_name] = fn(*args, deadline - time.monotonic())
+        else:
+            deferred[goal_name] = (helper.submit(fn, *args, deadline - time.monotonic()),
+                                   lambda: fn(*args, deadline - time.monotonic()))
 
     cases = transition.cases(shape)
     symmetric = method == SYMMETRIC and bool(transition.actor) and not transition.split
     if symmetric:
         cases = dataclasses.replace(transition, split=transition.actor).cases(shape)
     if len(cases) > 1 and goals is None:
-        t_cases = time.monotonic()
-        pre = fresh_state(shape, "pre")
-        inputs = transition.inputs(shape, "in")
-        out = transition.apply(pre, inputs)
-        solver = z3.Solver()
-        solver.set("timeout", remaining_ms())
-        solver.add(*premises(pre), _as_bool(out.guard))
-        for case in cases:
-            match = [inputs[k] == v if k == "slot" else out.facts[CASE_FACTS[k]] == v for k, v in case.items()]
-            solver.add(z3.Not(z3.And(*[_as_bool(m) for m in match])))
-        verdict = solver.check()
-        result.goals["cases"] = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
-        result.goal_seconds["cases"] = time.monotonic() - t_cases
+        run_goal("cases", check_cases, shape, name, cases)
     if symmetric:
         cases = canonical_cases(transition.actor)
         if goals is None:
-            status, seconds, _ = check_equivariance(shape, transition, timeout_s - (time.monotonic() - t0))
-            result.goals["symmetry"] = status
-            result.goal_seconds["symmetry"] = seconds
+            run_goal("symmetry", check_symmetry, shape, name)
     vacuous = True
     went_fresh: set[str] = set()
+    pending: list[Pending] = []
     for case in cases:
         label = ",".join(f"{k}={v}" for k, v in case.items())
         status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
                              {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method,
-                             went_fresh)
+                             went_fresh, helper, pending)
         vacuous = vacuous and status == VACUOUS
         if stop_at_first_failure and FAILED in result.goals.values():
             break
+    settle(result, deferred, pending, deadline)
     statuses = set(result.goals.values())
     result.status = (VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses
                      else PROVED)
@@ -326,7 +354,64 @@ def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | N
     return result
 
 
-def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC) -> TransitionResult:
+def settle(result: TransitionResult, deferred: dict[str, tuple[Any, Any]], pending: list[Pending],
+           deadline: float) -> None:
+    """Wait for the helper's goals and queries and put their verdicts into ``result``.
+
+    The tasks the helper has not started are taken back and run here, the last first (the
+    helper goes on from the front; the proof is done, this process is free). A pending goal
+    that does not come back ``unsat`` makes its goal ``unknown``, or ``counterexample`` when the
+    check here finds one; the goals after it were proved assuming it, so the transition is not
+    proved either way.
+    """
+    futures = [future for future, _ in deferred.values()] + [p.future for p in pending]
+    runs = [run for _, run in deferred.values()] + [p.recheck for p in pending]
+    here: dict[int, Any] = {}
+    for i in reversed(range(len(futures))):
+        if futures[i].cancel():
+            here[i] = runs[i]()
+    for i, goal_name in enumerate(deferred):
+        got = here[i] if i in here else result_by(futures[i], deadline)
+        result.goals[goal_name], result.goal_seconds[goal_name] = got if got is not None else (UNKNOWN, 0.0)
+    for i, p in enumerate(pending, start=len(deferred)):
+        if i in here:
+            status = here[i]
+        else:
+            got = result_by(p.future, deadline)
+            if got is not None:
+                result.goal_seconds[p.key + " (fresh)"] = got[1]
+            verdict = got[0] if got is not None else "unknown"
+            status = PROVED if verdict == "unsat" else p.recheck() if verdict == "sat" else UNKNOWN
+        if status != PROVED and result.goals.get(p.goal_name) != FAILED:
+            result.goals[p.goal_name] = status
+
+
+def check_cases(shape: Shape, name: str, cases: list[dict[str, int]], timeout_s: float) -> tuple[str, float]:
+    """The goal ``cases``: every application of the transition has its acting slots in one of ``cases``."""
+    t0 = time.monotonic()
+    transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
+    pre = fresh_state(shape, "pre")
+    inputs = transition.inputs(shape, "in")
+    out = transition.apply(pre, inputs)
+    solver = z3.Solver()
+    solver.set("timeout", max(1, int(timeout_s * 1000)))
+    solver.add(*premises(pre), _as_bool(out.guard))
+    for case in cases:
+        match = [inputs[k] == v if k == "slot" else out.facts[CASE_FACTS[k]] == v for k, v in case.items()]
+        solver.add(z3.Not(z3.And(*[_as_bool(m) for m in match])))
+    verdict = solver.check()
+    return PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN, time.monotonic() - t0
+
+
+def check_symmetry(shape: Shape, name: str, timeout_s: float) -> tuple[str, float]:
+    """The goal ``symmetry``: the transition commutes with the slot permutations (``symmetry.check_equivariance``)."""
+    transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
+    status, seconds, _ = check_equivariance(shape, transition, timeout_s)
+    return status, seconds
+
+
+def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC,
+                   parallel: bool = True) -> TransitionResult:
     """``prove`` in a fresh process, so that its time does not depend on what ran before it.
 
     Z3 keeps every term ever built in one global context, and a proof run
@@ -335,8 +420,10 @@ def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str
     transitions; ``waiting_admit`` went from 38 s to over 240 s under
     pytest-xdist). Every figure in the proof table and every CI proof is
     therefore measured in a process of its own (``spawn``: nothing inherited).
+    ``parallel``: with the helper process beside it (``prove(parallel=True)``), as everywhere
+    but the benchmark's before-and-after.
     """
-    return run_isolated(prove, shape, name, timeout_s, None, False, method)
+    return run_isolated(prove, shape, name, timeout_s, None, False, method, parallel)
 
 
 def run_isolated(fn: Any, *args: Any) -> Any:
@@ -349,12 +436,15 @@ def run_isolated(fn: Any, *args: Any) -> Any:
 def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
                 result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
                 splits: dict[str, tuple[int, int] | Pin] | None = None, method: str = SYMMETRIC,
-                went_fresh: set[str] | None = None) -> str:
+                went_fresh: set[str] | None = None, helper: Helper | None = None,
+                pending: list[Pending] | None = None) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
     ``went_fresh``: the goals (and parts) an earlier case sent to a fresh solver (``symmetric``,
     :data:`FRESH_AFTER_S`); this case sends them there at once, and adds its own.
+    ``helper``: such a query goes to the helper process instead, the goal is assumed as if proved,
+    and is added to ``pending`` (for :func:`settle`).
     ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
     their facts are proved first (goals ``abstraction:...``, in the solver that checked the premises),
     then every goal with the abstracted terms replaced by fresh constants of which only
@@ -365,6 +455,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         return max(1, int((timeout_s - (time.monotonic() - t0)) * 1000))
 
     went_fresh = set() if went_fresh is None else went_fresh
+    pending = [] if pending is None else pending
     pre = fresh_state(shape, "pre")
     inputs = {**transition.inputs(shape, "in"), **case}
     out: Outcome = transition.apply(pre, inputs)
@@ -401,6 +492,32 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
                 solver.add(p)
         return solver, facts
 
+    def key_of(goal_name: str, part: str = "") -> str:
+        return f"{label}:{goal_name}{part}" if label else goal_name + part
+
+    def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "", terms: bool = False) -> str:
+        """``goal`` in the proof's solver; PENDING when it went to the helper. ``terms``: over the
+        abstracted terms themselves (an abstraction's facts), so no definitions to add."""
+        key = key_of(goal_name, part)
+        # A goal that an earlier case of the transition sent to a fresh solver goes there first.
+        after_s = 0.0 if fresh_after_s is not None and goal_name + part in went_fresh else fresh_after_s
+        by_terms = [] if terms else definitions
+        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                             inputs, ops, by_terms, after_s, offload=helper is not None)
+        if status == PENDING:
+            query = [*facts, z3.Not(_name_of(solver, names, goal))]
+            future = helper.submit(check_text, render_query(solver, query), t0 + timeout_s)
+
+            def recheck(solver: z3.Solver = solver, facts: list[z3.BoolRef] = list(facts),
+                        names: dict[int, z3.BoolRef] = names) -> str:
+                return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                                   inputs, ops, by_terms, 0.0)
+
+            pending.append(Pending(goal_name, key, future, recheck))
+        if status == PENDING or f"{key} (fresh)" in result.goal_seconds:
+            went_fresh.add(goal_name + part)
+        return status
+
     names: dict[int, z3.BoolRef] = {}
     solver, facts = open_solver([*state_premises, *hypotheses])
     solver.set("timeout", remaining_ms())
@@ -414,10 +531,9 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         # the terms are replaced by stand-ins of which only those facts are known.
         for goal_name, goal in abstract_facts:
             key = f"{label}:{goal_name}" if label else goal_name
-            status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                                 inputs, Z3Ops(), [], fresh_after_s)
-            result.goals[goal_name] = status
-            if status != PROVED:
+            status = check(goal_name, goal, Z3Ops(), terms=True)
+            result.goals[goal_name] = PROVED if status == PENDING else status
+            if status not in (PROVED, PENDING):
                 return PROVED
         solver, facts = open_solver([*state_premises, *[substitute(h) for h in hypotheses], *stand_in_facts])
         names = {}
@@ -440,9 +556,6 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             facts.append(_name_of(solver, names, goal))
         else:
             solver.add(goal)
-
-    def key_of(goal_name: str, part: str = "") -> str:
-        return f"{label}:{goal_name}{part}" if label else goal_name + part
 
     def split_goal(goal_name: str, goal: z3.BoolRef, how: tuple[int, int] | Pin) -> list[z3.BoolRef]:
         if not isinstance(how, Pin):
@@ -473,16 +586,6 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         result.goal_seconds[key_of(goal_name, "#range")] = time.monotonic() - t_range
         return verdict == z3.unsat
 
-    def check(goal_name: str, goal: z3.BoolRef, ops: Z3Ops, part: str = "") -> str:
-        key = key_of(goal_name, part)
-        # A goal that an earlier case of the transition sent to a fresh solver goes there first.
-        after_s = 0.0 if fresh_after_s is not None and goal_name + part in went_fresh else fresh_after_s
-        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                             inputs, ops, definitions, after_s)
-        if f"{key} (fresh)" in result.goal_seconds:
-            went_fresh.add(goal_name + part)
-        return status
-
     for goal_name, build in post_goals:
         if time.monotonic() - t0 >= timeout_s:
             result.goals[goal_name] = UNKNOWN
@@ -496,16 +599,17 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             status = PROVED
             for i, part in enumerate(split_goal(goal_name, goal, splits[goal_name])):
                 status = check(goal_name, part, ops, f"#{i}")
-                if status != PROVED:
+                if status not in (PROVED, PENDING):
                     break
                 assume_proved(part)
-            if status == PROVED and not is_covered(goal_name, splits[goal_name]):
+            if status in (PROVED, PENDING) and not is_covered(goal_name, splits[goal_name]):
                 status = check(goal_name, goal, ops)  # the parts leave some counts out: the goal whole
         else:
             status = check(goal_name, goal, ops)
         previous = result.goals.get(goal_name, PROVED)
-        result.goals[goal_name] = status if previous == PROVED else previous
-        if status == PROVED:
+        # A pending goal counts as proved until settle() hears otherwise.
+        result.goals[goal_name] = (PROVED if status == PENDING else status) if previous == PROVED else previous
+        if status in (PROVED, PENDING):
             assume_proved(goal)
         if stop_at_first_failure and status == FAILED:
             break
@@ -574,7 +678,7 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
 def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
                 goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
                 pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
-                fresh_after_s: float | None = None) -> str:
+                fresh_after_s: float | None = None, offload: bool = False) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -592,7 +696,8 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
 
     ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
     to a fresh solver with everything asserted (:func:`_check_fresh`; time under
-    ``key + " (fresh)"``); 0: it goes to the fresh solver at once.
+    ``key + " (fresh)"``); 0: it goes to the fresh solver at once. ``offload``: instead of that,
+    PENDING is returned (the caller sends the query to the helper process).
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -607,6 +712,8 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         t_goal = time.monotonic()
         verdict = solver.check(*query)
         result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
+    if capped and verdict == z3.unknown and offload:
+        return PENDING
     if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
         verdict, fresh = _check_fresh(solver, query, remaining_ms())
