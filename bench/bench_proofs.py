@@ -13,7 +13,10 @@ markdown table per part and the totals. Report the machine's load with the figur
 policy, each method in a fresh process, one right after the other (the order rotates from row to
 row), so that all see the same load on a shared machine; it prints the times, the ratio first / last
 and the 1-minute load average per row, then the totals. ``symmetric`` also pays for its theorem
-(one row per policy). ``--method`` picks the method of the other tables.
+(one row per policy). ``--method`` picks the method of the other tables. A method may end in
+``-serial``: the same method in one process, without the helper process that checks the slow
+queries beside the proof (``spec/symbolic/helper.py``); ``--methods symmetric-serial,symmetric``
+is the before-and-after of that helper.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ from spec.symbolic.unbounded import prove_all_steps  # noqa: E402
 
 
 THEOREM_SYMMETRY = "theorem_symmetry"
+SERIAL = "-serial"
+"""Suffix of a method proved without the helper process (``prove_isolated(parallel=False)``)."""
+
+
+def get_method(spec: str) -> tuple[str, bool]:
+    """``symmetric-serial`` -> ("symmetric", False); ``symmetric`` -> ("symmetric", True)."""
+    return (spec[: -len(SERIAL)], False) if spec.endswith(SERIAL) else (spec, True)
 
 
 def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: list[str],
@@ -65,7 +75,7 @@ def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: li
 
     The ``symmetric`` method rests on one theorem per shape (the premises are blind to slot
     names, ``proofs.prove_theorem_symmetry``), proved in a fresh process of its own and counted
-    in its total as one more row.
+    in its total as one more row (for each of ``symmetric`` and ``symmetric-serial``).
     """
     first, last = methods[0], methods[-1]
     print(f"\n| transition | policy | {' | '.join(methods)} | {first} / {last} | load (1 min) |"
@@ -73,19 +83,19 @@ def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: li
     print("|---|---|" + "---|" * len(methods) + "---|---|")
     totals = {m: 0.0 for m in methods}
     rows = [(name, policy) for name in names for policy in policies]
-    if SYMMETRIC in methods:
+    if any(get_method(m)[0] == SYMMETRIC for m in methods):
         rows += [(THEOREM_SYMMETRY, policy) for policy in policies]
     for i, (name, policy) in enumerate(rows):
         shape = Shape(r, b, 2, policy)
         cells = {}
         for method in methods[i % len(methods):] + methods[:i % len(methods)]:
             if name == THEOREM_SYMMETRY:
-                if method != SYMMETRIC:
+                if get_method(method)[0] != SYMMETRIC:
                     cells[method] = (0.0, "-")
                     continue
                 res = run_isolated(prove_theorem_symmetry, shape, timeout_s)
             else:
-                res = prove_isolated(shape, name, timeout_s, method)
+                res = prove_isolated(shape, name, timeout_s, *get_method(method))
             totals[method] += res.seconds
             cells[method] = (res.seconds, f"{res.seconds:.1f} s" + ("" if res.status == PROVED else f" ({res.status})"))
         ratio = f"{cells[first][0] / cells[last][0]:.2f}" if cells[first][0] and cells[last][0] else "-"
@@ -122,7 +132,8 @@ def main() -> int:
     parser.add_argument("--compare", action="store_true",
                         help="the table at --bounds by each of --methods, in rotating order")
     parser.add_argument("--methods", default=f"{PLAIN},{SYMMETRIC}",
-                        help=f"with --compare: comma-separated, among {', '.join(METHODS)}; the ratio is first / last")
+                        help=f"with --compare: comma-separated, among {', '.join(METHODS)}, each may end in {SERIAL} "
+                             "(no helper process); the ratio is first / last")
     parser.add_argument("--transitions", default="", help="comma-separated names (default: all)")
     args = parser.parse_args()
     policies = args.policy.split(",")
@@ -135,7 +146,7 @@ def main() -> int:
         bounds = tuple(int(x) for x in args.bounds.split(","))
         if args.compare:
             methods = args.methods.split(",")
-            unknown = [m for m in methods if m not in METHODS]
+            unknown = [m for m in methods if get_method(m)[0] not in METHODS]
             if unknown or len(methods) < 2:
                 parser.error(f"--methods: two or more of {', '.join(METHODS)}, got {args.methods!r}")
             run_compare(*bounds, policies, args.timeout, names, methods)
