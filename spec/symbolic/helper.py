@@ -34,11 +34,16 @@ from typing import Any
 import z3
 
 
-def render_query(solver: z3.Solver, query: list[z3.BoolRef]) -> str:
-    """SMT-LIB text of ``solver``'s assertions with the ``query`` literals asserted (what ``_check_fresh`` checks)."""
+def get_fresh_solver(solver: z3.Solver, query: list[z3.BoolRef]) -> z3.Solver:
+    """A new solver holding ``solver``'s assertions with the ``query`` literals asserted (``proofs._check_fresh``)."""
     fresh = z3.Solver()
     fresh.add(*solver.assertions(), *query)
-    return fresh.to_smt2()
+    return fresh
+
+
+def render_query(solver: z3.Solver, query: list[z3.BoolRef]) -> str:
+    """SMT-LIB text of the fresh solver's query (:func:`get_fresh_solver`), for the helper."""
+    return get_fresh_solver(solver, query).to_smt2()
 
 
 def check_text(text: str, deadline: float) -> tuple[str, float]:

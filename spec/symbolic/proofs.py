@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import multiprocessing
 import sys
@@ -67,7 +68,7 @@ from typing import Any
 import z3
 
 import spec.invariants
-from spec.symbolic.helper import Helper, check_text, render_query, result_by
+from spec.symbolic.helper import Helper, check_text, get_fresh_solver, render_query, result_by
 from spec.symbolic.state import (
     LEMMAS,
     Shape,
@@ -502,18 +503,16 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         # A goal that an earlier case of the transition sent to a fresh solver goes there first.
         after_s = 0.0 if fresh_after_s is not None and goal_name + part in went_fresh else fresh_after_s
         by_terms = [] if terms else definitions
-        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                             inputs, ops, by_terms, after_s, offload=helper is not None)
-        if status == PENDING:
-            query = [*facts, z3.Not(_name_of(solver, names, goal))]
+
+        def send(query: list[z3.BoolRef]) -> None:
+            # The recheck is this very query, with the solver and facts as they are now.
+            recheck = functools.partial(_check_goal, solver, list(facts), names, named, goal, remaining_ms, result,
+                                        key, goal_name, pre, out, inputs, ops, by_terms, 0.0)
             future = helper.submit(check_text, render_query(solver, query), t0 + timeout_s)
-
-            def recheck(solver: z3.Solver = solver, facts: list[z3.BoolRef] = list(facts),
-                        names: dict[int, z3.BoolRef] = names) -> str:
-                return _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                                   inputs, ops, by_terms, 0.0)
-
             pending.append(Pending(goal_name, key, future, recheck))
+
+        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
+                             inputs, ops, by_terms, after_s, send if helper is not None else None)
         if status == PENDING or f"{key} (fresh)" in result.goal_seconds:
             went_fresh.add(goal_name + part)
         return status
@@ -661,8 +660,7 @@ def _check_fresh(solver: z3.Solver, query: list[z3.BoolRef], timeout_ms: int) ->
     ``lemma:step`` is unknown after 60 s in the proof's solver and unsat in 0.8 s in a new one.
     What the new solver learns is lost; the proof's solver keeps its own.
     """
-    fresh = z3.Solver()
-    fresh.add(*solver.assertions(), *query)
+    fresh = get_fresh_solver(solver, query)
     fresh.set("timeout", timeout_ms)
     return fresh.check(), fresh
 
@@ -678,7 +676,7 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
 def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
                 goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
                 pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
-                fresh_after_s: float | None = None, offload: bool = False) -> str:
+                fresh_after_s: float | None = None, offload: Any = None) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -697,7 +695,8 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
     ``fresh_after_s`` (named only): a query still open after that long is stopped and sent again
     to a fresh solver with everything asserted (:func:`_check_fresh`; time under
     ``key + " (fresh)"``); 0: it goes to the fresh solver at once. ``offload``: instead of that,
-    PENDING is returned (the caller sends the query to the helper process).
+    the query is handed to ``offload(query)`` (which sends it to the helper process) and PENDING
+    is returned.
     """
     if named:
         query = [*facts, z3.Not(_name_of(solver, names, goal))]
@@ -712,7 +711,8 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
         t_goal = time.monotonic()
         verdict = solver.check(*query)
         result.goal_seconds[key] = result.goal_seconds.get(key, 0.0) + time.monotonic() - t_goal
-    if capped and verdict == z3.unknown and offload:
+    if capped and verdict == z3.unknown and offload is not None:
+        offload(query)
         return PENDING
     if capped and verdict == z3.unknown:
         t_goal = time.monotonic()
