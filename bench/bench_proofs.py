@@ -148,7 +148,8 @@ def main() -> int:
             methods = args.methods.split(",")
             unknown = [m for m in methods if get_method(m)[0] not in METHODS]
             if unknown or len(methods) < 2:
-                parser.error(f"--methods: two or more of {', '.join(METHODS)}, got {args.methods!r}")
+                parser.error(f"--methods: two or more of {', '.join(METHODS)} (each may end in {SERIAL}), "
+                             f"got {args.methods!r}")
             run_compare(*bounds, policies, args.timeout, names, methods)
         else:
             run_bounded(*bounds, policies, args.timeout, names, args.method)
