@@ -557,6 +557,8 @@ def _stop_workers(executor: cf.ProcessPoolExecutor | None) -> None:
 
 
 def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, failures: list[TraceOutcome]) -> None:
+    from conformance.report import get_failure_facts
+
     summary["examples_run"] += 1
     if outcome.index == 0 and outcome.trace_text:
         write_atomic(run_dir / "sample.jsonl", outcome.trace_text)
@@ -580,7 +582,7 @@ def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, fail
         summary["failures"].append({
             "index": outcome.index, "trace_file": f"failures/{name}.jsonl", "report_file": f"failures/{name}.txt",
             "events": outcome.events, "signature": div.get("signature", "?"), "section": _section(div),
-            "step": div.get("step"), "message": div.get("message", ""), "shrunk_file": None, "shrunk_events": None,
+            **get_failure_facts(div), "shrunk_file": None, "shrunk_events": None,
         })
 
 
@@ -592,6 +594,7 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
                      say: Callable[[str], None]) -> None:
     """Shrink failures, one of each kind first, until the time budget is spent."""
     from conformance.adapters import make_sut
+    from conformance.report import get_failure_facts
     from conformance.shrink import shrink_trace
 
     sut = make_sut(spec.sut)
@@ -627,7 +630,8 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             result.trace.path = str(run_dir / "failures" / name)
             write_atomic(run_dir / "failures" / name, render_trace(result.trace))
             entry.update(shrunk_file=f"failures/{name}", shrunk_events=result.num_events,
-                         shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2))
+                         shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2),
+                         **{f"shrunk_{k}": v for k, v in get_failure_facts(result.divergence.to_dict()).items()})
             from conformance.replay import ReplayDeadline
             from conformance.replay import replay as _replay
 

@@ -133,11 +133,23 @@ def _print_summary(summary: dict) -> None:
     print(f"{summary['status'].upper()}: {summary['passed']} passed, {summary['failed']} failed, "
           f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
           f"({summary.get('traces_per_s')} traces/s)")
-    for f in summary["failures"][:10]:
-        shrunk = f" -> minimal {f['shrunk_events']} events: {summary['run_dir']}/{f['shrunk_file']}" if f["shrunk_file"] else ""
-        print(f"  FAIL {summary['run_dir']}/{f['trace_file']} ({f['events']} events) step {f['step']}: {f['signature']}{shrunk}")
-    if len(summary["failures"]) > 10:
-        print(f"  ... {len(summary['failures']) - 10} more in summary.md")
+    if summary["failures"]:
+        from conformance.report import compute_failure_groups, render_diff
+
+        groups = compute_failure_groups(summary, Path(summary["run_dir"]))
+        print(f"{summary['failed']} failing trace(s), {len(groups)} kind(s) of divergence; per kind, "
+              "the smallest trace: where it first differs, and what")
+        for number, g in enumerate(groups[:10], 1):
+            if g["cause_first"] and g["cause_kinds"] > 1:
+                print(f"  {g['cause_text']}:")
+            what = render_diff(g["diffs"][0]) if g["diffs"] else g["message_short"]
+            others = g["other_diffs"]
+            more = f" (and {others} more field{'' if others == 1 else 's'})" if others else ""
+            indent = "    " if g["cause_kinds"] > 1 else "  "
+            print(f"{indent}{number}. {g['signature']} ({g['count']} trace{'' if g['count'] == 1 else 's'}), "
+                  f"{g['where']}: {what}{more}: {g['trace_path']}")
+        if len(groups) > 10:
+            print(f"  ... {len(groups) - 10} more kinds in summary.md")
     if summary.get("harness_error"):
         print(f"  harness error: {summary['harness_error']}")
     if summary.get("coverage"):

@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from conformance.report import render_diff
 from conformance.trace import write_atomic
 
 
 def render_junit(summary: dict[str, Any], outcomes: list[Any]) -> str:
-    """A <testsuite> with one <testcase> per trace run."""
+    """A <testsuite> with one <testcase> per trace run.
+
+    A failure's message names the trace to look at (the minimal one when
+    shrunk), its step, the kind of divergence and what differed first there.
+    """
     spec = summary["spec"]
     failures = {f["index"]: f for f in summary["failures"]}
     run_dir = summary["run_dir"]
@@ -20,7 +25,10 @@ def render_junit(summary: dict[str, Any], outcomes: list[Any]) -> str:
         if o.index in failures:
             f = failures[o.index]
             where = f"{run_dir}/{f['shrunk_file'] or f['trace_file']}"
-            msg = f"{where}: step {f['step']}: {f['signature']}"
+            minimal = bool(f["shrunk_file"]) and "shrunk_step" in f  # the minimal trace's facts were recorded
+            step = f["shrunk_step"] if minimal else f["step"]
+            diffs = f.get("shrunk_diffs" if minimal else "diffs") or []
+            msg = f"{where}: step {step}: {f['signature']}" + (f": {render_diff(diffs[0])}" if diffs else "")
             text = (f"failing trace: {run_dir}/{f['trace_file']}\nminimal trace: "
                     f"{run_dir + '/' + f['shrunk_file'] if f['shrunk_file'] else '-'}\n\n{o.report}")
             cases.append(f"{head}><failure message={quoteattr(msg)} type=\"divergence\">{escape(text)}</failure></testcase>")

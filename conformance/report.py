@@ -2,12 +2,22 @@
 
 Both come from one context (:func:`compute_report_context`) and a Jinja2
 template each (``conformance/templates/``). The first screen says the verdict
-(pass, fail, unknown, harness error, interrupted, or still running / killed),
-then the failures grouped by kind of divergence (the ``signature``: the
-divergence kind and its most telling field), each with its count, its
-smallest trace, the config fields that matter to it, the step, the message,
-links to the trace and its text report, and the exact ``schedconf replay``
-command that reproduces it.
+(pass, fail, unknown, harness error, interrupted, or still running / killed;
+an interrupted run says whether by Ctrl-C or SIGTERM), then a table of the
+failures grouped by kind of divergence (the ``signature``: the divergence
+kind and its most telling field): per kind its count, what differed first in
+its smallest trace (``field: expected X, got Y``, values cut short where
+they differ, never scrolled sideways) and where (``step 2 of a 5-event
+trace``). Kinds whose minimal traces first differ at the same step in the
+same field are shown together as one cause ("3 kinds, one first
+difference"). Below, one section per kind: its smallest trace, the recorded
+differing fields, the config fields that matter to it, links to the trace
+and its text report, and the exact ``schedconf replay`` command that
+reproduces it.
+
+The facts shown come from the summary's failure entries, recorded by the
+campaign (:func:`get_failure_facts`: step, trace line, the first differing
+fields; ``shrunk_*`` for the minimal trace), not parsed from text.
 
 The HTML has no scripts and loads nothing: tables, and inline SVG for the
 smallest trace of each kind: a per-request timeline (state per step, tokens
@@ -407,8 +417,127 @@ def get_smallest_trace(failures: list[dict[str, Any]]) -> tuple[dict[str, Any], 
     return min(failures, key=lambda f: (f.get("events") or 0, f.get("index", 0))), False
 
 
+# ------------------------------------------------------ what differed first
+
+DIFF_LIMIT = 3
+"""How many differing fields a failure entry records (the most telling first)."""
+
+VALUE_WIDTH = 60
+"""The longest expected or actual value a failure entry records, in characters (longer ones are cut)."""
+
+
+def render_short_value(value: Any, width: int = VALUE_WIDTH) -> str:
+    """A value as compact JSON (a string as it is), cut to ``width`` characters ending in ``...``."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= width else text[: max(width - 3, 1)] + "..."
+
+
+def render_short_pair(expected: Any, actual: Any, width: int = VALUE_WIDTH) -> tuple[str, str]:
+    """Expected and actual as text of at most ``width`` characters each, both showing where they first differ.
+
+    Values that fit are kept whole. Longer ones are cut alike, a quarter of
+    ``width`` or a little more before the first character where their texts
+    differ, at the start of an item (after a ``, ``, ``[`` or ``{``) when one
+    is near (``...`` marks each cut): two long lists that share a prefix
+    still show their difference.
+    """
+    texts = [v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str) for v in (expected, actual)]
+    if all(len(t) <= width for t in texts):
+        return texts[0], texts[1]
+    same = 0
+    while same < min(len(t) for t in texts) and texts[0][same] == texts[1][same]:
+        same += 1
+    target = max(same - width // 4, 0)
+    item = max(texts[0].rfind(", ", 0, target + 1) + 2, texts[0].rfind("[", 0, target + 1) + 1,
+               texts[0].rfind("{", 0, target + 1) + 1)
+    start = item if same - item <= width // 2 else target
+    start = start if start > 3 else 0
+    out = []
+    for text in texts:
+        head = "..." if start else ""
+        body = text[start:]
+        if len(head) + len(body) > width:
+            body = body[: max(width - len(head) - 3, 1)] + "..."
+        out.append(head + body)
+    return out[0], out[1]
+
+
+def get_first_diffs(divergence: dict[str, Any], limit: int = DIFF_LIMIT,
+                    width: int = VALUE_WIDTH) -> list[dict[str, str]]:
+    """The first ``limit`` differing fields of a divergence (``Divergence.to_dict()``), as short text.
+
+    The fields the signature names (its most telling field) come first, then
+    the others in the comparator's order; each value is at most ``width``
+    characters, cut where expected and actual differ (:func:`render_short_pair`).
+    """
+    from conformance.compare import _generalize
+
+    telling = str(divergence.get("signature") or "").partition(":")[2]
+    diffs = sorted(divergence.get("diffs") or [], key=lambda d: _generalize(str(d.get("field", ""))) != telling)
+    out = []
+    for d in diffs[:limit]:
+        expected, actual = render_short_pair(d.get("expected"), d.get("actual"), width)
+        out.append({"field": str(d.get("field", "")), "expected": expected, "actual": actual})
+    return out
+
+
+def get_failure_facts(divergence: dict[str, Any] | None) -> dict[str, Any]:
+    """What a failure entry records of its first divergence: step, trace line, the first differing fields.
+
+    ``diffs`` holds at most :data:`DIFF_LIMIT` fields (:func:`get_first_diffs`);
+    ``num_diffs`` counts them all.
+    """
+    div = divergence or {}
+    return {"step": div.get("step"), "line": div.get("line"), "message": div.get("message", ""),
+            "diffs": get_first_diffs(div), "num_diffs": len(div.get("diffs") or [])}
+
+
+def render_diff(diff: dict[str, Any]) -> str:
+    """One differing field as a line: ``field: expected X, got Y``."""
+    return f"{diff['field']}: expected {diff['expected']}, got {diff['actual']}"
+
+
+def render_where(step: int | None, line: int | None, events: int | None) -> str:
+    """Where a trace first differs, with its size: ``step 2 of a 5-event trace``, ``at init, ...``."""
+    size = f"a {events if events is not None else '?'}-event trace"
+    if step is not None:
+        return f"step {step} of {size}"
+    if line == 1:
+        return f"at init, {size}"
+    if line is not None and line > 1:
+        return f"event {line - 1} of {size}, before the first step"
+    return size
+
+
+def get_cause_key(signature: str, step: int | None, diffs: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """What kinds with one root cause share: the divergence kind, the step and the first differing field.
+
+    The field is generalized (request ids and list positions dropped), so the
+    minimal traces of two kinds match whatever their ids. A kind without
+    differing fields (a crash, a timeout) is a cause of its own.
+    """
+    from conformance.compare import _generalize
+
+    if not diffs:
+        return ("kind", signature)
+    return (signature.partition(":")[0], step, _generalize(str(diffs[0]["field"])))
+
+
+def compute_causes(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Kinds grouped by first difference (:func:`get_cause_key`), most traces first; a cause keeps its kinds' order."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for g in groups:
+        by_key.setdefault(g["cause_key"], []).append(g)
+    order = {key: i for i, key in enumerate(by_key)}
+    return sorted(by_key.values(), key=lambda kinds: (-sum(g["count"] for g in kinds), order[kinds[0]["cause_key"]]))
+
+
 def compute_failure_groups(summary: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    """Failures grouped by signature, most frequent first, each with its smallest trace and how to replay it."""
+    """Failures grouped by signature, each with its smallest trace, what differed first there and how to replay it.
+
+    Kinds come grouped by cause (:func:`compute_causes`), the cause with the
+    most traces first; ``cause``, ``cause_kinds`` and ``cause_text`` say which.
+    """
     spec = summary.get("spec") or {}
     sut, comparison = str(spec.get("sut", "?")), str(spec.get("comparison", "strict"))
     by_sig: dict[str, list[dict[str, Any]]] = {}
@@ -422,15 +551,23 @@ def compute_failure_groups(summary: dict[str, Any], run_dir: Path) -> list[dict[
         if not (run_dir / report_file).is_file():
             report_file = best.get("report_file") or ""
         step, message = best.get("step"), best.get("message", "")
+        line, diffs = best.get("line"), list(best.get("diffs") or [])
+        num_diffs = best.get("num_diffs", len(diffs))
         step_note = ""
         if shrunk:
-            min_step, min_message = (best.get("shrunk_step"), best.get("shrunk_message", "")) \
-                if "shrunk_step" in best else get_first_divergence(run_dir / report_file)
-            if min_step is not None or min_message:
-                step_note = f"step {step} in the original trace {best.get('trace_file', '')}"
-                step, message = min_step, min_message or message
+            if "shrunk_step" in best:  # recorded by the campaign
+                min_step, min_message = best.get("shrunk_step"), best.get("shrunk_message", "")
+            else:  # a summary from before minimal traces' facts were recorded: read the text report
+                min_step, min_message = get_first_divergence(run_dir / report_file)
+            line, diffs = best.get("shrunk_line"), list(best.get("shrunk_diffs") or [])
+            num_diffs = best.get("shrunk_num_diffs", len(diffs))
+            step_note = f"step {step} in the original trace {best.get('trace_file', '')}"
+            step, message = min_step, min_message or message  # the minimal trace's step, None if unknown
         if step is not None:
             message = re.sub(rf"^step {step}: ", "", str(message))
+        events = best.get("shrunk_events") if shrunk else best.get("events")
+        diffs = [dict(d, **dict(zip(("expected", "actual"), render_short_pair(d.get("expected"), d.get("actual")))))
+                 for d in diffs]  # a summary written with longer values still shows them short
         kind, _, field = signature.partition(":")
         topic, _ = get_section_rule(signature)
         header = get_trace_header(run_dir / trace_file)
@@ -440,14 +577,36 @@ def compute_failure_groups(summary: dict[str, Any], run_dir: Path) -> list[dict[
             "members": sorted(members, key=lambda f: f.get("index", 0)),
             "best": best, "shrunk": shrunk, "trace_file": trace_file,
             "trace_href": quote(trace_file), "trace_path": str(run_dir / trace_file),
-            "events": best.get("shrunk_events") if shrunk else best.get("events"),
+            "events": events,
             "report_file": report_file, "report_href": quote(report_file),
             "original_file": best.get("trace_file", ""), "original_events": best.get("events"),
             "step": step, "step_note": step_note, "message": message,
+            "message_short": render_short_value(str(message), 200), "line": line,
+            "diffs": diffs, "more_diffs": max(num_diffs - len(diffs), 0), "other_diffs": max(num_diffs - 1, 0),
+            "where": render_where(step, line, events),
+            "cause_key": get_cause_key(signature, step, diffs),
             "config": compute_relevant_config(signature, header), "header_missing": not header,
             "replay": render_replay_command(run_dir / trace_file, sut, comparison),
         })
-    return groups
+    ordered = []
+    for number, kinds in enumerate(compute_causes(groups), 1):
+        for i, g in enumerate(kinds):
+            g.update(cause=number, cause_kinds=len(kinds), cause_first=i == 0, cause_text=render_cause(kinds))
+            ordered.append(g)
+    return ordered
+
+
+def render_cause(kinds: list[dict[str, Any]]) -> str:
+    """``3 kinds, one first difference: FIELD at step N`` (empty for a kind alone)."""
+    if len(kinds) < 2:
+        return ""
+    _, step, field = kinds[0]["cause_key"]
+    return f"{len(kinds)} kinds, one first difference: {field}" + (f" at step {step}" if step is not None else "")
+
+
+def get_interruption_cause(summary: dict[str, Any]) -> str:
+    """How an interrupted run was stopped, from ``interrupted_by``: ``by SIGTERM``, ``by Ctrl-C (SIGINT)``, or ""."""
+    return {"SIGTERM": "by SIGTERM", "SIGINT": "by Ctrl-C (SIGINT)"}.get(str(summary.get("interrupted_by")), "")
 
 
 def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
@@ -461,11 +620,17 @@ def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None)
     groups = compute_failure_groups(summary, run_dir)
     failed = summary.get("failed", len(summary.get("failures") or []))
     notes = []
+    stopper = get_interruption_cause(summary)
+    if status == "interrupted" and stopper:
+        meaning = f"the run was stopped early {stopper}: partial results"
     if summary.get("interrupted") and status != "interrupted":
-        notes.append("The run was interrupted (Ctrl-C): the results are partial.")
+        notes.append(f"The run was interrupted{' ' + stopper if stopper else ''}: the results are partial.")
     if status == "fail" and groups:
+        causes = len({g["cause"] for g in groups})
         notes.append(f"{failed} failing trace{'' if failed == 1 else 's'}, {len(groups)} kind"
-                     f"{'' if len(groups) == 1 else 's'} of divergence.")
+                     f"{'' if len(groups) == 1 else 's'} of divergence"
+                     + (f", {causes} distinct first difference{'' if causes == 1 else 's'}." if causes < len(groups)
+                        else "."))
     if len(summary.get("failures") or []) < (failed or 0):
         notes.append(f"Only {len(summary.get('failures') or [])} of the {failed} failures are listed.")
     counts = [(name, summary.get(key, "?")) for name, key in (
@@ -511,8 +676,20 @@ def get_template(name: str) -> Any:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["md_cell"] = render_md_cell
+    env.filters["wrap_points"] = render_wrap_points
     env.filters["md_code"] = render_md_code
     return env.get_template(name)
+
+
+def render_wrap_points(value: Any) -> Any:
+    """HTML-escaped text with a line-break opportunity (``<wbr>``) after each ``.``, ``:`` and ``,``.
+
+    Long field paths and signatures then wrap between their parts in a narrow
+    table column instead of in the middle of a name.
+    """
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"([.:,])", r"\1<wbr>", str(escape(value))))
 
 
 def render_md_cell(value: Any) -> str:

@@ -4,8 +4,10 @@ import copy
 import json
 import re
 import shutil
+import xml.etree.ElementTree as ET
 
 import pytest
+from markupsafe import escape
 
 from conformance.campaign import CampaignSpec, run_campaign
 from conformance.report import (compute_failure_groups, compute_relevant_config, render_html, render_summary_md,
@@ -209,3 +211,190 @@ def test_interrupted_and_still_running_runs_say_so(tmp_path):
     for phase in ("starting", "replaying", "shrinking"):  # the phases a run's summary.json goes through
         write_reports(tmp_path, dict(running, status=phase))
         assert "<b>RUNNING OR KILLED</b>" in (tmp_path / "report.html").read_text(), phase
+
+
+# ------------------------------------------------------------ what differed first
+
+def _text_report_rows(path):
+    """The first-divergence step and the field table of a text report (replay.render_divergence's layout)."""
+    lines = path.read_text().splitlines()
+    step = int(re.search(r"first divergence at step (\d+):", lines[0]).group(1))
+    rows = {}
+    for ln in lines[3:]:
+        parts = [p.strip() for p in ln.split(" | ")]
+        if parts[0] == "field":
+            continue
+        if len(parts) != 3:
+            break
+        rows[parts[0]] = (parts[1], parts[2])
+    return step, rows
+
+
+def test_each_failure_records_its_first_differing_fields(failing_run):
+    """For the original and the minimal trace: the step, the trace line, and up to 3 differing fields,
+    the kind's own field first, each as the text report (a separate renderer) shows it, cut to 60 characters."""
+    run_dir, summary = failing_run
+    shrunk = [f for f in summary["failures"] if f["shrunk_file"]]
+    assert shrunk
+    for f in summary["failures"]:
+        for prefix, report in (("", f["report_file"]), ("shrunk_", f["shrunk_file"] and
+                                                         f["shrunk_file"].replace(".jsonl", ".txt"))):
+            if not report:
+                continue
+            step, rows = _text_report_rows(run_dir / report)
+            diffs = f[f"{prefix}diffs"]
+            assert f[f"{prefix}step"] == step and isinstance(f[f"{prefix}line"], int)
+            assert f[f"{prefix}num_diffs"] == len(rows) and 1 <= len(diffs) == min(3, len(rows))
+            assert diffs[0]["field"] == f["signature"].partition(":")[2] == "preempted_req_ids"
+            for d in diffs:
+                assert d["field"] in rows and len(d["expected"]) <= 60 and len(d["actual"]) <= 60
+                expected, actual = rows[d["field"]]
+                if len(expected) <= 60 and len(actual) <= 60:
+                    assert (d["expected"], d["actual"]) == (expected, actual)
+                else:  # cut alike where they first differ
+                    assert d["expected"] != d["actual"] and d["expected"].endswith("...")
+
+
+def test_first_screen_shows_what_differed_where_in_the_table_of_kinds(failing_run):
+    run_dir, summary = failing_run
+    best = min((f for f in summary["failures"] if f["shrunk_file"]), key=lambda f: (f["shrunk_events"], f["index"]))
+    d = best["shrunk_diffs"][0]
+    where = f"step {best['shrunk_step']} of a {best['shrunk_events']}-event trace"
+    page = (run_dir / "report.html").read_text()
+    kinds = page[page.index('<table class="kinds">'):]
+    kinds = kinds[: kinds.index("</table>")]
+    esc = {k: str(escape(v)) for k, v in d.items()}
+    assert (f'<code>{esc["field"]}</code>: expected <code class="expected">{esc["expected"]}</code>, '
+            f'got <code class="actual">{esc["actual"]}</code>') in kinds
+    assert where.replace("-event", "\u2011event") in kinds and best["shrunk_file"] in kinds
+    # The first screen holds the verdict, the counts and this table, nothing that scrolls sideways.
+    assert "<pre" not in page[: page.index('<section class="group"')]
+    md = (run_dir / "summary.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 1 | "))
+    assert f"`{d['field']}`: expected `{d['expected']}`, got `{d['actual']}`" in row and f"| {where} |" in row
+
+
+def test_the_printed_summary_has_one_line_per_kind_with_what_differed(failing_run, capsys):
+    from conformance.cli import _print_summary
+
+    run_dir, summary = failing_run
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    best = min((f for f in summary["failures"] if f["shrunk_file"]), key=lambda f: (f["shrunk_events"], f["index"]))
+    d = best["shrunk_diffs"][0]
+    lines = [ln for ln in out.splitlines() if ln.startswith("  1. ")]
+    assert len(lines) == 1 and len([ln for ln in out.splitlines() if re.match(r"\s+\d+\. ", ln)]) == 1
+    line = lines[0]
+    assert line.startswith(f"  1. {best['signature']} ({len(summary['failures'])} traces), "
+                           f"step {best['shrunk_step']} of a {best['shrunk_events']}-event trace: "
+                           f"{d['field']}: expected {d['expected']}, got {d['actual']}")
+    assert line.endswith(str(run_dir / best["shrunk_file"]))
+
+
+def test_junit_failure_message_carries_what_differed(failing_run):
+    from conformance.campaign import TraceOutcome
+    from conformance.junit import render_junit
+
+    run_dir, summary = failing_run
+    outcomes = [TraceOutcome(index=f["index"], verdict="fail", steps=1, events=f["events"], report="r")
+                for f in summary["failures"]]
+    messages = {case.get("name"): case.find("failure").get("message")
+                for case in ET.fromstring(render_junit(summary, outcomes)).iter("testcase")}
+    for f in summary["failures"]:
+        d = (f["shrunk_diffs"] if f["shrunk_file"] else f["diffs"])[0]
+        step = f["shrunk_step"] if f["shrunk_file"] else f["step"]
+        assert messages[f"trace-{f['index']:05d}"] == (
+            f"{run_dir}/{f['shrunk_file'] or f['trace_file']}: step {step}: {f['signature']}: "
+            f"{d['field']}: expected {d['expected']}, got {d['actual']}")
+
+
+def _failure(index, signature, step, field, expected, actual, events=6, shrunk=True):
+    """A failure entry as a campaign records it (minimal trace shrunk to ``events`` events)."""
+    diffs = [{"field": field, "expected": expected, "actual": actual}] if field else []
+    entry = {"index": index, "trace_file": f"failures/trace-{index:05d}.jsonl", "events": 40,
+             "report_file": f"failures/trace-{index:05d}.txt", "signature": signature, "step": step + 5,
+             "line": 20, "message": f"step {step + 5}: schedule() differs", "diffs": diffs, "num_diffs": len(diffs),
+             "shrunk_file": None, "shrunk_events": None}
+    if shrunk:
+        entry.update(shrunk_file=f"failures/trace-{index:05d}.min.jsonl", shrunk_events=events, shrunk_step=step,
+                     shrunk_line=2 * step + 1, shrunk_message=f"step {step}: schedule() differs", shrunk_diffs=diffs,
+                     shrunk_num_diffs=len(diffs), shrunk_signature=signature)
+    return entry
+
+
+def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
+    # Kinds 1 and 2: minimal traces first differ at step 4 in num_scheduled_tokens (of other requests: the ids
+    # do not count). Kind 3 differs in the same field at step 5: a cause of its own; so is the crash.
+    # Kind 4 has the most traces, so its cause comes first; then the shared cause (2 traces), then the rest.
+    failures = [
+        _failure(1, "scheduler_output:num_scheduled_tokens", 4, "num_scheduled_tokens.<r1>", "2", "1"),
+        _failure(2, "scheduler_output:scheduled_cached_reqs.num_computed_tokens", 4, "num_scheduled_tokens.<r3>",
+                 "3", "<missing>"),
+        _failure(3, "scheduler_output:total_num_scheduled_tokens", 5, "num_scheduled_tokens.<r1>", "2", "1"),
+        _failure(4, "scheduler_output:preempted_req_ids", 2, "preempted_req_ids", '["r1"]', '["r0"]'),
+        _failure(5, "scheduler_output:preempted_req_ids", 3, "preempted_req_ids", '["r2"]', '["r0"]', events=9),
+        _failure(6, "scheduler_output:preempted_req_ids", 2, "preempted_req_ids", '["r1"]', '["r2"]', events=8),
+        _failure(7, "sut_error", 1, None, None, None),
+    ]
+    summary = _base_summary(status="fail", passed=3, failed=7, failures=failures)
+    groups = compute_failure_groups(summary, tmp_path)
+    assert [g["signature"].split(":")[-1] for g in groups] == [
+        "preempted_req_ids", "num_scheduled_tokens", "scheduled_cached_reqs.num_computed_tokens",
+        "total_num_scheduled_tokens", "sut_error"]
+    assert [g["cause"] for g in groups] == [1, 2, 2, 3, 4]
+    assert groups[1]["cause_text"] == "2 kinds, one first difference: num_scheduled_tokens at step 4"
+    page = render_html(summary, tmp_path)
+    assert page.count('<tr class="cause">') == 1
+    cause = re.search(r'<tr class="cause">(.*?)</tr>', page, re.S).group(1)
+    assert "2 kinds, one first difference" in cause and "num_scheduled_tokens" in cause and "at step 4" in cause
+    # the cause row sits right above its two kinds
+    kinds = page[page.index('<table class="kinds">'):]
+    assert kinds.index('href="#kind-1"') < kinds.index('<tr class="cause">') < kinds.index('href="#kind-2"') \
+        < kinds.index('href="#kind-3"') < kinds.index("</table>")
+    assert "7 failing traces, 5 kinds of divergence, 4 distinct first differences." in page
+    md = render_summary_md(summary, tmp_path)
+    assert "| | **2 kinds, one first difference**: `num_scheduled_tokens` at step 4 | | | | |" in md
+    # The smallest preemption trace (6 events) is the one shown; the crash shows its message.
+    assert "| 1 | `scheduler_output:preempted_req_ids` | 3 | `preempted_req_ids`: expected `[\"r1\"]`, got " \
+           "`[\"r0\"]` | step 2 of a 6-event trace |" in md
+    assert "| 5 | `sut_error` | 1 | schedule() differs | step 1 of a 6-event trace |" in md
+
+
+def test_long_values_are_cut_where_they_differ_and_never_scroll(tmp_path):
+    from conformance.report import render_short_pair
+
+    # Two 40-number lists differing in the last one: cut alike, each at most 60 characters, both showing it.
+    expected, actual = render_short_pair(list(range(40)), list(range(39)) + [99])
+    assert len(expected) <= 60 and len(actual) <= 60
+    assert expected.startswith("...") and expected.endswith(", 39]") and actual.endswith(", 99]")
+    assert render_short_pair(["r1"], ["r0"]) == ('["r1"]', '["r0"]')  # short values stay whole
+    # A summary written with a 600-character value (by hand, or by an older campaign) still shows it cut.
+    huge = json.dumps(list(range(150)))
+    summary = _base_summary(status="fail", passed=9, failed=1, failures=[
+        _failure(1, "scheduler_output:scheduled_new_reqs", 3, "scheduled_new_reqs", huge, "[]")])
+    page = render_html(summary, tmp_path)
+    assert huge not in page and re.search(r'<code class="expected">\[0, 1, 2, [^<]{0,50}\.\.\.</code>', page)
+
+
+def test_an_old_summary_without_recorded_differences_still_renders(tmp_path):
+    failure = _failure(1, "sut_error", 3, None, None, None)
+    for key in ("diffs", "num_diffs", "line", "shrunk_diffs", "shrunk_num_diffs", "shrunk_line", "shrunk_step",
+                "shrunk_message"):
+        failure.pop(key)
+    summary = _base_summary(status="fail", passed=9, failed=1, failures=[failure])
+    [group] = compute_failure_groups(summary, tmp_path)
+    assert group["diffs"] == [] and group["where"] == "a 6-event trace"  # no text report to read the step from
+    assert "schedule() differs" in render_html(summary, tmp_path)
+
+
+@pytest.mark.parametrize("by, words", [("SIGTERM", "by SIGTERM"), ("SIGINT", "by Ctrl-C (SIGINT)")])
+def test_an_interrupted_run_says_what_stopped_it(tmp_path, by, words):
+    failing = _base_summary(status="fail", interrupted=True, interrupted_by=by, passed=4, failed=1,
+                            failures=[_failure(1, "sut_error", 1, None, None, None)])
+    stopped = _base_summary(status="interrupted", interrupted=True, interrupted_by=by, examples_run=5, passed=5)
+    for summary in (failing, stopped):
+        md = render_summary_md(summary, tmp_path)
+        page = render_html(summary, tmp_path)
+        assert words in md and words in page
+        if by == "SIGTERM":
+            assert "Ctrl-C" not in md and "Ctrl-C" not in page
