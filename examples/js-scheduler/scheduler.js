@@ -94,7 +94,8 @@ function canonicalJson(value) {
 // ============================================================ 2. init
 
 // Every config field, in the order the spec validates them, with the default
-// used when a field is absent (spec/config.py).
+// used when a field is absent (spec/config.py). The last four came with vLLM
+// 0.32 (optional in traces: absent means the default).
 const CONFIG_DEFAULTS = {
   block_size: 16,
   num_gpu_blocks: 10000,
@@ -108,28 +109,72 @@ const CONFIG_DEFAULTS = {
   num_spec_tokens: 0,
   num_lookahead_tokens: 0,
   scheduler_reserve_full_isl: null,
+  max_concurrent_batches: 1,
+  max_num_active_seqs: null,
+  long_prefill_token_threshold_adaptive: false,
+  use_v2_model_runner: false,
 };
-const KNOWN_PROFILES = ['vllm-0.33', 'vllm-0.32', 'vllm-0.11'];
+const BOOLEAN_FIELDS = ['enable_chunked_prefill', 'enable_prefix_caching', 'long_prefill_token_threshold_adaptive',
+  'use_v2_model_runner'];
+const NULLABLE_FIELDS = ['scheduler_reserve_full_isl', 'max_num_active_seqs']; // null means "the default"
+
+// Every v1 profile the spec knows (spec/profiles.py), with the start-up rules
+// that differ between their releases. We implement vllm-0.33 only; a config
+// for another one is still checked, so a config the release refuses gets the
+// release's error code, and only a valid one gets `unsupported`.
+//   thresholdLimit: long_prefill_token_threshold <= max_model_len is required
+//   lateKnobs:      the 0.32 knobs (max_num_active_seqs, ...) exist
+//   inFlight:       steps in flight are modelled; async: AsyncScheduler
+const V1_PROFILES = {
+  'vllm-0.33': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false },
+  'vllm-0.32': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false },
+  'vllm-0.33-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true },
+  'vllm-0.32-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true },
+  'vllm-0.11': { thresholdLimit: false, lateKnobs: false, inFlight: false, async: false },
+  'aphrodite-0.24': { thresholdLimit: true, lateKnobs: false, inFlight: false, async: false },
+};
+// Profiles of vLLM's legacy v0 scheduler: another scheduler with another
+// config (spec/v0/), not implemented here.
+const V0_PROFILES = ['vllm-0.10'];
 const SUPPORTED_PROFILE = 'vllm-0.33';
 
-/** Validate an init request; returns the full config or throws the spec's code. */
+/** Validate an init request; returns the full config or throws the spec's code (or `unsupported`). */
 function readConfig(params) {
-  const raw = params.config;
+  // A v0 config has other fields and rules: we cannot even check it.
+  check(!V0_PROFILES.includes(params.profile), 'unsupported',
+    `${params.profile} is vLLM's legacy v0 scheduler; only the v1 scheduler of ${SUPPORTED_PROFILE} is implemented`);
+  const c = checkConfig(params.config);
+  const rules = V1_PROFILES[params.profile];
+  check(rules !== undefined, 'unknown_profile', `unknown profile ${JSON.stringify(params.profile)}`);
+  checkConfigForProfile(c, params.profile, rules);
+
+  // A valid config and profile that this small scheduler does not implement:
+  // the harness records the verdict as "unknown", not as a failure. Decided
+  // here, at init: `unsupported` is no answer to any later call.
+  check(params.profile === SUPPORTED_PROFILE, 'unsupported', `only the ${SUPPORTED_PROFILE} profile is implemented`);
+  check(!c.enable_prefix_caching, 'unsupported', 'prefix caching is not implemented');
+  check(c.max_concurrent_batches === 1, 'unsupported', 'steps in flight (max_concurrent_batches > 1) are not implemented');
+  return c;
+}
+
+/** The rules every profile shares (spec/config.py), in the spec's order of checks. */
+function checkConfig(raw) {
   check(isObject(raw), 'invalid_config_type', 'config must be an object');
   const unknown = Object.keys(raw).filter((k) => !Object.hasOwn(CONFIG_DEFAULTS, k)).sort(compareIds);
   check(unknown.length === 0, 'unknown_config_field', `unknown config field(s): ${unknown.join(', ')}`);
   const c = { ...CONFIG_DEFAULTS };
   for (const k of Object.keys(raw)) c[k] = raw[k];
 
-  for (const [name, value] of Object.entries(c)) {
-    if (name === 'enable_chunked_prefill' || name === 'enable_prefix_caching') {
+  for (const [name, value] of Object.entries(c)) { // CONFIG_DEFAULTS' order
+    if (BOOLEAN_FIELDS.includes(name)) {
       check(typeof value === 'boolean', 'invalid_config_type', `${name} must be a boolean`);
     } else if (name === 'scheduler_reserve_full_isl') {
       check(value === null || typeof value === 'boolean', 'invalid_config_type', `${name} must be a boolean or null`);
     } else if (name === 'policy') {
       check(value === 'fcfs' || value === 'priority', 'invalid_policy', "policy must be 'fcfs' or 'priority'");
     } else {
-      check(isInt(value), 'invalid_config_type', `${name} must be an integer`);
+      check(isInt(value) || (NULLABLE_FIELDS.includes(name) && value === null), 'invalid_config_type',
+        `${name} must be an integer${NULLABLE_FIELDS.includes(name) ? ' or null' : ''}`);
     }
   }
   check(c.block_size >= 1, 'invalid_block_size', 'block_size must be >= 1');
@@ -139,6 +184,9 @@ function readConfig(params) {
   check(c.max_model_len >= 1, 'invalid_max_model_len', 'max_model_len must be >= 1');
   check(c.long_prefill_token_threshold >= 0, 'invalid_threshold', 'long_prefill_token_threshold must be >= 0');
   check(c.num_spec_tokens >= 0, 'invalid_num_spec_tokens', 'num_spec_tokens must be >= 0');
+  check(c.max_num_active_seqs === null || (c.max_num_active_seqs >= 1 && c.max_num_active_seqs <= c.max_num_seqs),
+    'invalid_max_num_active_seqs', 'max_num_active_seqs must be null or in [1, max_num_seqs]');
+  check(c.max_concurrent_batches >= 1, 'invalid_max_concurrent_batches', 'max_concurrent_batches must be >= 1');
   check(c.num_lookahead_tokens >= 0, 'invalid_num_lookahead_tokens', 'num_lookahead_tokens must be >= 0');
   check(c.enable_chunked_prefill || c.max_num_batched_tokens >= c.max_model_len,
     'budget_below_max_model_len', 'without chunked prefill, max_num_batched_tokens must be >= max_model_len');
@@ -146,18 +194,21 @@ function readConfig(params) {
     'max_num_batched_tokens must be >= max_num_seqs');
   check(cdiv(c.max_model_len, c.block_size) <= c.num_gpu_blocks - 1,
     'pool_below_max_model_len', 'num_gpu_blocks - 1 usable blocks must hold max_model_len tokens');
-  // The vllm-0.33 profile's own start-up checks (spec/profiles.py), after the config's.
-  check(c.long_prefill_token_threshold <= c.max_model_len, 'threshold_above_max_model_len',
+  return c;
+}
+
+/** The profile's own start-up checks (spec/profiles.py check_config_for_profile), after the config's. */
+function checkConfigForProfile(c, profile, rules) {
+  check(!rules.thresholdLimit || c.long_prefill_token_threshold <= c.max_model_len, 'threshold_above_max_model_len',
     'long_prefill_token_threshold cannot exceed max_model_len');
   // A threshold of at most num_spec_tokens is accepted, as vLLM does; vLLM then
   // dies in schedule() when it cuts a padded admission, and so do we (6b).
-
-  // A valid config and profile that this small scheduler does not implement:
-  // the harness records the verdict as "unknown", not as a failure.
-  check(KNOWN_PROFILES.includes(params.profile), 'unknown_profile', `unknown profile ${JSON.stringify(params.profile)}`);
-  check(params.profile === SUPPORTED_PROFILE, 'unsupported', `only the ${SUPPORTED_PROFILE} profile is implemented`);
-  check(!c.enable_prefix_caching, 'unsupported', 'prefix caching is not implemented');
-  return c;
+  const lateKnobs = ['max_num_active_seqs', 'long_prefill_token_threshold_adaptive', 'use_v2_model_runner']
+    .filter((k) => c[k] !== CONFIG_DEFAULTS[k]);
+  check(rules.lateKnobs || lateKnobs.length === 0, 'knob_not_in_release',
+    `${lateKnobs.join(', ')}: not a knob of ${profile}'s release`);
+  check(c.max_concurrent_batches === 1 || (rules.inFlight && (c.num_spec_tokens === 0 || rules.async)),
+    'in_flight_not_modelled', `steps in flight (max_concurrent_batches=${c.max_concurrent_batches}) are not modelled`);
 }
 
 // ============================================================ 3. a request
@@ -369,9 +420,13 @@ class Scheduler {
       prefillScheduled: false, // scheduled a running request whose last step was a prefill chunk
     };
     // The long-prefill threshold caps one request's tokens per step, unless
-    // it is the only request around (nobody to starve).
-    const lone = this.running.length + this.waiting.length <= 1;
-    const threshold = lone ? 0 : this.cfg.long_prefill_token_threshold;
+    // it is the only request around (nobody to starve). Adaptive (0.32+): the
+    // cap is at least a fair share of the budget among the requests present.
+    const numPresent = this.running.length + this.waiting.length;
+    let threshold = numPresent <= 1 ? 0 : this.cfg.long_prefill_token_threshold;
+    if (threshold > 0 && this.cfg.long_prefill_token_threshold_adaptive) {
+      threshold = Math.max(threshold, Math.floor(this.cfg.max_num_batched_tokens / numPresent));
+    }
 
     this.runningLoop(st, threshold);
     // A step that preempted admits nobody: freed blocks go to running requests.
@@ -458,7 +513,8 @@ class Scheduler {
   waitingLoop(st, threshold) {
     const { num_spec_tokens: numSpec, max_model_len: maxLen } = this.cfg;
     while (st.budget > 0 && this.waiting.length > 0) {
-      if (this.running.length >= this.cfg.max_num_seqs) break;
+      // Seats: max_num_active_seqs (0.32+; null means max_num_seqs) may run at once.
+      if (this.running.length >= (this.cfg.max_num_active_seqs ?? this.cfg.max_num_seqs)) break;
       const r = this.waiting.peek();
       let n = r.numTokens; // a resumed request re-prefills its outputs too
       // Spec-decode padding (0.32+): a one-token admission joining a batch of
@@ -506,13 +562,16 @@ class Scheduler {
       num_computed_tokens: r.numComputed,
       num_output_tokens: r.numOutputTokens,
     });
+    // The V2 model runner's layout (use_v2_model_runner, 0.32+) lists resumed
+    // requests after the new ones, as new requests with all their blocks.
+    const v2 = this.cfg.use_v2_model_runner;
     const output = {
-      scheduled_new_reqs: st.admitted.map((r) => ({
+      scheduled_new_reqs: [...st.admitted, ...(v2 ? st.resumed : [])].map((r) => ({
         req_id: r.id, block_ids: st.newBlocks.get(r.id), num_computed_tokens: r.numComputed,
       })),
       scheduled_cached_reqs: [
         ...st.runningScheduled.map((r) => cached(r, false)),
-        ...st.resumed.map((r) => cached(r, true)),
+        ...(v2 ? [] : st.resumed.map((r) => cached(r, true))),
       ],
       num_scheduled_tokens: Object.fromEntries(sortedEntries(st.tokens)),
       total_num_scheduled_tokens: [...st.tokens.values()].reduce((a, b) => a + b, 0),
