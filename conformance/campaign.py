@@ -130,9 +130,17 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
 
     Config overrides are applied to each; a workload whose overridden config
     is invalid (e.g. chunking off with a small budget) is replaced by the
-    next draw of the seeded generator.
+    next draw of the seeded generator. Then a share of them, all but the
+    first (the report's sample trace), becomes their config one step past a
+    start-up limit, the overrides still in force (``conformance/generate.py``
+    ``choose_refused_config``: a stream of the example's seed of its own, so
+    the other workloads stay as they were).
     """
+    from conformance.generate import choose_refused_config
+
     workloads = _apply_overrides(spec, _draw(spec))
+    workloads = [choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
+                 for i, w in enumerate(workloads)]
     if spec.comparison == "safety" or not spec.prefix_cache_resets:
         # The safety comparison drives one step at a time and has no prefix-cache
         # reset (a reset is a vLLM API, not a rule every scheduler shares).
@@ -238,10 +246,17 @@ def _exit_worker(signum: int, frame: Any) -> None:  # noqa: ARG001
     os._exit(128 + signum)
 
 
+def get_campaign_features(trace: Trace) -> list[str]:
+    """What a campaign counts for a trace: :func:`features_of`, and ``refused_config`` for a config refused at start."""
+    return ["refused_config"] if "expect_error" in trace.header else features_of(trace)
+
+
 def features_of(trace: Trace) -> list[str]:
     """The hard cases a trace reaches (for coverage shares in the summary).
 
-    A v0 trace: :func:`conformance.workload_v0.get_v0_features`.
+    A v0 trace: :func:`conformance.workload_v0.get_v0_features`. A config
+    refused at start (the header's ``expect_error``) reaches none
+    (:func:`get_campaign_features` counts it as ``refused_config``).
     """
     if trace.scheduler == "v0":
         from conformance.workload_v0 import get_v0_features
@@ -343,7 +358,7 @@ def run_one(index: int, workload: Workload) -> TraceOutcome:
     trace.path = f"trace-{index}"
     result: ReplayResult = replay(trace, sut, spec.comparison, step_timeout=spec.step_timeout)
     outcome = TraceOutcome(index=index, verdict=result.verdict, steps=trace.num_steps(), events=len(trace.events),
-                           features=features_of(trace))
+                           features=get_campaign_features(trace))
     if result.verdict != PASS or index == 0:
         outcome.trace_text = render_trace(trace)  # failures, and one sample for the report
         outcome.divergence = result.divergence.to_dict() if result.divergence else None
@@ -566,6 +581,8 @@ def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, fail
         summary["features"][feature] = summary["features"].get(feature, 0) + 1
     if outcome.verdict == PASS:
         summary["passed"] += 1
+        if "refused_config" in outcome.features:
+            summary["passed_refused_config"] = summary.get("passed_refused_config", 0) + 1
     elif outcome.verdict == "discarded":
         summary["discarded"] += 1
     elif outcome.verdict == UNKNOWN:
@@ -667,7 +684,9 @@ def _finish(summary: dict[str, Any], outcomes: list[TraceOutcome], t0: float) ->
         summary["status"] = "fail"
     elif summary["interrupted"]:
         summary["status"] = "interrupted"
-    elif run and summary["unknown"] == run:
+    elif summary["unknown"] and summary["passed"] == summary.get("passed_refused_config", 0):
+        # Refusing a config one step past a limit is a real check, but not a verdict on the
+        # scheduler's schedules: a run whose every other trace is unknown is not a pass.
         summary["status"] = "unknown"
     else:
         summary["status"] = "pass"

@@ -27,6 +27,11 @@ this generator:
   model output: requests, aborts (of requests in the running batch too) and
   re-adds of an aborted id, including the refused re-add of an id aborted in
   the pending step (``request_id_in_flight``).
+
+Campaigns add one more, to the workloads already drawn and overridden, from
+a stream of the workload's seed of its own (:func:`choose_refused_config`):
+configs one step past a limit vLLM enforces at start-up
+(:data:`REFUSED_CONFIG_RATE`), whose trace is the header expecting the refusal.
 """
 
 from __future__ import annotations
@@ -39,7 +44,16 @@ from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
-from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, ResetSpec, Workload
+from conformance.config_limits import get_refused_variants
+from conformance.workload import (
+    AbortSpec,
+    HashOracle,
+    InvalidInput,
+    RefusedConfigWorkload,
+    RequestSpec,
+    ResetSpec,
+    Workload,
+)
 from spec.config import SchedulerConfig, cdiv
 from spec.profiles import PROFILES
 
@@ -474,6 +488,36 @@ def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[A
             # accepted): a driver that ignores ``in_flight`` may apply it while the
             # first request is live, and then gets a refusal, not a crash.
             invalid.append(InvalidInput(again.to_event(), at, in_flight=fl))
+
+
+REFUSED_CONFIG_RATE = 0.04
+"""Share of a campaign's workloads (every profile and comparison) replaced by their config one step past
+a start-up limit: one of the rules of ``conformance/config_limits.py`` that the drawn config can be taken
+past under its profile and the campaign's overrides, chosen evenly. A scheduler that starts on a config
+vLLM refuses (where a request that needs the missing room then waits forever) fails these at the header."""
+
+
+def choose_refused_config(seed: int, workload: Workload,
+                          overrides: dict[str, Any] | None = None) -> Workload | RefusedConfigWorkload:
+    """``workload``, or at :data:`REFUSED_CONFIG_RATE` its config one step past a limit.
+
+    ``seed`` is the example's (a campaign's ``seed * 1_000_003 + index``, the
+    one the seeded generator draws it from); the choice comes from a stream of
+    that seed of its own, so the workloads kept are unchanged.
+
+    ``overrides`` (the campaign's ``--set`` values and forced fields) stay in
+    force: a rule they undo is not chosen, and with no rule left the workload
+    is kept.
+    """
+    c = RandomChooser(seed).fork("refused_config")
+    if not c.boolean(REFUSED_CONFIG_RATE, "refused_config"):
+        return workload
+    variants = get_refused_variants(workload.config.to_dict(), workload.profile, overrides)
+    if not variants:
+        return workload
+    rule, config, code = c.choice(variants, "refused_rule")
+    return RefusedConfigWorkload(config=config, profile=workload.profile, rule=rule, code=code, seed=workload.seed,
+                                 origin=workload.origin)
 
 
 def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.SearchStrategy[Workload]:

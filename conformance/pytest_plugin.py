@@ -158,8 +158,14 @@ class CampaignItem(_SchedconfItem):
 
         seed = self.config.getoption("--schedconf-seed")
         profile = self.config.getoption("--schedconf-profile")
+        from conformance.generate import choose_refused_config
+
+        example = seed * 1_000_003 + self.index
+        workload = make_random_workload(example, profile)
+        if self.index:  # as a campaign draws them: a share are configs one step past a limit
+            workload = choose_refused_config(example, workload)
         try:
-            trace = run_workload(make_random_workload(seed * 1_000_003 + self.index, profile))
+            trace = run_workload(workload)
         except WorkloadError as exc:
             pytest.skip(f"discarded: the reference did not finish this workload ({exc})")
         trace.path = f"campaign-s{seed}-{self.index:05d}"

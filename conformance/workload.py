@@ -230,6 +230,37 @@ class Workload:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class RefusedConfigWorkload:
+    """A config one step past a start-up limit (``conformance/config_limits.py``): no requests, no steps.
+
+    Its trace is the header alone, whose ``expect_error`` is the rule's code:
+    a scheduler must refuse the config at start with it, as the model does.
+    ``config`` is the header's config as a dict (no config record holds a
+    refused one).
+    """
+
+    config: dict[str, Any]
+    profile: str
+    rule: str
+    code: str
+    seed: int = 0
+    origin: str = "generate"
+
+    def replace(self, **changes: Any) -> "RefusedConfigWorkload":
+        return replace(self, **changes)
+
+
+def make_refused_config_trace(workload: RefusedConfigWorkload) -> Trace:
+    """The header-only trace of a refused config (the model must refuse it with exactly ``workload.code``)."""
+    extra = {"scheduler": "v0"} if is_v0_profile(workload.profile) else {}
+    header = make_header(workload.config, workload.profile, workload.seed, workload.origin,
+                         expect_error=workload.code, **extra,
+                         description=f"config one step past the {workload.rule} limit: refused at start with "
+                                     f"{workload.code}")
+    return Trace(header=header, events=[])
+
+
 def oracle_id(request_id: str, incarnation: int) -> str:
     """The oracle's name for one incarnation of a request id (0: the first add).
 
@@ -369,7 +400,7 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
         {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
 
 
-def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = False,
+def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10_000, check: bool = False,
                  scheduler_class: type[Scheduler] = Scheduler) -> Trace:
     """Run the workload on the reference scheduler and record the trace.
 
@@ -384,8 +415,11 @@ def run_workload(workload: Workload, max_steps: int = 10_000, check: bool = Fals
     swaps in a variant of the model (a mutant) to run the workload on.
 
     A workload of a v0 profile (``vllm-0.10``) runs on the v0 model
-    (:func:`run_v0_workload`).
+    (:func:`run_v0_workload`); a refused config is its header alone
+    (:func:`make_refused_config_trace`).
     """
+    if isinstance(workload, RefusedConfigWorkload):
+        return make_refused_config_trace(workload)
     if is_v0_profile(workload.profile):
         return run_v0_workload(workload, max_steps=max_steps, check=check)
     from spec.invariants import check_invariants

@@ -129,11 +129,15 @@ class SafetyRun:
     deadline: int | None = None
     last_input_step: int = 0
     in_flight_aborted: set[str] = field(default_factory=set)
+    preemptions_reported: bool = True
+    """False after a SchedulerOutput without ``preempted_req_ids`` (vLLM 0.11): tables of requests it
+    preempted are not known to have emptied."""
 
     def __post_init__(self) -> None:
         cfg = self.trace.config
         self.block_size = cfg["block_size"]
         self.max_model_len = cfg["max_model_len"]
+        self.num_gpu_blocks = cfg["num_gpu_blocks"]
         self.num_usable_blocks = cfg["num_gpu_blocks"] - 1
         from spec.profiles import get_profile
 
@@ -238,6 +242,7 @@ class SafetyRun:
         expect(P.check_known_requests(output, self.records), "known_requests")
         expect(P.check_progress(output, self.records), "progress")
         expect(P.check_max_model_len(output, self.max_model_len, self.records), "max_model_len")
+        expect(P.check_block_ids(output, self.num_gpu_blocks), "block_ids")
         tables = P.get_step_tables(output, self.records)
         writes = P.get_step_writes(output, self.records, tables, self.block_size)
         expect(P.check_computed_kv(output, self.records, tables, {**self.written, **writes}, self.block_size),
@@ -248,7 +253,8 @@ class SafetyRun:
         for rid, table in tables.items():
             if rid in self.records:
                 self.records[rid].table = table
-        if output.get("preempted_req_ids") is None:
+        self.preemptions_reported = output.get("preempted_req_ids") is not None
+        if not self.preemptions_reported:
             # a release that does not report preemptions (0.11): only this step's tables are known to be current
             all_tables = {rid: t for rid, t in tables.items() if self.is_live(rid)}
         else:
@@ -263,6 +269,7 @@ class SafetyRun:
             return
         tables = obs.get("block_tables")
         free = obs.get("num_free_blocks")
+        expect(P.check_observed_block_ids(tables, obs.get("free_block_queue"), self.num_gpu_blocks), "block_ids")
         expect(P.check_blocks_return(tables, free, self.records, self.num_usable_blocks), "blocks_return")
         if tables is not None:
             expect(P.check_block_exclusivity(tables, self.records, self.block_size, obs.get("free_block_queue")),
@@ -270,6 +277,7 @@ class SafetyRun:
             if free is not None:
                 expect(P.check_block_conservation(tables, free, self.records, self.num_usable_blocks),
                        "block_conservation")
+            expect(P.check_block_tables(tables, self.records, self.preemptions_reported), "block_tables")
 
     def apply_update(self, output: dict[str, Any], sampled: dict[str, list[int]], outputs: Any,
                      writes: dict[int, P.KvWrite]) -> None:

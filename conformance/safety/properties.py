@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROPERTIES = (
-    "token_budget", "seats", "known_requests", "progress", "max_model_len", "computed_kv",
-    "blocks_return", "block_exclusivity", "block_conservation", "request_lifecycle", "stop_rules", "liveness",
+    "token_budget", "seats", "known_requests", "progress", "max_model_len", "block_ids", "computed_kv",
+    "blocks_return", "block_exclusivity", "block_conservation", "block_tables", "request_lifecycle", "stop_rules",
+    "liveness",
 )
 """Every property, in the order they are checked within one call."""
 
@@ -179,6 +180,61 @@ def check_max_model_len(output: Mapping[str, Any], max_model_len: int,
     return out
 
 
+def is_pool_block_id(block_id: Any, num_gpu_blocks: int) -> bool:
+    """True for the id of a usable block of a pool of ``num_gpu_blocks``: an integer in ``1..num_gpu_blocks - 1``."""
+    return isinstance(block_id, int) and not isinstance(block_id, bool) and 1 <= block_id < num_gpu_blocks
+
+
+def _get_ids_outside_pool(holders: Iterable[tuple[str, str, Iterable[Any]]], num_gpu_blocks: int) -> list[str]:
+    """One message per ``(holder, where, ids)`` that holds an id outside ``1..num_gpu_blocks - 1``."""
+    out = []
+    for holder, where, ids in holders:
+        bad = [b for b in ids if not is_pool_block_id(b, num_gpu_blocks)]
+        if bad:
+            null = " (block 0 is the null block: never handed out, never free)" if 0 in bad else ""
+            out.append(f"{holder} has block {bad[0]!r} ({where}), outside the pool's usable blocks "
+                       f"1..{num_gpu_blocks - 1}{null}")
+    return out
+
+
+def check_block_ids(output: Mapping[str, Any], num_gpu_blocks: int) -> list[str]:
+    """Every block id a SchedulerOutput hands out (``block_ids``, ``new_block_ids``) is a usable block of
+    the pool: an integer in ``1..num_gpu_blocks - 1``.
+
+    The model runner's KV cache is one tensor of ``num_gpu_blocks`` blocks,
+    indexed by these ids: a larger or negative id writes KV outside it (a
+    crash at best, another tensor's memory at worst), whatever the policy.
+    Block 0 is the null block (FORMAT.md: ``num_gpu_blocks`` counts it): the
+    runner points padding entries of block tables at it, so KV a request
+    kept there is overwritten by any padded step. A scheduler may number its
+    own blocks as it likes, but the ids it hands the runner name the runner's
+    blocks.
+    """
+    holders: list[tuple[str, str, Iterable[Any]]] = []
+    for r in output["scheduled_new_reqs"]:
+        holders.append((f"request {r['req_id']!r}", "scheduled_new_reqs block_ids", r["block_ids"]))
+    for r in output["scheduled_cached_reqs"]:
+        holders.append((f"request {r['req_id']!r}", "scheduled_cached_reqs new_block_ids", r["new_block_ids"]))
+    return _get_ids_outside_pool(holders, num_gpu_blocks)
+
+
+def check_observed_block_ids(block_tables: Mapping[str, list[Any]] | None, free_block_queue: Iterable[Any] | None,
+                             num_gpu_blocks: int) -> list[str]:
+    """Every block id ``observe()`` reports (``block_tables``, ``free_block_queue``) is a usable block of
+    the pool, ``1..num_gpu_blocks - 1``: the null block 0 is never free and never held.
+
+    The scheduler's own account of its pool names the blocks it hands the
+    model runner (:func:`check_block_ids`): an id outside the pool in a
+    table is KV no runner can hold, and in the free queue a block the
+    scheduler will hand out next.
+    """
+    holders: list[tuple[str, str, Iterable[Any]]] = [
+        (f"request {rid!r}", "observe block_tables", table) for rid, table in sorted((block_tables or {}).items())]
+    if free_block_queue is not None:
+        holders.append(("the free queue", "observe free_block_queue", free_block_queue))
+    return _get_ids_outside_pool(holders, num_gpu_blocks)
+
+
 def get_step_tables(output: Mapping[str, Any], records: Mapping[str, RequestRecord]) -> dict[str, list[int]]:
     """Every scheduled request's block table after this step's allocation, from the SchedulerOutput."""
     tables = {}
@@ -329,6 +385,40 @@ def check_block_conservation(block_tables: Mapping[str, list[int]], num_free_blo
         return [f"{num_free_blocks} free + {len(held)} held by live requests = {num_free_blocks + len(held)}, "
                 f"not the {num_usable_blocks} usable blocks"]
     return []
+
+
+def check_block_tables(block_tables: Mapping[str, list[int]], records: Mapping[str, RequestRecord],
+                       preemptions_reported: bool = True) -> list[str]:
+    """The table ``observe()`` reports for a live request is the one its SchedulerOutputs handed out
+    (new: ``block_ids``; running: ``+ new_block_ids``; resumed: replaced), block for block, in order.
+
+    The model runner knows a request's blocks only from the SchedulerOutputs:
+    it writes and reads the request's KV there, table index ``j`` holding
+    positions ``j * block_size`` up to the next block. The scheduler's own
+    table is what it frees when the request ends, shares on a prefix hit and
+    counts as held. A block in the runner's table but not the scheduler's is
+    freed (and handed out again) while the runner still writes it; a block in
+    the scheduler's but not the runner's, or at another index, is shared or
+    hit as holding KV the runner never wrote there. Either way KV is lost or
+    read wrong, under any policy.
+
+    Compared for the requests both sides know: a live request the
+    SchedulerOutputs gave blocks (a scheduler may hold blocks for a request
+    it has not scheduled yet) and, when the release reports its preemptions
+    (``preempted_req_ids``), missing from the reported tables counts as an
+    empty one; without them (vLLM 0.11) only requests in both are compared.
+    """
+    out = []
+    for rid, rec in sorted(records.items()):
+        if rec.ended is not None or not rec.table:
+            continue
+        if rid not in block_tables and not preemptions_reported:
+            continue
+        reported = list(block_tables.get(rid) or [])
+        if reported != rec.table:
+            out.append(f"request {rid!r}: observe() reports block table {_short(reported)}, but the "
+                       f"SchedulerOutputs handed out {_short(rec.table)}")
+    return out
 
 
 # ------------------------------------------------------------------ update

@@ -5,9 +5,11 @@ workload that leans on it runs to the end and replays strictly on the
 reference and on impl; one unit past the limit is refused at start with the
 rule's stable code, by the model, the reference adapter and impl alike.
 
-Refused configs are not generated as traces: the trace format has no
-header-level expected error (trace.schema.json: "a config the model refuses is
-a malformed trace"), so the barely-below side lives here.
+The seeded generator draws only accepted configs. Refused ones are traces
+whose header expects the refusal: one per rule in the golden corpus
+(``conformance/config_limits.py``), and in campaigns a share of the drawn
+configs taken one step past a limit (``conformance/generate.py``
+``REFUSED_CONFIG_RATE``, tests/harness/test_refused_generated.py).
 
 The seeded generator puts ``BOUNDARY_RATE`` of its workloads exactly on one of
 ``BOUNDARIES``; :func:`test_generator_reaches_the_boundaries` measures it.

@@ -2,7 +2,9 @@
 
 A refused config used to reach run_workload and end a whole campaign as a
 harness error (seed 1 of vllm-0.32 at trace 1079: a spec-decode cut
-threshold of 3 above a boundary config's max_model_len of 2).
+threshold of 3 above a boundary config's max_model_len of 2). Campaigns refuse
+configs on purpose only through ``choose_refused_config``, whose header-only
+traces expect the refusal (tests/harness/test_refused_generated.py).
 """
 
 from __future__ import annotations
