@@ -393,9 +393,12 @@ def make_run_dir(spec: CampaignSpec) -> tuple[str, Path]:
         raise RunFolderError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
     if not out.is_dir():
         raise RunFolderError(f"--out {out}: not a folder")
+    from conformance.bounds import check_run_id
+
     base = spec.run_id or make_run_id(spec)
-    if not base or base in (".", "..") or "/" in base or os.sep in base:
-        raise RunFolderError(f"--run-id {base!r}: expected a plain folder name")
+    problem = check_run_id(base)
+    if problem:
+        raise RunFolderError(f"--run-id {base!r}: {problem}")
     for n in range(1, 1000):
         run_id = base if n == 1 else f"{base}-{n}"
         run_dir = out / run_id
@@ -484,16 +487,23 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     summary["generation_s"] = round(time.monotonic() - t0, 3)
     summary["status"] = "replaying"
     _write_summary(run_dir, summary)
+    from conformance.bounds import compute_jobs
+
+    jobs, jobs_warning = compute_jobs(spec.jobs, len(workloads), os.cpu_count())
+    if jobs_warning:
+        print(f"warning: {jobs_warning}", file=sys.stderr)
+    if jobs != spec.jobs:
+        say(f"{jobs} worker(s) for {len(workloads)} trace(s) (--jobs {spec.jobs})")
     progress = Progress(len(workloads), spec.quiet)
     outcomes: list[TraceOutcome] = []
     failures: list[TraceOutcome] = []
     executor: cf.ProcessPoolExecutor | None = None
     try:
-        if spec.jobs <= 1:
+        if jobs <= 1:
             _init_worker(spec)
             stream = (run_one(i, w) for i, w in enumerate(workloads))
         else:
-            executor = cf.ProcessPoolExecutor(max_workers=spec.jobs, initializer=_init_worker_process,
+            executor = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker_process,
                                               initargs=(spec,))
             futures = [executor.submit(run_one, i, w) for i, w in enumerate(workloads)]
             stream = (f.result() for f in cf.as_completed(futures))
@@ -612,7 +622,7 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
     """Shrink failures, one of each kind first, until the time budget is spent."""
     from conformance.adapters import make_sut
     from conformance.report import get_failure_facts
-    from conformance.shrink import shrink_trace
+    from conformance.shrink import ShrinkInterrupted, shrink_trace
 
     sut = make_sut(spec.sut)
     deadline = time.monotonic() + spec.shrink_budget_s
@@ -640,6 +650,12 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             try:
                 result = shrink_trace(trace, sut, spec.comparison, step_timeout=spec.step_timeout,
                                       time_budget_s=min(left, max(10.0, spec.shrink_budget_s / 3)))
+            except ShrinkInterrupted as exc:
+                # keep what the interrupted shrink had found, marked not minimal, then stop
+                name = f"trace-{o.index:05d}.partial.jsonl"
+                write_atomic(run_dir / "failures" / name, render_trace(exc.partial.trace))
+                entry.update(partial_file=f"failures/{name}", partial_events=exc.partial.num_events)
+                raise exc.cause from None
             except ValueError as exc:
                 entry["shrink_error"] = str(exc)
                 continue
@@ -697,14 +713,14 @@ def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """0 pass, 1 conformance failure, 2 harness error or nothing conclusive (every trace unknown),
-    130 interrupted by Ctrl-C, 143 by SIGTERM."""
+    """130 interrupted by Ctrl-C, 143 by SIGTERM (whatever was found before: the summary lists it),
+    else 1 conformance failure, 2 harness error or nothing conclusive (every trace unknown), 0 pass."""
+    if summary["interrupted"]:
+        return 143 if summary.get("interrupted_by") == "SIGTERM" else 130
     if summary["failed"]:
         return 1
     if summary.get("harness_error") or summary["status"] == "unknown":
         return 2
-    if summary["interrupted"]:
-        return 143 if summary.get("interrupted_by") == "SIGTERM" else 130
     return 0
 
 

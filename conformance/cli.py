@@ -124,7 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print()
     print(f"self-check: a campaign of {args.examples} generated traces, reference vs itself (strict)")
     summary = run_campaign(CampaignSpec(sut="reference", examples=args.examples, seed=args.seed,
-                                        out_dir=args.out))
+                                        out_dir=args.out, quiet=args.quiet))
     _print_summary(summary)
     return exit_code(summary)
 
@@ -240,6 +240,12 @@ def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict
             except ValueError:
                 pass
         out[key] = value
+    from conformance.bounds import check_config_bounds
+
+    past_bound = check_config_bounds(out)
+    if past_bound is not None:
+        field_name, expected, found = past_bound
+        raise UsageError(f"--set {field_name.removeprefix('config.')}={found}: expected {expected}")
     return out
 
 
@@ -294,22 +300,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_shrink(args: argparse.Namespace) -> int:
-    """Shrink a failing trace (ours or not) against a SUT."""
-    from conformance.replay import render_divergence, replay
-    from conformance.shrink import shrink_trace
+    """Shrink a failing trace (ours or not) against a SUT.
+
+    Exit 1 when the trace fails (the minimal trace is written), 0 when it
+    passes and 2 when its verdict is unknown or it did not replay once within
+    the budget (nothing to shrink, nothing written), as ``replay`` would exit. Interrupted
+    (Ctrl-C, SIGTERM), the smallest failing trace found so far is written
+    beside the minimal one's path as ``*.partial.jsonl``, marked not minimal.
+    """
+    from conformance.replay import PASS, render_divergence, replay
+    from conformance.shrink import NothingToShrink, ShrinkInterrupted, shrink_trace
     from conformance.trace import read_trace, write_trace
 
     trace = read_trace(args.trace)
     comparison = args.comparison or trace.header.get("comparison", "strict")
+    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".min.jsonl")
     sut = make_checked_sut(args.sut)
     try:
         try:
             result = shrink_trace(trace, sut, comparison, step_timeout=args.timeout, time_budget_s=args.budget,
-                                  on_progress=lambda m: print(m, file=sys.stderr))
-        except ValueError as exc:
+                                  on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr))
+        except ShrinkInterrupted as exc:
+            partial = out.with_name(out.name.removesuffix(".jsonl") + ".partial.jsonl")
+            exc.partial.trace.path = str(partial)
+            write_trace(partial, exc.partial.trace)
+            print(f"interrupted: the smallest failing trace found so far ({exc.partial.num_events} of "
+                  f"{exc.partial.original_events} events, not minimal: shrink it again to finish): {partial}",
+                  file=sys.stderr)
+            raise exc.cause from None
+        except NothingToShrink as exc:
             print(f"nothing to shrink: {exc}")
-            return 0
-        out = Path(args.out) if args.out else Path(args.trace).with_suffix(".min.jsonl")
+            return 0 if exc.verdict == PASS else 2
         result.trace.path = str(out)
         write_trace(out, result.trace)
         print(f"{result.original_events} -> {result.num_events} events in {result.seconds:.1f} s "
@@ -412,13 +433,17 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     """Run the kill campaign against every mutant and print the table."""
-    from conformance.mutant_kill import kill_all, render_kill_table
+    from conformance.mutant_kill import kill_all, render_kill_table, render_mutant_list
     from conformance.mutants import MUTANTS
 
     unknown = [name for name in args.names if name not in MUTANTS]
     if unknown:
         raise UsageError(f"unknown mutant(s) {', '.join(unknown)}; known: {', '.join(sorted(MUTANTS))}")
-    rows = kill_all(args.examples, args.shrink_budget, names=args.names or None, seed=args.seed)
+    if args.list:
+        print(render_mutant_list(args.names or None))
+        return 0
+    rows = kill_all(args.examples, args.shrink_budget, names=args.names or None, seed=args.seed,
+                    on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
     print(render_kill_table(rows))
     return 0 if all(r.killed for r in rows) else 1
 
@@ -458,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int_at_least(0), default=50, help="traces in the self-check campaign (0: none)")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", default="reports", help="where run folders go (default reports/)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line for the campaign")
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
     p.add_argument("--sut", default="reference", help=_sut_help() + " (default: reference, a self-check)")
@@ -481,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="where the run folder goes (default reports/)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: run-<time>-<sut>-s<seed>)")
     p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML here")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
     p = add("generate", cmd_generate, "write N reference traces generated from a seed")
     p.add_argument("--examples", type=COUNT, default=20, help="number of traces (default 20)")
@@ -500,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", metavar="TRACE")
     p.add_argument("--sut", required=True, help=_sut_help())
     p.add_argument("--out", default=None, help="where to write the minimal trace (default TRACE.min.jsonl)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--budget", type=TIMEOUT, default=120.0, metavar="S", help="seconds to spend (default 120)")
     comparison(p, None)
     timeout(p)
@@ -555,11 +582,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_env_arguments(e, family)
         e.set_defaults(func=cmd_env, parser_=e)
 
-    p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it")
+    p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it "
+            "(all of them: about two minutes; --list shows what it runs)")
     p.add_argument("names", nargs="*", help="only these mutants")
     p.add_argument("--examples", type=COUNT, default=2000, help="traces to try per mutant before it survives")
     p.add_argument("--shrink-budget", type=BUDGET, default=20.0, metavar="S")
     p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--list", action="store_true",
+                   help="only list the mutants (name, profile, the bug each stands for) and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line per mutant")
     return parser
 
 
@@ -585,6 +616,7 @@ def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
 
 def main(argv: list[str] | None = None) -> int:
     from conformance.adapters import UnknownSut
+    from conformance.bounds import InputFileError
     from conformance.campaign import RunFolderError, Terminated
     from conformance.datadriven import ScenarioFormatError
     from conformance.trace import TraceError
@@ -597,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if on_main_thread else None
     try:
         return args.func(args)
-    except (TraceError, UnknownSut, UsageError, ScenarioFormatError, RunFolderError, SpecError) as exc:
+    except (TraceError, UnknownSut, UsageError, ScenarioFormatError, RunFolderError, SpecError,
+            InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

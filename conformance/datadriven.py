@@ -66,8 +66,13 @@ class ScenarioFormatError(Exception):
 
 
 def parse_file(path: Path) -> tuple[list[str], list[Block]]:
-    """Return the file's lines and its blocks."""
-    lines = path.read_text().splitlines()
+    """Return the file's lines and its blocks; a file with no block (it would check nothing) is refused."""
+    from conformance.bounds import InputFileError, read_bounded_text
+
+    try:
+        lines = read_bounded_text(path, "scenario file").splitlines()
+    except InputFileError as exc:
+        raise ScenarioFormatError(str(exc)) from None
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
@@ -86,21 +91,39 @@ def parse_file(path: Path) -> tuple[list[str], list[Block]]:
             expected.append(lines[i].rstrip())
             i += 1
         blocks.append(Block(line=start + 1, command=command, expected="\n".join(expected)))
+    if not blocks:
+        raise ScenarioFormatError(f"{path}: expected at least one command block (a command, a '----' line, its "
+                                  "expected output), found none: an empty scenario checks nothing")
     return lines, blocks
 
 
 def parse_tokens(spec: str) -> list[int]:
     """Parse ``0..3+7,8`` into ``[0, 1, 2, 3, 7, 8]``; ``-`` is empty."""
+    from conformance.bounds import MAX_SCENARIO_TOKENS
+
     if spec in ("-", ""):
         return []
     tokens: list[int] = []
     for part in spec.split("+"):
         if ".." in part:
             lo, hi = part.split("..")
+            if int(hi) - int(lo) + 1 + len(tokens) > MAX_SCENARIO_TOKENS:
+                raise ScenarioFormatError(f"tokens {spec[:60]!r}: expected at most {MAX_SCENARIO_TOKENS} tokens "
+                                          "(docs/bounds.md)")
             tokens.extend(range(int(lo), int(hi) + 1))
         else:
             tokens.extend(int(t) for t in part.split(","))
     return tokens
+
+
+def check_scenario_config_bounds(fields: dict[str, object]) -> None:
+    """Raise ScenarioFormatError for a config past schedconf's bounds (``conformance.bounds``)."""
+    from conformance.bounds import check_config_bounds
+
+    past_bound = check_config_bounds(fields)
+    if past_bound is not None:
+        field_name, expected, found = past_bound
+        raise ScenarioFormatError(f"{field_name}: expected {expected}, found {found}")
 
 
 def _parse_int(value: str) -> int | bool:
@@ -148,6 +171,7 @@ class ScenarioRunner:
         kv = dict(a.split("=", 1) for a in args)
         profile = kv.pop("profile", "vllm-0.33")
         fields = {k: (v if k == "policy" else _parse_int(v)) for k, v in kv.items()}
+        check_scenario_config_bounds(fields)
         self.scheduler = None
         self.scheduler = Scheduler(SchedulerConfig.from_dict(fields), profile)
         self.pending = None
@@ -245,6 +269,8 @@ def run_file(path: Path, rewrite: bool | None = None, runner_class: type[Scenari
             actual = runner.run(block.command)
         except SpecError as exc:  # pragma: no cover - a bug in the model
             actual = f"unexpected error: {exc}"
+        except ScenarioFormatError as exc:
+            raise ScenarioFormatError(f"{path}:{block.line}: {block.command.split()[0]}: {exc}") from None
         actuals.append(actual)
         if actual != block.expected and not rewrite:
             import difflib

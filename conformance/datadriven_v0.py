@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance.datadriven import ScenarioRunner
+from conformance.datadriven import ScenarioRunner, check_scenario_config_bounds
 from conformance.datadriven import run_file as run_scenario_file
 from spec.errors import InvalidEvent
 from spec.v0.config import V0SchedulerConfig
@@ -76,6 +76,7 @@ class V0ScenarioRunner(ScenarioRunner):
         for a in args:
             key, _, value = a.partition("=")
             fields[key] = _parse_value(key, value)
+        check_scenario_config_bounds(fields)
         self.scheduler = None
         self.scheduler = Scheduler(V0SchedulerConfig.from_dict(fields))
         self.pending = None

@@ -22,6 +22,7 @@ the event count of the minimal trace.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,8 +201,27 @@ def _reference_keeps_invariants(workload: Workload) -> bool:
 
 
 def kill_all(examples: int = 2000, shrink_budget_s: float = 20.0, names: list[str] | None = None,
-             seed: int = 0) -> list[KillRow]:
-    return [kill_one(MUTANTS[n], examples, shrink_budget_s, seed) for n in (names or list(MUTANTS))]
+             seed: int = 0, on_progress: Callable[[str], None] | None = None) -> list[KillRow]:
+    """Run :func:`kill_one` on each mutant (all, or ``names``), saying each result through ``on_progress``."""
+    chosen = names or list(MUTANTS)
+    rows = []
+    for number, name in enumerate(chosen, 1):
+        if on_progress:
+            on_progress(f"[{number}/{len(chosen)}] {name} ({MUTANTS[name].profile}) ...")
+        row = kill_one(MUTANTS[name], examples, shrink_budget_s, seed)
+        if on_progress:
+            on_progress(f"[{number}/{len(chosen)}] {name}: {'killed' if row.killed else 'SURVIVED'}")
+        rows.append(row)
+    return rows
+
+
+def render_mutant_list(names: list[str] | None = None) -> str:
+    """One line per mutant: its name, the profile its campaigns run, the bug it stands for."""
+    chosen = names or list(MUTANTS)
+    width = max(len(n) for n in chosen)
+    profile_width = max(len(MUTANTS[n].profile) for n in chosen)
+    return "\n".join(f"{n.ljust(width)}  {MUTANTS[n].profile.ljust(profile_width)}  {MUTANTS[n].bug}"
+                     for n in chosen)
 
 
 def render_kill_table(rows: list[KillRow]) -> str:

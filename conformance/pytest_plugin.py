@@ -14,7 +14,9 @@ trace ``index`` is drawn from ``--schedconf-seed`` when the item runs (not at
 collection, which stays cheap), so every xdist worker and every host collects
 the same items, and every failing trace is its own failed item. A failing
 item reports the first divergence, the path of the saved failing trace and of
-its shrunk version. ``--schedconf-shard-size`` is deprecated and ignored.
+its shrunk version, in a folder of the session's own under ``--schedconf-out``
+(``session-<time>-<pid>/``, shared by the session's xdist workers), so two
+sessions never overwrite each other's traces. ``--schedconf-shard-size`` is deprecated and ignored.
 ``--schedconf-profile vllm-0.10`` checks a v0 scheduler (vLLM's legacy one):
 the v0 corpus and v0 workloads.
 """
@@ -43,7 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--schedconf-no-corpus", action="store_true", help="skip the golden corpus items")
     group.addoption("--schedconf-corpus-filter", default=None, metavar="K=V,...",
                     help="only corpus traces whose manifest entry matches, e.g. prefix_caching=false")
-    group.addoption("--schedconf-out", default="reports/pytest", help="where failing traces are saved")
+    group.addoption("--schedconf-out", default="reports/pytest",
+                    help="where failing traces are saved: each session in a folder of its own under it, "
+                         "session-<time>-<pid>/ (default reports/pytest)")
 
 
 def _matches(entry: dict[str, Any], spec: str | None) -> bool:
@@ -77,7 +81,43 @@ def get_campaign_item_name(seed: int, index: int) -> str:
     return f"schedconf-campaign[s{seed}-{index:05d}]"
 
 
+def make_session_dir_name() -> str:
+    """A folder name no other session on this machine takes: the start time and the controller's pid."""
+    import os
+    import time
+
+    return f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def get_session_dir(config: pytest.Config) -> Path:
+    """This session's folder for failing traces, under ``--schedconf-out``; the xdist workers share the controller's."""
+    worker_input = getattr(config, "workerinput", None)
+    name = worker_input.get("schedconf_session_dir") if worker_input else None
+    return Path(config.getoption("--schedconf-out")) / (name or config.stash[SESSION_DIR_KEY])
+
+
+SESSION_DIR_KEY = pytest.StashKey[str]()
+
+
+class _XdistSessionDir:
+    """Hands the controller's session folder name to each xdist worker (local or remote)."""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["schedconf_session_dir"] = node.config.stash[SESSION_DIR_KEY]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
+    if not config.getoption("--schedconf-sut", None) or getattr(config, "workerinput", None):
+        return
+    folder = get_session_dir(config)
+    if folder.is_dir():
+        terminalreporter.write_line(f"schedconf: this session's failing traces are in {folder}/")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[SESSION_DIR_KEY] = make_session_dir_name()
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistSessionDir(), "schedconf-xdist-session-dir")
     if config.getoption("--schedconf-shard-size", None) is not None:
         config.issue_config_time_warning(pytest.PytestWarning(
             "--schedconf-shard-size is deprecated and ignored: schedconf adds one item per generated trace"),
@@ -108,7 +148,7 @@ class _SchedconfItem(pytest.Item):
             pytest.skip(f"verdict unknown: {result.detail}")
         if result.verdict != FAIL:
             return
-        out = Path(self.config.getoption("--schedconf-out"))
+        out = get_session_dir(self.config)
         saved = out / f"{label}.jsonl"
         write_trace(saved, trace)
         message = render_divergence(trace, result)

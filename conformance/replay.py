@@ -24,6 +24,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from conformance.bounds import render_truncated_lines
 from conformance.compare import Comparator, Divergence, FieldDiff
 from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
 from conformance.trace import Trace
@@ -319,7 +320,7 @@ def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -
         return f"verdict: {result.verdict}" + (f" ({result.detail})" if result.detail else "")
     event = trace.events[d.event_index] if d.event_index < len(trace.events) else {}
     lines = [
-        f"{trace.path}:{d.line}: first divergence at step {d.step}: {d.message}",
+        f"{trace.path}:{d.line}: first divergence {render_where(d.step, d.line)}: {d.message}",
         f"  kind: {d.signature()}",
         f"  event: {_short(event)}",
     ]
@@ -334,7 +335,7 @@ def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -
         lines.append(f"  the reference refuses this config: {trace.header['expect_error']}")
     else:
         lines.append("  reference state before this event:")
-        lines.extend("    " + ln for ln in render_reference_state(trace, d.event_index).splitlines())
+        lines.extend("    " + ln for ln in render_truncated_lines(render_reference_state(trace, d.event_index)))
     if result.detail:
         lines.append("  detail:")
         lines.extend("    " + ln for ln in result.detail.rstrip().splitlines()[-15:])
@@ -342,6 +343,13 @@ def render_divergence(trace: Trace, result: ReplayResult, max_diffs: int = 20) -
         lines.append("  scheduler stderr (last lines):")
         lines.extend("    " + ln for ln in result.sut_stderr.splitlines()[-15:])
     return "\n".join(lines)
+
+
+def render_where(step: int | None, line: int) -> str:
+    """``at step 3``; with no step, ``at init`` (line 1, the header) or ``before the first step`` (an input event)."""
+    if step is not None:
+        return f"at step {step}"
+    return "at init" if line <= 1 else "before the first step"
 
 
 def _short(value: Any, limit: int = 160) -> str:

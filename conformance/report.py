@@ -749,5 +749,7 @@ def write_reports(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
-    """Read a run folder's summary.json."""
-    return json.loads((run_dir / "summary.json").read_text())
+    """Read a run folder's summary.json (a regular file within ``conformance.bounds.MAX_FILE_BYTES``)."""
+    from conformance.bounds import read_bounded_text
+
+    return json.loads(read_bounded_text(run_dir / "summary.json", "run summary"))

@@ -50,6 +50,28 @@ class ShrinkResult:
         return len(self.trace.events)
 
 
+class NothingToShrink(ValueError):
+    """The trace does not fail (``verdict`` pass or unknown), or did not replay once within the budget (None)."""
+
+    def __init__(self, message: str, verdict: str | None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class ShrinkInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (``cause``) during a shrink; ``partial`` is the smallest failing trace found so far.
+
+    That trace (at least the original, cut after its first divergence) fails
+    as the original does but is not minimal: its header says so (``origin``
+    ``shrink-partial`` and a description).
+    """
+
+    def __init__(self, partial: ShrinkResult, cause: KeyboardInterrupt) -> None:
+        super().__init__(str(cause))
+        self.partial = partial
+        self.cause = cause
+
+
 def cut_after_divergence(trace: Trace, divergence: Divergence) -> Trace:
     """Keep the events up to and including the divergent one."""
     return Trace(header=dict(trace.header), events=trace.events[: divergence.event_index + 1], path=trace.path)
@@ -174,9 +196,11 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
     try:
         original = replay(trace, sut, comparison, step_timeout=step_timeout, deadline=deadline)
     except ReplayDeadline:
-        raise ValueError(f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once") from None
+        raise NothingToShrink(f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once",
+                              None) from None
     if original.verdict != FAIL or original.divergence is None:
-        raise ValueError(f"nothing to shrink: the trace's verdict is {original.verdict}")
+        detail = f" ({original.detail})" if original.detail else ""
+        raise NothingToShrink(f"the trace's verdict is {original.verdict}{detail}", original.verdict)
     if "expect_error" in trace.header:  # a refused config: the header alone is already minimal
         return ShrinkResult(trace=trace, divergence=original.divergence, original_events=0, attempts=0, accepted=0,
                             seconds=time.monotonic() - t0)
@@ -186,6 +210,8 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
     try:
         shrinker.run(workload)
         best_trace, best_div = shrinker.best  # type: ignore[misc]
+    except KeyboardInterrupt as exc:
+        raise ShrinkInterrupted(_get_partial(trace, original.divergence, shrinker, t0), exc) from None
     except ValueError:
         # The trace cannot be regenerated faithfully (e.g. made by another
         # tool with inputs the reference refuses); keep it, cut.
@@ -199,9 +225,26 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
     )
 
 
+def _get_partial(trace: Trace, divergence: Divergence, shrinker: Shrinker, t0: float) -> ShrinkResult:
+    """The smallest failing trace an interrupted shrink had found (the cut original if none), marked not minimal."""
+    best_trace, best_div = shrinker.best or (cut_after_divergence(trace, divergence), divergence)
+    if len(best_trace.events) > divergence.event_index + 1:
+        best_trace, best_div = cut_after_divergence(trace, divergence), divergence
+    best_trace.header["origin"] = "shrink-partial"
+    best_trace.header["description"] = ("the smallest failing trace found before the shrink was interrupted; "
+                                        "not minimal: shrink it again to finish")
+    return ShrinkResult(trace=best_trace, divergence=best_div, original_events=len(trace.events),
+                        attempts=shrinker.attempts, accepted=shrinker.accepted, seconds=time.monotonic() - t0)
+
+
 # ------------------------------------------------------------- reductions
 
 def _valid_config(**fields: object) -> SchedulerConfig | None:
+    """The config, or None when the model refuses it or it is past schedconf's bounds (``conformance.bounds``)."""
+    from conformance.bounds import check_config_bounds
+
+    if check_config_bounds(fields) is not None:
+        return None
     try:
         return SchedulerConfig(**fields)  # type: ignore[arg-type]
     except SpecError:

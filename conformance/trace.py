@@ -50,7 +50,7 @@ class TraceError(Exception):
 
     def __init__(self, path: str, line: int, field: str, expected: str, found: str = "") -> None:
         self.path, self.line, self.field, self.expected, self.found = path, line, field, expected, found
-        msg = f"{path}:{line}: {field}: expected {expected}"
+        msg = f"{path}:{line}: {field}: expected {expected}" if line else f"{path}: {field}: expected {expected}"
         if found:
             msg += f", found {found}"
         super().__init__(msg)
@@ -256,14 +256,25 @@ def get_profile_scheduler(profile: str) -> str | None:
         return None
 
 
+def get_known_profiles() -> list[str]:
+    """Every profile a trace may name: the v1 profiles, then the v0 ones."""
+    from spec.v0.profiles import V0_PROFILES
+
+    return [*PROFILES, *(p for p in V0_PROFILES if p not in PROFILES)]
+
+
 def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> None:
     """Raise TraceError unless the header's scheduler and profile agree.
 
-    A v0 trace names a v0 profile; a v0 profile needs ``"scheduler": "v0"``
-    (an unknown profile is a v1 trace's business, as before: a SUT answers it).
+    A v0 trace names a v0 profile; a v0 profile needs ``"scheduler": "v0"``.
+    A profile the model does not know (a newer release's) is refused with
+    the known ones: the expected outputs of such a trace cannot be checked.
     """
     kind = get_header_scheduler(header)
     profile_kind = get_profile_scheduler(header["profile"])
+    if profile_kind is None:
+        raise TraceError(path, line, "profile", "one of " + ", ".join(json.dumps(p) for p in get_known_profiles()),
+                         _describe(header["profile"]))
     if kind == "v0" and profile_kind != "v0":
         raise TraceError(path, line, "profile", "a v0 profile (vllm-0.10) for a trace with \"scheduler\": \"v0\"",
                          _describe(header["profile"]))
@@ -292,7 +303,12 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
     The field is ``config.<name>`` for a one-field rule, ``config`` for a rule
     over several fields; the expected text names the error code.
     """
+    from conformance.bounds import check_config_bounds
+
     config = header["config"]
+    past_bound = check_config_bounds(config)
+    if past_bound is not None:
+        raise TraceError(path, line, *past_bound)
     expected = header.get("expect_error")
     try:
         _parse_config(config, header["profile"], get_header_scheduler(header))
@@ -322,15 +338,24 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
     lines: list[int] = []
+    from conformance.bounds import MAX_LINE_BYTES
+
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
+        if len(raw) > MAX_LINE_BYTES // 4 and len(raw.encode("utf-8")) > MAX_LINE_BYTES:
+            raise TraceError(path, number, "(line)", f"a line of at most {MAX_LINE_BYTES} bytes (docs/bounds.md)",
+                             f"{len(raw.encode('utf-8'))} bytes")
         try:
-            event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number))
+            event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number),
+                               object_pairs_hook=_refuse_duplicate_keys(path, number))
+            validate_event(event, path, number, is_header=header is None,
+                           scheduler=get_header_scheduler(header) if header is not None else "v1")
         except json.JSONDecodeError as exc:
             raise TraceError(path, number, f"(column {exc.colno})", "valid JSON", exc.msg) from None
-        validate_event(event, path, number, is_header=header is None,
-                       scheduler=get_header_scheduler(header) if header is not None else "v1")
+        except RecursionError:
+            raise TraceError(path, number, "(line)", "JSON nested as deep as the trace format needs (a few levels)",
+                             "nesting too deep to read") from None
         if header is None:
             header = event
         else:
@@ -338,6 +363,9 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
             lines.append(number)
     if header is None:
         raise TraceError(path, 1, "(file)", "a header line", "an empty file")
+    if not events and "expect_error" not in header:
+        raise TraceError(path, 1, "(file)", "at least one event after the header (a trace of no events checks "
+                         "nothing; only a refused config, with expect_error, has none)", "the header alone")
     if "expect_error" in header and events:
         raise TraceError(path, lines[0], "kind", "no events: the header's config is refused (expect_error)",
                          _describe(events[0]["kind"]))
@@ -359,6 +387,19 @@ def _finite_float(path: str, line: int):
     return parse
 
 
+def _refuse_duplicate_keys(path: str, line: int):
+    """A ``json.loads`` object hook: an object naming a key twice is refused (JSON parsers disagree on which wins)."""
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise TraceError(path, line, key, "each key once per object", "it twice")
+            out[key] = value
+        return out
+
+    return build
+
+
 def _refuse_constant(path: str, line: int):
     def parse(text: str) -> Any:
         raise TraceError(path, line, "(number)", "a finite number (NaN and Infinity are not JSON)", text)
@@ -367,18 +408,15 @@ def _refuse_constant(path: str, line: int):
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace file."""
-    p = Path(path)
+    """Read and validate a trace file (a regular file within ``conformance.bounds``' size bounds)."""
+    from conformance.bounds import InputFileError, read_bounded_text
+
     try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise TraceError(str(p), 0, "(file)", "a readable file", exc.strerror or str(exc)) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceError(str(p), line, "(bytes)", "UTF-8 text", f"byte 0x{data[exc.start]:02x}") from None
-    return parse_trace_text(text, str(p))
+        text = read_bounded_text(path, "trace file")
+    except InputFileError as exc:
+        field_name = "(bytes)" if exc.line else "(file)"
+        raise TraceError(exc.path, exc.line, field_name, exc.expected, exc.found) from None
+    return parse_trace_text(text, str(Path(path)))
 
 
 # ------------------------------------------------------------------ writing

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance import bounds
 from conformance.compare import Divergence, FieldDiff
 from conformance.safety import properties as P
 from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
@@ -370,6 +371,13 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
                                         run.block_size, run.last_input_step), "liveness")
                 if run.deadline is not None and run.clock > run.deadline:
                     break  # only requests that cannot fit are left
+            if run.steps_run >= bounds.MAX_SAFETY_STEPS:
+                live = sorted(r.request_id for r in run.records.values() if r.ended is None)
+                return result(UNKNOWN, detail=f"unsupported: the safety run reached schedconf's bound of "
+                                              f"{bounds.MAX_SAFETY_STEPS} steps (docs/bounds.md) with "
+                                              f"{len(live)} request(s) live ({', '.join(live[:5])}): every property "
+                                              "held until then; a trace this long is checked with strict or "
+                                              "observable")
             try:
                 output = call(sut.schedule)
             except SutInputError as exc:

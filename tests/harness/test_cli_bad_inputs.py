@@ -80,7 +80,7 @@ ROWS = [
     (["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/reports", "--run-id", "../escape"],
      "expected a plain folder name"),
     (["replay", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl"),
-    (["replay", "{tmp}"], "expected a readable file"),
+    (["replay", "{tmp}"], "{tmp}: (file): expected a regular trace file, found a folder"),
     (["replay", "{tmp}/not_json.jsonl"], "{tmp}/not_json.jsonl:1"),
     (["replay", "{tmp}/bad_config.jsonl"], "{tmp}/bad_config.jsonl:1: config.block_size"),
     (["replay", "{tmp}/bad_config.jsonl", "--timeout", "-2"], "--timeout: expected"),

@@ -51,7 +51,7 @@ def test_plugin_fails_a_broken_scheduler_with_the_trace_path(tmp_path):
     r = _run(tmp_path, "module:broken_adapter:BrokenSut", "--schedconf-no-corpus")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failing trace:" in r.stdout and "minimal trace" in r.stdout
-    assert list((tmp_path / "out").glob("*.min.jsonl"))
+    assert list((tmp_path / "out").glob("session-*/*.min.jsonl"))
 
 
 def test_every_failing_trace_is_its_own_failed_item(tmp_path):
@@ -61,10 +61,12 @@ def test_every_failing_trace_is_its_own_failed_item(tmp_path):
     failed = _items(r.stdout, "FAILED")
     assert len(failed) > 2, r.stdout[-3000:]
     assert len(failed) + len(_items(r.stdout, "PASSED")) == 50
+    (session,) = (tmp_path / "out").iterdir()
+    assert f"this session's failing traces are in {session}/" in r.stdout
     for name in failed:
         index = name[len("schedconf-campaign[s0-"):-1]
-        saved = tmp_path / "out" / f"campaign-s0-{index}.jsonl"
-        minimal = tmp_path / "out" / f"campaign-s0-{index}.min.jsonl"
+        saved = session / f"campaign-s0-{index}.jsonl"
+        minimal = session / f"campaign-s0-{index}.min.jsonl"
         assert saved.exists() and minimal.exists()
         assert f"failing trace: {saved}" in r.stdout
         assert re.search(rf"minimal trace \(\d+ events\): {re.escape(str(minimal))}", r.stdout)
@@ -85,3 +87,19 @@ def test_a_negative_number_of_examples_is_a_usage_error_not_a_green_run(tmp_path
     r = _run(tmp_path, "reference", "--schedconf-no-corpus", examples=-5)
     assert r.returncode == 4, r.stdout + r.stderr  # pytest's usage error
     assert "--schedconf-examples: expected an integer >= 0, found -5" in r.stderr
+
+
+def test_two_sessions_keep_their_own_traces(tmp_path):
+    """Two sessions with the same --schedconf-out (one of them with xdist workers) save into two folders, and
+    each failure message names a trace of its own session's folder: neither overwrites the other's."""
+    first = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", examples=15)
+    second = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-n", "2", examples=15)
+    assert first.returncode == 1 and second.returncode == 1, first.stdout + second.stdout
+    sessions = sorted((tmp_path / "out").iterdir())
+    assert len(sessions) == 2 and all(s.name.startswith("session-") for s in sessions)
+    named = [set(re.findall(r"^failing trace: (\S+\.jsonl)$", run.stdout, re.M)) for run in (first, second)]
+    folders = [{Path(p).parent for p in paths} for paths in named]
+    assert all(len(f) == 1 for f in folders), folders  # one folder per session, the workers' shared
+    assert folders[0] != folders[1]
+    for paths in named:
+        assert paths and all(Path(p).exists() for p in paths)
