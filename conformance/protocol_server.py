@@ -76,7 +76,8 @@ class ProtocolSession:
             return self.sut.schedule()
         if method == "update":
             # "step" (the step the output answers) only reaches SUTs that run in-flight steps.
-            step = {"step": params.get("step")} if getattr(self.sut, "in_flight", False) else {}
+            in_flight = getattr(self.sut, "in_flight", False) and params.get("step") is not None
+            step = {"step": params["step"]} if in_flight else {}
             result: dict[str, Any] = {"outputs": self.sut.update_from_output(
                 params["sampled_token_ids"], params["draft_token_ids"], **step)}
             stats = self.sut.get_scheduler_stats() if hasattr(self.sut, "get_scheduler_stats") else None

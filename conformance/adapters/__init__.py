@@ -2,8 +2,10 @@
 
 ``reference`` is the spec itself. ``stdio:CMD`` runs any scheduler that speaks
 the JSON-lines protocol (PROTOCOL.md) as a subprocess. ``module:PKG.MOD:FACTORY``
-imports a Python factory returning a SchedulerUnderTest, looking in the current
-folder first (as pytest does). The other adapters are listed in two tables:
+runs a Python factory returning a SchedulerUnderTest in a child process behind
+the same protocol, looking in the current folder first (as pytest does);
+``inprocess:PKG.MOD:FACTORY`` calls it in the harness's process
+(``conformance/adapters/module.py``). The other adapters are listed in two tables:
 ``ADAPTERS`` (exact names: ``reference``, ``impl``, ``impl-engine``) and
 ``ADAPTER_PREFIXES`` (``mutant:NAME``, ``vllm-v1@VERSION``).
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from collections.abc import Callable
 from typing import Union
 
@@ -40,6 +41,8 @@ ADAPTERS: dict[str, AdapterEntry] = {
 """Exact SUT name -> factory() (or its ``"module:attr"`` path)."""
 
 ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
+    "module:": "conformance.adapters.module:make_module_sut",  # a Python scheduler in a child process
+    "inprocess:": "conformance.adapters.module:make_inprocess_sut",  # the same in this process
     "mutant:": "conformance.mutants:make_mutant_sut",
     "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
     "vllm-v0@": "conformance.adapters.vllm_v0:make_vllm_v0_sut",  # vLLM 0.10.2's legacy scheduler; never imports vLLM
@@ -64,35 +67,37 @@ def describe_suts() -> str:
     return (
         "reference (the spec itself); impl (our fast scheduler); impl-engine (our torch engine, teacher-forced); "
         "stdio:'CMD ARGS' (a subprocess speaking PROTOCOL.md); "
-        "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest; the current folder is searched first); "
+        "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest, run in a child process; the "
+        "current folder is searched first); inprocess:pkg.mod:factory (the same in the harness's process: faster, "
+        "but a hang in native code or os._exit is not contained); "
         "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
         + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`); "
         + "vllm-v0@0.10.2 (vLLM's legacy v0 scheduler, with --profile vllm-0.10)"
     )
 
 
-def make_module_sut(name: str) -> SchedulerUnderTest:
-    """``module:PKG.MOD:FACTORY``: import the factory, with the current folder importable, and call it.
+def make_stdio_sut(name: str) -> SchedulerUnderTest:
+    """``stdio:CMD``: check the command can start (quoting, a program on PATH) before any trace; UnknownSut if not."""
+    import shlex
+    import shutil
 
-    ``schedconf`` and ``pytest`` started as console scripts do not put the
-    current folder on ``sys.path`` (``python -m`` does); users expect an
-    adapter next to them to be found, as pytest finds their tests, so the
-    current folder is put first on ``sys.path`` when it is not there.
-    """
-    target = name.removeprefix("module:")
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise UnknownSut(f"--sut {name!r}: expected module:package.module:factory")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-        importlib.invalidate_caches()
+    from conformance.adapters.stdio import StdioSut
+
+    command = name.removeprefix("stdio:")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownSut(f"--sut {name!r}: cannot import {target}: {exc} "
-                         f"(searched the current folder {cwd} first, then sys.path)") from None
-    return factory()
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise UnknownSut(f"--sut {name!r}: the command does not parse as shell words ({exc}); "
+                         "quote it as one argument: --sut stdio:'./my-scheduler --serve'") from None
+    if not argv:
+        raise UnknownSut(f"--sut {name!r}: expected stdio:'COMMAND ARGS', the command that starts your scheduler")
+    program = argv[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: not an executable file")
+    elif shutil.which(program) is None:
+        raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: no such program on PATH")
+    return StdioSut(command)
 
 
 def make_sut(name: str) -> SchedulerUnderTest:
@@ -100,11 +105,7 @@ def make_sut(name: str) -> SchedulerUnderTest:
     if name in ADAPTERS:
         return get_factory(ADAPTERS[name])()
     if name.startswith("stdio:"):
-        from conformance.adapters.stdio import StdioSut
-
-        return StdioSut(name.removeprefix("stdio:"))
-    if name.startswith("module:"):
-        return make_module_sut(name)
+        return make_stdio_sut(name)
     for prefix, entry in ADAPTER_PREFIXES.items():
         if name.startswith(prefix):
             return get_factory(entry)(name)

@@ -40,6 +40,9 @@ class AphroditeEnvNotReady(UnknownSut):
 class AphroditeSut(StdioSut):
     """A StdioSut running Aphrodite ``version``'s driver, with the vLLM driver's ``stats`` extension."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     # As for vLLM, lookahead is derived from the spec-decode method (EAGLE/MTP
     # only): a campaign generates traces without the model's free lookahead knob.
     forced_config: dict[str, Any] = {"num_lookahead_tokens": 0}

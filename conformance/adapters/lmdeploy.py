@@ -36,6 +36,9 @@ class LmdeployEnvNotReady(UnknownSut):
 class LmdeploySut(StdioSut):
     """A StdioSut running LMDeploy ``version``'s driver."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     # What LMDeploy cannot express at all (see conformance/engines/lmdeploy_driver.py):
     # campaigns against it generate only configs it can run, instead of "unknown" verdicts.
     # (max_num_batched_tokens < max_num_seqs is also unsupported; generated configs rarely have it.)

@@ -36,6 +36,9 @@ class NanoVllmEnvNotReady(UnknownSut):
 class NanoVllmSut(StdioSut):
     """A StdioSut running nano-vllm ``version``'s driver."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     # What nano-vllm cannot express at all (see conformance/engines/nanovllm_driver.py):
     # campaigns against it generate only configs it can run, instead of "unknown" verdicts.
     forced_config: dict[str, Any] = {

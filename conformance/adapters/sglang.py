@@ -35,6 +35,9 @@ class SglangEnvNotReady(UnknownSut):
 class SglangSut(StdioSut):
     """A StdioSut running SGLang ``version``'s driver."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     # What the driver cannot express (see conformance/engines/sglang_driver.py): campaigns
     # against it generate only configs it can run, instead of "unknown" verdicts.
     forced_config: dict[str, Any] = {

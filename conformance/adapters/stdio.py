@@ -29,16 +29,20 @@ import select
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from conformance.protocol import PROTOCOL_VERSION, validate_reply
 from conformance.sut import SutInputError, SutUnsupported
 
 DEFAULT_TIMEOUT_S = 30.0
+SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
+"""Every scheduler command runs under it (conformance/adapters/supervisor.py): nothing it starts outlives it."""
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 """A reply line longer than this is a protocol error (a runaway scheduler must not exhaust memory)."""
 STDERR_LINES_KEPT = 200
@@ -99,10 +103,39 @@ def _kill_group(pid: int) -> None:
 def kill_all_started() -> None:
     """Kill every scheduler process group this process started (at exit, and on a worker's way out)."""
     for pid in list(_LIVE):
+        try:
+            os.kill(pid, signal.SIGTERM)  # the supervisor: it kills the daemons outside the group too
+        except OSError:
+            pass
+    for pid in list(_LIVE):
         _kill_group(pid)
 
 
+def stop_supervised(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a scheduler started under the supervisor: SIGTERM to the supervisor, which kills the command and
+    every descendant (detached daemons included) and exits; then SIGKILL to the whole process group, in case
+    the supervisor itself could not act."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    _kill_group(proc.pid)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 atexit.register(kill_all_started)
+
+
+def describe_ending(code: int | None) -> str:
+    """``exited with exit code 3``, ``was killed by SIGABRT``, or ``closed its stdout`` (still running)."""
+    if code is None:
+        return "closed its stdout"
+    return f"was {describe_exit(code)}" if code < 0 else f"exited with {describe_exit(code)}"
 
 
 def describe_exit(code: int | None) -> str:
@@ -128,6 +161,11 @@ class StdioSut:
     enforces_timeouts = True
     """The harness sets ``timeout_s`` and ``deadline`` instead of using alarms around the calls."""
 
+    honours_late_unsupported = False
+    """Is ``unsupported`` after ``init`` taken as *unknown*? Never for a scheduler under test (it could give
+    up wherever it would fail); True only in this repository's engine adapters, whose drivers answer it
+    for inputs their fake model runner cannot produce (a class attribute: no process can claim it)."""
+
     def __init__(self, command: str, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
                  name: str | None = None, startup_timeout_s: float | None = None) -> None:
         self.command = command
@@ -152,8 +190,9 @@ class StdioSut:
         env = dict(os.environ)
         if self.env:
             env.update(self.env)
+        argv = [sys.executable, "-I", "-S", SUPERVISOR, str(os.getpid()), "--", *self.argv]
         try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, start_new_session=True)
         except OSError as exc:
             raise SutExited(f"{self.name}: cannot start {self.command!r}: {exc.strerror or exc}") from None
@@ -175,11 +214,7 @@ class StdioSut:
         child, self.child = self.child, None
         if child is None:
             return
-        _kill_group(child.proc.pid)
-        try:
-            child.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_supervised(child.proc)
         for stream in (child.proc.stdin, child.proc.stdout, child.proc.stderr):
             try:
                 if stream is not None:
@@ -206,8 +241,7 @@ class StdioSut:
             code = self.child.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
-        words = describe_exit(code) if code is not None else "closed its stdout"
-        return self._broken(SutExited, f"the process {words} instead of answering {method}")
+        return self._broken(SutExited, f"the process {describe_ending(code)} before answering {method}")
 
     def call(self, method: str, params: dict[str, Any], timeout_s: float | None = None) -> Any:
         """Send one request and return its validated result (SutInputError for an error reply)."""
@@ -241,22 +275,37 @@ class StdioSut:
         if len(raw) > MAX_REPLY_BYTES:
             raise self._broken(SutProtocolError, f"{where}: longer than {MAX_REPLY_BYTES} bytes")
         try:
-            reply = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+            reply = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                               object_pairs_hook=_refuse_duplicate_keys)
+        except DuplicateKey as exc:
+            raise self._broken(SutProtocolError, f"{where}: key {str(exc)!r} twice in one object "
+                                                 "(each key once)") from None
+        except RecursionError:
+            raise self._broken(SutProtocolError, f"{where}: JSON nested too deeply to read") from None
         except (UnicodeDecodeError, ValueError):
             shown = raw[:200].decode("utf-8", "replace").rstrip("\n")
             raise self._broken(SutProtocolError, f"{where}: not JSON (stdout carries only protocol lines; "
                                                  f"write logs to stderr): {shown!r}") from None
-        if not isinstance(reply, dict) or reply.get("id") != msg_id:
-            found = reply.get("id") if isinstance(reply, dict) else reply
-            raise self._broken(SutProtocolError, f"{where}: wrong id: expected {msg_id}, found {json.dumps(found)[:80]}")
+        if not isinstance(reply, dict):
+            raise self._broken(SutProtocolError, f"{where}: expected a JSON object with id {msg_id}, "
+                                                 f"found {json.dumps(reply)[:80]}")
+        if "id" not in reply:
+            raise self._broken(SutProtocolError, f"{where}: the reply has no id (expected id {msg_id})")
+        if reply["id"] != msg_id:
+            raise self._broken(SutProtocolError, f"{where}: wrong id: expected {msg_id}, "
+                                                 f"found {json.dumps(reply['id'])[:80]}")
         problem = validate_reply(method, reply)
         if problem:
             raise self._broken(SutProtocolError, f"{where}: {problem}")
         if "error" in reply:
             err = reply["error"]
             code, message = err["code"], err.get("message", "")
-            if code == "unsupported":
+            if code == "unsupported" and (method == "init" or self.honours_late_unsupported):
                 raise SutUnsupported(message or "unsupported")
+            if code == "unsupported":
+                raise self._broken(SutProtocolError, f"{where}: answered unsupported ({message or 'no reason'}): "
+                                                     "unsupported is an answer to init only; once a trace has "
+                                                     "started, the scheduler answers every call (PROTOCOL.md)")
             if code == "internal":
                 raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail())
             raise SutInputError(code, message)
@@ -324,6 +373,19 @@ class StdioSut:
             except (SutProtocolError, SutInputError, SutUnsupported, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class DuplicateKey(ValueError):
+    """A reply object names a key twice (JSON parsers disagree on which value wins)."""
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _refuse_constant(text: str) -> Any:

@@ -47,6 +47,9 @@ def v0_versions() -> list[str]:
 class VllmV0Sut(StdioSut):
     """A StdioSut running vLLM ``version``'s v0 driver."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = env_python(FAMILY, version, root)

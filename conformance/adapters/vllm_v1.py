@@ -43,6 +43,9 @@ class VllmEnvNotReady(UnknownSut):
 class VllmV1Sut(StdioSut):
     """A StdioSut running vLLM ``version``'s driver, with the ``stats`` extension."""
 
+    honours_late_unsupported = True
+    """Our driver answers ``unsupported`` mid-trace only for inputs its fake model runner cannot produce."""
+
     # vLLM derives lookahead from the spec-decode method, so a campaign against
     # it generates traces without our free lookahead knob (see vllm_driver).
     forced_config: dict[str, Any] = {"num_lookahead_tokens": 0}

@@ -18,6 +18,9 @@ huge            answers with a 40 MB line
 float           answers ``schedule`` with 7.0-style floats for token counts
 bad_code        refuses ``add_request`` with an error code that does not exist
 grandchild      like hang, after starting a ``sleep`` grandchild at ``init``
+daemon          at ``init``, detaches a ``sleep`` daemon (double fork and
+                ``setsid``: outside the process group), then behaves
+late_unsupported  answers ``schedule`` with the error ``unsupported``
 none            behaves (a control)
 ==============  ============================================================
 
@@ -60,6 +63,18 @@ def record_pid(pid: int) -> None:
         Path(folder, str(pid)).write_text(get_start_time(pid))
 
 
+def start_daemon() -> None:
+    """Detach a ``sleep 300`` as daemons do: fork, ``setsid`` (a session and group of its own), fork, exit."""
+    if os.fork() == 0:
+        os.setsid()
+        pid = os.fork()
+        if pid == 0:
+            os.execvp("sleep", ["sleep", "300"])
+        record_pid(pid)
+        os._exit(0)
+    os.wait()
+
+
 def floats_in(result: object) -> object:
     """The schedule result with its token counts as floats (7 -> 7.0)."""
     if isinstance(result, dict) and isinstance(result.get("num_scheduled_tokens"), dict):
@@ -99,6 +114,10 @@ def main() -> int:
         if args.mode == "grandchild" and msg.get("method") == "init" and count == 1:
             child = subprocess.Popen(["sleep", "300"])
             record_pid(child.pid)
+        if args.mode == "daemon" and msg.get("method") == "init" and count == 1:
+            start_daemon()
+        if mode == "late_unsupported" and msg.get("method") == "schedule":
+            reply = {"id": reply["id"], "error": {"code": "unsupported", "message": "this step looks hard"}}
         if mode in ("hang", "grandchild"):
             while True:
                 time.sleep(60)

@@ -107,7 +107,7 @@ def test_hanging_sut_hits_the_step_timeout(tmp_path):
                                         out_dir=str(tmp_path), run_id="hang", quiet=True, shrink_budget_s=0))
     assert summary["failed"] >= 1
     report = (tmp_path / "hang" / summary["failures"][0]["report_file"]).read_text()
-    assert summary["failures"][0]["signature"] == "sut_timeout" and "no answer within 0.5 s" in report
+    assert summary["failures"][0]["signature"] == "sut_timeout" and "no answer to schedule within 0.5 s" in report
 
 
 def test_interrupt_leaves_a_valid_report(tmp_path, monkeypatch):

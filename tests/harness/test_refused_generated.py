@@ -47,6 +47,12 @@ class AcceptsEveryConfig(ReferenceSut):
             self.scheduler = None
 
 
+class ForcesFields(AcceptsEveryConfig):
+    """As :class:`AcceptsEveryConfig`, with fields it cannot run forced to the value it can."""
+
+    forced_config = {"long_prefill_token_threshold": 0, "num_lookahead_tokens": 0}
+
+
 @pytest.fixture(scope="module", params=["vllm-0.33", "vllm-0.11", "vllm-0.10"])
 def drawn(request):
     """(profile, the campaign's workloads, the workloads the seed drew before any was refused)."""
@@ -126,22 +132,8 @@ def test_overrides_stay_in_force_and_rules_they_undo_are_not_drawn():
 
 
 def test_a_forced_config_of_the_scheduler_stays_in_force(tmp_path):
-    forced = {"long_prefill_token_threshold": 0, "num_lookahead_tokens": 0}
-
-    class ForcesFields(AcceptsEveryConfig):
-        forced_config = forced
-
-    import sys
-    import types
-
-    module = types.ModuleType("refused_forced_adapter")
-    module.ForcesFields = ForcesFields
-    sys.modules["refused_forced_adapter"] = module
-    try:
-        summary = run_campaign(CampaignSpec(sut="module:refused_forced_adapter:ForcesFields", examples=400, seed=2,
-                                            out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
-    finally:
-        del sys.modules["refused_forced_adapter"]
+    summary = run_campaign(CampaignSpec(sut="module:test_refused_generated:ForcesFields", examples=400, seed=2,
+                                        out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
     assert summary["failed"] == summary["features"]["refused_config"] >= 8
     from conformance.trace import read_trace
 
