@@ -17,6 +17,9 @@ Commands (all state is per file):
 ``add-request ID prompt=SPEC max-tokens=N [priority=P] [arrival=T] [eos=E] [stop=A,B] [ignore-eos] [min-tokens=M]``
     SPEC is ``+``-joined parts, each ``a..b`` (inclusive) or ``a,b,c``
 ``abort ID``
+``finish ID[,ID...] STATUS``
+    ``finish_requests`` from outside with STATUS ``stopped``, ``length-capped``
+    or ``aborted`` (an engine stopping a request, as vLLM's own tests do)
 ``schedule``
 ``model-output [step=N] [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
     TOKENS is ``a,b`` or ``-`` for none; the output answers step N (default:
@@ -48,6 +51,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
 from spec.invariants import check_invariants
 from spec.output import ModelRunnerOutput, SchedulerOutput
+from spec.request import RequestStatus
 from spec.render import render_blocks, render_in_flight, render_queues, render_request_outputs, render_scheduler_output
 from spec.scheduler import Scheduler
 
@@ -199,6 +203,15 @@ class ScenarioRunner:
     def cmd_abort(self, args: list[str]) -> str:
         finished = self._sched().abort(args[0])
         return "aborted: " + (" ".join(finished) or "-")
+
+    def cmd_finish(self, args: list[str]) -> str:
+        ids, status = args[0].split(","), args[1]
+        statuses = {"stopped": RequestStatus.FINISHED_STOPPED, "length-capped": RequestStatus.FINISHED_LENGTH_CAPPED,
+                    "aborted": RequestStatus.FINISHED_ABORTED}
+        if status not in statuses:
+            raise ScenarioFormatError(f"finish: expected a status of {', '.join(statuses)}, found {status!r}")
+        finished = self._sched().finish_requests(ids, statuses[status])
+        return "finished: " + (" ".join(finished) or "-")
 
     def cmd_stats(self, args: list[str]) -> str:
         stats = self._sched().last_scheduler_stats

@@ -1007,13 +1007,14 @@ class FastScheduler:
                 continue
             got = len(sampled.get(rid, ()))
             if before + n >= ntok:
-                # Nothing sampled is skipped (as vLLM does), except with drafts
-                # scheduled: refused, as the reference does under 0.32+.
+                # Nothing sampled is skipped (as vLLM does; with drafts scheduled the
+                # drafts stay computed and the running loop never schedules the
+                # request again, n <= 0), except under async scheduling: refused,
+                # as the reference does.
                 num_drafts = len(out.spec_tokens.get(rid, ()))
-                if got > 1 + num_drafts or (got == 0 and (num_drafts or self.async_scheduling)):
+                if got > 1 + num_drafts or (got == 0 and self.async_scheduling):
                     raise InvalidEvent("bad_num_sampled_tokens",
-                                       f"request {rid!r} must sample 0 (without drafts, not async) to 1 + drafts "
-                                       "tokens")
+                                       f"request {rid!r} must sample 0 (not async) to 1 + drafts tokens")
             elif got != 0:
                 raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} ran a prefill chunk and samples nothing")
         for rid, d in drafts.items():

@@ -93,7 +93,9 @@ class Profile:
 
     guard_empty_output_rejection: bool
     """§5 step 3: draft rejection runs only when the request sampled something,
-    and accepts ``max(len - 1, 0)`` (0.33); <=0.11 runs it on empty output too."""
+    and accepts ``max(len - 1, 0)`` (0.32, 0.33); <=0.11 runs it on empty output too.
+    Skipped, it leaves an empty output's drafts computed: the request is past its
+    tokens and no later step schedules it (see ``Scheduler._reject_drafts``)."""
 
     trim_computed_on_stop: bool
     """§5 step 4.3: tokens sampled after a stop token are dropped and

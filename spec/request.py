@@ -82,8 +82,10 @@ FINISH_REASONS = {
 # Every status change the scheduler may make. Anything else is a bug in the
 # model and raises IllegalTransition.
 LEGAL_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
-    # admitted by the waiting loop; aborted while queued
-    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED}),
+    # admitted by the waiting loop; finished from outside while queued (finish_requests: aborted, or
+    # any other finished status the engine gives, as vLLM's own tests stop waiting requests)
+    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED,
+                                      RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED}),
     # preempted by the running loop; stopped by update_from_output; aborted
     RequestStatus.RUNNING: frozenset(
         {
@@ -93,9 +95,9 @@ LEGAL_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
             RequestStatus.FINISHED_ABORTED,
         }
     ),
-    # resumed by the waiting loop; aborted while queued. The two stop statuses
-    # are reachable only under vllm-0.11, whose un-repaired priority victim
-    # still receives the output of the step that preempted it (§4.1 table).
+    # resumed by the waiting loop; finished from outside while queued (finish_requests); the two stop
+    # statuses also by update_from_output under vllm-0.11, whose un-repaired priority victim still
+    # receives the output of the step that preempted it (§4.1 table).
     RequestStatus.PREEMPTED: frozenset(
         {
             RequestStatus.RUNNING,

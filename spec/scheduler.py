@@ -35,7 +35,7 @@ from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
 from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
 from spec.queues import create_request_queue
-from spec.request import LEGAL_TRANSITIONS, MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
+from spec.request import MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
 from spec.stats import PrefixCacheStats, SpecDecodingStats, render_scheduler_stats
 from spec.stop import compute_stop_status
 
@@ -248,13 +248,14 @@ class Scheduler:
         already-finished ids are skipped. Returns the ids finished, which
         appear in the next ``SchedulerOutput.finished_req_ids``.
 
-        Raises InvalidEvent ``invalid_finish_status``, with nothing changed,
-        for a status that is not FINISHED_*, or a stop status (STOPPED,
-        LENGTH_CAPPED) for a request that is WAITING.
-        DEVIATION(vllm 0.33.0): vLLM asserts the status is a finished one and
-        sets any finished status on any request; a WAITING request has no
-        sampled token, so a stop status is no legal transition here
-        (LEGAL_TRANSITIONS) and is refused up front.
+        Any finished status goes on any live request, as in vLLM: a WAITING or
+        PREEMPTED request may be stopped (FINISHED_STOPPED, _LENGTH_CAPPED) by
+        the engine as well as aborted (vLLM's own
+        ``test_get_num_unfinished_requests`` stops waiting requests); it
+        leaves its queue, its blocks are freed and its id is in the next
+        ``finished_req_ids``. Raises InvalidEvent ``invalid_finish_status``,
+        with nothing changed, for a status that is not FINISHED_* (vLLM
+        asserts it).
 
         DEVIATION(vllm 0.33.0): vLLM iterates the ids as a ``set`` (string hash
         order), so with several ids the free-queue order is not reproducible;
@@ -277,11 +278,6 @@ class Scheduler:
             if request is None or request.is_finished or request in valid:
                 continue
             valid.append(request)
-        # Validate every transition before anything moves: a refusal changes nothing.
-        for request in valid:
-            require(finished_status in LEGAL_TRANSITIONS[request.status], InvalidEvent, "invalid_finish_status",
-                    f"request {request.request_id!r} is {request.status.value} and cannot become "
-                    f"{finished_status.value}", request_id=request.request_id, status=finished_status.value)
         running_to_remove = {r for r in valid if r.status is RequestStatus.RUNNING}
         waiting_to_remove = {r for r in valid if r.status is not RequestStatus.RUNNING}
         if running_to_remove:
@@ -413,7 +409,12 @@ class Scheduler:
             # Keep the position of the token sampled after this step below
             # max_model_len (matters with drafts).
             num_new_tokens = min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
-            assert num_new_tokens >= 0, f"request {request.request_id} is past max_model_len"
+            if num_new_tokens < 0:
+                # Computed past its tokens (empty output with drafts, _reject_drafts):
+                # 0.32/0.33 clamp the count at 0 and skip the request.
+                assert request.num_computed_tokens > request.num_tokens_with_spec + request.num_output_placeholders, (
+                    f"request {request.request_id} is past max_model_len")
+                num_new_tokens = 0
             if num_new_tokens == 0:
                 # continue, not break: later requests may still run.
                 req_index += 1
@@ -928,16 +929,8 @@ class Scheduler:
                 require(got > 0 or not self.profile.async_scheduling, InvalidEvent, "bad_num_sampled_tokens",
                         f"request {request_id!r} samples in step {record.step} under async scheduling "
                         f"and must return at least one token", request_id=request_id, step=record.step)
-                # DEVIATION(vllm 0.33.0, 0.32.0): with drafts scheduled, vLLM
-                # skips the draft rejection on empty output and leaves
-                # num_computed_tokens past the sequence, so its next schedule()
-                # may give the request a negative token count. We refuse that
-                # output. Under <=0.11 (guard_empty_output_rejection False) the
-                # rejection runs and rolls the request back; accepted there.
-                require(not (got == 0 and num_drafts and self.profile.guard_empty_output_rejection),
-                        InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {request_id!r} had {num_drafts} draft(s) scheduled and sampled nothing",
-                        request_id=request_id, step=record.step)
+                # With drafts scheduled, an empty list is accepted as vLLM
+                # accepts it; what it does to the request is _reject_drafts'.
             else:
                 require(got == 0, InvalidEvent, "bad_num_sampled_tokens",
                         f"request {request_id!r} ran a prefill chunk and samples nothing, got {got} tokens",
@@ -968,9 +961,15 @@ class Scheduler:
         if not drafts:
             return
         if self.profile.guard_empty_output_rejection:
-            # Empty output with drafts is refused by _validate_model_output
-            # (vLLM would skip the rejection here).
-            assert generated
+            if not generated:
+                # 0.32/0.33 skip the rejection on empty output: num_computed_tokens
+                # stays past the request's tokens, the drafts counted as computed.
+                # Its next num_new_tokens is then 0 (its new drafts fill the gap)
+                # or negative, clamped to 0 (_reserve_prefill_lookahead): the
+                # request is skipped by every later step, RUNNING and holding its
+                # blocks and its seat, until it is finished from outside. The
+                # model follows (_schedule_running's clamp).
+                return
             num_rejected = len(drafts) - (len(generated) - 1)
             if request.num_computed_tokens > 0:
                 request.num_computed_tokens -= num_rejected

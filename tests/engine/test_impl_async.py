@@ -458,6 +458,11 @@ class _Lockstep:
             calls = [("reset_prefix_cache", ("running" in args,), {})]
         elif name == "stats":
             return  # the model's SchedulerStats: not part of the scheduler-under-test interface
+        elif name == "finish":
+            # finish_requests with an engine's status is the model's API, not the scheduler-under-test
+            # interface (which aborts only): the rest of the file is not comparable
+            self.ref = self.impl = None
+            return
         else:
             raise AssertionError(f"unknown command {name}")
         for method, call_args, kwargs in calls:

@@ -189,3 +189,33 @@ def test_input_errors_by_hand():
         sched.validate_model_output(out, {"a": [1, 2]}, {})
     assert exc.value.code == "bad_num_sampled_tokens"
     assert sched.update_from_output(out, [[5]]) == [("a", [5], None, None)]
+
+
+def test_an_empty_output_with_drafts_wedges_the_request_in_both():
+    """vLLM 0.32/0.33 skip the draft rejection on an empty output: the drafts stay computed and
+    no later step schedules the request. impl follows the reference, step for step."""
+    from conformance.adapters.impl import make_scheduler_sut
+    from conformance.adapters.reference import ReferenceSut
+    from spec.config import SchedulerConfig
+
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
+                             max_model_len=32, num_spec_tokens=2, enable_prefix_caching=False).to_dict()
+    add = {"kind": "add_request", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 8, "priority": 0,
+           "arrival_time": 0, "eos_token_id": None, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
+    # (sampled, drafts) per step: a and b prefill; a decodes with drafts and samples nothing; b goes on
+    outputs = [({"a": [5], "b": [5]}, {"a": [6, 7], "b": [6, 7]}), ({"a": [], "b": [6, 7, 8]}, {"b": [9, 9]}),
+               ({"b": [9, 9, 9]}, {}), ({"b": [1]}, {})]
+    seen = []
+    for sut in (ReferenceSut(), make_scheduler_sut()):
+        sut.start(config, "vllm-0.33")
+        sut.add_request({**add, "request_id": "a"})
+        sut.add_request({**add, "request_id": "b"})
+        steps = []
+        for sampled, drafts in outputs:
+            out = sut.schedule()
+            sampled = {k: v for k, v in sampled.items() if k in out["num_scheduled_tokens"]}
+            steps.append((out, sut.update_from_output(sampled, drafts)))
+        seen.append(steps)
+        sut.close()
+    assert seen[0] == seen[1]
+    assert all("a" not in out["num_scheduled_tokens"] for out, _ in seen[0][2:])  # a is never scheduled again
