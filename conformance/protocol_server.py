@@ -91,11 +91,18 @@ class ProtocolSession:
         raise RuntimeError(f"unknown method {method!r}")
 
 
-def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: ANN001
-    """Answer protocol requests on ``stdin`` with a SUT built by ``factory``."""
+def serve(factory: Callable[[], Any] | None, stdin=None, stdout=None, session: ProtocolSession | None = None,  # noqa: ANN001
+          render: Callable[[dict[str, Any]], str] | None = None) -> int:
+    """Answer protocol requests on ``stdin`` with a SUT built by ``factory`` (or with ``session``'s).
+
+    ``render`` turns a reply into its line (default: :func:`render_reply_line`).
+    """
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    session = ProtocolSession(factory)
+    if session is None:
+        assert factory is not None, "serve needs a factory or a session"
+        session = ProtocolSession(factory)
+    render = render or render_reply_line
     for line in stdin:
         if not line.strip():
             continue
@@ -104,7 +111,8 @@ def serve(factory: Callable[[], Any], stdin=None, stdout=None) -> int:  # noqa: 
         except json.JSONDecodeError as exc:
             print(f"protocol_server: bad request line: {exc}", file=sys.stderr)
             msg = None
-        write_reply(stdout, session.process_message(msg))
+        stdout.write(render(session.process_message(msg)) + "\n")
+        stdout.flush()
         if session.shut_down:
             return 0
     return 0
@@ -120,9 +128,14 @@ def take_protocol_stdout():  # noqa: ANN201 - a text file
     return proto
 
 
+def render_reply_line(obj: dict[str, Any]) -> str:
+    """One reply as its protocol line (without the newline)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
 def write_reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001
     """One reply line, flushed."""
-    stdout.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
+    stdout.write(render_reply_line(obj) + "\n")
     stdout.flush()
 
 

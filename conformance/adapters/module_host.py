@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from conformance.protocol_server import ProtocolSession, take_protocol_stdout
+from conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout
 
 
 def import_factory(target: str, folder: str) -> Callable[[], Any]:
@@ -99,30 +99,13 @@ def render_reply(reply: dict[str, Any]) -> str:
     return json.dumps(reply, sort_keys=True, separators=(",", ":"), default=stand_in, allow_nan=True)
 
 
-def serve_module(session: ModuleSession, stdin: Any, stdout: Any) -> int:
-    """Answer requests until ``shutdown`` or the end of stdin."""
-    for line in stdin:
-        if not line.strip():
-            continue
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError as exc:
-            print(f"module_host: bad request line: {exc}", file=sys.stderr)
-            msg = None
-        stdout.write(render_reply(session.process_message(msg)) + "\n")
-        stdout.flush()
-        if session.shut_down:
-            return 0
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.adapters.module_host")
     parser.add_argument("--path", default=os.getcwd(), help="the folder searched first for the module")
     parser.add_argument("target", help="package.module:factory")
     args = parser.parse_args(argv)
     proto = take_protocol_stdout()
-    return serve_module(ModuleSession(args.target, args.path), sys.stdin, proto)
+    return serve(None, sys.stdin, proto, session=ModuleSession(args.target, args.path), render=render_reply)
 
 
 if __name__ == "__main__":
