@@ -291,7 +291,6 @@ class _Vllm:
             from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         except ImportError:  # a release without async scheduling
             AsyncScheduler = None  # noqa: N806
-        self.AsyncScheduler = AsyncScheduler
         self.FullAttentionSpec = FullAttentionSpec
         self.KVCacheConfig = KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
@@ -307,18 +306,25 @@ class _Vllm:
         from vllm.v1.core import kv_cache_utils
 
         self.kv_cache_utils = kv_cache_utils
+        self.read_scheduler_api(Scheduler, AsyncScheduler, Request, SchedulerConfig)
+
+    def read_scheduler_api(self, scheduler: Any, async_scheduler: Any, request: Any, scheduler_config: Any) -> None:
+        """What the driver needs to know of a release's scheduler API, read off its classes (by feature,
+        never by version number). Every engine built on vLLM's scheduler (Aphrodite) calls this too, so a
+        feature the driver learns to read is read for all of them."""
         import inspect
 
-        self.request_params = set(inspect.signature(Request.__init__).parameters)
+        self.AsyncScheduler = async_scheduler
+        self.request_params = set(inspect.signature(request.__init__).parameters)
         # 0.32/0.33 track the output of steps in flight per request (stale output of preempted requests).
         try:
-            self.has_stale_output = "num_stale_output_tokens" in inspect.getsource(Request.__init__)
+            self.has_stale_output = "num_stale_output_tokens" in inspect.getsource(request.__init__)
         except (OSError, TypeError):  # no source shipped: read it off the scheduler instead
-            self.has_stale_output = "num_stale_output_tokens" in Scheduler.update_from_output.__code__.co_names
-        self.scheduler_params = set(inspect.signature(Scheduler.__init__).parameters)
-        self.scheduler_attrs = set(Scheduler.__init__.__code__.co_names)  # attributes __init__ sets
-        self.reset_prefix_cache_params = set(inspect.signature(Scheduler.reset_prefix_cache).parameters)
-        self.scheduler_config_fields = set(getattr(SchedulerConfig, "__dataclass_fields__", {}))
+            self.has_stale_output = "num_stale_output_tokens" in scheduler.update_from_output.__code__.co_names
+        self.scheduler_params = set(inspect.signature(scheduler.__init__).parameters)
+        self.scheduler_attrs = set(scheduler.__init__.__code__.co_names)  # attributes __init__ sets
+        self.reset_prefix_cache_params = set(inspect.signature(scheduler.reset_prefix_cache).parameters)
+        self.scheduler_config_fields = set(getattr(scheduler_config, "__dataclass_fields__", {}))
         self._hasher_cache: dict[int, Any] = {}
 
     def profile_name(self) -> str:

@@ -117,8 +117,6 @@ class _Aphrodite(_Vllm):
     """Aphrodite's names under the attribute names the vLLM driver uses (imported once)."""
 
     def __init__(self) -> None:  # noqa: PLR0915 - one import per name
-        import inspect
-
         import aphrodite
         import torch
         from aphrodite.config import (
@@ -154,10 +152,11 @@ class _Aphrodite(_Vllm):
         self.StructuredOutputManager = StructuredOutputManager
         self.DraftTokenIds = DraftTokenIds
         self.kv_cache_utils = kv_cache_utils
-        self.request_params = set(inspect.signature(Request.__init__).parameters)
-        self.scheduler_params = set(inspect.signature(Scheduler.__init__).parameters)
-        self.scheduler_config_fields = set(getattr(SchedulerConfig, "__dataclass_fields__", {}))
-        self._hasher_cache: dict[int, Any] = {}
+        try:
+            from aphrodite.v1.core.sched.async_scheduler import AsyncScheduler
+        except ImportError:
+            AsyncScheduler = None  # noqa: N806
+        self.read_scheduler_api(Scheduler, AsyncScheduler, Request, SchedulerConfig)
         from aphrodite.platforms import current_platform
 
         if getattr(current_platform, "device_type", "") != "cpu":
