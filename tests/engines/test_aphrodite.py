@@ -30,9 +30,7 @@ from conformance.replay import replay
 from conformance.sut import SutInputError, SutUnsupported
 from conformance.trace import read_trace
 
-# Local, not CI: each env build costs minutes and GBs; CI runs only the cheapest engine (nano-vllm).
-# pytest -m "engines and deep" tests/engines runs them.
-pytestmark = [pytest.mark.engines, pytest.mark.deep]
+pytestmark = pytest.mark.engines
 
 VERSION = "0.24.1"
 SUT_NAME = f"aphrodite@{VERSION}"

@@ -22,9 +22,7 @@ from conformance.adapters.sglang import SglangSut
 from conformance.engine_env import REPO_ROOT, ensure_env
 from conformance.sut import SutInputError, SutUnsupported
 
-# Local, not CI: each env build costs minutes and GBs; CI runs only the cheapest engine (nano-vllm).
-# pytest -m "engines and deep" tests/engines runs them.
-pytestmark = [pytest.mark.engines, pytest.mark.deep]
+pytestmark = pytest.mark.engines
 
 VERSION = "0.5.23"
 SUT_NAME = f"sglang@{VERSION}"

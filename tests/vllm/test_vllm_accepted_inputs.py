@@ -52,9 +52,7 @@ def run_steps(sut, profile: str) -> list:  # noqa: ANN001
     return steps
 
 
-# CI builds the 0.33.0 environment only; 0.32.0 runs locally (-m deep).
-@pytest.mark.parametrize("version,profile", [("0.33.0", "vllm-0.33"),
-                                             pytest.param("0.32.0", "vllm-0.32", marks=pytest.mark.deep)])
+@pytest.mark.parametrize("version,profile", [("0.33.0", "vllm-0.33"), ("0.32.0", "vllm-0.32")])
 def test_an_empty_output_with_drafts_wedges_the_request_as_in_vllm(version, profile):
     expected = run_steps(vllm_sut(version), profile)
     actual = run_steps(ReferenceSut(), profile)

@@ -38,8 +38,7 @@ def _sut(version: str) -> VllmV1Sut:
     return vllm_sut(version)
 
 
-# CI builds the 0.33.0 environment only; 0.32.0 runs locally (-m deep).
-@pytest.fixture(params=["0.33.0", pytest.param("0.32.0", marks=pytest.mark.deep)])
+@pytest.fixture(params=["0.33.0", "0.32.0"])
 def release(request: pytest.FixtureRequest) -> tuple[VllmV1Sut, str]:
     """(the release's driver, its plain profile name)."""
     return _sut(request.param), RELEASES[request.param]

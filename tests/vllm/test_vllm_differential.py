@@ -495,8 +495,8 @@ def test_scenario_conversion_replays_on_the_reference() -> None:
         assert result.verdict == PASS, _explain(trace, result)
 
 
-# CI runs the differential for one release (0.33.0); the others are local (deep).
-RELEASES = [V033, pytest.param(V032, marks=pytest.mark.deep), pytest.param(V011, marks=pytest.mark.deep)]
+# CI runs the differential for every release whose v1 scheduler the model tracks.
+RELEASES = [V033, V032, V011]
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -569,7 +569,6 @@ def _relabel(trace: Trace, profile: str) -> Trace:
     return Trace(header={**trace.header, "profile": profile}, events=trace.events, path=trace.path)
 
 
-@pytest.mark.deep
 def test_priority_self_preemption_tells_032_from_033() -> None:
     path = REPO_ROOT / "conformance" / "testdata" / "scenarios" / "profile_priority_self_preemption.txt"
     by_profile = {t.profile: t for t in scenario_traces(path)}
@@ -583,7 +582,6 @@ def test_priority_self_preemption_tells_032_from_033() -> None:
         assert result.divergence.kind == "scheduler_output"
 
 
-@pytest.mark.deep
 def test_generated_profile_difference_tells_releases_apart() -> None:
     """Find generated workloads whose reference traces differ between the two
     profiles; each trace must pass on its own release and fail on the other."""

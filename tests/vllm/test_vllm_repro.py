@@ -1,12 +1,11 @@
 """``schedconf repro`` against real vLLM: the committed reproductions fail where the bug is.
 
 Marked ``vllm``; a missing environment is built (``ensure_vllm_env``), never
-skipped, as in ``test_vllm_differential.py``. CI (``-m "vllm and not deep"``)
-runs the 0.33.0 checks: the committed F7 file fails with its plain-words
-message at step 6, ``schedconf repro`` regenerates it byte for byte, the F9
-file fails on the output rule, and a trace whose divergence is only the
-intended 0.32/0.33 difference gets no reproduction. The 0.11.0 findings (F4,
-F5) are ``deep`` (local), since CI builds only 0.33.0.
+skipped, as in ``test_vllm_differential.py``. CI runs them all: the
+committed F7 file fails with its plain-words message at step 6, ``schedconf
+repro`` regenerates it byte for byte, the F9 file fails on the output rule, a
+trace whose divergence is only the intended 0.32/0.33 difference gets no
+reproduction, and the 0.11.0 findings (F4, F5) fail on 0.11.0.
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ def test_a_model_difference_gets_no_reproduction(tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.deep
 @pytest.mark.parametrize("name,rule,step", [
     ("repro_f4_vllm_0_11_0.py", "engine_does_not_crash", 1),
     ("repro_f5_vllm_0_11_0.py", "lone_request_is_served", 2),
@@ -90,7 +88,6 @@ def test_the_011_reproductions_fail_on_011(name, rule, step, tmp_path):
     assert (outcome.status, outcome.rule, outcome.step) == ("broken", rule, step), outcome.output
 
 
-@pytest.mark.deep
 @pytest.mark.parametrize("name,version", [("repro_f4_vllm_0_11_0.py", "0.33.0")])
 def test_a_fixed_release_passes(name, version, tmp_path):
     """F4 is fixed in 0.33 (Request.__lt__); the 0.11 file uses 0.11's API, so the check is the
