@@ -183,10 +183,21 @@ def get_default_profile(sut: str) -> str:
     """The profile a campaign uses when ``--profile`` is not given: the one the SUT runs.
 
     ``vllm-v0@VERSION`` only runs the legacy scheduler (``vllm-0.10``); a
-    mutant its own profile; everything else vllm-0.33.
+    user's vLLM build (``vllm-v1@PATH``) its version's profile; a mutant its own
+    profile; everything else vllm-0.33.
     """
     if sut.startswith("vllm-v0@"):
         return "vllm-0.10"
+    if sut.startswith("vllm-v1@"):
+        from conformance.adapters.vllm_v1 import get_vllm_build, is_build_path
+
+        spec = sut.removeprefix("vllm-v1@")
+        if is_build_path(spec):
+            build = get_vllm_build(spec)
+            if build.profile is None:
+                raise UsageError(f"--sut {sut}: vLLM {build.version} has no release profile of its own; pass "
+                                 "--profile with the release it follows (e.g. --profile vllm-0.33)")
+            return build.profile
     if sut.startswith("mutant:"):
         from conformance.mutants import MUTANTS
 

@@ -145,7 +145,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS
 
 def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: str,
                default_env: dict[str, str], self_check: Callable[[str | None], int],
-               serve_stdio: Callable[[], int]) -> NoReturn:
+               serve_stdio: Callable[[], int], describe: Callable[[], int] | None = None) -> NoReturn:
     """The command line every engine driver shares, then exit without the interpreter's teardown.
 
     ``--self-check [--expect-version V]`` builds one scheduler and runs two steps
@@ -159,8 +159,14 @@ def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: s
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
     parser.add_argument("--expect-version", default=None, help=f"with --self-check: the {engine} version required")
+    if describe is not None:
+        parser.add_argument("--describe", action="store_true",
+                            help=f"print what this environment's {engine} is (one JSON line) and exit")
     args = parser.parse_args(argv)
-    code = self_check(args.expect_version) if args.self_check else serve_stdio()
+    if describe is not None and args.describe:
+        code = describe()
+    else:
+        code = self_check(args.expect_version) if args.self_check else serve_stdio()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

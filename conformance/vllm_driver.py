@@ -332,6 +332,18 @@ class _Vllm:
         major, minor = self.version.split(".")[:2]
         return f"vllm-{major}.{minor}"
 
+    def answers_for(self, profile: str) -> bool:
+        """Does this driver answer traces of ``profile``? Its release's profile (and its -async one); with
+        ``SCHEDCONF_VLLM_ANY_PROFILE=1`` (a user's build whose version has no profile of ours, run with
+        ``--profile``), any profile the harness names: the user's claim that the build follows it."""
+        if os.environ.get("SCHEDCONF_VLLM_ANY_PROFILE") == "1":
+            return not profile.endswith(ASYNC_SUFFIX) or self.AsyncScheduler is not None
+        return profile in (self.profile_name(), self.async_profile_name())
+
+    def get_missing_api(self) -> list[str]:
+        """What the driver calls that this build's scheduler lacks (empty: the driver can drive it)."""
+        return get_missing_scheduler_api(self.Scheduler)
+
     def has_stats_shape(self) -> bool:
         """Do this release's SchedulerStats have the shape the trace format records (0.32+)?"""
         major, minor = (int(x) for x in self.version.split(".")[:2])
@@ -356,6 +368,41 @@ class _Vllm:
             self.kv_cache_utils.init_none_hash(fn)
             self._hasher_cache[block_size] = self.kv_cache_utils.get_request_block_hasher(block_size, fn)
         return self._hasher_cache[block_size]
+
+
+REQUIRED_SCHEDULER_API = ("add_request", "schedule", "update_from_output", "finish_requests",
+                          "reset_prefix_cache", "kv_cache_manager")
+"""The scheduler methods and attributes the driver calls (``kv_cache_manager``: set by ``__init__``)."""
+
+
+def get_missing_scheduler_api(scheduler: Any) -> list[str]:
+    """``Scheduler.NAME`` for each name of :data:`REQUIRED_SCHEDULER_API` a scheduler class lacks.
+
+    Read by feature (the class's attributes, and the names its ``__init__``
+    assigns), never by version number, so a user's own build is driven
+    when it can be and refused, naming what moved, when it cannot.
+    """
+    init = getattr(scheduler, "__init__", None)
+    assigned = set(init.__code__.co_names) if hasattr(init, "__code__") else set()
+    return [f"Scheduler.{name}" for name in REQUIRED_SCHEDULER_API
+            if not hasattr(scheduler, name) and name not in assigned]
+
+
+def describe_build() -> int:
+    """Print what this environment's vLLM is, as one JSON line: version, profile, location, what is missing."""
+    proto_out = take_protocol_stdout()
+    import vllm
+
+    try:
+        api = _Vllm()
+        missing = api.get_missing_api()
+        version, profile = api.version, api.profile_name()
+    except (ImportError, AttributeError) as exc:  # the driver cannot even read the API
+        version, profile = getattr(vllm, "__version__", "?"), None
+        missing = [f"{type(exc).__name__}: {exc}"]
+    print(json.dumps({"version": version, "profile": profile, "location": os.path.dirname(vllm.__file__),
+                      "missing": missing}, sort_keys=True), file=proto_out)
+    return 0
 
 
 def _ensure_cpu_platform() -> None:
@@ -511,7 +558,7 @@ class VllmSchedulerSut:
 
     def start(self, config: dict[str, Any], profile: str) -> None:
         """Build a fresh scheduler for ``config``; the profile must be this vLLM's release (or its -async)."""
-        if profile not in (self.v.profile_name(), self.v.async_profile_name()):
+        if not self.v.answers_for(profile):
             raise SutUnsupported(f"this process runs vLLM {self.v.version} (profile {self.v.profile_name()}); "
                                  f"it cannot answer for profile {profile!r}")
         is_async = profile.endswith(ASYNC_SUFFIX)
@@ -1111,7 +1158,7 @@ def self_check(expect_version: str | None) -> int:
 def main(argv: list[str] | None = None) -> None:
     run_driver(argv, prog="python -m conformance.vllm_driver", engine="vLLM", default_env=DEFAULT_ENV,
                description="Serve a real vLLM v1 scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+               self_check=self_check, serve_stdio=serve_stdio, describe=describe_build)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ def describe_suts() -> str:
         "but a hang in native code or os._exit is not contained); "
         "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
         + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`); "
+        + "vllm-v1@PATH (your own vLLM build: a virtual environment or its Python, e.g. vllm-v1@~/vllm/.venv); "
         + "vllm-v0@0.10.2 (vLLM's legacy v0 scheduler, with --profile vllm-0.10)"
     )
 
