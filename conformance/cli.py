@@ -190,8 +190,12 @@ def get_default_profile(sut: str) -> str:
         return "vllm-0.10"
     if sut.startswith("vllm-v1@"):
         from conformance.adapters.vllm_v1 import get_vllm_build, is_build_path
+        from spec.profiles import PROFILES
 
         spec = sut.removeprefix("vllm-v1@")
+        release = "vllm-" + ".".join(spec.split(".")[:2])
+        if not is_build_path(spec) and release in PROFILES:
+            return release  # a pinned release: its own profile
         if is_build_path(spec):
             build = get_vllm_build(spec)
             if build.profile is None:
@@ -350,6 +354,40 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     finally:
         sut.close()
     return 1
+
+
+DIFF_EXIT_HELP = ("Exit codes: 0 the two schedulers answered alike on every trace both could run, 1 they differ "
+                  "(the groups are in DIR/diff.md), 2 bad input or harness error (or no trace both could run).")
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """The same generated traces to two SUTs; their differences grouped by the first differing field."""
+    from conformance.diff import DiffSpec, run_diff, write_diff
+
+    profile = args.profile or get_default_profile(args.sut)
+    against_profile = args.against_profile or get_default_profile(args.against)
+    for name in (profile, against_profile):
+        check_profile(name)
+    make_checked_sut(args.sut).close()
+    make_checked_sut(args.against).close()
+    out = Path(args.out)
+    check_output_folder(out, "--out")
+    spec = DiffSpec(sut=args.sut, against=args.against, profile=profile, against_profile=against_profile,
+                    examples=args.examples, seed=args.seed, step_timeout=args.timeout,
+                    shrink_budget_s=args.shrink_budget, config_overrides=parse_overrides(args.set, profile))
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say(f"diff: A = {args.sut} ({profile}), B = {args.against} ({against_profile}), {args.examples} traces, "
+        f"seed {args.seed}")
+    try:
+        groups, counts = run_diff(spec, say)
+    except ValueError as exc:  # the two force a config field to different values
+        raise UsageError(f"diff: {exc}") from None
+    report = write_diff(spec, groups, counts, out)
+    print(report.read_text().rstrip())
+    print(f"\nreport: {report.resolve()}")
+    if counts["traces"] == counts["unknown"]:
+        return 2
+    return 1 if groups else 0
 
 
 REPRO_EXIT_HELP = ("Exit codes: 0 the reproduction was written (it fails on the release, as checked by running "
@@ -540,6 +578,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--budget", type=TIMEOUT, default=120.0, metavar="S", help="seconds to spend (default 120)")
     comparison(p, None)
+    timeout(p)
+
+    p = add("diff", cmd_diff, "the same generated traces to two SUTs (no reference needed): what one scheduler "
+            "does differently from the other, grouped by the first differing field, each group with a minimal "
+            "trace and whether either side broke a safety property")
+    p.description += " " + DIFF_EXIT_HELP
+    p.add_argument("--sut", required=True, help="scheduler A: " + _sut_help())
+    p.add_argument("--against", required=True, metavar="SUT", help="scheduler B (same names as --sut)")
+    p.add_argument("--profile", default=None, help="A's release profile (default: A's own, as for run)")
+    p.add_argument("--against-profile", default=None, metavar="PROFILE", help="B's release profile (default: B's own)")
+    p.add_argument("--examples", type=COUNT, default=200, help="generated traces (default 200)")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--shrink-budget", type=BUDGET, default=60.0, metavar="S",
+                   help="seconds for shrinking one trace per group (default 60)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="force a config field in every generated trace (repeatable), as for run")
+    p.add_argument("--out", default="reports/diff", help="where diff.md, diff.json and the minimal traces go")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     timeout(p)
 
     p = add("repro", cmd_repro, "write a trace as one standalone vLLM test file (vLLM's own API, no schedconf) that "

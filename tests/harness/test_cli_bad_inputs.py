@@ -100,6 +100,8 @@ ROWS = [
     (["repro", "{tmp}/not_json.jsonl", "--sut", "vllm-v1@0.33.0"], "{tmp}/not_json.jsonl:1"),
     (["repro", "{tmp}/valid.jsonl", "--sut", "stdio:./my-scheduler"], "supported: vllm-v1@"),
     (["demo", "--example", "nope"], "unknown example 'nope'"),
+    (["diff", "--sut", "reference"], "the following arguments are required: --against"),
+    (["diff", "--sut", "reference", "--against", "stdio:no-such-program-xq7"], "no such program on PATH"),
     (["demo", "--examples", "-1"], "--examples: expected an integer >= 0"),
 ]
 
