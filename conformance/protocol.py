@@ -16,6 +16,7 @@ tell (a v0 output has ``scheduled_seq_groups``, a v0 observation
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,68 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
     kind = scheduler if scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
     problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
+
+
+JSON_DEPTH_LIMIT = 64
+"""Nesting a Python answer may have (the protocol's shapes need five levels; a cycle has no end)."""
+
+
+def find_not_json(value: Any, where: str = "result") -> str | None:
+    """``where.field: expected ..., found ...`` for the first part of a Python value JSON cannot carry, or None.
+
+    JSON carries None, booleans, integers, finite floats, strings, lists (and
+    tuples, as lists) and objects with string keys, nested at most
+    :data:`JSON_DEPTH_LIMIT` levels; anything else (a set, NaN, an integer
+    key, a numpy integer, an object, a cycle) is named here.
+    """
+    found = _find_not_json(value, 0)
+    if found is None:
+        return None
+    steps, problem = found
+    path = where + "".join(reversed(steps))
+    return f"{path if len(path) <= 60 else path[:40] + '...'}: {problem}"
+
+
+_PLAIN = frozenset((str, int, bool, type(None)))
+"""Types that are JSON whatever their value (checked by identity first: the common case, and the fast one)."""
+
+
+def _find_not_json(value: Any, depth: int) -> tuple[list[str], str] | None:
+    """The path (innermost step first) and the problem of the first part of ``value`` JSON cannot carry."""
+    if type(value) in _PLAIN or isinstance(value, (str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ([], f"expected a finite number, found float {value!r}")
+    if isinstance(value, (dict, list, tuple)) and depth >= JSON_DEPTH_LIMIT:
+        return [], f"expected at most {JSON_DEPTH_LIMIT} levels of nesting, found more (a cycle?)"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return [], f"expected string keys, found key {_short_repr(key)}"
+            found = None if type(item) in _PLAIN else _find_not_json(item, depth + 1)
+            if found is not None:
+                found[0].append(f".{key}")
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = None if type(item) in _PLAIN else _find_not_json(item, depth + 1)
+            if found is not None:
+                found[0].append(f"[{index}]")
+                return found
+        return None
+    return [], f"expected a JSON value, found {_short_repr(value)}"
+
+
+def _short_repr(value: Any) -> str:
+    """``set()``, ``int64 5``, ``<object object at 0x...>``: the value's repr, with its type unless the repr names it."""
+    name = type(value).__name__
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user's object whose repr fails is still named by its type
+        return f"{name} (no repr)"
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if name in text else f"{name} {text}"
 
 
 def _words(problem: tuple[str, str, str]) -> str:

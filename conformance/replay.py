@@ -64,13 +64,17 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 def _failure_of(exc: BaseException) -> tuple[str, str]:
     """The divergence kind and message of a SUT that raised ``exc``.
 
-    The stdio adapter's errors carry their kind (``sut_timeout``,
-    ``sut_exited``, ``protocol_error``) and a message without the stderr
-    tail, which the report shows on its own.
+    The adapters' errors carry their kind (``sut_timeout``, ``sut_exited``,
+    ``protocol_error``, ``sut_error``) and a message that says what happened,
+    without the stderr tail, which the report shows on its own; an exception
+    of the scheduler's own is a ``sut_error`` named by its type
+    (``KeyError: 'r1'``).
     """
     kind = getattr(exc, "kind", "sut_error")
-    message = getattr(exc, "plain_message", None) or str(exc)
-    return kind, message if kind != "sut_error" else f"{type(exc).__name__}: {message}"
+    message = getattr(exc, "plain_message", None)
+    if message is None:
+        message = f"{type(exc).__name__}: {exc}" if kind == "sut_error" else str(exc)
+    return kind, message
 
 
 def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
@@ -123,7 +127,8 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         kind, message = _failure_of(exc)
         if kind == "sut_timeout" and past_deadline():
             raise ReplayDeadline(f"deadline passed during {what}") from None
-        detail = traceback.format_exc() if kind == "sut_error" else ""
+        own = kind == "sut_error" and not hasattr(exc, "plain_message")  # else the adapter's stderr tail tells
+        detail = traceback.format_exc() if own else ""
         return fail(index, kind, message=f"{what}: {message}", detail=detail)
 
     refused_config = trace.header.get("expect_error")

@@ -19,17 +19,18 @@ ends the harness. Use it for a scheduler you trust, once ``module:`` passes.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut, SutProtocolError
-from conformance.protocol import validate_reply
+from conformance.adapters.module_host import NOT_JSON_MARK, SetUpError, build_scheduler
+from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut, SutInternalError, SutProtocolError
+from conformance.protocol import find_not_json, validate_reply
 from conformance.sut import SutInputError, SutUnsupported
 
 DESCRIBE_TIMEOUT_S = 120.0
@@ -63,15 +64,16 @@ class ModuleSut(StdioSut):
         self._spawn()
         try:
             answer = self.call("describe", {}, timeout_s=DESCRIBE_TIMEOUT_S)
-        except SutInputError as exc:
+        except SutInternalError as exc:  # the host could not import the module or build the scheduler
             self.kill()
-            message = str(exc).removeprefix("internal: ")
-            raise UnknownSut(f"--sut {self.name!r}: {message}") from None
-        except SutProtocolError as exc:
+            raise UnknownSut(f"--sut {self.name!r}: {exc.reason}") from None
+        except (SutProtocolError, SutInputError) as exc:
             self.kill()
-            tail = f"; its stderr ends: {exc.stderr.splitlines()[-1]}" if exc.stderr.strip() else ""
-            raise UnknownSut(f"--sut {self.name!r}: the scheduler's process could not describe it: "
-                             f"{exc.plain_message.removeprefix(self.name + ': ')}{tail}") from None
+            stderr = getattr(exc, "stderr", "")
+            tail = f"; its stderr ends: {stderr.splitlines()[-1]}" if stderr.strip() else ""
+            what = getattr(exc, "plain_message", str(exc)).removeprefix(self.name + ": ")
+            raise UnknownSut(f"--sut {self.name!r}: while importing the module and building the scheduler, "
+                             f"{what}{tail}") from None
         problem = _check_description(answer)
         if problem:
             self.kill()
@@ -82,6 +84,13 @@ class ModuleSut(StdioSut):
     def in_flight(self) -> bool:  # type: ignore[override]
         """Does the scheduler run steps in flight? Known from ``describe``, before any trace starts."""
         return bool(self.description["in_flight"])
+
+    def check_reply(self, method: str, reply: dict[str, Any]) -> str | None:
+        """The protocol's check, and the host's word that the scheduler's answer is not JSON (``NOT_JSON_MARK``)."""
+        result = reply.get("result")
+        if isinstance(result, str) and result.startswith(NOT_JSON_MARK):
+            return f"the scheduler's answer is not JSON: {result.removeprefix(NOT_JSON_MARK)}"
+        return super().check_reply(method, reply)
 
 
 def get_child_path() -> str:
@@ -142,10 +151,14 @@ class GuardedSut:
     """A Python scheduler called in the harness's process, its answers checked as the protocol checks replies.
 
     Every result is round-tripped through JSON and validated with
-    :func:`conformance.protocol.validate_reply`; ``SutUnsupported`` after
-    ``start`` is a protocol error (it is an answer to ``init`` only);
-    ``SystemExit`` is a ``sut_exited`` failure and any other BaseException
-    but KeyboardInterrupt a ``sut_error``, never a harness crash. The errors
+    :func:`conformance.protocol.validate_reply`. An exception with an error
+    ``code`` is read as ``protocol_server`` answers it: a code outside the
+    table is a protocol error, ``internal`` a ``sut_error``, and
+    ``SutUnsupported`` (code ``unsupported``) after ``start`` a protocol
+    error (it is an answer to ``init`` only). ``SystemExit`` is a
+    ``sut_exited`` failure and any other BaseException but KeyboardInterrupt
+    a ``sut_error``, never a harness crash; their traceback is the SUT's
+    ``stderr_tail``, as a child process would have printed it. The errors
     raised are plain, picklable exceptions (campaign workers send results
     between processes).
     """
@@ -153,6 +166,7 @@ class GuardedSut:
     def __init__(self, inner: Any, name: str) -> None:
         self.inner = inner
         self.name = name
+        self.last_words = ""
         self.forced_config = dict(getattr(inner, "forced_config", None) or {})
         self.in_flight = bool(getattr(inner, "in_flight", False))
         self.supports_observe = bool(getattr(inner, "supports_observe", True))
@@ -164,26 +178,44 @@ class GuardedSut:
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (SutInputError, KeyboardInterrupt):
+        except KeyboardInterrupt:
             raise
-        except SutUnsupported as exc:
-            if what == "start":
-                raise
-            raise SutReplyError(f"{self.name}: {what} raised SutUnsupported ({exc}): unsupported is an answer "
-                                "to init only; once a trace has started, the scheduler answers every call") from None
+        except Exception as exc:
+            code = "unsupported" if isinstance(exc, SutUnsupported) else getattr(exc, "code", None)
+            if not isinstance(code, str):
+                raise  # the scheduler's own bug: a sut_error with its traceback
+            raise self._refusal(what, exc, code) from None
         except SystemExit as exc:
+            self.last_words = _render_traceback(exc)
             raise SutCallExited(f"{self.name}: the scheduler called exit ({exc.code!r}) in {what}") from None
-        except Exception:
-            raise
         except BaseException as exc:  # noqa: BLE001 - a scheduler's own BaseException: its failure, not ours
+            self.last_words = _render_traceback(exc)
             raise SutCallError(f"{self.name}: {what} raised {type(exc).__name__}: {exc}") from None
+
+    def _refusal(self, what: str, exc: Exception, code: str) -> Exception:
+        """What the protocol makes of an exception with an error ``code`` (protocol_server's error reply)."""
+        problem = validate_reply(what, {"id": 0, "error": {"code": code, "message": str(exc)}})
+        if problem:
+            return SutReplyError(f"{self.name}: {what} raised {type(exc).__name__} ({exc}): {problem}")
+        if code == "unsupported" and what == "start":
+            return exc if isinstance(exc, SutUnsupported) else SutUnsupported(str(exc))
+        if code == "unsupported":
+            return SutReplyError(f"{self.name}: {what} raised {type(exc).__name__} ({exc}): unsupported is an "
+                                 "answer to init only; once a trace has started, the scheduler answers every call")
+        if code == "internal":
+            return SutCallError(f"{self.name}: internal error in {what}: {exc}")
+        return exc if isinstance(exc, SutInputError) else SutInputError(code, str(exc))
+
+    def stderr_tail(self, n: int = 40) -> str:
+        """The traceback of the last exit or BaseException the scheduler raised (what its process would print)."""
+        return "\n".join(self.last_words.splitlines()[-n:])
 
     def _checked(self, method: str, result: Any) -> Any:
         """``result`` as the protocol would carry it (through JSON), or SutReplyError naming the field."""
-        try:
-            carried = json.loads(json.dumps(result, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise SutReplyError(f"{self.name}: the answer to {method} is not JSON: {exc}") from None
+        problem = find_not_json(result)
+        if problem:
+            raise SutReplyError(f"{self.name}: the answer to {method} is not JSON: {problem}")
+        carried = json.loads(json.dumps(result))
         problem = validate_reply(method, {"id": 0, "result": carried})
         if problem:
             raise SutReplyError(f"{self.name}: the answer to {method}: {problem}")
@@ -222,20 +254,24 @@ class GuardedSut:
         return None if stats is None else self._checked("update", {"outputs": [], "stats": stats})["stats"]
 
     def close(self) -> None:
-        self._call("close", self.inner.close)
+        """Close the scheduler; what it raises there is ignored, as a process's ``shutdown`` failures are."""
+        try:
+            self._call("close", self.inner.close)
+        except Exception:  # noqa: BLE001 - nothing is checked after the last trace
+            pass
+
+
+def _render_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as the interpreter prints it, without this module's frame."""
+    tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb is not None else None))
 
 
 def make_inprocess_sut(name: str) -> GuardedSut:
     """``inprocess:PKG.MOD:FACTORY``: the factory's scheduler in this process, its answers checked."""
     target = get_target(name, "inprocess:")
-    module_name, _, attr = target.partition(":")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-        importlib.invalidate_caches()
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownSut(f"--sut {name!r}: cannot import {target}: {exc} "
-                         f"(searched the current folder {cwd} first, then sys.path)") from None
-    return GuardedSut(factory(), name)
+        inner = build_scheduler(target, os.getcwd())
+    except SetUpError as exc:
+        raise UnknownSut(f"--sut {name!r}: {exc}") from None
+    return GuardedSut(inner, name)

@@ -8,16 +8,18 @@ plus one request of its own, ``describe``, sent once before any ``init``:
 it imports the module, builds the scheduler, and answers what a campaign
 reads of it before the first trace (its name, ``in_flight``,
 ``forced_config``, its optional methods). A failure to import or build
-answers an error whose message says what went wrong; the harness makes that
-a set-up error.
+answers an error whose message says what went wrong
+(:func:`build_scheduler`, which ``inprocess:`` uses too); the harness makes
+that a set-up error.
 
 Nothing a scheduler does here can harm the harness: an exit, an
 ``os._exit``, a hang in native code or an exception that is not an
 ``Exception`` ends or stalls this process only, and the harness's
 :class:`~conformance.adapters.stdio.StdioSut` reports it as ``sut_exited`` or
-``sut_timeout``. A result that is not JSON is sent with each offending
-value replaced by the text ``<not JSON: ...>``, so the reply check names the
-field.
+``sut_timeout``; a ``SystemExit`` first writes on stderr where the
+scheduler raised it, which the report shows. A result that JSON cannot carry is answered as the
+text :data:`NOT_JSON_MARK` and the field it fails at, which the ``module:``
+adapter reports as a protocol error.
 """
 
 from __future__ import annotations
@@ -27,21 +29,54 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from typing import Any, Callable
 
+from conformance.protocol import find_not_json
 from conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout
 
 
+class SetUpError(Exception):
+    """The module could not be imported or its scheduler built: a set-up error, with a one-line message."""
+
+    code = "internal"
+
+
 def import_factory(target: str, folder: str) -> Callable[[], Any]:
-    """The factory ``package.module:attr``, with ``folder`` first on ``sys.path`` (ImportError when it is not there)."""
+    """The factory ``package.module:attr``, with ``folder`` first on ``sys.path``.
+
+    SetUpError when the module cannot be imported (or raises, or exits,
+    while imported) or has no such attribute.
+    """
     module_name, _, attr = target.partition(":")
     if folder not in sys.path:
         sys.path.insert(0, folder)
         importlib.invalidate_caches()
+    searched = f"(searched the current folder {folder} first, then sys.path)"
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SetUpError(f"cannot import {target}: {exc} {searched}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while imported
+        raise SetUpError(f"cannot import {target}: importing {module_name} raised "
+                         f"{type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:
+        raise SetUpError(f"cannot import {target}: the module exited while imported (SystemExit {exc.code!r})") from None
+    try:
+        return getattr(module, attr)
     except AttributeError as exc:
-        raise ImportError(str(exc)) from None
+        raise SetUpError(f"cannot import {target}: {exc} {searched}") from None
+
+
+def build_scheduler(target: str, folder: str) -> Any:
+    """The scheduler ``package.module:factory`` builds, the module looked up in ``folder`` first (SetUpError if not)."""
+    factory = import_factory(target, folder)
+    try:
+        return factory()
+    except Exception as exc:  # noqa: BLE001 - the user's factory failed: a set-up error
+        raise SetUpError(f"{target}() failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:
+        raise SetUpError(f"{target}() exited while building the scheduler (SystemExit {exc.code!r})") from None
 
 
 class ModuleSession(ProtocolSession):
@@ -53,7 +88,18 @@ class ModuleSession(ProtocolSession):
         self.folder = folder
 
     def _build(self) -> Any:
-        return import_factory(self.target, self.folder)()
+        return build_scheduler(self.target, self.folder)
+
+    def process_message(self, msg: Any) -> dict[str, Any]:
+        """As ProtocolSession's; a scheduler that exits leaves on stderr where it called exit, then the process
+        exits with its code (the harness reports ``exited with exit code N``)."""
+        try:
+            return super().process_message(msg)
+        except SystemExit as exc:
+            method = msg.get("method") if isinstance(msg, dict) else None
+            print(f"module_host: the scheduler raised SystemExit({exc.code!r}) in {method}:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            raise
 
     def _dispatch(self, method: Any, params: dict[str, Any]) -> Any:
         if method == "describe":
@@ -63,16 +109,7 @@ class ModuleSession(ProtocolSession):
     def describe(self) -> dict[str, Any]:
         """Import and build the scheduler; what a campaign reads of it before any trace."""
         if self.sut is None:
-            try:
-                self.sut = self._build()
-            except ImportError as exc:
-                raise DescribeError(f"cannot import {self.target}: {exc} (searched the current folder "
-                                    f"{self.folder} first, then sys.path)") from None
-            except Exception as exc:  # noqa: BLE001 - the user's factory failed: a set-up error
-                raise DescribeError(f"{self.target}() failed: {type(exc).__name__}: {exc}") from None
-            except SystemExit as exc:
-                raise DescribeError(f"{self.target}: the module exited while imported or built "
-                                    f"(SystemExit {exc.code!r})") from None
+            self.sut = self._build()
         sut = self.sut
         forced = getattr(sut, "forced_config", None) or {}
         return {
@@ -85,18 +122,19 @@ class ModuleSession(ProtocolSession):
         }
 
 
-class DescribeError(Exception):
-    """The module could not be imported or its scheduler built (answered as an ``internal`` error)."""
-
-    code = "internal"
+NOT_JSON_MARK = "<not JSON> "
+"""The start of the text answered in place of a result JSON cannot carry (the ``module:`` adapter reads it)."""
 
 
 def render_reply(reply: dict[str, Any]) -> str:
-    """One reply line; a value that is not JSON becomes the text ``<not JSON: ...>`` (the reply check names it)."""
-    def stand_in(value: Any) -> str:
-        return f"<not JSON: {type(value).__name__} {value!r}"[:200] + ">"
-
-    return json.dumps(reply, sort_keys=True, separators=(",", ":"), default=stand_in, allow_nan=True)
+    """One reply line. A result JSON cannot carry (a set, NaN, an integer key, an object, nesting without end)
+    is answered as :data:`NOT_JSON_MARK` and what is wrong with it: ``result.finished_req_ids: expected a JSON
+    value, found set()``."""
+    if "result" in reply:
+        problem = find_not_json(reply["result"])
+        if problem:
+            reply = {"id": reply.get("id"), "result": NOT_JSON_MARK + problem}
+    return json.dumps(reply, sort_keys=True, separators=(",", ":"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,9 +67,16 @@ class SutTimeout(SutProtocolError):
 
 
 class SutInternalError(SutProtocolError):
-    """The scheduler answered ``internal``: it failed on a valid input (a scheduler error, not a protocol one)."""
+    """The scheduler answered ``internal``: it failed on a valid input (a scheduler error, not a protocol one).
+
+    ``reason`` is the error's own message, as the scheduler wrote it.
+    """
 
     kind = "sut_error"
+
+    def __init__(self, message: str, stderr: str = "", reason: str = "") -> None:
+        super().__init__(message, stderr)
+        self.reason = reason
 
 
 class SutExited(SutProtocolError):
@@ -294,7 +301,7 @@ class StdioSut:
         if reply["id"] != msg_id:
             raise self._broken(SutProtocolError, f"{where}: wrong id: expected {msg_id}, "
                                                  f"found {json.dumps(reply['id'])[:80]}")
-        problem = validate_reply(method, reply)
+        problem = self.check_reply(method, reply)
         if problem:
             raise self._broken(SutProtocolError, f"{where}: {problem}")
         if "error" in reply:
@@ -307,9 +314,15 @@ class StdioSut:
                                                      "unsupported is an answer to init only; once a trace has "
                                                      "started, the scheduler answers every call (PROTOCOL.md)")
             if code == "internal":
-                raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail())
+                raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail(),
+                                       reason=message)
             raise SutInputError(code, message)
         return reply["result"]
+
+    def check_reply(self, method: str, reply: dict[str, Any]) -> str | None:
+        """What is wrong with a reply (an object with the request's id) to ``method``, or None: the protocol's
+        schema (:func:`conformance.protocol.validate_reply`)."""
+        return validate_reply(method, reply)
 
     # ------------------------------------------------------ SchedulerUnderTest
 

@@ -114,11 +114,18 @@ def exit_as(status: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
+"""The signals Python ignores at start: the command gets their default action back, as ``subprocess`` gives it."""
+
+
 def start_command(argv: list[str], mask: set[signal.Signals]) -> int:
-    """Fork and exec ``argv`` with the supervisor's stdio and the signal mask it was started with."""
+    """Fork and exec ``argv`` with the supervisor's stdio, the signal mask it was started with, and
+    :data:`RESTORED_SIGNALS` at their default action, as a command the harness started directly would have."""
     pid = os.fork()
     if pid == 0:
         try:
+            for sig in RESTORED_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.execvp(argv[0], argv)
         except OSError as exc:

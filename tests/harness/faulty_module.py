@@ -17,7 +17,12 @@ Floats            answers token counts as floats (``7.0``)
 UnknownField      answers with a field the format does not have
 NotJson           answers a set where a list is due
 LateUnsupported   raises ``SutUnsupported`` mid-trace
+BadCode           refuses the step with an error code the table does not have
+CodedRefusal      raises an exception of its own with a valid error ``code``
+                  (read as a refusal with that code, as the protocol reads it)
 Slow              answers every call 10 ms late (within any timeout: passes)
+ClosesBadly       raises in ``close`` (ignored, as a process's ``shutdown``)
+NoReset           has no ``reset_prefix_cache`` (a trace with a reset: unknown)
 ================  ==========================================================
 
 In a child process (``module:``), the process records its pid in
@@ -34,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from conformance.adapters.reference import ReferenceSut  # noqa: E402
-from conformance.sut import SutUnsupported  # noqa: E402
+from conformance.sut import SutInputError, SutUnsupported  # noqa: E402
 from tests.harness.faulty_sut import floats_in, record_pid  # noqa: E402
 
 STRIKE = 3
@@ -126,10 +131,45 @@ class LateUnsupported(_Faulty):
         raise SutUnsupported("this step looks hard")
 
 
+class BadCode(_Faulty):
+    def strike(self, result):  # noqa: ANN001, ANN201
+        raise SutInputError("not_a_code", "refused for no reason")
+
+
+class CodedError(Exception):
+    """A scheduler's own exception type that carries a stable error code, as the spec's errors do."""
+
+    code = "unknown_request_id"
+
+
+class CodedRefusal(_Faulty):
+    def strike(self, result):  # noqa: ANN001, ANN201
+        raise CodedError("no such request")
+
+
 class Slow(_Faulty):
     def schedule(self):  # noqa: ANN201
         time.sleep(0.01)
         return super().schedule()
+
+
+class ClosesBadly(_Faulty):
+    def close(self) -> None:
+        raise RuntimeError("close failed")
+
+
+class NoReset:
+    """The reference without the optional ``reset_prefix_cache``."""
+
+    name = "no-reset"
+
+    def __init__(self) -> None:
+        self._inner = ReferenceSut()
+
+    def __getattr__(self, attr: str):  # noqa: ANN204
+        if attr == "reset_prefix_cache" or attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
 
 
 class PrintsToStdout(_Faulty):

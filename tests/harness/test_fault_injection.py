@@ -65,14 +65,6 @@ def survivors(pid_dir: Path, within_s: float = 0.0) -> list[int]:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def pid_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "pids"
-    folder.mkdir()
-    monkeypatch.setenv("FAULTY_SUT_PIDS", str(folder))
-    yield folder
-    for pid in survivors(folder):  # never leave one behind, even when a test fails
-        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

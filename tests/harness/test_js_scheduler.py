@@ -10,7 +10,6 @@ for what it leaves out (prefix caching, other release profiles).
 import dataclasses
 import os
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest

@@ -28,7 +28,7 @@ from conformance.adapters.stdio import StdioSut
 from conformance.examples import EXAMPLES
 from conformance.replay import FAIL, PASS, UNKNOWN, replay
 from conformance.workload import run_workload
-from tests.harness.test_fault_injection import REPO, faulty, pid_dir, survivors  # noqa: F401 - pid_dir: a fixture
+from tests.harness.test_fault_injection import REPO, faulty, survivors
 
 MODULE = "tests.harness.faulty_module"
 
@@ -54,8 +54,10 @@ MODULE_CASES = {
     "Raises": ("sut_error", "internal error in schedule: the scheduler's own bug"),
     "Floats": ("protocol_error", "expected integer, found float"),
     "UnknownField": ("protocol_error", "result.my_debug_field: expected no such field"),
-    "NotJson": ("protocol_error", "result.finished_req_ids: expected array, found \"<not JSON: set"),
+    "NotJson": ("protocol_error", "not JSON: result.finished_req_ids: expected a JSON value, found set()"),
     "LateUnsupported": ("protocol_error", "unsupported is an answer to init only"),
+    "BadCode": ("protocol_error", "error.code: unknown error code 'not_a_code'"),
+    "CodedRefusal": ("input_error", "step: no error expected, got unknown_request_id: no such request"),
 }
 
 
@@ -83,6 +85,18 @@ def test_a_base_exception_leaves_its_traceback_in_the_report(trace, pid_dir):
     finally:
         sut.close()
     assert "Boom: a BaseException from the scheduler" in result.sut_stderr
+
+
+def test_a_module_exit_reads_naturally_and_says_where_exit_was_called(trace, pid_dir):
+    sut = make_sut(f"module:{MODULE}:ExitZero")
+    try:
+        result = replay(trace, sut, "strict", step_timeout=2.0)
+    finally:
+        sut.close()
+    assert result.divergence.message == (f"step: module:{MODULE}:ExitZero: the process exited with exit code 0 "
+                                         "before answering schedule")
+    assert "the scheduler raised SystemExit(0) in schedule" in result.sut_stderr
+    assert "faulty_module.py" in result.sut_stderr and "sys.exit(0)" in result.sut_stderr
 
 
 @pytest.mark.parametrize("name", ["Slow", "PrintsToStdout"])
@@ -136,14 +150,51 @@ def test_a_module_that_cannot_be_imported_is_a_set_up_error(target, words):
     assert words in str(info.value) and str(REPO) in str(info.value)
 
 
-def test_a_module_that_exits_while_imported_is_a_set_up_error(tmp_path, monkeypatch):
+def test_a_module_that_os_exits_while_imported_is_a_set_up_error(tmp_path, monkeypatch):
     (tmp_path / "exits_on_import.py").write_text("import os\nos._exit(5)\n")
-    (tmp_path / "sysexit_on_import.py").write_text("import sys\nsys.exit(4)\n")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UnknownSut, match="exited with exit code 5"):
+    with pytest.raises(UnknownSut) as info:
         make_sut("module:exits_on_import:Sut")
-    with pytest.raises(UnknownSut, match="the module exited while imported or built"):
-        make_sut("module:sysexit_on_import:Sut")
+    assert str(info.value) == ("--sut 'module:exits_on_import:Sut': while importing the module and building the "
+                               "scheduler, the process exited with exit code 5 before answering describe")
+
+
+SET_UP_FILES = {
+    "exits_on_import": ("import sys\nsys.exit(0)\n",
+                        "cannot import exits_on_import:Sut: the module exited while imported (SystemExit 0)"),
+    "raises_on_import": ("raise RuntimeError('broken at import')\n",
+                         "cannot import raises_on_import:Sut: importing raises_on_import raised RuntimeError: "
+                         "broken at import"),
+    "factory_raises": ("class Sut:\n    def __init__(self):\n        raise RuntimeError('no GPU here')\n",
+                       "factory_raises:Sut() failed: RuntimeError: no GPU here"),
+    "factory_exits": ("import sys\nclass Sut:\n    def __init__(self):\n        sys.exit(3)\n",
+                      "factory_exits:Sut() exited while building the scheduler (SystemExit 3)"),
+}
+
+
+@pytest.mark.parametrize("prefix", ["module", "inprocess"])
+@pytest.mark.parametrize("module_name", sorted(SET_UP_FILES))
+def test_a_module_that_cannot_be_built_is_the_same_one_line_set_up_error_in_both_modes(prefix, module_name,
+                                                                                        tmp_path, monkeypatch):
+    """In-process, an exit while imported ended the harness with exit 0 and a failing factory was 'a bug in
+    schedconf'; in the child, the message told how the harness asked rather than what failed."""
+    text, words = SET_UP_FILES[module_name]
+    (tmp_path / f"{module_name}.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(UnknownSut) as info:
+        make_sut(f"{prefix}:{module_name}:Sut")
+    assert str(info.value) == f"--sut '{prefix}:{module_name}:Sut': {words}"
+
+
+def test_an_inprocess_module_that_exits_while_imported_is_exit_code_2(tmp_path):
+    (tmp_path / "exits_on_import.py").write_text(SET_UP_FILES["exits_on_import"][0])
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", "inprocess:exits_on_import:Sut",
+                           "--examples", "2", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --sut 'inprocess:exits_on_import:Sut': " + SET_UP_FILES["exits_on_import"][1]]
 
 
 # ------------------------------------------------------------- in-process
@@ -154,9 +205,11 @@ INPROCESS_CASES = {
     "Raises": ("sut_error", "RuntimeError: the scheduler's own bug"),
     "Floats": ("protocol_error", "expected integer, found float"),
     "UnknownField": ("protocol_error", "my_debug_field: expected no such field"),
-    "NotJson": ("protocol_error", "is not JSON"),
+    "NotJson": ("protocol_error", "not JSON: result.finished_req_ids: expected a JSON value, found set()"),
     "LateUnsupported": ("protocol_error", "unsupported is an answer to init only"),
     "Hang": ("sut_timeout", "no answer within"),
+    "BadCode": ("protocol_error", "error.code: unknown error code 'not_a_code'"),
+    "CodedRefusal": ("input_error", "step: no error expected, got unknown_request_id: no such request"),
 }
 
 
@@ -168,6 +221,40 @@ def test_each_inprocess_fault_is_a_failure_of_its_kind(name, trace):
     assert result.verdict == FAIL, result
     assert result.divergence.kind == kind, result.divergence
     assert words in result.divergence.message, result.divergence.message
+
+
+@pytest.mark.parametrize("name,message,words", [
+    ("Bomb", "schedule raised Boom: a BaseException from the scheduler", 'raise Boom("a BaseException'),
+    ("ExitZero", "the scheduler called exit (0) in schedule", "sys.exit(0)"),
+])
+def test_an_inprocess_exit_or_base_exception_reads_naturally_with_its_traceback(name, message, words, trace):
+    """The message named the adapter's error class, and the traceback shown was the harness's own frames."""
+    result = replay(trace, make_sut(f"inprocess:{MODULE}:{name}"), "strict", step_timeout=5.0)
+    assert result.divergence.message == f"step: inprocess:{MODULE}:{name}: {message}"
+    assert "faulty_module.py" in result.sut_stderr and words in result.sut_stderr
+    assert "conformance/replay.py" not in result.detail + result.sut_stderr
+
+
+def test_an_inprocess_close_that_raises_is_ignored_as_a_process_shutdown_is():
+    sut = make_sut(f"inprocess:{MODULE}:ClosesBadly")
+    sut.close()
+    sut = make_sut(f"module:{MODULE}:ClosesBadly")
+    sut.close()
+
+
+def test_a_trace_with_a_reset_is_unknown_for_a_module_without_reset_prefix_cache():
+    """The harness's own unsupported (the optional method is missing) stays unknown in both modes."""
+    from conformance.workload import ResetSpec
+
+    with_reset = run_workload(EXAMPLES["mixed"]().replace(resets=(ResetSpec(False, 2),)))
+    assert any(e["kind"] == "reset_prefix_cache" for e in with_reset.events)
+    for prefix in ("module", "inprocess"):
+        sut = make_sut(f"{prefix}:{MODULE}:NoReset")
+        try:
+            result = replay(with_reset, sut, "strict", step_timeout=5.0)
+        finally:
+            sut.close()
+        assert result.verdict == UNKNOWN and "reset_prefix_cache" in result.detail, (prefix, result)
 
 
 def test_an_inprocess_scheduler_that_behaves_passes(trace):
@@ -197,7 +284,7 @@ def test_a_campaign_against_a_faulty_module_fails_with_its_report(sut, kind, tmp
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "fail" and summary["failed"] == 2
     assert {f["signature"] for f in summary["failures"]} == {kind}
-    assert (tmp_path / "r" / "report.html").exists()
+    assert kind in (tmp_path / "r" / "report.html").read_text()
     assert kind in junit.read_text()
     assert "Traceback" not in proc.stderr and "pickle" not in proc.stderr
     assert survivors(pid_dir, within_s=5.0) == []
@@ -303,6 +390,18 @@ def test_a_hung_scheduler_does_not_survive_a_killed_harness(tmp_path, pid_dir):
     proc.kill()  # SIGKILL: the harness runs no handler, no atexit
     proc.wait(timeout=10)
     assert survivors(pid_dir, within_s=5.0) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_the_scheduler_starts_with_the_signal_actions_a_direct_start_gives():
+    """The supervisor is a Python process, which ignores SIGPIPE and SIGXFSZ; its command inherited that."""
+    from conformance.adapters.stdio import SUPERVISOR
+
+    show = ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"]
+    direct = subprocess.run(show, capture_output=True, text=True, timeout=30).stdout
+    supervised = subprocess.run([sys.executable, "-I", "-S", SUPERVISOR, str(os.getpid()), "--", *show],
+                                capture_output=True, text=True, timeout=30).stdout
+    assert "SigIgn" in direct and supervised == direct
 
 
 # ------------------------------------------------------------------ set-up
