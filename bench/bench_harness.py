@@ -34,7 +34,7 @@ from spec.scheduler import Scheduler
 def drive_reference(trace: Trace) -> None:
     """The reference model's own work for a trace: every input, no comparison."""
     sched = Scheduler(SchedulerConfig.from_dict(trace.config), trace.profile)
-    pending = None
+    pending = {}  # step number -> its SchedulerOutput (several when steps are in flight)
     for e in trace.events:
         kind = e["kind"]
         try:
@@ -43,11 +43,15 @@ def drive_reference(trace: Trace) -> None:
             elif kind == "abort":
                 sched.abort(e["request_id"])
             elif kind == "step":
-                pending = sched.schedule()
-            else:
-                sched.update_from_output(pending, ModelRunnerOutput(
+                pending[e["step"]] = sched.schedule()
+            elif kind == "reset_prefix_cache":
+                sched.reset_prefix_cache(e.get("reset_running_requests", False))
+            elif kind == "model_output":
+                sched.update_from_output(pending.pop(e["step"]), ModelRunnerOutput(
                     {k: tuple(v) for k, v in e["sampled_token_ids"].items()},
                     {k: tuple(v) for k, v in e["draft_token_ids"].items()}))
+            else:
+                raise ValueError(f"bench_harness: an event kind it does not drive: {kind!r}")
         except InvalidEvent:
             pass
 
