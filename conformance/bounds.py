@@ -2,7 +2,7 @@
 
 Every input of the harness is bounded, so that no file, stream or config can
 make it read, allocate or wait without end. Each bound is a constant here,
-refused past it with the rule and the number; ``docs/bounds.md`` is the table
+refused past it with the rule and the number; ``docs/reference/bounds.md`` is the table
 of them all (with the protocol's and the timeouts), and
 ``tests/harness/test_bounds.py`` checks each one.
 
@@ -89,7 +89,7 @@ def read_bounded_bytes(path: str | os.PathLike[str], what: str = "file", max_byt
         if not stat.S_ISREG(info.st_mode):
             raise InputFileError(p, f"a regular {what}", describe_file_type(info.st_mode))
         if info.st_size > max_bytes:
-            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/bounds.md)", f"{info.st_size} bytes")
+            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)", f"{info.st_size} bytes")
         chunks: list[bytes] = []
         total = 0
         while total <= max_bytes:
@@ -99,7 +99,7 @@ def read_bounded_bytes(path: str | os.PathLike[str], what: str = "file", max_byt
             chunks.append(chunk)
             total += len(chunk)
         if total > max_bytes:
-            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/bounds.md)",
+            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)",
                                  "more (it grew while being read)")
         return b"".join(chunks)
     finally:
@@ -132,7 +132,7 @@ def check_config_bounds(config: dict[str, Any]) -> tuple[str, str, str] | None:
         value = config.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_POOL_BLOCKS:
             return (f"config.{name}", f"at most {MAX_POOL_BLOCKS} blocks (schedconf's bound on the pool it "
-                                      "models, docs/bounds.md)", str(value))
+                                      "models, docs/reference/bounds.md)", str(value))
     return None
 
 

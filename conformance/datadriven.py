@@ -113,7 +113,7 @@ def parse_tokens(spec: str) -> list[int]:
             lo, hi = part.split("..")
             if int(hi) - int(lo) + 1 + len(tokens) > MAX_SCENARIO_TOKENS:
                 raise ScenarioFormatError(f"tokens {spec[:60]!r}: expected at most {MAX_SCENARIO_TOKENS} tokens "
-                                          "(docs/bounds.md)")
+                                          "(docs/reference/bounds.md)")
             tokens.extend(range(int(lo), int(hi) + 1))
         else:
             tokens.extend(int(t) for t in part.split(","))

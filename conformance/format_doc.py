@@ -18,7 +18,7 @@ from spec.errors import ERROR_CODES
 def _type_of(schema: dict[str, Any]) -> str:
     if "$ref" in schema:
         name = schema["$ref"].split("/")[-1]
-        return f"[{name}](#{name.replace('_', '-')})"
+        return f"[{name}](#{name})"
     if "const" in schema:
         return f"`{json.dumps(schema['const'])}`"
     if "enum" in schema:
@@ -77,7 +77,7 @@ def render_format_md() -> str:
         "|---|---|---|",
     ]
     for kind, entry in SCHEMA["schedulers"].items():
-        replaced = ", ".join(f"{a} -> [{b}](#{b.replace('_', '-')})" for a, b in entry["replace"].items()) or "none"
+        replaced = ", ".join(f"{a} -> [{b}](#{b})" for a, b in entry["replace"].items()) or "none"
         out.append(f"| `{kind}` | {entry['description']} | {replaced} |")
     out.append("")
     out += ["## Shared shapes", ""]

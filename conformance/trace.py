@@ -344,7 +344,7 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
         if not raw.strip():
             continue
         if len(raw) > MAX_LINE_BYTES // 4 and len(raw.encode("utf-8")) > MAX_LINE_BYTES:
-            raise TraceError(path, number, "(line)", f"a line of at most {MAX_LINE_BYTES} bytes (docs/bounds.md)",
+            raise TraceError(path, number, "(line)", f"a line of at most {MAX_LINE_BYTES} bytes (docs/reference/bounds.md)",
                              f"{len(raw.encode('utf-8'))} bytes")
         try:
             event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number),

@@ -35,6 +35,7 @@ class Profile:
 
     name: str
     vllm_version: str
+    """The release whose code the profile's rules were read from."""
 
     free_uncached_blocks_to_front: bool
     """§9.2 free_blocks: blocks reaching ref_cnt 0 without a hash are prepended

@@ -374,7 +374,7 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
             if run.steps_run >= bounds.MAX_SAFETY_STEPS:
                 live = sorted(r.request_id for r in run.records.values() if r.ended is None)
                 return result(UNKNOWN, detail=f"unsupported: the safety run reached schedconf's bound of "
-                                              f"{bounds.MAX_SAFETY_STEPS} steps (docs/bounds.md) with "
+                                              f"{bounds.MAX_SAFETY_STEPS} steps (docs/reference/bounds.md) with "
                                               f"{len(live)} request(s) live ({', '.join(live[:5])}): every property "
                                               "held until then; a trace this long is checked with strict or "
                                               "observable")

@@ -1,4 +1,4 @@
-"""Every input of the harness is bounded (docs/bounds.md): each bound, and each set-up mistake, refused in one line.
+"""Every input of the harness is bounded (docs/reference/bounds.md): each bound, and each set-up mistake, refused in one line.
 
 Each test feeds the harness one input past one bound, or one set-up mistake,
 and checks the exit code (2: bad input), the words of the one-line error and
