@@ -3,10 +3,11 @@
     python -m conformance.docs_reference --write     # rewrite docs/reference/*.md
     python -m conformance.docs_reference --check     # exit 1 naming each stale page
 
-Three pages come from the code: the command line (from ``conformance.cli``'s
-argument parser), the error codes (``spec.errors.ERROR_CODES``) and the
+Four pages come from the code: the command line (from ``conformance.cli``'s
+argument parser), the error codes (``spec.errors.ERROR_CODES``), the
 release profiles with their knobs (``spec.profiles.PROFILES``, each knob's
-docstring read from the source). The trace format page is FORMAT.md
+docstring read from the source) and the rules with the vLLM lines they were
+read from (``spec.sources``). The trace format page is FORMAT.md
 (``conformance/format_doc.py``), included by the manual as it is. A test runs
 ``--check``; another one breaks a page on purpose and sees it fail.
 """
@@ -174,10 +175,32 @@ def render_profiles_md() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def render_rules_md() -> str:
+    """Each rule of the two models, the function that states it, and where in vLLM it was read."""
+    from spec.sources import V0_RULES, V1_RULES
+
+    out = ["# Rules and their sources", "", GENERATED_NOTE, "",
+           "Each rule the models state, the function of `spec/` that states it, and the line of the pinned",
+           "vLLM release it was read from (`spec/sources.py`). A test in the pinned environments checks that",
+           "each cited line still holds the code quoted, so a row cannot drift from its source. Where a rule",
+           "changed between releases, the knob that carries the change is on the",
+           "[profiles](profiles.md) page.", ""]
+    for title, rules in (("The v1 scheduler (`spec/`)", V1_RULES), ("The v0 scheduler (`spec/v0/`)", V0_RULES)):
+        release = rules[0].release
+        out += [f"## {title}", "", f"Read in vLLM {release}.", "",
+                "| rule | stated by | read in | the line |", "|---|---|---|---|"]
+        for r in rules:
+            out.append(f"| {_escape(r.rule)} | `{r.model.replace(':', '.')}` | `{r.path}:{r.line}` | "
+                       f"`{_escape(r.fragment)}` |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": render_cli_md,
     "error-codes.md": render_error_codes_md,
     "profiles.md": render_profiles_md,
+    "rules.md": render_rules_md,
 }
 
 

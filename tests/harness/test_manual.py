@@ -189,3 +189,18 @@ def test_readme_is_a_front_page():
     assert "pip install -e . && schedconf demo" in text
     assert "pip install -e '.[test,impl]' && CI=1 python -m pytest -n 2 -q" in text
     assert "pip install -q -e '.[test,impl]' && CI=1 python -m pytest -n 2 -q" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_rule_names_a_function_of_the_models():
+    import importlib
+
+    from spec.sources import RULES
+    missing = []
+    for rule in RULES:
+        module, qualname = rule.model.split(":")
+        target = importlib.import_module(module)
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if target is None:
+            missing.append(rule.model)
+    assert missing == []
