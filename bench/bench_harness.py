@@ -1,6 +1,6 @@
 """Harness figures: replay overhead, campaign throughput, shrinking.
 
-Usage: python bench/bench_harness.py [--traces 300] [--campaign 400] [--mutants]
+Usage: python bench/bench_harness.py [--traces 300] [--campaign 400] [--mutants [--mutant-names a,b]]
 
 1. Replay overhead: the same traces are (a) driven straight through the
    reference Scheduler (inputs, schedule, model outputs; nothing compared) and
@@ -9,7 +9,8 @@ Usage: python bench/bench_harness.py [--traces 300] [--campaign 400] [--mutants]
    b/a - 1 is the harness overhead (target: at most 25%).
 2. Campaign throughput: `run_campaign` of the reference against itself,
    --jobs 1 and --jobs 2, traces per second (generation + replay).
-3. With --mutants: the kill table (which check, time, shrunk trace length).
+3. With --mutants: the kill table (which check, time, shrunk trace length), of
+   every mutant or of --mutant-names.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=300)
     parser.add_argument("--campaign", type=int, default=400)
     parser.add_argument("--mutants", action="store_true")
+    parser.add_argument("--mutant-names", default="", help="with --mutants: comma-separated names (default: all)")
     args = parser.parse_args()
     bench_replay(args.traces)
     bench_campaign(args.campaign)
@@ -111,7 +113,8 @@ def main() -> None:
         from conformance.mutant_kill import kill_all, render_kill_table
 
         print("\nmutants")
-        print(render_kill_table(kill_all(examples=3000, shrink_budget_s=20)))
+        names = [n for n in args.mutant_names.split(",") if n] or None
+        print(render_kill_table(kill_all(examples=3000, shrink_budget_s=20, names=names)))
 
 
 if __name__ == "__main__":
