@@ -41,7 +41,6 @@ from spec.symbolic.state import Shape  # noqa: E402
 from spec.symbolic.transitions import TRANSITIONS  # noqa: E402
 from spec.symbolic.unbounded import prove_all_steps  # noqa: E402
 
-
 THEOREM_SYMMETRY = "theorem_symmetry"
 SERIAL = "-serial"
 """Suffix of a method proved without the helper process (``prove_isolated(parallel=False)``)."""

@@ -25,11 +25,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from conformance.replay import FAIL, PASS, UNKNOWN, ReplayResult, render_divergence, replay
 from conformance.trace import Trace, parse_trace_text, render_trace, write_atomic

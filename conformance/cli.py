@@ -16,8 +16,8 @@ import signal
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 EXAMPLES_HELP = textwrap.dedent("""
     examples:

@@ -38,7 +38,7 @@ from typing import Any
 from conformance.trace import Trace, make_header
 from spec.config import OPTIONAL_FIELDS, SchedulerConfig
 from spec.errors import InvalidConfig
-from spec.profiles import get_profile, check_config_for_profile
+from spec.profiles import check_config_for_profile, get_profile
 
 BASE_CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
                               max_model_len=32, enable_prefix_caching=False)

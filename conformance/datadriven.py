@@ -51,8 +51,8 @@ from spec.config import SchedulerConfig
 from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
 from spec.invariants import check_invariants
 from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.request import RequestStatus
 from spec.render import render_blocks, render_in_flight, render_queues, render_request_outputs, render_scheduler_output
+from spec.request import RequestStatus
 from spec.scheduler import Scheduler
 
 

@@ -67,7 +67,7 @@ class Chooser(Protocol):
     def integer(self, lo: int, hi: int, label: str) -> int: ...
     def boolean(self, p_true: float, label: str) -> bool: ...
     def choice(self, options: Sequence[T], label: str) -> T: ...
-    def fork(self, label: str) -> "Chooser":
+    def fork(self, label: str) -> Chooser:
         """A chooser for a group of later-added choices (see the module docstring)."""
         ...
 
@@ -79,7 +79,7 @@ class RandomChooser:
         self.seed = seed
         self.rng = random.Random(seed)
 
-    def fork(self, label: str) -> "RandomChooser":
+    def fork(self, label: str) -> RandomChooser:
         """An independent seeded stream: drawing from it leaves this one's draws unchanged."""
         digest = hashlib.sha256(f"{self.seed}\x1f{label}".encode()).digest()
         return RandomChooser(int.from_bytes(digest[:8], "little"))
@@ -110,7 +110,7 @@ class HypothesisChooser:
     def choice(self, options: Sequence[T], label: str) -> T:
         return self.draw(st.sampled_from(list(options)), label=label)
 
-    def fork(self, label: str) -> "HypothesisChooser":
+    def fork(self, label: str) -> HypothesisChooser:
         # One Hypothesis stream: the forked choices are drawn inline (and shrink too).
         return self
 

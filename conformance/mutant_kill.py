@@ -166,7 +166,7 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
 
     # Smallest failures first; stop once one shrinks to the 10-event target.
     queue = sorted(failures, key=lambda f: size(f[1]))
-    for n, (kind, item) in enumerate(queue):
+    for kind, item in queue:
         left = deadline - time.monotonic()
         if left <= 0.5:
             break

@@ -22,8 +22,9 @@ other way round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from conformance.adapters import UnknownSut
 from conformance.adapters.reference import ReferenceSut

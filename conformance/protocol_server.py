@@ -21,7 +21,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 
 class ProtocolSession:

@@ -21,15 +21,15 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from conformance.bounds import render_truncated_lines
 from conformance.compare import Comparator, Divergence, FieldDiff
 from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
 from conformance.trace import Trace
 from conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
-
 
 
 class StepTimeout(Exception):

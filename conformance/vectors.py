@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from conformance.campaign import features_of

@@ -226,7 +226,7 @@ class Workload:
     origin: str = "generate"
     description: str = ""
 
-    def replace(self, **changes: Any) -> "Workload":
+    def replace(self, **changes: Any) -> Workload:
         return replace(self, **changes)
 
 
@@ -247,7 +247,7 @@ class RefusedConfigWorkload:
     seed: int = 0
     origin: str = "generate"
 
-    def replace(self, **changes: Any) -> "RefusedConfigWorkload":
+    def replace(self, **changes: Any) -> RefusedConfigWorkload:
         return replace(self, **changes)
 
 

@@ -90,12 +90,12 @@ def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline
 
 def stage_replay(device: torch.device, corpus: Path, seeds: range, deadline: float) -> dict[str, Any]:
     """Teacher-forced engine replay of traces (corpus, examples, campaign) on ``device``."""
+    from conformance.adapters.impl import ImplEngineSut
     from conformance.examples import EXAMPLES
     from conformance.replay import replay
+    from conformance.tight_workloads import make_tight_workload
     from conformance.trace import read_trace
     from conformance.workload import run_workload
-    from conformance.adapters.impl import ImplEngineSut
-    from conformance.tight_workloads import make_tight_workload
 
     traces = [read_trace(p) for p in sorted(corpus.rglob("*.jsonl"))] if corpus.is_dir() else []
     traces = [t for t in traces if t.profile in ("vllm-0.33", "vllm-0.32")]

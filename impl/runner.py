@@ -114,7 +114,7 @@ class Segment:
     """Drafts scheduled (fixed at ``prepare``; ``end - num_tokens`` once positions are real)."""
     incarnation: int = 0
     """The request's ``num_preemptions`` when prepared."""
-    sources: list["Segment"] = field(default_factory=list)
+    sources: list[Segment] = field(default_factory=list)
     """Async + spec: the request's sampling segments in flight when this one was prepared."""
     rejected: int = 0
     """Async + spec: drafts this segment's verification rejected (the shift it causes later steps)."""
@@ -136,7 +136,7 @@ class PreparedStep:
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
-    plans: list["_Attention"] = field(default_factory=list)
+    plans: list[_Attention] = field(default_factory=list)
     fixups: list[Segment] = field(default_factory=list)
     """Async + spec: segments whose positions, placeholder inputs and drafts ``run`` settles."""
 
@@ -373,7 +373,7 @@ class ModelRunner:
         return result
 
     def _settle(self, step: PreparedStep, ids: list[int], given: dict[str, list[int]] | None
-                ) -> tuple[list[int], list[int], list[int], list["_Attention"]]:
+                ) -> tuple[list[int], list[int], list[int], list[_Attention]]:
         """Async + spec, at run time: move segments back over their sources' rejected drafts, fill inputs.
 
         A segment's real tokens come from the request (applied) or from the
@@ -465,7 +465,7 @@ class ModelRunner:
         for req in [r for r in self.next_drafts if r.is_finished]:
             del self.next_drafts[req]
 
-    def _attention_plans(self, segments: list[Segment]) -> list["_Attention"]:
+    def _attention_plans(self, segments: list[Segment]) -> list[_Attention]:
         short = [s for s in segments if s.end - s.start <= SHORT_SEGMENT]
         plans: list[_Attention] = []
         if short:

@@ -33,8 +33,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from impl.v0_blocks import (FIRST_BLOCK, NaiveAllocator, NoFreeBlocks, PrefixCachingAllocator, StaleEvictorEntry,
-                            compute_block_hash)
+from impl.v0_blocks import (
+    FIRST_BLOCK,
+    NaiveAllocator,
+    NoFreeBlocks,
+    PrefixCachingAllocator,
+    StaleEvictorEntry,
+    compute_block_hash,
+)
 from spec.errors import EngineCrash, InvalidEvent
 
 WAITING, RUNNING, SWAPPED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED, FINISHED_IGNORED = range(7)
@@ -144,7 +150,7 @@ class _PartialPrefills:
 
     __slots__ = ("schedulable", "long_prefills", "threshold", "max_long", "max_partial")
 
-    def __init__(self, sched: "FastV0Scheduler") -> None:
+    def __init__(self, sched: FastV0Scheduler) -> None:
         c = sched.config
         self.threshold = sched.long_threshold
         self.max_long = c.max_long_partial_prefills

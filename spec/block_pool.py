@@ -29,8 +29,8 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: bytes | None = None
-    prev_free: "KVCacheBlock | None" = field(default=None, repr=False)
-    next_free: "KVCacheBlock | None" = field(default=None, repr=False)
+    prev_free: KVCacheBlock | None = field(default=None, repr=False)
+    next_free: KVCacheBlock | None = field(default=None, repr=False)
     is_null: bool = False
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from spec.errors import InvalidConfig, require
 
-
 OPTIONAL_FIELDS: dict[str, object] = {
     "max_concurrent_batches": 1,
     "max_num_active_seqs": None,
@@ -156,7 +155,7 @@ class SchedulerConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> SchedulerConfig:
         """Build a config from a dict, refusing unknown fields by name."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -275,7 +275,7 @@ PROFILES: dict[str, Profile] = {
 DEFAULT_PROFILE = VLLM_0_33.name
 
 
-def check_config_for_profile(config: "SchedulerConfig", profile: Profile) -> None:
+def check_config_for_profile(config: SchedulerConfig, profile: Profile) -> None:
     """Refuse configs the profile's release refuses at start-up (InvalidConfig)."""
     from spec.errors import require
 

@@ -77,11 +77,12 @@ class PriorityRequestQueue:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, str, Request]] = []
+        self._heap: list[tuple[int, int | float, str, Request]] = []
 
     def add_request(self, request: Request) -> None:
         """Push a request by its key."""
-        heapq.heappush(self._heap, (*request.sort_key, request))
+        priority, arrival, request_id = request.sort_key
+        heapq.heappush(self._heap, (priority, arrival, request_id, request))
 
     def peek_request(self) -> Request:
         """Return the minimum without removing it."""

@@ -15,7 +15,6 @@ from enum import Enum
 from spec.errors import IllegalTransition
 from spec.hashing import extend_block_hashes
 
-
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id the model accepts. vLLM checks prompt ids against the
 tokenizer's vocabulary (``vllm/v1/engine/input_processor.py``, "out of

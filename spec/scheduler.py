@@ -190,8 +190,8 @@ class Scheduler:
         require(len(prompt) < self.max_model_len, InvalidEvent, "prompt_too_long",
                 f"prompt of {len(prompt)} tokens leaves no room to generate within "
                 f"max_model_len={self.max_model_len}", request_id=request_id, prompt_len=len(prompt))
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            require(isinstance(value, int) and not isinstance(value, bool), InvalidEvent,
+        for name, number in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
+            require(isinstance(number, int) and not isinstance(number, bool), InvalidEvent,
                     "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
         require(is_arrival_time(arrival_time), InvalidEvent, "invalid_field_type",
                 "arrival_time must be a finite number (int or float; not a boolean, NaN or infinity)",

@@ -13,7 +13,6 @@ proofs too (about 23 minutes more on 2 cores).
 import os
 
 import pytest
-
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

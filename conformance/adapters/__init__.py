@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from typing import Union
 
 from conformance.sut import SchedulerUnderTest
 
@@ -30,8 +29,8 @@ class UnknownSut(Exception):
     """The --sut name matches no adapter."""
 
 
-AdapterEntry = Union[Callable[[], SchedulerUnderTest], str]
-PrefixEntry = Union[Callable[[str], SchedulerUnderTest], str]
+AdapterEntry = Callable[[], SchedulerUnderTest] | str
+PrefixEntry = Callable[[str], SchedulerUnderTest] | str
 
 ADAPTERS: dict[str, AdapterEntry] = {
     "reference": "conformance.adapters.reference:ReferenceSut",

@@ -30,7 +30,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from conformance.protocol import find_not_json
 from conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout

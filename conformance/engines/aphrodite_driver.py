@@ -69,8 +69,8 @@ from conformance.vllm_driver import (
     DriverError,
     SutUnsupported,
     VllmSchedulerSut,
-    _with_extensions,
     _Vllm,
+    _with_extensions,
 )
 
 DEFAULT_ENV = {

@@ -18,7 +18,8 @@ formulas the proofs use are the ones compared with the model).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import z3
 

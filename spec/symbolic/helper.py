@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-from concurrent.futures.process import BrokenProcessPool
 import time
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import z3

@@ -106,15 +106,31 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
 import spec.invariants
 from spec.symbolic.state import DEAD
-from spec.symbolic.z3ops import (Z3Ops, count, eq, imax, imin, is_z3, ite, land, limplies, lnot, lor, to_bool, to_term,
-                                 total, value_of)
+from spec.symbolic.z3ops import (
+    Z3Ops,
+    count,
+    eq,
+    imax,
+    imin,
+    is_z3,
+    ite,
+    land,
+    limplies,
+    lnot,
+    lor,
+    to_bool,
+    to_term,
+    total,
+    value_of,
+)
 from spec.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
@@ -166,7 +182,7 @@ class FlightState:
         for name in FIELD_NAMES:
             setattr(self, name, fields[name])
 
-    def replace(self, **changes: Any) -> "FlightState":
+    def replace(self, **changes: Any) -> FlightState:
         """A copy with some fields replaced (lists are shared unless replaced)."""
         unknown = set(changes) - set(FIELD_NAMES)
         assert not unknown, unknown

@@ -588,7 +588,7 @@ def build_query(bounds: Bounds, profile: str, policy: Policy, rules: StepRules |
                 var = I(f"{f}_{k + 1}_{r}")
                 solver.add(var == value)
                 getattr(named, f).append(var)
-        for name, flag in flags.items():
+        for flag in flags.values():
             if is_z3(flag) or flag:
                 solver.add(lnot(flag) if is_z3(flag) else False)
         states.append(named)
@@ -668,7 +668,7 @@ def render_found(found: Found) -> str:
     lines = [f"{found.profile} {found.policy}: config {found.config}",
              "requests " + "; ".join(f"r{i} {r}" for i, r in enumerate(found.requests))]
     for i, s in enumerate(found.states):
-        mark = " <- lasso start" if i == found.start else (" == s_%d" % found.start if i == len(found.states) - 1
+        mark = " <- lasso start" if i == found.start else (f" == s_{found.start}" if i == len(found.states) - 1
                                                            else "")
         lines.append(f"  s_{i}: {render_state(s)}{mark}")
     return "\n".join(lines)

@@ -529,7 +529,6 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         # The abstraction's facts, on the terms themselves (this solver); then a solver where
         # the terms are replaced by stand-ins of which only those facts are known.
         for goal_name, goal in abstract_facts:
-            key = f"{label}:{goal_name}" if label else goal_name
             status = check(goal_name, goal, Z3Ops(), terms=True)
             result.goals[goal_name] = PROVED if status == PENDING else status
             if status not in (PROVED, PENDING):

@@ -88,7 +88,7 @@ def candidate_workloads(state: State, label: str, description: str, seed: int = 
                        seed=seed, origin="symbolic", description=description)
 
 
-def search(state: State, label: str, description: str, accept: Callable[[Trace], "str | None"],
+def search(state: State, label: str, description: str, accept: Callable[[Trace], str | None],
            tries: int = 400, with_abort: bool = False) -> tuple[Trace, str] | None:
     """The first candidate trace ``accept`` approves, with its note; None if none in ``tries``."""
     for workload in candidate_workloads(state, label, description, tries=tries, with_abort=with_abort):
@@ -106,9 +106,9 @@ def truncate_at_violation(trace: Trace, invariant: str, kinds: tuple[str, ...]) 
     """Replay ``trace`` on the model checking every invariant; cut it after the first event of one of
     ``kinds`` that violates ``invariant`` (None if that never happens)."""
     from spec.config import SchedulerConfig
+    from spec.invariants import INVARIANTS
     from spec.ops import ConcreteOps
     from spec.scheduler import Scheduler
-    from spec.invariants import INVARIANTS
     from spec.view import ConcreteView
 
     sched = Scheduler(SchedulerConfig.from_dict(trace.config), trace.profile)

@@ -83,8 +83,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import z3
 
@@ -97,16 +98,18 @@ from spec.symbolic.z3ops import (
     cdiv,
     count,
     count_set,
-    eq as eq_,
-    limplies,
     fdiv,
     is_z3,
     ite,
     land,
+    limplies,
     lnot,
     select,
     total,
     value_of,
+)
+from spec.symbolic.z3ops import (
+    eq as eq_,
 )
 from spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, STATUS_CODES, WAITING
 
@@ -206,7 +209,7 @@ class State:
         for name in ALL_FIELDS:
             setattr(self, name, fields[name])
 
-    def replace(self, **changes: Any) -> "State":
+    def replace(self, **changes: Any) -> State:
         """A copy with some fields replaced (lists are shared unless replaced)."""
         fields = {name: getattr(self, name) for name in ALL_FIELDS}
         unknown = set(changes) - set(fields)
@@ -244,7 +247,7 @@ class State:
                 for j in range(sh.num_reqs):
                     yield f"{name}[{k}][{j}]", rows[k][j], kind
 
-    def map(self, fn: Callable[[str, Any, str], Any]) -> "State":
+    def map(self, fn: Callable[[str, Any, str], Any]) -> State:
         """A state with ``fn(name, value, kind)`` applied to every leaf (null block kept)."""
         sh = self.shape
         fields: dict[str, Any] = {}
@@ -344,7 +347,7 @@ def fresh_state(shape: Shape, tag: str = "s") -> State:
 def bind(symbolic: State, concrete: State) -> list[z3.BoolRef]:
     """Equalities fixing every leaf of ``symbolic`` to the value of ``concrete``."""
     out = []
-    for (name, sym, kind), (_, val, _) in zip(symbolic.leaves(), concrete.leaves()):
+    for (_, sym, kind), (_, val, _) in zip(symbolic.leaves(), concrete.leaves()):
         if kind == INT:
             out.append(sym == z3.IntVal(int(val)))
         else:

@@ -67,7 +67,7 @@ from spec.symbolic.state import (
     Shape,
     State,
 )
-from spec.symbolic.z3ops import eq, ite, is_z3
+from spec.symbolic.z3ops import eq, is_z3, ite
 
 SLOT_SCALARS = ("alloc_request",)
 """Scalar fields whose value is a slot (mapped through the permutation)."""

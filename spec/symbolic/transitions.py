@@ -35,8 +35,9 @@ so that Z3 adds up instead of case-splitting on every block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
@@ -97,7 +98,7 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     premises: list[Any] = field(default_factory=list)
-    abstractions: list["Abstraction"] = field(default_factory=list)
+    abstractions: list[Abstraction] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Theorem instances travel with the checks as "premise:" entries, abstractions as "abstraction:" ones.
@@ -382,7 +383,7 @@ def order_abstraction(front: dict[int, Any], back: dict[int, Any], pos: dict[int
     return Abstraction(terms, facts)
 
 
-def pool_touch(s: State, hits: "Hits") -> tuple[State, list[Check]]:
+def pool_touch(s: State, hits: Hits) -> tuple[State, list[Check]]:
     """``BlockPool.touch(blocks)``: take a reference on each; a block at ref_cnt 0 leaves the free queue.
 
     ``hits[b][i]`` says block ``b`` is touched as the hit at position ``i``.

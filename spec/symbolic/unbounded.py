@@ -49,8 +49,9 @@ import itertools
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
@@ -80,7 +81,7 @@ class PyArray:
     def get(self, i: int) -> Any:
         return self.entries.get(i, self.default)
 
-    def set(self, i: int, v: Any) -> "PyArray":
+    def set(self, i: int, v: Any) -> PyArray:
         out = PyArray(self.default, self.entries)
         out.entries[i] = v
         return out
@@ -135,7 +136,7 @@ class Skel:
         for name in SCALARS + ARRAYS:
             setattr(self, name, fields[name])
 
-    def replace(self, **changes: Any) -> "Skel":
+    def replace(self, **changes: Any) -> Skel:
         fields = {name: getattr(self, name) for name in SCALARS + ARRAYS}
         fields.update(changes)
         return Skel(**fields)

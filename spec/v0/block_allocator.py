@@ -41,7 +41,7 @@ class Block:
     by the prefix-caching allocator once the block is full.
     """
 
-    prev_block: "Block | None"
+    prev_block: Block | None
     block_size: int
     token_ids: list[int] = field(default_factory=list)
     block_id: int | None = None
@@ -149,6 +149,7 @@ def get_content_hash(block: Block) -> bytes | None:
         return block.content_hash
     if not block.is_full:
         return None
+    parent: bytes | None
     if block.prev_block is None:
         parent = NONE_HASH
     else:
@@ -287,7 +288,8 @@ class PrefixCachingBlockAllocator:
         """Full blocks not cached on this device, or cached only in its evictor."""
         count = 0
         for block in blocks:
-            if block.is_full and (not self.is_block_cached(block) or self.cached_blocks[block.content_hash] in self.evictor):
+            h = block.content_hash
+            if block.is_full and (h is None or not self.is_block_cached(block) or self.cached_blocks[h] in self.evictor):
                 count += 1
         return count
 

@@ -10,6 +10,8 @@ each sequence was last scheduled, copied to its blocks when it is freed).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import Any
 
 from spec.errors import EngineCrash
 from spec.hashing import NONE_HASH, compute_block_hash
@@ -91,9 +93,10 @@ class BlockTable:
             allocator.append_token_ids(self.blocks[index + i], list(chunk))
         self.num_full_slots += len(token_ids)
 
-    def free(self, allocator_of: "callable") -> None:  # type: ignore[valid-type]
+    def free(self, allocator_of: Callable[[int], Any]) -> None:
         """Free every block, first to last."""
         for block in self.blocks:
+            assert block.block_id is not None, "a block in a table has an id"
             allocator_of(block.block_id).free(block)
         self.blocks = []
 
@@ -278,7 +281,8 @@ class SelfAttnBlockSpaceManager:
             dst.swap_in(blocks)
             pairs: dict[int, int] = {}
             for s, d in zip(src_ids, [b.block_id for b in blocks]):
-                pairs[s] = d  # type: ignore[index]
+                assert s is not None and d is not None, "a swapped block has an id on both devices"
+                pairs[s] = d
             # Physical ids: GPU ids as they are, CPU ids relative to the CPU pool.
             mapping.extend((s - offset if s >= offset else s, d - offset if d >= offset else d) for s, d in pairs.items())
         return mapping

@@ -85,7 +85,7 @@ class PartialPrefillMetadata:
 
     @classmethod
     def from_queues(cls, running: list[SequenceGroup], waiting: list[SequenceGroup],
-                    config: V0SchedulerConfig) -> "PartialPrefillMetadata":
+                    config: V0SchedulerConfig) -> PartialPrefillMetadata:
         """Count running prefills, then peek into waiting up to ``max_num_partial_prefills``."""
         threshold = config.effective_long_prefill_token_threshold
         prefills = long_prefills = waiting_long_prefills = 0

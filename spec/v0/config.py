@@ -117,7 +117,7 @@ class V0SchedulerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "V0SchedulerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> V0SchedulerConfig:
         """Build a config from a dict that has exactly the known fields."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

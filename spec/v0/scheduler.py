@@ -178,8 +178,8 @@ class Scheduler:
         require(len(prompt) <= self.config.max_model_len, InvalidEvent, "prompt_too_long",
                 f"prompt of {len(prompt)} tokens is longer than max_model_len={self.config.max_model_len}",
                 request_id=request_id, prompt_len=len(prompt))
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            require(isinstance(value, int) and not isinstance(value, bool), InvalidEvent,
+        for name, number in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
+            require(isinstance(number, int) and not isinstance(number, bool), InvalidEvent,
                     "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
         # LLMEngine.add_request: "Got priority ... but Priority scheduling is not enabled."
         require(priority == 0 or self.config.policy == "priority", InvalidEvent, "priority_without_priority_policy",

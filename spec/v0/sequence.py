@@ -106,7 +106,7 @@ class SequenceGroup:
         """The status is a FINISHED_* one."""
         return self.status.is_finished
 
-    def get_seqs(self, status: SequenceStatus | None = None) -> list["SequenceGroup"]:
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[SequenceGroup]:
         """``SequenceGroup.get_seqs``: the one sequence if it has ``status`` (or any status for None)."""
         return [self] if status is None or self.status is status else []
 

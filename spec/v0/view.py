@@ -8,7 +8,7 @@ backend can offer the same names). Status codes are vLLM's integers.
 from __future__ import annotations
 
 from spec.v0.block_allocator import PrefixCachingBlockAllocator, get_content_hash
-from spec.v0.sequence import SequenceStatus
+from spec.v0.sequence import SequenceGroup, SequenceStatus
 
 WAITING, RUNNING, SWAPPED = int(SequenceStatus.WAITING), int(SequenceStatus.RUNNING), int(SequenceStatus.SWAPPED)
 QUEUE_WAITING, QUEUE_RUNNING, QUEUE_SWAPPED = 0, 1, 2
@@ -52,7 +52,7 @@ class ConcreteV0View:
                     if allocator.cached_blocks.get(allocator.evictor.free_table[b].content_hash) != b:
                         self._cached_ok[b] = False
 
-        groups = {}
+        groups: dict[str, SequenceGroup] = {}
         self._queue_count: dict[str, list[int]] = {}
         for q_index, queue in ((QUEUE_WAITING, scheduler.waiting), (QUEUE_RUNNING, scheduler.running),
                                (QUEUE_SWAPPED, scheduler.swapped)):
@@ -75,8 +75,9 @@ class ConcreteV0View:
                 for block in table.blocks:
                     if block.is_full:
                         allocator = bm.get_allocator(block.block_id)
-                        h = get_content_hash(block)
-                        ok = ok and isinstance(allocator, PrefixCachingBlockAllocator) and allocator.cached_blocks.get(h) == block.block_id
+                        content = get_content_hash(block)
+                        ok = (ok and content is not None and isinstance(allocator, PrefixCachingBlockAllocator)
+                              and allocator.cached_blocks.get(content) == block.block_id)
             self._hash_ok[rid] = ok
         self._holders = {b: 0 for b in self._refcount}
         for table in self._table.values():

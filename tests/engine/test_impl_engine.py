@@ -22,8 +22,8 @@ from conformance.replay import FAIL, PASS, replay
 from conformance.tight_workloads import make_tight_workload
 from conformance.trace import read_trace
 from conformance.workload import run_workload, workload_from_trace
-from impl.dense import dense_generate
 from gpu_checks.engine_check import check_engine
+from impl.dense import dense_generate
 from impl.engine import Engine
 from impl.model import TINY, LlamaModel
 from spec.config import SchedulerConfig

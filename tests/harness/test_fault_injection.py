@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 
 from conformance.adapters.stdio import StdioSut
-from tests.harness.faulty_sut import get_start_time
 from conformance.examples import EXAMPLES
 from conformance.replay import FAIL, PASS, replay
 from conformance.workload import run_workload
+from tests.harness.faulty_sut import get_start_time
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

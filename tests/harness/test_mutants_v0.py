@@ -23,6 +23,7 @@ from conformance.sut import SutUnsupported
 from conformance.workload import HashOracle, RequestSpec, Workload
 from spec.schedulers import make_config
 
+
 @pytest.mark.parametrize("name", get_mutant_names("v0"))
 def test_v0_mutant_is_killed_and_shrunk(name):
     row = kill_one(MUTANTS[name], examples=1500, shrink_budget_s=15, seed=0, max_failures=4)

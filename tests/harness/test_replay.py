@@ -9,8 +9,8 @@ from conformance.compare import BlockRenaming, Comparator
 from conformance.examples import example_mixed
 from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from conformance.sut import SutUnsupported
-from conformance.vectors import iter_corpus
 from conformance.trace import read_trace
+from conformance.vectors import iter_corpus
 from conformance.workload import run_workload
 
 

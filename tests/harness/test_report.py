@@ -10,8 +10,13 @@ import pytest
 from markupsafe import escape
 
 from conformance.campaign import CampaignSpec, run_campaign
-from conformance.report import (compute_failure_groups, compute_relevant_config, render_html, render_summary_md,
-                                write_reports)
+from conformance.report import (
+    compute_failure_groups,
+    compute_relevant_config,
+    render_html,
+    render_summary_md,
+    write_reports,
+)
 
 EVIL = "<img src=x onerror=alert(1)>"
 SUT = "mutant:fcfs_victim_head"

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conformance.examples import example_mixed
 from conformance.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace

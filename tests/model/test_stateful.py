@@ -15,7 +15,14 @@ from collections import Counter
 from dataclasses import replace
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from spec.config import SchedulerConfig
 from spec.errors import InvalidEvent

@@ -4,13 +4,12 @@ import pytest
 
 from spec.block_pool import BlockPool
 from spec.config import SchedulerConfig
-from spec.errors import InvalidConfig, InvalidEvent
+from spec.errors import IllegalTransition, InvalidConfig, InvalidEvent
 from spec.hashing import NONE_HASH, compute_block_hash, extend_block_hashes
 from spec.kv_cache import Allocated, KVCacheManager, NoSpace
 from spec.profiles import PROFILES, VLLM_0_32, VLLM_0_33, get_profile
 from spec.queues import FCFSRequestQueue, PriorityRequestQueue
 from spec.request import LEGAL_TRANSITIONS, Request, RequestStatus, SamplingParams
-from spec.errors import IllegalTransition
 
 
 def make_request(rid, tokens, block_size=4, priority=0, arrival=0):

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from spec.errors import EngineCrash, InvalidEvent
 from spec.output import ModelRunnerOutput

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ from tests.symbolic.conftest import NUM_SLOTS, configs, drive
 SEEN: Counter[tuple[str, bool]] = Counter()
 
 
-@lru_cache(maxsize=None)
+@cache
 def symbolic_formulas(shape: Shape) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Fresh state of ``shape`` and the Z3 formula of every invariant and lemma on it."""
     s = fresh_state(shape, "agree")

@@ -23,7 +23,7 @@ Three sources of states:
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -143,7 +143,7 @@ def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
 INJECT_SHAPES = (Shape(4, 4, 2, "fcfs"), Shape(4, 4, 2, "priority"), Shape(3, 5, 1, "priority"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _premises(shape: Shape) -> tuple[Any, list[Any]]:
     s = fresh_state(shape, "inj")
     dense = []

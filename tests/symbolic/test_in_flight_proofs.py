@@ -238,7 +238,7 @@ def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) 
         assert_same(pre, p.state(), f"refused add_request {rid}")
         move = ev("add_request", pre, {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens}, mutant)
         if move.guard:
-            raise DriftError(f"add_request {rid}: the model refuses it (request_id_in_flight), the encoding allows it")
+            raise DriftError(f"add_request {rid}: the model refuses it (request_id_in_flight), the encoding allows it") from exc
         p.log.append(f"add {rid} refused")
         return
     p.slot_of[rid] = q

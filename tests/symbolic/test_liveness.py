@@ -182,7 +182,8 @@ def test_thrash_0_11_workload_finishes_under_0_32_and_0_33() -> None:
 @pytest.mark.parametrize("name", WITNESSES)
 def test_witness_trace_is_what_the_generator_writes(name: str) -> None:
     """Drift guard: ``python -m spec.symbolic.liveness_witnesses --write`` reproduces the committed file."""
-    from spec.symbolic.liveness_witnesses import WITNESSES as W, realise
+    from spec.symbolic.liveness_witnesses import WITNESSES as W
+    from spec.symbolic.liveness_witnesses import realise
 
     trace, _ = realise(W[name])
     assert render_trace(trace) == (WITNESS_DIR / f"{name}.jsonl").read_text()

@@ -39,8 +39,7 @@ from spec.symbolic.v0.transitions import (
     running_preempt_recompute,
     set_field,
 )
-from spec.symbolic.z3ops import count, ite, land, lor
-from spec.symbolic.z3ops import to_bool
+from spec.symbolic.z3ops import count, ite, land, lor, to_bool
 
 TARGET = Shape(4, 8, 8, 2)
 SMALL = Shape(3, 4, 4, 2)

@@ -137,8 +137,8 @@ def test_detectors_stay_silent_on_a_plain_trace() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_z3_still_finds_the_witness(name: str) -> None:
     """Z3 still finds a state for the corner case, and the state satisfies every invariant concretely."""
-    from spec.ops import ConcreteOps
     from spec.invariants import INVARIANTS
+    from spec.ops import ConcreteOps
     from spec.symbolic.state import LEMMAS, SymbolicView
     from spec.symbolic.witnesses import WITNESSES, find_witness
 

@@ -16,6 +16,7 @@ import os
 import subprocess
 
 import pytest
+from vllm_drivers import vllm_sut
 
 from conformance.adapters.reference import ReferenceSut
 from conformance.vllm_env import driver_env, ensure_vllm_env, vllm_python
@@ -23,7 +24,6 @@ from spec.config import SchedulerConfig
 from spec.output import ModelRunnerOutput
 from spec.request import RequestStatus
 from spec.scheduler import Scheduler
-from vllm_drivers import vllm_sut
 
 pytestmark = pytest.mark.vllm
 

@@ -340,8 +340,8 @@ def run_extended(workload: Workload, seed: int, max_steps: int = 2000) -> Trace 
     reuse = [dataclasses.replace(r, at_step=r.at_step + rng.randint(2, 12), arrival_time=last_arrival + 1 + i)
              for i, r in enumerate(workload.requests) if rng.random() < 0.2]
     pending_adds = sorted(pending_adds + reuse, key=lambda r: r.at_step)
-    aborts = sorted(((rng.randint(0, 12), rng.random() < 0.6, r.request_id)
-                     for r in workload.requests if rng.random() < 0.25))
+    aborts = sorted((rng.randint(0, 12), rng.random() < 0.6, r.request_id)
+                     for r in workload.requests if rng.random() < 0.25)
     now = 0
 
     def abort(rid: str) -> dict[str, Any]:

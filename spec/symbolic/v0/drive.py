@@ -16,7 +16,8 @@ the proofs use) and solves it for each concrete state.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import z3
 

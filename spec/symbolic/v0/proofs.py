@@ -28,9 +28,10 @@ import json
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import z3
 

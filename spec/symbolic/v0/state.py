@@ -51,12 +51,16 @@ reads the places it would change (see ``transitions.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import z3
 
-from spec.symbolic.z3ops import cdiv, count, eq as eq_, fdiv, is_z3, ite as ite_, land, limplies, lnot, lor as lor_, total, value_of
+from spec.symbolic.z3ops import cdiv, count, fdiv, is_z3, land, limplies, lnot, total, value_of
+from spec.symbolic.z3ops import eq as eq_
+from spec.symbolic.z3ops import ite as ite_
+from spec.symbolic.z3ops import lor as lor_
 
 DEAD, WAITING, RUNNING, SWAPPED = -1, 0, 1, 2
 STATUS_NAMES = {DEAD: "DEAD", WAITING: "WAITING", RUNNING: "RUNNING", SWAPPED: "SWAPPED"}
@@ -142,7 +146,7 @@ class State:
         for name in ALL_FIELDS:
             setattr(self, name, fields[name])
 
-    def replace(self, **changes: Any) -> "State":
+    def replace(self, **changes: Any) -> State:
         fields = {name: getattr(self, name) for name in ALL_FIELDS}
         unknown = set(changes) - set(fields)
         assert not unknown, unknown
@@ -172,7 +176,7 @@ class State:
                     for i in range(len(v[r])):
                         yield f"{name}[{r}][{i}]", v[r][i], kind
 
-    def map(self, fn: Callable[[str, Any, str], Any]) -> "State":
+    def map(self, fn: Callable[[str, Any, str], Any]) -> State:
         """A state with ``fn(name, value, kind)`` applied to every leaf."""
         fields: dict[str, Any] = {}
         for name, kind, layout in self._groups():

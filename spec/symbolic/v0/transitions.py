@@ -50,8 +50,9 @@ deferral), sorts ``running`` before the running loop reads it, and re-sorts
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import z3
 

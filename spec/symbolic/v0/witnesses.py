@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
@@ -50,7 +51,7 @@ VECTORS = Path(__file__).resolve().parents[3] / "conformance" / "vectors" / "wit
 
 # ------------------------------------------------------------------ detectors (read the model only)
 
-def replay_on_model(trace: Trace, on_step: Callable[[Any, Any, dict[str, Any]], "str | None"]) -> str | None:
+def replay_on_model(trace: Trace, on_step: Callable[[Any, Any, dict[str, Any]], str | None]) -> str | None:
     """Re-drive a v0 trace's inputs into a fresh v0 model; ``on_step(sched, output, before)`` after each schedule().
 
     ``before`` is what the model showed just before the step: the head of
@@ -129,7 +130,7 @@ class Witness:
     fact: str | None
     shape: Shape
     description: str
-    detector: Callable[[], Callable[[Any, Any, dict[str, Any]], "str | None"]]
+    detector: Callable[[], Callable[[Any, Any, dict[str, Any]], str | None]]
     extra: Callable[[State], list[Any]] = field(default=lambda s: [])
 
 
