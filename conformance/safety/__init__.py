@@ -3,7 +3,9 @@
 ``properties.py`` states the rules (one ``check_*`` function each);
 ``drive.py`` runs a scheduler on a trace's inputs, builds the model outputs
 from its own schedule and checks the rules after every call.
-``conformance/CHECKS.md`` lists them with what each needs.
+``conformance/CHECKS.md`` lists them with what each needs. ``v0.py`` checks
+a v0 trace's recorded outputs for ``prefix_hit_unwritten`` (a prefix hit on KV
+no step has written; vLLM 0.10.2 breaks it: finding V7).
 
 Import from the modules (``conformance.safety.drive.run_safety``,
 ``conformance.safety.properties.PROPERTIES``): this package file imports

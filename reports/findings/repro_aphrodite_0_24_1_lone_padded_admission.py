@@ -17,16 +17,18 @@ inherited by Aphrodite, in a wider form: vLLM lifts the threshold for a request 
 threshold to every request, so a single client's request kills the engine. Upstream fix: apply
 the threshold before padding, or do not pad when 0 < threshold <= num_spec_tokens.
 
-Run it where aphrodite-engine==0.24.1 and pytest are installed (no GPU needed):
+Run it where aphrodite-engine==0.24.1 is installed (no GPU needed), with or without pytest:
 
+    python THIS_FILE                 # runs every test_* function, exits 1 if one fails
     python -m pytest -q THIS_FILE
+
+It imports only Aphrodite and the standard library.
 """
 
 import json
 import os
 import tempfile
-
-import pytest
+import traceback
 
 os.environ.setdefault("APHRODITE_TARGET_DEVICE", "cpu")  # the scheduler runs on the CPU platform
 os.environ.setdefault("APHRODITE_USE_V2_MODEL_RUNNER", "0")  # the V1 layout of SchedulerOutput
@@ -100,6 +102,30 @@ def test_a_lone_request_with_a_prefix_hit_does_not_crash_the_scheduler():
     try:
         out = scheduler.schedule()
     except AssertionError as exc:
-        pytest.fail(f"Aphrodite's schedule() crashed on a lone request: AssertionError {exc!r} "
-                    "(the padded admission 1 + num_spec_tokens = 3 was cut to 2 by long_prefill_token_threshold)")
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = frame.filename[max(frame.filename.rfind("aphrodite/"), 0):] + f":{frame.lineno}"
+        raise AssertionError(
+            f"Aphrodite's schedule() crashed on a lone request: AssertionError at {where} "
+            f"({frame.line}): the padded admission 1 + num_spec_tokens = 3 was cut to 2 by "
+            "long_prefill_token_threshold; a scheduler must not crash on valid input to a config it accepted"
+        ) from exc
     assert out.num_scheduled_tokens["b"] >= 1
+
+
+if __name__ == "__main__":  # without pytest: run every test_* function, exit 1 if one fails
+    import sys
+    import traceback
+
+    failed = 0
+    for name, test in [(n, f) for n, f in list(globals().items()) if n.startswith("test_") and callable(f)]:
+        try:
+            test()
+        except AssertionError as exc:
+            failed += 1
+            print(f"FAIL {name}: {exc}", flush=True)
+        except Exception:  # noqa: BLE001 - an error, not the assertion: show where
+            failed += 1
+            print(f"ERROR {name}:\n{traceback.format_exc()}", flush=True)
+        else:
+            print(f"PASS {name}", flush=True)
+    sys.exit(1 if failed else 0)

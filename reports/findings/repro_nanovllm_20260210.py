@@ -9,9 +9,12 @@ What nano-vllm does: `Scheduler.schedule()`'s decode loop preempts another seque
     with `self.preempt(self.running.pop())`). The sequence is then in both queues; later steps
     schedule it from both, and `may_append` / `allocate` fail on its empty block table.
 
-Run it where nano-vllm-fork==20260210 and pytest are installed (no GPU needed):
+Run it where nano-vllm-fork==20260210 is installed (no GPU needed), with or without pytest:
 
+    python THIS_FILE                 # runs every test_* function, exits 1 if one fails
     python -m pytest -q THIS_FILE
+
+It imports only nano-vllm and the standard library.
 
 nanovllm/__init__.py imports the whole engine (triton, flash_attn); the scheduler does not need
 it, so the package is registered with its real path and only the scheduler modules are imported.
@@ -76,3 +79,22 @@ def test_a_wholly_cached_prompt_still_computes_a_token():
         f"the prompt of {len(again)} tokens is wholly served from the prefix cache "
         f"(num_cached_tokens={again.num_cached_tokens}): no token is computed for it, so the model "
         "has no position of its own to sample its first output token from")
+
+
+if __name__ == "__main__":  # without pytest: run every test_* function, exit 1 if one fails
+    import sys
+    import traceback
+
+    failed = 0
+    for name, test in [(n, f) for n, f in list(globals().items()) if n.startswith("test_") and callable(f)]:
+        try:
+            test()
+        except AssertionError as exc:
+            failed += 1
+            print(f"FAIL {name}: {exc}", flush=True)
+        except Exception:  # noqa: BLE001 - an error, not the assertion: show where
+            failed += 1
+            print(f"ERROR {name}:\n{traceback.format_exc()}", flush=True)
+        else:
+            print(f"PASS {name}", flush=True)
+    sys.exit(1 if failed else 0)
