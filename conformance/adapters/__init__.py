@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 from collections.abc import Callable
 
 from conformance.sut import SchedulerUnderTest
@@ -79,7 +80,6 @@ def describe_suts() -> str:
 def make_stdio_sut(name: str) -> SchedulerUnderTest:
     """``stdio:CMD``: check the command can start (quoting, a program on PATH) before any trace; UnknownSut if not."""
     import shlex
-    import shutil
 
     from conformance.adapters.stdio import StdioSut
 
@@ -95,9 +95,42 @@ def make_stdio_sut(name: str) -> SchedulerUnderTest:
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: not an executable file")
-    elif shutil.which(program) is None:
-        raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: no such program on PATH")
+        path = program
+    else:
+        found = shutil.which(program)
+        if found is None:
+            raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: no such program on PATH")
+        path = found
+    problem = get_interpreter_problem(path)
+    if problem:
+        raise UnknownSut(f"--sut {name!r}: cannot start {program!r}: {problem}")
     return StdioSut(command)
+
+
+def get_interpreter_problem(path: str) -> str | None:
+    """Why the ``#!`` line of the script at ``path`` cannot start it, or None (also for a binary).
+
+    The kernel reports a missing interpreter only when the script is executed, as an exit the
+    harness could not tell from the scheduler's own; checked here, it is a set-up error.
+    """
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return "its #! line names no interpreter"
+    interpreter = words[0]
+    if not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+        return f"its #! interpreter {interpreter!r} is not an executable file"
+    if os.path.basename(interpreter) == "env":
+        named = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        if named and shutil.which(named[0]) is None:
+            return f"its #! line runs {named[0]!r} through env, and there is no such program on PATH"
+    return None
 
 
 def make_sut(name: str) -> SchedulerUnderTest:

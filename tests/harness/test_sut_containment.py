@@ -418,6 +418,20 @@ def test_a_scheduler_that_cannot_start_is_a_set_up_error(sut, words, tmp_path):
     assert words in proc.stderr and "internal error" not in proc.stderr
 
 
+@pytest.mark.parametrize("shebang,words", [
+    ("#!/no/such/interpreter-xq7\n", "its #! interpreter '/no/such/interpreter-xq7' is not an executable file"),
+    ("#!/usr/bin/env no-such-language-xq7\n", "runs 'no-such-language-xq7' through env, and there is no such program"),
+])
+def test_a_script_whose_interpreter_is_missing_is_a_set_up_error(shebang, words, tmp_path):
+    """It passes the PATH check and used to fail only when executed: exit 127, read as a conformance FAIL."""
+    script = tmp_path / "sched.sh"
+    script.write_text(shebang + "echo never\n")
+    script.chmod(0o755)
+    proc = run_cli(["run", "--sut", f"stdio:{script}", "--examples", "1", "--out", str(tmp_path)], timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert words in proc.stderr and "FAIL" not in proc.stdout
+
+
 def test_a_reply_nested_too_deeply_or_with_a_duplicate_key_is_a_protocol_error(tmp_path, trace, pid_dir):
     for reply, words in (('{"id":1,"result":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
                          ('{"id":1,"id":1,"result":{}}', "key 'id' twice")):
