@@ -37,7 +37,7 @@ Commands (all state is per file):
 Invalid input renders as ``error: <code>``. Every invariant is checked after
 each command; a violation renders as ``invariant violated: <name>: ...``.
 
-Run ``SCHEDCONF_REWRITE=1 pytest tests/spec/test_golden.py`` to rewrite the
+Run ``SCHEDCONF_REWRITE=1 pytest tests/model/test_golden.py`` to rewrite the
 expected outputs; commit only the diffs you understand.
 """
 
