@@ -30,17 +30,47 @@ What is bypassed (it needs a GPU, a model or a server):
   registered with their real ``__path__`` and the submodules imported from the
   installed files.
 * The executor / model agent: ``InputsMakerAsync._send_next_inputs_impl``
-  (inputs_maker.py:1329-1346) is replayed without ``executor.forward_async``
+  (inputs_maker.py:1329-1345) is replayed without ``executor.forward_async``
   (the same calls: ``do_prefill()``, ``_make_forward_inputs()``,
-  ``_forward_kind()``, ``scheduler.tick()``); the engine loop's step
-  (engine_loop.py:520-557: ``activate_seqs``, ``update_running_seqs``, output,
-  ``_make_infer_outputs`` -> ``seq_strategy.update_running``,
-  ``release_completed_prefill_reservations``, ``preempt_invalid_decode_seqs``)
-  runs WITHOUT its one-step prefetch: the protocol applies each step's output
-  before the next ``schedule`` (LMDeploy schedules step t+1 before applying
-  step t's tokens).
+  ``_forward_kind()``, ``scheduler.tick()``).
 * sampling: the protocol's ``update`` supplies the tokens; the stop flags come
   from LMDeploy's ``ARStoppingCriteria.step`` over the request's stop words.
+
+The engine loop's one-step prefetch is the protocol's steps in flight
+(``in_flight = True``, at most ``MAX_STEPS_IN_FLIGHT`` = 2). ``EngineLoop.main_loop``
+(engine_loop.py:520-557) schedules step t (``_main_loop_try_send_next_inputs``,
+:544), activates it (``scheduler.activate_seqs``, :551); ``_main_loop_get_outputs``
+(:484-518) runs ``update_running_seqs`` (:496-497), then *prefetches step t+1*
+(``_prefetch_next_inputs``, :510 -> ``prefetch_next_inputs``, inputs_maker.py:1350-1353)
+before it waits for step t's output (:511) and applies it
+(``_finish_forward_output``, :465-482: ``_make_infer_outputs`` ->
+``update_running``, ``release_completed_prefill_reservations``); then
+``preempt_invalid_decode_seqs`` (:556), and the next turn activates step t+1.
+The driver follows that order call for call: a ``schedule`` while a step awaits
+its output is the prefetch (``_make_forward_inputs(prefill, enable_empty=True)``,
+no activation yet); the older step's ``update`` applies its tokens, runs
+``preempt_invalid_decode_seqs`` and only then activates the prefetched step and
+runs its ``update_running_seqs``. A decode prefetched for a sequence the step in
+flight samples for starts from ``num_all_ids`` (its token is not appended yet:
+inputs_maker.py:1188-1193), and ``num_computed_tokens`` says so. A sequence
+stopped by step t's output is still in the prefetched step t+1; its output there
+is dropped (``update_running`` skips a sequence that is not RUNNING,
+strategies/ar/sequence.py:145). With no step in flight (an ``update`` came before
+the next ``schedule``), ``schedule`` is ``send_next_inputs`` plus the activation,
+as the loop's first turn.
+
+What reaches the driver in flight is up to the harness, and a safety campaign
+sends none today: (1) ``conformance/replay.py`` answers *unknown* for a trace
+with steps in flight under ``--comparison safety`` ("drives the scheduler one
+step at a time") and ``campaign.get_forced_for_protocol_level`` forces
+``max_concurrent_batches = 1`` under safety; (2) a campaign reads ``in_flight``
+from the adapter before the first ``init`` (``StdioSut.in_flight`` is False
+until the ``init`` reply's capabilities arrive; ``conformance/adapters/lmdeploy.py``
+would need ``in_flight = True``, as the vLLM adapter has); (3) under strict or
+observable the trace's schedule is vLLM's, which LMDeploy's never matches. So a
+safety campaign still applies each output before the next schedule; the
+prefetch order runs when a caller sends two ``schedule`` calls in a row
+(tests/engines/test_lmdeploy.py) or replays a trace with steps in flight.
 
 Mapping (PROTOCOL.md -> LMDeploy):
 
@@ -49,7 +79,7 @@ Mapping (PROTOCOL.md -> LMDeploy):
     max_batches = max_num_seqs, max_prefill_token_num = max_num_batched_tokens,
     enable_prefix_caching)`` and ``SchedulerConfig(max_batches, max_session_len =
     max_model_len, eviction_type = 'recompute', prefill_interval = min(16, block_size))``
-    (see ``PREFILL_INTERVAL``);
+    (see ``PREFILL_INTERVAL``); capabilities ``in_flight: true`` (the prefetch, above);
     ``enable_chunked_prefill`` selects ``do_prefill_chunked`` (else
     ``do_prefill_default``). vLLM's pool holds block 0 back as the null block,
     LMDeploy has none: block ``i`` is reported as ``i + 1``. ``unsupported``:
@@ -65,9 +95,12 @@ Mapping (PROTOCOL.md -> LMDeploy):
     session length) with ``SamplingParam.from_gen_config(GenerationConfig(
     max_new_tokens, min_new_tokens, ignore_eos, stop_token_ids = [eos] +
     stop_token_ids))``. The session length is ``Engine._get_max_session_len``:
-    ``min(max_model_len, pool tokens - one block)``; a request that could grow
-    past it (``min(prompt + max_tokens, max_model_len) > session length``) would
-    be ended early by LMDeploy and is answered ``unsupported``. LMDeploy's
+    ``min(max_model_len, pool tokens - one block)``, and ``_add_message`` caps
+    ``max_new_tokens`` at it (engine.py:469-480). A prompt of at least the session
+    length (no token left) is answered ``unsupported`` at once; a request that
+    merely *could* outgrow it runs, and the ``update`` at which LMDeploy ends it at
+    the session length before its ``max_tokens`` / ``max_model_len`` is answered
+    ``unsupported`` (until then LMDeploy's schedule is the same with or without the cap). LMDeploy's
     ``ignore_eos`` drops ALL stop words (they become bad words,
     messages.py:91-93): a stop id sampled under ``ignore_eos`` (vLLM stops,
     LMDeploy cannot sample it) is answered ``unsupported``.
@@ -86,7 +119,9 @@ Mapping (PROTOCOL.md -> LMDeploy):
     not after it (``schedule_running`` evicted them to WAITING).
     ``finished_req_ids``: ended since the last step.
 ``update``
-    ``ARStoppingCriteria.step`` -> ``stopped``; ``ARSequenceStrategy.update_running``
+    ``step`` (optional) must be the oldest step in flight (``unscheduled_step``,
+    ``duplicate_model_output``, ``model_output_out_of_order``); a third ``schedule``
+    is ``output_not_processed``. ``ARStoppingCriteria.step`` -> ``stopped``; ``ARSequenceStrategy.update_running``
     applies the token (and ``finish()``); a finished request's session is ended
     (``Scheduler.end_session``, the API's END_SESSION after a finished
     non-interactive request). ``finish_reason``: ``stop`` (``stop_reason`` the
@@ -126,6 +161,8 @@ from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_s
 DISTRIBUTION = "lmdeploy"
 
 NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
+MAX_STEPS_IN_FLIGHT = 2
+"""LMDeploy's engine loop holds the step running on the executor and the one it prefetched (engine_loop.py:484-518)."""
 PREFILL_INTERVAL = 16
 """LMDeploy's default ``PytorchEngineConfig.prefill_interval``; it is also the number of tokens preallocated
 for decode (``AREngineStrategy.get_prealloc_size``). The engine keeps one block of the pool out of the session
@@ -169,7 +206,6 @@ class _Lmd:
 
         import numpy as np
         import torch
-
         from lmdeploy.messages import GenerationConfig
         from lmdeploy.pytorch.config import CacheConfig, SchedulerConfig
         from lmdeploy.pytorch.disagg.config import EngineRole
@@ -228,6 +264,9 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
 
 class LmdeploySchedulerSut:
     """One LMDeploy ``Scheduler`` + ``InputsMakerAsync`` behind the protocol's methods."""
+
+    in_flight = True
+    """Steps in flight (PROTOCOL.md): a ``schedule`` while a step awaits its output is LMDeploy's prefetch."""
 
     def __init__(self, lmd: _Lmd) -> None:
         self.m = lmd
@@ -288,8 +327,14 @@ class LmdeploySchedulerSut:
         self.reported: dict[str, list[int]] = {}  # req_id -> block table last reported in a SchedulerOutput
         self.admitted: set[str] = set()  # live requests scheduled at least once
         self.finished_since: set[str] = set()
-        self.pending: dict[str, Any] | None = None
-        self.aborted_in_pending: set[str] = set()
+        self.in_flight_steps: list[dict[str, Any]] = []  # scheduled, output not applied yet (oldest first)
+        self.aborted_in_pending: set[str] = set()  # aborted while a step of theirs is in flight
+        self.current_step = 0
+
+    def _session_len_why(self) -> str:
+        cc = self.scheduler.cache_config
+        return (f"Engine._get_max_session_len, engine.py:328-341: the pool's {cc.num_gpu_blocks} blocks of "
+                f"{cc.block_size} tokens minus one block")
 
     def _engine_response(self, resp: Any, resp_type: Any, data: Any = None, err_msg: str = "") -> None:
         self.engine_response_error = f"{resp_type} {err_msg}".strip()
@@ -320,12 +365,11 @@ class LmdeploySchedulerSut:
                                                          "eos_token_id"))
         max_tokens, min_tokens, priority, arrival, ignore_eos = (
             fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
-        final_len = min(len(prompt) + max_tokens, self.config["max_model_len"])
-        if final_len > self.session_len:
+        if len(prompt) >= self.session_len:
+            # Engine._add_message would cap max_new_tokens at session_len - len(prompt) <= 0: no token at all
             raise SutUnsupported(
-                f"request {rid!r} may grow to {final_len} tokens but LMDeploy caps a session at {self.session_len} "
-                f"(Engine._get_max_session_len, engine.py:328-341: the pool's {s.cache_config.num_gpu_blocks} blocks "
-                f"of {s.cache_config.block_size} tokens minus one block): it would end the request early")
+                f"request {rid!r} has a prompt of {len(prompt)} tokens but LMDeploy caps a session at "
+                f"{self.session_len} ({self._session_len_why()}): it would not generate")
         m = self.m
         stop_ids = ([] if eos is None else [eos]) + [t for t in stops if t != eos]
         gen = m.GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=min_tokens, ignore_eos=ignore_eos,
@@ -345,7 +389,8 @@ class LmdeploySchedulerSut:
         seq = next(iter(s.get_session(session_id).sequences.values()))
         self.seqs[rid] = seq
         self.session_of[rid] = session_id
-        self.meta[session_id] = {"req_id": rid, "eos": eos, "stops": set(stops), "ignore_eos": ignore_eos}
+        self.meta[session_id] = {"req_id": rid, "eos": eos, "stops": set(stops), "ignore_eos": ignore_eos,
+                                 "max_tokens": max_tokens, "num_prompt": len(prompt)}
         self.seen.add(rid)
 
     def abort(self, request_id: str) -> None:
@@ -364,7 +409,7 @@ class LmdeploySchedulerSut:
         self.reported.pop(request_id, None)
         self.admitted.discard(request_id)
         self.finished_since.add(request_id)
-        if self.pending is not None and request_id in self.pending["ids"]:
+        if any(request_id in step["ids"] for step in self.in_flight_steps):
             self.aborted_in_pending.add(request_id)
 
     # ------------------------------------------------------------- schedule
@@ -377,16 +422,19 @@ class LmdeploySchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         s = self._sched()
-        require(self.pending is None, "output_not_processed",
-                 "schedule() called before update_from_output() for the previous step")
+        require(len(self.in_flight_steps) < MAX_STEPS_IN_FLIGHT, "output_not_processed",
+                 f"schedule() called while {len(self.in_flight_steps)} steps await their output (LMDeploy's engine "
+                 f"loop has at most {MAX_STEPS_IN_FLIGHT}: the step running and the one prefetched)")
+        prefetch = bool(self.in_flight_steps)
         running_status = self.m.MessageStatus.RUNNING
         running_before = [seq for seq in self.seqs.values() if seq.status == running_status]
         maker = self.maker
         try:
-            # InputsMakerAsync._send_next_inputs_impl (inputs_maker.py), minus executor.forward_async
+            # InputsMakerAsync._send_next_inputs_impl (inputs_maker.py:1329-1345), minus executor.forward_async;
+            # with a step in flight it is prefetch_next_inputs (inputs_maker.py:1350-1353, enable_empty=True)
             s.resume_completed_migrations()
             prefill = maker.do_prefill()
-            forward_inputs = maker._make_forward_inputs(prefill, False)
+            forward_inputs = maker._make_forward_inputs(prefill, prefetch)
             if forward_inputs is None:
                 running, inputs, delta = [], None, None
             else:
@@ -394,10 +442,8 @@ class LmdeploySchedulerSut:
                 inputs, delta = forward_inputs["inputs"], forward_inputs["delta"]
                 maker._last_forward_kind = maker._forward_kind(inputs, delta)
                 s.tick()
-                # EngineLoop.main_loop / _main_loop_get_outputs (engine_loop.py)
-                s.activate_seqs(running)
-                if inputs is not None or delta is not None:
-                    maker.update_running_seqs(running, inputs)
+                if not prefetch:
+                    self._dispatch(running, inputs, delta)
         except Exception as exc:
             raise self._die("engine step (InputsMakerAsync / Scheduler)", exc) from exc
         has_work = inputs is not None or delta is not None
@@ -410,14 +456,20 @@ class LmdeploySchedulerSut:
         new_reqs: list[dict[str, Any]] = []
         cached: list[dict[str, Any]] = []
         num_scheduled: dict[str, int] = {}
+        # A sequence the step in flight samples for has its token appended only when that step's output is
+        # applied: the prefetched step computes from num_all_ids (inputs_maker.py:1188-1193, "num_all_ids can be
+        # one decode step stale here").
+        sampling_in_flight = {id(seq) for step in self.in_flight_steps if step["samples"] for seq in step["running"]}
         if inputs is not None:
             counts = [int(x) for x in inputs.seq_length.tolist()]
             computed = [int(x) for x in inputs.history_lengths.tolist()]
         else:
             counts = [1] * len(running)
-            computed = [int(seq.num_history_ids) for seq in running]
+            computed = [int(seq.num_all_ids if id(seq) in sampling_in_flight else seq.num_history_ids)
+                        for seq in running]
         samples = inputs is None or not (inputs.is_chunk and not inputs.is_last_chunk)
         for seq, n, c in zip(running, counts, computed):
+            outputs_so_far = int(seq.num_new_tokens) + (1 if id(seq) in sampling_in_flight else 0)
             rid = self._rid(seq)
             table = self._table(seq)
             num_scheduled[rid] = n
@@ -427,10 +479,10 @@ class LmdeploySchedulerSut:
                 self.admitted.add(rid)
             elif before is not None and table[:len(before)] == before:
                 cached.append({"req_id": rid, "resumed": False, "new_block_ids": table[len(before):],
-                               "num_computed_tokens": c, "num_output_tokens": int(seq.num_new_tokens)})
+                               "num_computed_tokens": c, "num_output_tokens": outputs_so_far})
             else:
                 cached.append({"req_id": rid, "resumed": True, "new_block_ids": table,
-                               "num_computed_tokens": c, "num_output_tokens": int(seq.num_new_tokens)})
+                               "num_computed_tokens": c, "num_output_tokens": outputs_so_far})
             self.reported[rid] = table
         scheduled_ids = {self._rid(seq) for seq in running}
         preempted = sorted(self._rid(seq) for seq in running_before
@@ -439,9 +491,9 @@ class LmdeploySchedulerSut:
             if rid not in scheduled_ids:
                 self.reported.pop(rid, None)
         finished, self.finished_since = sorted(self.finished_since), set()
-        self.pending = {"running": running, "inputs": inputs, "delta": delta, "samples": samples,
-                        "ids": scheduled_ids}
-        self.aborted_in_pending = set()
+        self.current_step += 1
+        self.in_flight_steps.append({"step": self.current_step, "running": running, "inputs": inputs, "delta": delta,
+                                     "samples": samples, "ids": scheduled_ids, "dispatched": not prefetch})
         return {
             "scheduled_new_reqs": new_reqs,
             "scheduled_cached_reqs": cached,
@@ -454,15 +506,28 @@ class LmdeploySchedulerSut:
 
     # --------------------------------------------------------------- update
 
+    def _dispatch(self, running: list[Any], inputs: Any, delta: Any) -> None:
+        """What the engine loop does to a step once it is the one running: ``scheduler.activate_seqs``
+        (engine_loop.py:551) and ``InputsMakerAsync.update_running_seqs`` (engine_loop.py:496-497)."""
+        self.scheduler.activate_seqs(running)
+        if inputs is not None or delta is not None:
+            self.maker.update_running_seqs(running, inputs)
+
     def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
-        s = self._sched()
-        require(self.pending is not None, "unexpected_model_output", "update without a pending step")
+                           draft_token_ids: dict[str, list[int]], step: int | None = None) -> list[dict[str, Any]]:
+        self._sched()
         sampled, drafts = sampled_token_ids, draft_token_ids
+        if step is not None:
+            require(is_token_id(step) and 0 < step <= self.current_step, "unscheduled_step",
+                    f"model output for step {step}, which was never scheduled")
+            in_flight = [st["step"] for st in self.in_flight_steps]
+            require(step in in_flight, "duplicate_model_output", f"the output of step {step} was already applied")
+            require(step == in_flight[0], "model_output_out_of_order",
+                    f"model output for step {step} while step {in_flight[0]} is still in flight")
+        require(bool(self.in_flight_steps), "unexpected_model_output", "update without a pending step")
         require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
                  "sampled_token_ids and draft_token_ids must be objects")
-        pending = self.pending
-        assert pending is not None
+        pending = self.in_flight_steps[0]
         for rid, tokens in sampled.items():
             require(rid in pending["ids"], "unscheduled_model_output",
                      f"sampled tokens for {rid!r}, which was not scheduled")
@@ -490,10 +555,26 @@ class LmdeploySchedulerSut:
                     raise SutUnsupported(f"request {rid!r} sampled its stop token {tokens[0]} under ignore_eos: "
                                          "LMDeploy's ignore_eos turns every stop word into a bad word "
                                          "(messages.py SamplingParam.from_gen_config), so it cannot be sampled")
-        self.pending = None
-        self.aborted_in_pending = set()
-        if not pending["samples"] or not running:
-            return []
+        self.in_flight_steps.pop(0)
+        still = {rid for st in self.in_flight_steps for rid in st["ids"]}
+        self.aborted_in_pending &= still
+        result = self._apply_output(pending, sampled, live) if pending["samples"] and running else []
+        try:
+            self.maker.preempt_invalid_decode_seqs()  # engine_loop.py:556, after every step's output
+            if self.in_flight_steps and not self.in_flight_steps[0]["dispatched"]:
+                # the prefetched step becomes the running one (engine_loop.py:551 then 496-497)
+                nxt = self.in_flight_steps[0]
+                nxt["dispatched"] = True
+                self._dispatch(nxt["running"], nxt["inputs"], nxt["delta"])
+        except Exception as exc:
+            raise self._die("engine loop (preempt_invalid_decode_seqs / activate_seqs)", exc) from exc
+        return result
+
+    def _apply_output(self, pending: dict[str, Any], sampled: dict[str, list[int]],
+                      live: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """``EngineLoop._finish_forward_output`` (engine_loop.py:465-482) for one step's sampled tokens."""
+        s = self.scheduler
+        running = pending["running"]
         m = self.m
         torch = m.torch
         token_list = [sampled.get(self._rid(seq), [0])[0] if self._rid(seq) in sampled else 0 for seq in running]
@@ -515,7 +596,6 @@ class LmdeploySchedulerSut:
             self.seq_strategy.update_running(running=running, batched_outputs=outputs,
                                              model_inputs=pending["inputs"], delta=pending["delta"])
             s.release_completed_prefill_reservations(running)
-            self.maker.preempt_invalid_decode_seqs()
         except Exception as exc:
             raise self._die("output update (ARSequenceStrategy.update_running)", exc) from exc
         result: list[dict[str, Any]] = []
@@ -530,6 +610,13 @@ class LmdeploySchedulerSut:
                     stop_reason = None if token == meta["eos"] else token
                 else:
                     reason = "length"
+                    outputs_done = int(seq.num_new_tokens)
+                    if outputs_done < meta["max_tokens"] and \
+                            meta["num_prompt"] + outputs_done < self.config["max_model_len"]:
+                        raise SutUnsupported(
+                            f"LMDeploy ended request {rid!r} at its session length {self.session_len} "
+                            f"({self._session_len_why()}; Engine._add_message caps max_new_tokens, engine.py:469-480)"
+                            f"after {outputs_done} of its {meta['max_tokens']} tokens")
                 sid = self.session_of.pop(rid)
                 try:
                     s.end_session(sid)  # END_SESSION after a finished non-interactive request

@@ -100,6 +100,34 @@ Mapping (PROTOCOL.md -> nano-vllm):
     next block ``allocate`` takes), ``num_free_blocks`` and ``block_tables``
     (each live request holding blocks, sorted by id).
 
+Guidance pairs (``SCHEDCONF_NANOVLLM_CFG_SCALE``, a driver-level workload family)
+    The fork's classifier-free guidance: ``SamplingParams.cfg_scale > 1`` makes
+    ``LLMEngine.add_request`` (llm_engine.py:46-69) add two sequences, the
+    request and an unconditional twin (``is_unconditional``, linked both ways by
+    ``paired_seq``; without an unconditional prompt the twin gets the prompt
+    itself, llm_engine.py:51-59). ``Scheduler.schedule`` admits and decodes a
+    request with its twin (scheduler.py:34-63, 98-144) and orders a batch
+    requests first, twins after (:81-88, :172-176); the model runner samples
+    one token per request from the guided logits (model_runner.py:374-440) and
+    ``Scheduler.postprocess`` appends it to both, ending both together
+    (scheduler.py:186-222). With the variable set (e.g. ``3``) every protocol
+    request is such a pair, built as ``add_request`` builds it; the twin is
+    internal (no protocol id): the schedule reports the requests, ``update``
+    takes one token per request and makes ONE ``postprocess`` call for the
+    batch, as ``LLMEngine.step`` does, and ``abort`` removes the pair. The
+    properties the harness cannot see on the twins are checked by the driver
+    over the whole batch, twins included (``seats``, ``token_budget``, the
+    pairing the runner relies on: ``batch[i]``'s twin at ``batch[len // 2 + i]``)
+    and, at each ``observe``, ``block_conservation`` over every live sequence;
+    ``observe`` then reports the free queue without ``block_tables`` (the
+    harness's table checks would count the twins' blocks as leaked). A failure
+    is an ``internal`` reply naming the property (a ``sut_error`` verdict) and
+    the engine is dead until the next ``init``. ``unsupported``: a pair that
+    could need more blocks than the pool (``2 * cdiv(prompt + max_tokens,
+    block_size)``: admission wants blocks for both, scheduler.py:48-52), and a
+    batch mixing EOS ids (nano-vllm's EOS is engine-wide and a guidance batch is
+    post-processed in one call).
+
 ``python -m conformance.engines.nanovllm_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
@@ -115,6 +143,7 @@ from typing import Any
 
 from conformance.engines.protocol_checks import (
     SutUnsupported,
+    cdiv,
     is_token_id,
     require,
     validate_add_request,
@@ -126,6 +155,13 @@ DISTRIBUTION = "nano-vllm-fork"
 
 NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
 """Profiles whose SchedulerOutput has no ``preempted_req_ids`` (reported as null)."""
+CFG_SCALE_ENV = "SCHEDCONF_NANOVLLM_CFG_SCALE"
+"""Set to a guidance scale above 1 (e.g. 3) to run every request as a classifier-free-guidance pair (see the
+module docstring, "Guidance pairs")."""
+
+
+class CfgPairViolation(RuntimeError):
+    """A safety property of the whole batch (guidance twins included) failed: the reply is ``internal``."""
 
 
 # ---------------------------------------------------------------- nano-vllm
@@ -218,6 +254,8 @@ class NanoVllmSchedulerSut:
         self.finished_since: set[str] = set()
         self.pending: list[tuple[str, Any]] | None = None  # (req_id, seq) scheduled in the step awaiting update
         self.aborted_in_pending: set[str] = set()
+        self.cfg_scale = float(os.environ.get(CFG_SCALE_ENV) or 1.0)
+        self.twins: dict[str, Any] = {}  # req_id -> its unconditional twin (guidance pairs only)
 
     def _sched(self) -> Any:
         if self.scheduler is None:
@@ -236,11 +274,29 @@ class NanoVllmSchedulerSut:
         max_tokens, min_tokens, priority, arrival, ignore_eos = (
             fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
         capped = min(max_tokens, self.config["max_model_len"] - len(prompt))
-        seq = self.n.Sequence(list(prompt), self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos))
-        s.add(seq)
+        meta = {"req_id": rid, "eos": -1 if eos is None else eos, "stops": set(stops), "min_tokens": min_tokens}
+        if self.cfg_scale > 1.0:
+            bs = self.config["block_size"]
+            pair_blocks = 2 * cdiv(len(prompt) + capped, bs)
+            if pair_blocks > self.config["num_gpu_blocks"] - 1:
+                raise SutUnsupported(f"request {rid!r} as a guidance pair may need {pair_blocks} blocks; the pool has "
+                                     f"{self.config['num_gpu_blocks'] - 1} (nano-vllm admits a pair only with blocks "
+                                     "for both, scheduler.py:48-52)")
+            params = self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos, cfg_scale=self.cfg_scale)
+            # LLMEngine.add_request (llm_engine.py:50-69): without an unconditional prompt the twin gets the
+            # prompt itself; the twin is built first, linked both ways, and added right after its request
+            uncond = self.n.Sequence(list(prompt), params, is_unconditional=True)
+            seq = self.n.Sequence(list(prompt), params, is_unconditional=False, conditional_seq=uncond)
+            uncond.paired_seq = seq
+            s.add(seq)
+            s.add(uncond)
+            self.twins[rid] = uncond
+            self.meta[uncond.seq_id] = {**meta, "req_id": None, "twin_of": rid}
+        else:
+            seq = self.n.Sequence(list(prompt), self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos))
+            s.add(seq)
         self.seqs[rid] = seq
-        self.meta[seq.seq_id] = {"req_id": rid, "eos": -1 if eos is None else eos, "stops": set(stops),
-                                 "min_tokens": min_tokens}
+        self.meta[seq.seq_id] = meta
         self.seen.add(rid)
 
     def abort(self, request_id: str) -> None:
@@ -250,12 +306,14 @@ class NanoVllmSchedulerSut:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return  # already finished
-        for queue in (s.waiting, s.running):
-            while seq in queue:
-                queue.remove(seq)
-        if seq.block_table:
-            s.block_manager.deallocate(seq)
-        seq.status = self.n.SequenceStatus.FINISHED
+        twin = self.twins.pop(request_id, None)
+        for one in (seq, twin) if twin is not None else (seq,):  # a guidance pair ends together
+            for queue in (s.waiting, s.running):
+                while one in queue:
+                    queue.remove(one)
+            if one.block_table:
+                s.block_manager.deallocate(one)
+            one.status = self.n.SequenceStatus.FINISHED
         self.finished_since.add(request_id)
         if self.pending is not None and any(r == request_id for r, _ in self.pending):
             self.aborted_in_pending.add(request_id)
@@ -270,7 +328,7 @@ class NanoVllmSchedulerSut:
         require(self.pending is None, "output_not_processed",
                  "schedule() called before update_from_output() for the previous step")
         running_before = {seq.seq_id: seq for seq in s.running
-                          if seq.status == self.n.SequenceStatus.RUNNING}
+                          if seq.status == self.n.SequenceStatus.RUNNING and not seq.is_unconditional}
         blocks_before = {seq.seq_id: len(seq.block_table) for seq in running_before.values()}
         if s.is_finished():
             seqs, is_prefill = [], False
@@ -291,6 +349,10 @@ class NanoVllmSchedulerSut:
             self.dead = f"scheduled {dup} twice in one step"
             raise RuntimeError(f"nano-vllm's Scheduler.schedule() returned {dup} twice in one step "
                                "(a sequence listed twice in Scheduler.running)")
+        if self.cfg_scale > 1.0:
+            self._check_cfg_batch(seqs, is_prefill)
+        batch = seqs
+        seqs = [seq for seq in seqs if not seq.is_unconditional]  # the protocol's requests (twins are internal)
         new_reqs: list[dict[str, Any]] = []
         cached: list[dict[str, Any]] = []
         num_scheduled: dict[str, int] = {}
@@ -316,6 +378,7 @@ class NanoVllmSchedulerSut:
                            if seq.status == self.n.SequenceStatus.WAITING)
         finished, self.finished_since = sorted(self.finished_since), set()
         self.pending = [(self._rid(seq), seq) for seq in seqs]
+        self.pending_batch = batch
         self.aborted_in_pending = set()
         return {
             "scheduled_new_reqs": new_reqs,
@@ -344,8 +407,7 @@ class NanoVllmSchedulerSut:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
             require(len(tokens) <= 1, "bad_num_sampled_tokens",
                      f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
-        for rid, tokens in drafts.items():
-            require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+        require(not drafts, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         live = [(rid, seq) for rid, seq in self.pending or [] if rid not in self.aborted_in_pending
                 and self.seqs.get(rid) is seq]
         for rid, seq in live:
@@ -362,18 +424,33 @@ class NanoVllmSchedulerSut:
             if k < m["min_tokens"] and eos_stops:
                 raise SutUnsupported(f"request {rid!r} sampled EOS before min_tokens={m['min_tokens']}: "
                                      "nano-vllm has no min_tokens")
+        if self.cfg_scale > 1.0:
+            eos_ids = {self.meta[seq.seq_id]["eos"] for _, seq in live}
+            if len(eos_ids) > 1:
+                raise SutUnsupported(f"a guidance batch mixes EOS ids {sorted(eos_ids)}: nano-vllm's EOS is "
+                                     "engine-wide and its guidance batch is post-processed in one call")
         self.pending = None
         self.aborted_in_pending = set()
         outputs: list[dict[str, Any]] = []
+        if self.cfg_scale > 1.0 and live:
+            # LLMEngine.step (llm_engine.py:72-75): one postprocess call for the batch; the model runner
+            # samples one token per request from the guided logits (model_runner.py:379-440), and
+            # Scheduler.postprocess appends it to the request and its twin (scheduler.py:195-222)
+            alive = {id(seq) for _, seq in live}
+            batch = [q for q in self.pending_batch if id(q) in alive or id(q.paired_seq) in alive]
+            s.eos = self.meta[live[0][1].seq_id]["eos"]
+            s.postprocess(batch, [sampled[rid][0] for rid, _ in live])
         for rid, seq in live:
             token = sampled[rid][0]
-            s.eos = self.meta[seq.seq_id]["eos"]  # nano-vllm's EOS is engine-wide; each request has its own here
-            s.postprocess([seq], [token])  # nano-vllm's own stop rule
+            if self.cfg_scale <= 1.0:
+                s.eos = self.meta[seq.seq_id]["eos"]  # nano-vllm's EOS is engine-wide; each request has its own here
+                s.postprocess([seq], [token])  # nano-vllm's own stop rule
             reason = None
             if seq.is_finished:
                 # nano-vllm's own condition tests EOS first: (not ignore_eos and token == eos) or length
                 reason = "stop" if token == self.meta[seq.seq_id]["eos"] and not seq.ignore_eos else "length"
                 self.seqs.pop(rid, None)
+                self.twins.pop(rid, None)
                 self.finished_since.add(rid)
             outputs.append({"req_id": rid, "new_token_ids": [token], "finish_reason": reason, "stop_reason": None})
         return outputs
@@ -382,12 +459,53 @@ class NanoVllmSchedulerSut:
 
     def observe(self) -> dict[str, Any]:
         bm = self._sched().block_manager
+        if self.cfg_scale > 1.0:
+            # the twins hold blocks no protocol request names: the block tables are checked here, over all
+            # sequences, and the harness gets the free queue only
+            self._check_cfg_blocks()
+            return {"free_block_queue": [b + 1 for b in bm.free_block_ids], "num_free_blocks": len(bm.free_block_ids)}
         return {
             "free_block_queue": [b + 1 for b in bm.free_block_ids],
             "num_free_blocks": len(bm.free_block_ids),
             "block_tables": {rid: [b + 1 for b in seq.block_table]
                              for rid, seq in sorted(self.seqs.items()) if seq.block_table},
         }
+
+    # ------------------------------------------------------- guidance pairs
+
+    def _violation(self, prop: str, message: str) -> CfgPairViolation:
+        self.dead = f"guidance-pair property {prop} failed"
+        return CfgPairViolation(f"guidance-pair safety property {prop} (conformance/CHECKS.md, over the whole "
+                                f"batch, unconditional twins included): {message}")
+
+    def _check_cfg_batch(self, batch: list[Any], is_prefill: bool) -> None:
+        """The batch properties over every sequence nano-vllm scheduled, twins included."""
+        cfg = self.config
+        name = [self._rid(q) if not q.is_unconditional else f"{self.meta[q.seq_id]['twin_of']}~uncond" for q in batch]
+        if len(batch) > cfg["max_num_seqs"]:
+            raise self._violation("seats", f"{len(batch)} sequences {name} scheduled in one "
+                                  f"{'prefill' if is_prefill else 'decode'} step, max_num_seqs={cfg['max_num_seqs']} "
+                                  "(the model runner's buffers hold max_num_seqs rows, model_runner.py:118-147)")
+        tokens = sum(len(q) - q.num_cached_tokens for q in batch) if is_prefill else len(batch)
+        if tokens > cfg["max_num_batched_tokens"]:
+            raise self._violation("token_budget", f"{tokens} tokens scheduled for {name}, "
+                                  f"max_num_batched_tokens={cfg['max_num_batched_tokens']}")
+        conds = [q for q in batch if not q.is_unconditional]
+        twins = [q for q in batch if q.is_unconditional]
+        # Scheduler.postprocess and ModelRunner.run pair batch[i] with batch[len // 2 + i] (scheduler.py:196-203)
+        half = len(batch) // 2
+        if len(conds) != len(twins) or any(batch[half + i] is not q.paired_seq for i, q in enumerate(batch[:half])):
+            raise self._violation("guidance_pairs", f"batch {name}: a request and its twin must be scheduled "
+                                  "together, requests first and twins in the same order")
+
+    def _check_cfg_blocks(self) -> None:
+        bm = self.scheduler.block_manager
+        held = {b for rid, q in self.seqs.items() for one in (q, self.twins.get(rid)) if one is not None
+                for b in one.block_table}
+        usable = self.config["num_gpu_blocks"] - 1
+        if len(held) + len(bm.free_block_ids) != usable:
+            raise self._violation("block_conservation", f"{len(bm.free_block_ids)} free + {len(held)} held by live "
+                                  f"requests and twins != {usable} usable blocks")
 
     def close(self) -> None:
         self.scheduler = None

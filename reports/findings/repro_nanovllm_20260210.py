@@ -1,4 +1,5 @@
-"""Reproductions for nano-vllm-fork 20260210: a preempted sequence stays in `running`; a wholly cached prompt computes nothing.
+"""Reproductions for nano-vllm-fork 20260210: a preempted sequence stays in `running`; a wholly cached prompt
+computes nothing; a classifier-free-guidance pair overfills the batch.
 
 Rule: a preempted sequence leaves the running queue (it is WAITING and holds no blocks); a
     scheduler must never hold one request in two queues.
@@ -79,6 +80,27 @@ def test_a_wholly_cached_prompt_still_computes_a_token():
         f"the prompt of {len(again)} tokens is wholly served from the prefix cache "
         f"(num_cached_tokens={again.num_cached_tokens}): no token is computed for it, so the model "
         "has no position of its own to sample its first output token from")
+
+
+def test_a_guidance_pair_keeps_the_batch_within_max_num_seqs():
+    """Classifier-free guidance (cfg_scale > 1): LLMEngine.add_request (llm_engine.py:62-69) adds a request and
+    its unconditional twin, and the scheduler admits the two together. It checks the seat cap once per pair
+    (scheduler.py:31 for prefill, :95 for decode) and then adds both sequences (:55-63, :137-141)."""
+    Sequence.block_size = 4
+    scheduler = Scheduler(SimpleNamespace(max_num_seqs=3, max_num_batched_tokens=64, eos=1,
+                                          num_kvcache_blocks=16, kvcache_block_size=4))
+    for prompt in ([1, 2, 3], [4, 5, 6]):  # two pairs, built as LLMEngine.add_request builds them
+        params = SamplingParams(max_tokens=4, cfg_scale=3.0)
+        twin = Sequence(prompt, params, is_unconditional=True)
+        request = Sequence(prompt, params, conditional_seq=twin)
+        twin.paired_seq = request
+        scheduler.add(request)
+        scheduler.add(twin)
+    seqs, _ = scheduler.schedule()
+    assert len(seqs) <= scheduler.max_num_seqs, (
+        f"the prefill batch holds {len(seqs)} sequences with max_num_seqs={scheduler.max_num_seqs}: the seat "
+        "check runs once per guidance pair and then both sequences are added; the model runner sizes its "
+        "buffers to max_num_seqs (model_runner.py:118)")
 
 
 if __name__ == "__main__":  # without pytest: run every test_* function, exit 1 if one fails

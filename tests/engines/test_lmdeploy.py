@@ -58,9 +58,6 @@ def test_session_through_the_harness_adapter(sut: LmdeploySut) -> None:
     assert first["num_scheduled_tokens"] == {"a": 10}
     observed = sut.call("observe", {})
     assert observed["block_tables"] == {"a": [1, 2, 3, 4]} and observed["num_free_blocks"] == 7
-    with pytest.raises(SutInputError) as err:
-        sut.schedule()
-    assert err.value.code == "output_not_processed"
     sut.add_request(request("b", list(range(10, 18)), max_tokens=8, stop_token_ids=[9]))
     assert sut.update_from_output({"a": [7]}, {}) == [
         {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
@@ -108,14 +105,6 @@ def test_unsupported_configs_are_unknown(sut: LmdeploySut, field: str, value: An
         sut.start({**CONFIG, field: value}, "vllm-0.33")
 
 
-def test_requests_past_lmdeploys_session_length_are_unknown(sut: LmdeploySut) -> None:
-    """The pool holds exactly max_model_len: LMDeploy's session length is one block less (engine.py:328-341)."""
-    sut.start({**CONFIG, "num_gpu_blocks": 9}, "vllm-0.33")
-    sut.add_request(request("short", [1, 2, 3], max_tokens=25))  # 28 tokens = 32 - one block: fits
-    with pytest.raises(SutUnsupported):
-        sut.add_request(request("long", [1, 2, 3], max_tokens=26))
-
-
 def test_config_refusals_use_protocol_codes(sut: LmdeploySut) -> None:
     for config, code in (({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
                          ({**CONFIG, "max_num_batched_tokens": 16}, "budget_below_max_model_len"),
@@ -159,5 +148,60 @@ def test_safety_campaign_of_200_traces_passes(tmp_path: Path) -> None:
     summary = json.loads(summaries[0].read_text())
     assert summary["examples_run"] == 200 and summary["passed"] > 100
     assert not summary["failures"], [f["message"][:300] for f in summary["failures"]]
-    assert all("caps a session at" in u["reason"] or "under ignore_eos" in u["reason"] for u in summary["unknowns"])
+    assert all("caps a session at" in u["reason"] or "at its session length" in u["reason"]
+               or "under ignore_eos" in u["reason"] for u in summary["unknowns"])
     assert summary["features"]["preemption"] > 0 and summary["features"]["prefix_hit"] > 0
+
+
+def test_prefetched_step_is_scheduled_before_the_previous_output(sut: LmdeploySut) -> None:
+    """Two steps in flight, in the engine loop's order (engine_loop.py:484-557): step 2 is prefetched while
+    step 1 awaits its output, step 3 while step 2 does; a prefetched decode starts from num_all_ids (the token
+    of the step in flight is not applied yet, inputs_maker.py:1188-1193), and a request stopped by step 3's
+    output while step 4 (with it) is in flight ends there."""
+    sut.start(dict(CONFIG), "vllm-0.33")
+    assert sut.in_flight
+    sut.add_request(request("a", list(range(10, 20)), max_tokens=3))
+    assert sut.schedule()["num_scheduled_tokens"] == {"a": 10}
+    sut.add_request(request("b", list(range(30, 36)), max_tokens=2))
+    second = sut.schedule()  # prefetched: LMDeploy prefers prefill while a request waits
+    assert second["scheduled_new_reqs"] == [{"req_id": "b", "block_ids": [5, 6, 7], "num_computed_tokens": 0}]
+    for call, code in ((sut.schedule, "output_not_processed"),
+                       (lambda: sut.update_from_output({"b": [8]}, {}, step=2), "model_output_out_of_order"),
+                       (lambda: sut.update_from_output({"a": [7]}, {}, step=9), "unscheduled_step")):
+        with pytest.raises(SutInputError) as err:
+            call()
+        assert err.value.code == code
+    assert sut.update_from_output({"a": [7]}, {}, step=1)[0]["new_token_ids"] == [7]
+    with pytest.raises(SutInputError) as err:
+        sut.update_from_output({"a": [7]}, {}, step=1)
+    assert err.value.code == "duplicate_model_output"
+    third = sut.schedule()  # prefetched while step 2 (b's prefill) runs
+    assert {r["req_id"]: r["num_computed_tokens"] for r in third["scheduled_cached_reqs"]} == {"a": 10, "b": 6}
+    sut.update_from_output({"b": [8]}, {}, step=2)
+    fourth = sut.schedule()
+    assert {r["req_id"]: r["num_computed_tokens"] for r in fourth["scheduled_cached_reqs"]} == {"a": 11, "b": 7}
+    assert sut.update_from_output({"a": [9], "b": [9]}, {}, step=3)[1] == {
+        "req_id": "b", "new_token_ids": [9], "finish_reason": "length", "stop_reason": None}
+    # b is in the step still in flight: its output there is dropped (update_running skips a stopped sequence)
+    assert [o["req_id"] for o in sut.update_from_output({"a": [1], "b": [5]}, {}, step=4)] == ["a"]
+    assert sut.schedule()["finished_req_ids"] == ["a", "b"]
+    sut.update_from_output({}, {}, step=5)
+    assert sut.call("observe", {})["num_free_blocks"] == 11
+
+
+def test_session_cap_is_unknown_only_when_it_ends_a_request(sut: LmdeploySut) -> None:
+    """A request that could outgrow LMDeploy's session length runs until the engine actually ends it there."""
+    sut.start({**CONFIG, "num_gpu_blocks": 9}, "vllm-0.33")  # session length 32 - 4 = 28
+    with pytest.raises(SutUnsupported):
+        sut.add_request(request("whole", list(range(28))))  # the cap leaves no token to generate
+    sut.add_request(request("long", list(range(2, 26)), max_tokens=6))  # may reach 30 > 28
+    out = sut.schedule()
+    assert out["num_scheduled_tokens"] == {"long": 24}
+    sut.update_from_output({"long": [40]}, {})
+    sut.schedule()
+    sut.update_from_output({"long": [41]}, {})
+    sut.schedule()
+    sut.update_from_output({"long": [42]}, {})
+    sut.schedule()
+    with pytest.raises(SutUnsupported, match="at its session length 28"):
+        sut.update_from_output({"long": [43]}, {})

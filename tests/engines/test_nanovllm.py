@@ -202,3 +202,65 @@ def test_safety_campaign_finds_only_the_two_known_bugs(tmp_path: Path) -> None:
         or f["signature"] == "safety:known_requests")]
     assert not unexplained, [f["message"][:300] for f in unexplained]
     assert any("is scheduled for 0 tokens" in f["message"] for f in summary["failures"])
+
+
+# ------------------------------------------------------------ guidance pairs
+
+CFG_ENV = "SCHEDCONF_NANOVLLM_CFG_SCALE"
+
+
+@pytest.fixture()
+def cfg_sut(monkeypatch: pytest.MonkeyPatch) -> Iterator[NanoVllmSut]:
+    """A driver whose every request is a classifier-free-guidance pair (the fork's cfg_scale > 1)."""
+    ensure_env("nano-vllm", VERSION)
+    monkeypatch.setenv(CFG_ENV, "3")
+    s = make_sut(SUT_NAME)
+    assert isinstance(s, NanoVllmSut)
+    yield s
+    s.close()
+
+
+def test_guidance_pair_runs_with_its_twin_and_shares_its_token(cfg_sut: NanoVllmSut) -> None:
+    """The twin (same prompt, LLMEngine.add_request's fallback) is internal: the request alone is reported,
+    its twin's blocks are counted in the pool (a fully shared prompt block, a block of its own), and the twin
+    ends with it."""
+    cfg_sut.start({**CONFIG, "num_gpu_blocks": 17}, "vllm-0.33")
+    cfg_sut.add_request({"kind": "add_request", **request("a", list(range(10, 16)), max_tokens=2)})
+    first = cfg_sut.schedule()
+    assert first["num_scheduled_tokens"] == {"a": 6} and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2]
+    # a's two blocks, the twin's prefix hit on block 1 and its own partial block: 3 of 16 held
+    assert cfg_sut.call("observe", {})["num_free_blocks"] == 13
+    assert cfg_sut.update_from_output({"a": [7]}, {}) == [
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
+    assert cfg_sut.schedule()["num_scheduled_tokens"] == {"a": 1}
+    assert cfg_sut.update_from_output({"a": [8]}, {})[0]["finish_reason"] == "length"
+    assert cfg_sut.schedule()["finished_req_ids"] == ["a"]
+    assert cfg_sut.call("observe", {})["num_free_blocks"] == 16  # the twin's blocks came back too
+
+
+def test_guidance_pairs_overflow_max_num_seqs(cfg_sut: NanoVllmSut) -> None:
+    """Scheduler.schedule checks num_seqs < max_num_seqs once per pair, then admits two sequences
+    (scheduler.py:31 and 54-63): two pairs under max_num_seqs=3 make a batch of four."""
+    cfg_sut.start({**CONFIG, "num_gpu_blocks": 17, "max_num_seqs": 3}, "vllm-0.33")
+    cfg_sut.add_request({"kind": "add_request", **request("a", [1, 2, 3])})
+    cfg_sut.add_request({"kind": "add_request", **request("b", [4, 5, 6])})
+    with pytest.raises(Exception, match=r"seats .*4 sequences \['a', 'b', 'a~uncond', 'b~uncond'\].*max_num_seqs=3"):
+        cfg_sut.schedule()
+
+
+def test_guidance_pair_safety_campaign(tmp_path: Path) -> None:
+    """Every request a guidance pair: the failures are the fork's known bugs and the pair seat overflow."""
+    ensure_env("nano-vllm", VERSION)
+    subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "300",
+                    "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
+                   capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env={**os.environ, CFG_ENV: "3"})
+    summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
+    assert summary["examples_run"] == 300 and summary["passed"] > 10
+    unexplained = [f for f in summary["failures"] if not (
+        (f["signature"] == "sut_error" and ("guidance-pair safety property seats" in f["message"]
+                                            or ENGINE_FAILURE in f["message"]))
+        or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
+        or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
+        or f["signature"] == "safety:known_requests")]
+    assert not unexplained, [f["message"][:300] for f in unexplained]
+    assert any("guidance-pair safety property seats" in f["message"] for f in summary["failures"])

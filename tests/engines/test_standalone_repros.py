@@ -68,7 +68,9 @@ REPROS = [
         "test_a_preempted_sequence_leaves_the_running_queue":
             "b was preempted (WAITING, blocks freed, at the front of waiting) but is still in Scheduler.running",
         "test_a_wholly_cached_prompt_still_computes_a_token":
-            "the prompt of 8 tokens is wholly served from the prefix cache (num_cached_tokens=8)"}),
+            "the prompt of 8 tokens is wholly served from the prefix cache (num_cached_tokens=8)",
+        "test_a_guidance_pair_keeps_the_batch_within_max_num_seqs":
+            "the prefill batch holds 4 sequences with max_num_seqs=3"}),
     Repro("repro_sglang_0_5_23.py", "sglang", "0.5.23", {
         "test_an_ignore_eos_request_that_intake_accepts_is_admitted":
             "PrefillAdder.add_one_req answered AddReqResult.NO_TOKEN for an ignore_eos request on an EMPTY pool",
