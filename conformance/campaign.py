@@ -57,6 +57,10 @@ class CampaignSpec:
     """Config fields forced in every generated workload (e.g. enable_prefix_caching=False)."""
     prefix_cache_resets: bool = True
     """Keep the generator's ``reset_prefix_cache`` events (off for schedulers without them)."""
+    pool_headroom_blocks: int = 0
+    """KV blocks added to every generated pool, for a scheduler that keeps some of its pool back
+    (its adapter's ``pool_headroom_blocks``): the generator's tight pools, sized to the rules of
+    vLLM, would otherwise make most of its traces *unknown*."""
 
     def __post_init__(self) -> None:
         problems = get_spec_problems(self)
@@ -138,7 +142,7 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     """
     from conformance.generate import choose_refused_config
 
-    workloads = _apply_overrides(spec, _draw(spec))
+    workloads = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
     workloads = [choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
                  for i, w in enumerate(workloads)]
     if spec.comparison == "safety" or not spec.prefix_cache_resets:
@@ -174,6 +178,27 @@ def _apply_overrides(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload
                     raise
                 w = make_random_workload(spec.seed * 1_000_003 + 10_000_000 + extra, spec.profile).replace(
                     seed=w.seed, origin=w.origin)
+    return out
+
+
+def _add_pool_headroom(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload]:
+    """``spec.pool_headroom_blocks`` more blocks in each workload's pool (where the config stays valid)."""
+    if spec.pool_headroom_blocks <= 0:
+        return drawn
+    from dataclasses import replace as dc_replace
+
+    from spec.errors import InvalidConfig
+
+    out: list[Workload] = []
+    for w in drawn:
+        if "num_gpu_blocks" in spec.config_overrides or not hasattr(w.config, "num_gpu_blocks"):
+            out.append(w)  # a pool size the user forced stays as forced
+            continue
+        try:
+            out.append(w.replace(config=dc_replace(w.config, num_gpu_blocks=w.config.num_gpu_blocks
+                                                   + spec.pool_headroom_blocks)))
+        except InvalidConfig:
+            out.append(w)
     return out
 
 
@@ -466,10 +491,15 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
+    headroom = int(getattr(probe, "pool_headroom_blocks", 0) or 0)
     forced.update(get_forced_for_protocol_level(probe, spec))
     if not getattr(probe, "in_flight", False) and spec.prefix_cache_resets:
         spec = replace(spec, prefix_cache_resets=False)
     probe.close()
+    if headroom > spec.pool_headroom_blocks:
+        spec = replace(spec, pool_headroom_blocks=headroom)
+        summary["spec"] = asdict(spec)
+        say(f"the SUT keeps {headroom} KV block(s) of its pool back: generated pools get {headroom} more")
     if forced:
         # The SUT cannot express these config values at all (e.g. vLLM has no
         # free lookahead knob): generate traces without them rather than

@@ -42,6 +42,10 @@ class LmdeploySut(StdioSut):
     # What LMDeploy cannot express at all (see conformance/engines/lmdeploy_driver.py):
     # campaigns against it generate only configs it can run, instead of "unknown" verdicts.
     # (max_num_batched_tokens < max_num_seqs is also unsupported; generated configs rarely have it.)
+    pool_headroom_blocks = 1
+    """LMDeploy's session length is its pool minus one block (``Engine._get_max_session_len``): one block
+    more in each generated pool gives it the sequences the generator sized the pool for."""
+
     forced_config: dict[str, Any] = {
         "policy": "fcfs",
         "num_spec_tokens": 0,

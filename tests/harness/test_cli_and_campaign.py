@@ -154,3 +154,20 @@ def test_jobs_two_gives_the_same_verdicts(tmp_path):
 def _importable_broken_adapter(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("PYTHONPATH", str(HERE) + ":" + ":".join(p for p in sys.path if p))
+
+
+def test_pool_headroom_adds_blocks_to_every_generated_pool_and_keeps_forced_ones():
+    from dataclasses import replace
+
+    from conformance.campaign import CampaignSpec, generate_workloads
+
+    base = CampaignSpec(sut="reference", examples=40, seed=3)
+    plain = generate_workloads(base)
+    roomy = generate_workloads(replace(base, pool_headroom_blocks=2))
+    assert len(plain) == len(roomy)
+    grown = [(a.config.num_gpu_blocks, b.config.num_gpu_blocks) for a, b in zip(plain, roomy)
+             if a.config.num_gpu_blocks != b.config.num_gpu_blocks]
+    # every pool that can take two more blocks gets them (a refused-config pool is drawn after, from its own stream)
+    assert len(grown) >= len(plain) // 2 and all(b == a + 2 for a, b in grown)
+    forced = generate_workloads(replace(base, pool_headroom_blocks=2, config_overrides={"num_gpu_blocks": 64}))
+    assert {w.config.num_gpu_blocks for w in forced[:1]} == {64}  # a pool size the user forced stays as forced
