@@ -41,13 +41,18 @@ class SglangSut(StdioSut):
     # What the driver cannot express (see conformance/engines/sglang_driver.py): campaigns
     # against it generate only configs it can run, instead of "unknown" verdicts.
     forced_config: dict[str, Any] = {
+        # page_size > 1 runs (SGLang's torch page allocator), but chunked prefill needs a budget the page
+        # size divides (SGLang's server refuses others): generated block sizes would make a third unknown.
         "block_size": 1,
-        "policy": "fcfs",
         "num_spec_tokens": 0,
         "num_lookahead_tokens": 0,
         "long_prefill_token_threshold": 0,
-        "enable_chunked_prefill": False,
     }
+
+    pool_headroom_blocks = 2
+    """SGLang's intake clips ``max_new_tokens`` to the pool less the input and two more slots
+    (``allocator.max_new_tokens_for_memory``): two more blocks in each generated pool let it keep the
+    requests the generator sized the pool for."""
 
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version

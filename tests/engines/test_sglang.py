@@ -93,12 +93,94 @@ def test_session_through_the_harness_adapter(sut: SglangSut) -> None:
     assert sut.update_from_output({}, {}) == []
 
 
-@pytest.mark.parametrize("field, value", [("policy", "priority"), ("num_spec_tokens", 2), ("num_lookahead_tokens", 1),
-                                          ("long_prefill_token_threshold", 4), ("enable_chunked_prefill", True),
-                                          ("block_size", 4)])
-def test_unsupported_configs_are_unknown(sut: SglangSut, field: str, value: Any) -> None:
+@pytest.mark.parametrize("changes", [{"num_spec_tokens": 2}, {"num_lookahead_tokens": 1},
+                                     {"long_prefill_token_threshold": 4},
+                                     {"enable_chunked_prefill": True, "block_size": 4, "max_num_batched_tokens": 30}])
+def test_unsupported_configs_are_unknown(sut: SglangSut, changes: dict[str, Any]) -> None:
     with pytest.raises(SutUnsupported):
-        sut.start({**CONFIG, field: value}, "vllm-0.33")
+        sut.start({**CONFIG, **changes}, "vllm-0.33")
+
+
+def step(sut: SglangSut, sampled: dict[str, list[int]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    out = sut.schedule()
+    return out, sut.update_from_output(sampled, {})
+
+
+def test_chunked_prefill_runs_over_several_steps_as_prefill_adder_cuts_it(sut: SglangSut) -> None:
+    """chunked_prefill_size = max_num_batched_tokens = 8: PrefillAdder cuts a 20-token prompt 8 + 8 + 4; the
+    last chunk shares its step with the next request's first chunk (rem_chunk_tokens), one chunked request at a
+    time; only a prompt's last chunk samples."""
+    sut.start({**CONFIG, "enable_chunked_prefill": True, "max_num_batched_tokens": 8}, "vllm-0.33")
+    sut.add_request(request("a", list(range(10, 30)), max_tokens=3))
+    sut.add_request(request("b", list(range(40, 45)), max_tokens=2))
+    first = sut.schedule()
+    assert first["scheduled_new_reqs"] == [{"req_id": "a", "block_ids": list(range(1, 9)), "num_computed_tokens": 0}]
+    assert first["num_scheduled_tokens"] == {"a": 8}
+    with pytest.raises(SutInputError) as err:  # a prefill chunk samples none
+        sut.update_from_output({"a": [7]}, {})
+    assert err.value.code == "bad_num_sampled_tokens"
+    assert sut.update_from_output({}, {}) == []
+    second, outputs = step(sut, {})
+    assert second["scheduled_cached_reqs"] == [{"req_id": "a", "resumed": False, "new_block_ids": list(range(9, 17)),
+                                               "num_computed_tokens": 8, "num_output_tokens": 0}]
+    assert second["num_scheduled_tokens"] == {"a": 8} and outputs == []
+    third, outputs = step(sut, {"a": [7]})  # a's last chunk samples; b's first chunk does not
+    assert third["num_scheduled_tokens"] == {"a": 4, "b": 4}
+    assert third["scheduled_cached_reqs"][0]["num_computed_tokens"] == 16
+    assert third["scheduled_new_reqs"] == [{"req_id": "b", "block_ids": list(range(21, 25)), "num_computed_tokens": 0}]
+    assert [o["req_id"] for o in outputs] == ["a"]
+    fourth, outputs = step(sut, {"b": [8]})  # b's last chunk runs alone: prefill before decode
+    assert fourth["num_scheduled_tokens"] == {"b": 1}
+    assert fourth["scheduled_cached_reqs"][0]["resumed"] is False
+    fifth, _ = step(sut, {"a": [9], "b": [1]})
+    assert fifth["num_scheduled_tokens"] == {"a": 1, "b": 1}
+    assert len(sut.observe()["block_tables"]["a"]) == 21
+
+
+def test_chunked_abort_mid_prefill_frees_its_slots(sut: SglangSut) -> None:
+    """An abort between two chunks: process_pending_chunked_abort's release, then nothing of it is scheduled."""
+    sut.start({**CONFIG, "enable_chunked_prefill": True, "max_num_batched_tokens": 8}, "vllm-0.33")
+    sut.add_request(request("a", list(range(10, 30)), max_tokens=3))
+    step(sut, {})
+    sut.abort("a")
+    after, _ = step(sut, {})
+    assert after["finished_req_ids"] == ["a"] and after["num_scheduled_tokens"] == {}
+    observed = sut.observe()
+    assert observed["block_tables"] == {} and observed["num_free_blocks"] == CONFIG["num_gpu_blocks"] - 1
+
+
+def test_paged_allocator_hands_out_pages(sut: SglangSut) -> None:
+    """block_size 4 is SGLang's page_size 4 (PagedTokenToKVPoolAllocator, its torch allocation path): block ids are
+    page ids, a decode opens a new page only at a page boundary."""
+    sut.start({**CONFIG, "block_size": 4, "num_gpu_blocks": 16}, "vllm-0.33")
+    sut.add_request(request("a", list(range(10, 17)), max_tokens=3))
+    first, _ = step(sut, {"a": [5]})
+    assert first["scheduled_new_reqs"] == [{"req_id": "a", "block_ids": [1, 2], "num_computed_tokens": 0}]
+    second, _ = step(sut, {"a": [6]})  # position 7 still in page 2
+    assert second["scheduled_cached_reqs"][0]["new_block_ids"] == []
+    third, _ = step(sut, {"a": [8]})  # position 8 opens page 3
+    assert third["scheduled_cached_reqs"][0]["new_block_ids"] == [3]
+    observed = sut.observe()
+    # a ended: its one full page of prompt tokens stays in the radix tree (evictable, so reported free)
+    assert observed["block_tables"] == {} and observed["num_free_blocks"] == 15
+
+
+def test_priority_preemption_by_a_more_important_request(sut: SglangSut) -> None:
+    """policy priority is SGLang's --enable-priority-scheduling --schedule-low-priority-values-first: with one
+    seat, a request 20 more important (above the default preemption threshold of 10) preempts the running one
+    (PrefillAdder.preempt_to_schedule), which resumes after it from its radix-cached prompt."""
+    sut.start({**CONFIG, "max_num_seqs": 1, "policy": "priority"}, "vllm-0.33")
+    sut.add_request(request("low", list(range(10, 14)), max_tokens=5, priority=20))
+    step(sut, {"low": [50]})
+    sut.add_request(request("high", list(range(20, 24)), max_tokens=2, priority=0))
+    second, _ = step(sut, {"high": [51]})
+    assert second["preempted_req_ids"] == ["low"] and second["num_scheduled_tokens"] == {"high": 4}
+    third, outputs = step(sut, {"high": [52]})
+    assert third["num_scheduled_tokens"] == {"high": 1} and outputs[0]["finish_reason"] == "length"
+    fourth, _ = step(sut, {"low": [53]})
+    resumed = fourth["scheduled_cached_reqs"][0]
+    assert resumed["req_id"] == "low" and resumed["resumed"] is True and resumed["num_computed_tokens"] == 4
+    assert resumed["new_block_ids"][:4] == [1, 2, 3, 4]
 
 
 def test_radix_repointing_is_reported_as_a_replaced_table(sut: SglangSut) -> None:
@@ -122,16 +204,65 @@ def test_radix_repointing_is_reported_as_a_replaced_table(sut: SglangSut) -> Non
     assert entry["num_computed_tokens"] == 3
 
 
-def test_safety_campaign_has_no_harness_error(tmp_path: Path) -> None:
-    """Every generated trace runs to a verdict; no driver crash, timeout or protocol error."""
+def run_safety_campaign(out: Path, examples: int, *sets: str) -> dict[str, Any]:
     ensure_env("sglang", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "150",
-                           "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path)],
+    args = [arg for value in sets for arg in ("--set", value)]
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", str(examples),
+                           "--comparison", "safety", "--shrink-budget", "0", "--out", str(out), *args],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-    summaries = list(tmp_path.glob("run-*/summary.json"))
+    summaries = list(out.glob("run-*/summary.json"))
     assert summaries, proc.stderr[-3000:]
     summary = json.loads(summaries[0].read_text())
-    assert summary["examples_run"] == 150
+    assert summary["examples_run"] == examples
+    return summary
+
+
+def test_safety_campaign_has_no_harness_error(tmp_path: Path) -> None:
+    """Every generated trace runs to a verdict; no driver crash, timeout or protocol error."""
+    summary = run_safety_campaign(tmp_path, 150)
     harness_level = [f for f in summary["failures"] if f["section"].split(":")[0] in HARNESS_ERROR_KINDS]
     assert not harness_level, [f["message"][:300] for f in harness_level]
     assert summary["passed"] > 0
+
+
+def get_unexplained_failures(summary: dict[str, Any]) -> list[str]:
+    """Failures that are none of the known ones: the ignore_eos findings of reports/findings.md (stop ids dropped:
+    stop_rules; never admitted: liveness; over the prefill budget: token_budget), each in a trace with an
+    ignore_eos request. (A table RadixCache.checkpoint repoints at an update is handed over by the next step;
+    observe() leaves the tables out until then, so safety:block_tables is a failure like any other.)"""
+    unexplained = []
+    for failure in summary["failures"]:
+        kind = failure["section"]
+        trace = (Path(summary["run_dir"]) / failure["trace_file"]).read_text()
+        has_ignore_eos = '"ignore_eos":true' in trace.replace(" ", "")
+        if has_ignore_eos and kind in ("safety:stop_rules", "safety:liveness", "safety:token_budget"):
+            continue
+        unexplained.append(f"{failure['index']} {kind}: {failure['message'][:300]}")
+    return unexplained
+
+
+def test_safety_campaign_with_chunked_prefill_and_priority(tmp_path: Path) -> None:
+    """Chunked prefill and the priority policy forced on: only the known failures."""
+    summary = run_safety_campaign(tmp_path, 150, "enable_chunked_prefill=true", "policy=priority")
+    assert summary["spec"]["config_overrides"]["enable_chunked_prefill"] is True
+    assert not get_unexplained_failures(summary)
+    assert summary["passed"] > 0
+    assert summary["features"].get("preemption", 0) > 0
+
+
+def test_a_table_repointed_at_an_update_is_not_observed_before_it_is_handed_over() -> None:
+    """testdata/sglang-repointed-table.jsonl (a campaign's minimal trace): two requests with the same one-token
+    prompt; SGLang schedules r1, and at an update RadixCache.checkpoint repoints r2's row onto the tree's copy of
+    that token's KV, freeing r2's own slot. The driver used to show the repointed table in the observation right
+    after the update, before any SchedulerOutput handed it over (safety:block_tables at step 2); now the tables
+    are left out until the next step hands the table over whole (resumed), and the trace passes."""
+    from conformance.replay import replay
+    from conformance.trace import read_trace
+
+    trace = read_trace(Path(__file__).parent / "testdata" / "sglang-repointed-table.jsonl")
+    sut = make_sut("sglang@0.5.23")
+    try:
+        result = replay(trace, sut, "safety")
+    finally:
+        sut.close()
+    assert result.verdict == "pass", result.divergence
