@@ -234,7 +234,7 @@ class _AbsentAttr:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> "_AbsentAttr":
+    def __getattr__(self, attr: str) -> _AbsentAttr:
         return _AbsentAttr(f"{self._name}.{attr}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -307,7 +307,13 @@ class _Sgl:
         from importlib.metadata import version
 
         import torch
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN, Req, ScheduleBatch
+        from sglang.srt.managers.schedule_batch import (
+            FINISH_ABORT,
+            FINISH_LENGTH,
+            FINISH_MATCHED_TOKEN,
+            Req,
+            ScheduleBatch,
+        )
         from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
@@ -800,8 +806,7 @@ class SglangSchedulerSut:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
             require(len(tokens) <= 1, "bad_num_sampled_tokens",
                      f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
-        for rid in drafts:
-            require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+        require(not drafts, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         live: list[Any] = [r for r in batch.reqs if r.rid not in self.aborted_in_pending and self.reqs.get(r.rid) is r]
         # process_batch_result_prefill (batch_result_processor.py:306-430): a request with a chunk in flight
         # (inflight_middle_chunks > 0) commits no token; its chunk count goes down
