@@ -49,9 +49,9 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from impl.engine import Engine  # noqa: E402
-from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel  # noqa: E402
-from spec.config import SchedulerConfig  # noqa: E402
+from schedconf.impl.engine import Engine  # noqa: E402
+from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel  # noqa: E402
+from schedconf.spec.config import SchedulerConfig  # noqa: E402
 
 
 def make_config(prompts: list[list[int]], output_len: int, batches: int, spec_tokens: int = 0) -> SchedulerConfig:

@@ -28,8 +28,8 @@ import argparse
 import random
 import time
 
-from impl.baselines import dense_loop, engine_generate, kv_loop, set_cpu_threads
-from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
+from schedconf.impl.baselines import dense_loop, engine_generate, kv_loop, set_cpu_threads
+from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
 
 
 def main() -> None:

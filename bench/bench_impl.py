@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters.impl import canonical_request_outputs
-from impl.scheduler import FastScheduler
-from spec.config import SchedulerConfig
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters.impl import canonical_request_outputs
+from schedconf.impl.scheduler import FastScheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
 
 PROMPT_LEN = 128
 BLOCK_SIZE = 16

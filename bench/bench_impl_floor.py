@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_impl import add_requests, impl_step, make_config  # noqa: E402
 
-from impl.scheduler import FastScheduler, StepOutput  # noqa: E402
+from schedconf.impl.scheduler import FastScheduler, StepOutput  # noqa: E402
 
 _NO_BLOCKS: tuple[int, ...] = ()
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.adapters import make_sut  # noqa: E402
-from conformance.campaign import CampaignSpec, generate_workloads  # noqa: E402
-from conformance.replay import FAIL, replay  # noqa: E402
-from conformance.workload import WorkloadError, run_workload  # noqa: E402
+from schedconf.conformance.adapters import make_sut  # noqa: E402
+from schedconf.conformance.campaign import CampaignSpec, generate_workloads  # noqa: E402
+from schedconf.conformance.replay import FAIL, replay  # noqa: E402
+from schedconf.conformance.workload import WorkloadError, run_workload  # noqa: E402
 
-TARGET = "conformance.adapters.reference:ReferenceSut"
+TARGET = "schedconf.conformance.adapters.reference:ReferenceSut"
 SUTS = ("reference", f"inprocess:{TARGET}", f"module:{TARGET}")
 
 

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spec.symbolic.proofs import (  # noqa: E402
+from schedconf.spec.symbolic.proofs import (  # noqa: E402
     METHODS,
     PLAIN,
     PROVED,
@@ -37,9 +37,9 @@ from spec.symbolic.proofs import (  # noqa: E402
     prove_theorem_symmetry,
     run_isolated,
 )
-from spec.symbolic.state import Shape  # noqa: E402
-from spec.symbolic.transitions import TRANSITIONS  # noqa: E402
-from spec.symbolic.unbounded import prove_all_steps  # noqa: E402
+from schedconf.spec.symbolic.state import Shape  # noqa: E402
+from schedconf.spec.symbolic.transitions import TRANSITIONS  # noqa: E402
+from schedconf.spec.symbolic.unbounded import prove_all_steps  # noqa: E402
 
 THEOREM_SYMMETRY = "theorem_symmetry"
 SERIAL = "-serial"

@@ -11,7 +11,7 @@ Times ``V0ModelRunner.swap_out`` (device cache -> host cache) and ``swap_in``
 this machine "device" and "host" are both CPU memory: the figure is the
 runner's own cost of moving blocks. Every round trip is checked bit for bit.
 The same measurement on a GPU (device <-> pinned host):
-``python -m gpu_checks.swap_check --out reports/gpu``.
+``python -m schedconf.gpu_checks.swap_check --out reports/gpu``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 
 import torch
 
-from gpu_checks.swap_check import measure_swap, render_table
+from schedconf.gpu_checks.swap_check import measure_swap, render_table
 
 
 def main() -> None:

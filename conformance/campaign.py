@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.replay import FAIL, PASS, UNKNOWN, ReplayResult, render_divergence, replay
-from conformance.trace import Trace, parse_trace_text, render_trace, write_atomic
-from conformance.workload import Workload, WorkloadError, run_workload
+from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, ReplayResult, render_divergence, replay
+from schedconf.conformance.trace import Trace, parse_trace_text, render_trace, write_atomic
+from schedconf.conformance.workload import Workload, WorkloadError, run_workload
 
 
 @dataclass
@@ -114,8 +114,8 @@ def get_forced_for_protocol_level(probe: Any, spec: CampaignSpec) -> dict[str, A
     none of them (all optional config fields at their defaults; the resets are
     dropped by the caller). The safety comparison runs one step at a time.
     """
-    from conformance.workload import is_v0_profile
-    from spec.config import OPTIONAL_FIELDS
+    from schedconf.conformance.workload import is_v0_profile
+    from schedconf.spec.config import OPTIONAL_FIELDS
 
     if is_v0_profile(spec.profile):
         return {}
@@ -140,7 +140,7 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     ``choose_refused_config``: a stream of the example's seed of its own, so
     the other workloads stay as they were).
     """
-    from conformance.generate import choose_refused_config
+    from schedconf.conformance.generate import choose_refused_config
 
     workloads = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
     workloads = [choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
@@ -158,9 +158,9 @@ def _apply_overrides(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload
         return drawn
     from dataclasses import replace as dc_replace
 
-    from conformance.workload_v0 import make_random_workload
-    from spec.errors import InvalidConfig
-    from spec.profiles import PROFILES, check_config_for_profile
+    from schedconf.conformance.workload_v0 import make_random_workload
+    from schedconf.spec.errors import InvalidConfig
+    from schedconf.spec.profiles import PROFILES, check_config_for_profile
 
     out: list[Workload] = []
     extra = 0
@@ -187,7 +187,7 @@ def _add_pool_headroom(spec: CampaignSpec, drawn: list[Workload]) -> list[Worklo
         return drawn
     from dataclasses import replace as dc_replace
 
-    from spec.errors import InvalidConfig
+    from schedconf.spec.errors import InvalidConfig
 
     out: list[Workload] = []
     for w in drawn:
@@ -203,7 +203,7 @@ def _add_pool_headroom(spec: CampaignSpec, drawn: list[Workload]) -> list[Worklo
 
 
 def _draw(spec: CampaignSpec) -> list[Workload]:
-    from conformance.workload_v0 import make_random_workload, make_workload_strategy
+    from schedconf.conformance.workload_v0 import make_random_workload, make_workload_strategy
 
     if spec.generator == "random":
         return [make_random_workload(spec.seed * 1_000_003 + i, spec.profile) for i in range(spec.examples)]
@@ -233,7 +233,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(spec: CampaignSpec) -> None:
-    from conformance.adapters import make_sut
+    from schedconf.conformance.adapters import make_sut
 
     _WORKER["spec"] = spec
     _WORKER["sut"] = make_sut(spec.sut)
@@ -260,7 +260,7 @@ def _close_worker_sut() -> None:
 
 def _leave_worker_process() -> None:
     """A worker's last act: close its SUT and kill any scheduler process it started."""
-    from conformance.adapters.stdio import kill_all_started
+    from schedconf.conformance.adapters.stdio import kill_all_started
 
     _close_worker_sut()
     kill_all_started()
@@ -279,12 +279,12 @@ def get_campaign_features(trace: Trace) -> list[str]:
 def features_of(trace: Trace) -> list[str]:
     """The hard cases a trace reaches (for coverage shares in the summary).
 
-    A v0 trace: :func:`conformance.workload_v0.get_v0_features`. A config
+    A v0 trace: :func:`schedconf.conformance.workload_v0.get_v0_features`. A config
     refused at start (the header's ``expect_error``) reaches none
     (:func:`get_campaign_features` counts it as ``refused_config``).
     """
     if trace.scheduler == "v0":
-        from conformance.workload_v0 import get_v0_features
+        from schedconf.conformance.workload_v0 import get_v0_features
 
         return get_v0_features(trace)
     out = set()
@@ -418,7 +418,7 @@ def make_run_dir(spec: CampaignSpec) -> tuple[str, Path]:
         raise RunFolderError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
     if not out.is_dir():
         raise RunFolderError(f"--out {out}: not a folder")
-    from conformance.bounds import check_run_id
+    from schedconf.conformance.bounds import check_run_id
 
     base = spec.run_id or make_run_id(spec)
     problem = check_run_id(base)
@@ -487,7 +487,7 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     _write_summary(run_dir, summary)
     say(f"campaign {run_id}: {spec.examples} trace(s), sut={spec.sut}, profile={spec.profile}, "
         f"comparison={spec.comparison}, seed={spec.seed}, jobs={spec.jobs}")
-    from conformance.adapters import make_sut
+    from schedconf.conformance.adapters import make_sut
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
@@ -517,7 +517,7 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     summary["generation_s"] = round(time.monotonic() - t0, 3)
     summary["status"] = "replaying"
     _write_summary(run_dir, summary)
-    from conformance.bounds import compute_jobs
+    from schedconf.conformance.bounds import compute_jobs
 
     jobs, jobs_warning = compute_jobs(spec.jobs, len(workloads), os.cpu_count())
     if jobs_warning:
@@ -565,11 +565,11 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     with _no_interrupts():
         _finish(summary, outcomes, t0)
         _write_summary(run_dir, summary)
-        from conformance.report import write_reports
+        from schedconf.conformance.report import write_reports
 
         write_reports(run_dir, summary)
     if spec.junit_xml:
-        from conformance.junit import write_junit
+        from schedconf.conformance.junit import write_junit
 
         write_junit(spec.junit_xml, summary, outcomes)
     return summary
@@ -612,7 +612,7 @@ def _stop_workers(executor: cf.ProcessPoolExecutor | None) -> None:
 
 
 def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, failures: list[TraceOutcome]) -> None:
-    from conformance.report import get_failure_facts
+    from schedconf.conformance.report import get_failure_facts
 
     summary["examples_run"] += 1
     if outcome.index == 0 and outcome.trace_text:
@@ -650,9 +650,9 @@ def _section(div: dict[str, Any]) -> str:
 def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list[TraceOutcome], run_dir: Path,
                      say: Callable[[str], None]) -> None:
     """Shrink failures, one of each kind first, until the time budget is spent."""
-    from conformance.adapters import make_sut
-    from conformance.report import get_failure_facts
-    from conformance.shrink import ShrinkInterrupted, shrink_trace
+    from schedconf.conformance.adapters import make_sut
+    from schedconf.conformance.report import get_failure_facts
+    from schedconf.conformance.shrink import ShrinkInterrupted, shrink_trace
 
     sut = make_sut(spec.sut)
     deadline = time.monotonic() + spec.shrink_budget_s
@@ -695,8 +695,8 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             entry.update(shrunk_file=f"failures/{name}", shrunk_events=result.num_events,
                          shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2),
                          **{f"shrunk_{k}": v for k, v in get_failure_facts(result.divergence.to_dict()).items()})
-            from conformance.replay import ReplayDeadline
-            from conformance.replay import replay as _replay
+            from schedconf.conformance.replay import ReplayDeadline
+            from schedconf.conformance.replay import replay as _replay
 
             try:
                 detail = render_divergence(result.trace, _replay(result.trace, sut, spec.comparison,
@@ -717,10 +717,10 @@ def _finish(summary: dict[str, Any], outcomes: list[TraceOutcome], t0: float) ->
     summary["traces_per_s"] = round(run / summary["replay_s"], 2) if summary.get("replay_s") else None
     summary["steps_run"] = sum(o.steps for o in outcomes)
     summary["feature_shares"] = {k: round(v / run, 3) for k, v in sorted(summary["features"].items())} if run else {}
-    from conformance.workload import is_v0_profile
+    from schedconf.conformance.workload import is_v0_profile
 
     if is_v0_profile(summary["spec"]["profile"]):
-        from conformance.workload_v0 import V0_COVERAGE
+        from schedconf.conformance.workload_v0 import V0_COVERAGE
 
         # The v0 shares the issue asks every run to state, zeros included.
         summary["coverage"] = {k: round(summary["features"].get(k, 0) / run, 3) if run else 0.0 for k in V0_COVERAGE}

@@ -1,4 +1,4 @@
-"""The ``schedconf`` command line (also ``python -m conformance``).
+"""The ``schedconf`` command line (also ``python -m schedconf.conformance``).
 
 Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error
 (a malformed trace, an unknown SUT, a bad option, no conclusive verdict: every
@@ -86,7 +86,7 @@ BUDGET = seconds(allow_zero=True)
 
 
 def _sut_help() -> str:
-    from conformance.adapters import describe_suts
+    from schedconf.conformance.adapters import describe_suts
 
     return "the scheduler under test: " + describe_suts()
 
@@ -95,10 +95,10 @@ def _sut_help() -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Print the built-in example's step table, then run a small self-check campaign."""
-    from conformance.campaign import CampaignSpec, exit_code, run_campaign
-    from conformance.examples import EXAMPLES
-    from conformance.workload import run_workload
-    from spec.render import StepTable
+    from schedconf.conformance.campaign import CampaignSpec, exit_code, run_campaign
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.workload import run_workload
+    from schedconf.spec.render import StepTable
 
     if args.example not in EXAMPLES:
         raise UsageError(f"unknown example {args.example!r}; known: {', '.join(sorted(EXAMPLES))}")
@@ -136,7 +136,7 @@ def _print_summary(summary: dict) -> None:
           f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
           f"({summary.get('traces_per_s')} traces/s)")
     if summary["failures"]:
-        from conformance.report import compute_failure_groups, render_diff
+        from schedconf.conformance.report import compute_failure_groups, render_diff
 
         groups = compute_failure_groups(summary, Path(summary["run_dir"]))
         print(f"{summary['failed']} failing trace(s), {len(groups)} kind(s) of divergence; per kind, "
@@ -164,7 +164,7 @@ def _print_summary(summary: dict) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
-    from conformance.campaign import CampaignSpec, exit_code, run_campaign
+    from schedconf.conformance.campaign import CampaignSpec, exit_code, run_campaign
 
     if args.profile is None:
         args.profile = get_default_profile(args.sut)
@@ -191,8 +191,8 @@ def get_default_profile(sut: str) -> str:
     if sut.startswith("vllm-v0@"):
         return "vllm-0.10"
     if sut.startswith("vllm-v1@"):
-        from conformance.adapters.vllm_v1 import get_vllm_build, is_build_path
-        from spec.profiles import PROFILES
+        from schedconf.conformance.adapters.vllm_v1 import get_vllm_build, is_build_path
+        from schedconf.spec.profiles import PROFILES
 
         spec = sut.removeprefix("vllm-v1@")
         release = "vllm-" + ".".join(spec.split(".")[:2])
@@ -205,7 +205,7 @@ def get_default_profile(sut: str) -> str:
                                  "--profile with the release it follows (e.g. --profile vllm-0.33)")
             return build.profile
     if sut.startswith("mutant:"):
-        from conformance.mutants import MUTANTS
+        from schedconf.conformance.mutants import MUTANTS
 
         mutant = MUTANTS.get(sut.removeprefix("mutant:"))
         if mutant is not None:
@@ -215,8 +215,8 @@ def get_default_profile(sut: str) -> str:
 
 def check_profile(name: str) -> None:
     """Refuse an unknown release profile before anything starts (v1 profiles, and v0's ``vllm-0.10``)."""
-    from spec.profiles import PROFILES
-    from spec.v0.profiles import V0_PROFILES
+    from schedconf.spec.profiles import PROFILES
+    from schedconf.spec.v0.profiles import V0_PROFILES
 
     if name not in PROFILES and name not in V0_PROFILES:
         known = sorted(PROFILES) + [f"{p} (v0)" for p in sorted(V0_PROFILES)]
@@ -225,7 +225,7 @@ def check_profile(name: str) -> None:
 
 def make_checked_sut(name: str):  # noqa: ANN201
     """``make_sut`` with a malformed name (``stdio:`` with no command) as a usage error."""
-    from conformance.adapters import make_sut
+    from schedconf.conformance.adapters import make_sut
 
     if name.startswith("stdio:") and not name.removeprefix("stdio:").strip():
         raise UsageError(f"--sut {name!r}: expected stdio:'COMMAND ARGS', the command that starts your scheduler")
@@ -240,9 +240,9 @@ def check_output_folder(path: Path, option: str) -> None:
 
 def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict:
     """``KEY=VALUE`` pairs into config fields (true/false/null/integers/strings); a v0 profile's fields for v0."""
-    from conformance.workload import is_v0_profile
-    from spec.config import SchedulerConfig
-    from spec.v0.config import V0SchedulerConfig
+    from schedconf.conformance.workload import is_v0_profile
+    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v0.config import V0SchedulerConfig
 
     known = set((V0SchedulerConfig if is_v0_profile(profile) else SchedulerConfig).__dataclass_fields__)
     out: dict = {}
@@ -257,7 +257,7 @@ def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict
             except ValueError:
                 pass
         out[key] = value
-    from conformance.bounds import check_config_bounds
+    from schedconf.conformance.bounds import check_config_bounds
 
     past_bound = check_config_bounds(out)
     if past_bound is not None:
@@ -268,9 +268,9 @@ def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Write N reference traces generated from a seed."""
-    from conformance.campaign import CampaignSpec, generate_workloads
-    from conformance.trace import write_trace
-    from conformance.workload import WorkloadError, run_workload
+    from schedconf.conformance.campaign import CampaignSpec, generate_workloads
+    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.workload import WorkloadError, run_workload
 
     check_profile(args.profile)
     out = Path(args.out)
@@ -293,8 +293,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay traces against a SUT; print the first divergence of each."""
-    from conformance.replay import FAIL, PASS, render_divergence, replay
-    from conformance.trace import read_trace
+    from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
+    from schedconf.conformance.trace import read_trace
 
     traces = [read_trace(p) for p in args.traces]  # all read (and validated) before any SUT starts
     sut = make_checked_sut(args.sut)
@@ -325,9 +325,9 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     (Ctrl-C, SIGTERM), the smallest failing trace found so far is written
     beside the minimal one's path as ``*.partial.jsonl``, marked not minimal.
     """
-    from conformance.replay import PASS, render_divergence, replay
-    from conformance.shrink import NothingToShrink, ShrinkInterrupted, shrink_trace
-    from conformance.trace import read_trace, write_trace
+    from schedconf.conformance.replay import PASS, render_divergence, replay
+    from schedconf.conformance.shrink import NothingToShrink, ShrinkInterrupted, shrink_trace
+    from schedconf.conformance.trace import read_trace, write_trace
 
     trace = read_trace(args.trace)
     comparison = args.comparison or trace.header.get("comparison", "strict")
@@ -364,7 +364,7 @@ DIFF_EXIT_HELP = ("Exit codes: 0 the two schedulers answered alike on every trac
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """The same generated traces to two SUTs; their differences grouped by the first differing field."""
-    from conformance.diff import DiffSpec, run_diff, write_diff
+    from schedconf.conformance.diff import DiffSpec, run_diff, write_diff
 
     profile = args.profile or get_default_profile(args.sut)
     against_profile = args.against_profile or get_default_profile(args.against)
@@ -399,14 +399,14 @@ REPRO_EXIT_HELP = ("Exit codes: 0 the reproduction was written (it fails on the 
 
 def cmd_repro(args: argparse.Namespace) -> int:
     """Write a trace as a standalone vLLM test file that fails on the rule the engine breaks."""
-    from conformance.repro import (
+    from schedconf.conformance.repro import (
         ReproRunError,
         get_divergence_step,
         get_repro_version,
         make_repro,
         render_no_repro_message,
     )
-    from conformance.trace import read_trace
+    from schedconf.conformance.trace import read_trace
 
     trace = read_trace(args.trace)
     version = get_repro_version(args.sut)
@@ -433,7 +433,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Re-render the reports of a run folder and print its summary."""
-    from conformance.report import load_summary, render_summary_md, write_reports
+    from schedconf.conformance.report import load_summary, render_summary_md, write_reports
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "summary.json").exists():
@@ -451,7 +451,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_vectors(args: argparse.Namespace) -> int:
     """Export the fixed, versioned corpus of golden traces."""
-    from conformance.vectors import export_vectors
+    from schedconf.conformance.vectors import export_vectors
 
     check_output_folder(Path(args.dir), "DIR")
     manifest = export_vectors(Path(args.dir), profiles=args.profile or None)
@@ -462,7 +462,7 @@ def cmd_vectors(args: argparse.Namespace) -> int:
 
 def cmd_scenario(args: argparse.Namespace) -> int:
     """Run golden scenario files (datadriven) against the reference."""
-    from conformance.datadriven import run_file
+    from schedconf.conformance.datadriven import run_file
 
     worst = 0
     for path in args.files:
@@ -477,44 +477,44 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Build (or check) the virtual environment of an engine release (vLLM, nano-vllm)."""
-    from conformance.engine_env import run_env
+    from schedconf.conformance.engine_env import run_env
 
     return run_env(args)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     """Run a command (a vLLM server) with the scheduler recorder attached, or print the variables that attach it."""
-    from conformance.live.serve import run_record
+    from schedconf.conformance.live.serve import run_record
 
     return run_record(args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Convert recordings of a live vLLM scheduler to traces and check them against the model."""
-    from conformance.live.check import run_check
+    from schedconf.conformance.live.check import run_check
 
     return run_check(args)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
     """Record a real vLLM OpenAI server under a bounded load, stop it, check the recording."""
-    from conformance.live.serve import run_live
+    from schedconf.conformance.live.serve import run_live
 
     return run_live(args)
 
 
 def cmd_env_live(args: argparse.Namespace) -> int:
     """``schedconf env live-vllm VERSION``: the whole vLLM CPU build, for ``schedconf live``."""
-    from conformance.engine_env import run_env
-    from conformance.live.env import LIVE_FAMILY
+    from schedconf.conformance.engine_env import run_env
+    from schedconf.conformance.live.env import LIVE_FAMILY
 
     return run_env(args, LIVE_FAMILY)
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     """Run the kill campaign against every mutant and print the table."""
-    from conformance.mutant_kill import kill_all, render_kill_table, render_mutant_list
-    from conformance.mutants import MUTANTS
+    from schedconf.conformance.mutant_kill import kill_all, render_kill_table, render_mutant_list
+    from schedconf.conformance.mutants import MUTANTS
 
     unknown = [name for name in args.names if name not in MUTANTS]
     if unknown:
@@ -660,11 +660,11 @@ def build_parser() -> argparse.ArgumentParser:
     v = esub.add_parser("vllm", help="build .venvs/vllm-VERSION from the pinned files in conformance/envs/",
                         description="build .venvs/vllm-VERSION from the pinned files in conformance/envs/ "
                                     "(idempotent; about 1.5-2.5 min and 1.4-2.2 GB per release)")
-    from conformance.vllm_env import add_env_vllm_arguments
+    from schedconf.conformance.vllm_env import add_env_vllm_arguments
 
     add_env_vllm_arguments(v)
     v.set_defaults(func=cmd_env, parser_=v)
-    from conformance.engine_env import add_env_arguments
+    from schedconf.conformance.engine_env import add_env_arguments
 
     nv = esub.add_parser("nano-vllm", help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/envs/",
                          description="build .venvs/nano-vllm-VERSION (nano-vllm-fork from PyPI, its scheduler's "
@@ -680,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_env_arguments(e, family)
         e.set_defaults(func=cmd_env, parser_=e)
 
-    from conformance.live.env import LIVE_FAMILY
+    from schedconf.conformance.live.env import LIVE_FAMILY
 
     e = esub.add_parser("live-vllm", help="build .venvs/live-vllm-VERSION (the whole vLLM CPU build: OpenAI server, "
                         "engine, model runner; for schedconf live) from conformance/envs/",
@@ -748,8 +748,8 @@ def get_version_text() -> str:
     """``schedconf X.Y.Z (trace format 1, protocol 1)``."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from conformance.protocol import PROTOCOL_VERSION
-    from conformance.trace import FORMAT_VERSION
+    from schedconf.conformance.protocol import PROTOCOL_VERSION
+    from schedconf.conformance.trace import FORMAT_VERSION
 
     try:
         number = version("schedconf")
@@ -759,18 +759,18 @@ def get_version_text() -> str:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
-    from conformance.campaign import Terminated
+    from schedconf.conformance.campaign import Terminated
 
     raise Terminated("SIGTERM")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.adapters import UnknownSut
-    from conformance.bounds import InputFileError
-    from conformance.campaign import RunFolderError, Terminated
-    from conformance.datadriven import ScenarioFormatError
-    from conformance.trace import TraceError
-    from spec.errors import SpecError
+    from schedconf.conformance.adapters import UnknownSut
+    from schedconf.conformance.bounds import InputFileError
+    from schedconf.conformance.campaign import RunFolderError, Terminated
+    from schedconf.conformance.datadriven import ScenarioFormatError
+    from schedconf.conformance.trace import TraceError
+    from schedconf.spec.errors import SpecError
 
     args, extras = build_parser().parse_known_args(argv)
     if extras:  # the subcommand's own usage, not the top-level one

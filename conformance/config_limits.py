@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conformance.trace import Trace, make_header
-from spec.config import OPTIONAL_FIELDS, SchedulerConfig
-from spec.errors import InvalidConfig
-from spec.profiles import check_config_for_profile, get_profile
+from schedconf.conformance.trace import Trace, make_header
+from schedconf.spec.config import OPTIONAL_FIELDS, SchedulerConfig
+from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.profiles import check_config_for_profile, get_profile
 
 BASE_CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
                               max_model_len=32, enable_prefix_caching=False)
@@ -130,7 +130,7 @@ V0_PAST_THE_LIMIT: tuple[tuple[str, dict[str, Any], str], ...] = (
 
 def get_v0_refusal(config: dict[str, Any], profile: str) -> str | None:
     """The code the v0 model refuses ``config`` with under ``profile``, or None if it accepts it."""
-    from spec.schedulers import make_config
+    from schedconf.spec.schedulers import make_config
 
     try:
         make_config(config, profile)
@@ -276,7 +276,7 @@ def get_refused_variants(config: Mapping[str, Any], profile: str,
     nothing. Optional fields at their defaults are left out (as in any
     header: a scheduler that predates them never sees them).
     """
-    from conformance.workload import is_v0_profile
+    from schedconf.conformance.workload import is_v0_profile
 
     v0 = is_v0_profile(profile)
     table = V0_PAST_THE_LIMIT if v0 else PAST_THE_LIMIT

@@ -47,13 +47,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec.config import SchedulerConfig
-from spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
-from spec.invariants import check_invariants
-from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.render import render_blocks, render_in_flight, render_queues, render_request_outputs, render_scheduler_output
-from spec.request import RequestStatus
-from spec.scheduler import Scheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
+from schedconf.spec.invariants import check_invariants
+from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
+from schedconf.spec.render import (
+    render_blocks,
+    render_in_flight,
+    render_queues,
+    render_request_outputs,
+    render_scheduler_output,
+)
+from schedconf.spec.request import RequestStatus
+from schedconf.spec.scheduler import Scheduler
 
 
 @dataclass
@@ -71,7 +77,7 @@ class ScenarioFormatError(Exception):
 
 def parse_file(path: Path) -> tuple[list[str], list[Block]]:
     """Return the file's lines and its blocks; a file with no block (it would check nothing) is refused."""
-    from conformance.bounds import InputFileError, read_bounded_text
+    from schedconf.conformance.bounds import InputFileError, read_bounded_text
 
     try:
         lines = read_bounded_text(path, "scenario file").splitlines()
@@ -103,7 +109,7 @@ def parse_file(path: Path) -> tuple[list[str], list[Block]]:
 
 def parse_tokens(spec: str) -> list[int]:
     """Parse ``0..3+7,8`` into ``[0, 1, 2, 3, 7, 8]``; ``-`` is empty."""
-    from conformance.bounds import MAX_SCENARIO_TOKENS
+    from schedconf.conformance.bounds import MAX_SCENARIO_TOKENS
 
     if spec in ("-", ""):
         return []
@@ -121,8 +127,8 @@ def parse_tokens(spec: str) -> list[int]:
 
 
 def check_scenario_config_bounds(fields: dict[str, object]) -> None:
-    """Raise ScenarioFormatError for a config past schedconf's bounds (``conformance.bounds``)."""
-    from conformance.bounds import check_config_bounds
+    """Raise ScenarioFormatError for a config past schedconf's bounds (``schedconf.conformance.bounds``)."""
+    from schedconf.conformance.bounds import check_config_bounds
 
     past_bound = check_config_bounds(fields)
     if past_bound is not None:

@@ -1,6 +1,6 @@
 """Golden scenario files for the v0 model (``conformance/testdata/scenarios_v0/*.txt``).
 
-Same file format as :mod:`conformance.datadriven` (blocks of ``command``,
+Same file format as :mod:`schedconf.conformance.datadriven` (blocks of ``command``,
 ``----``, expected output; ``#`` comments carry the hand derivations) and the
 same parser and rewrite mode; only the commands differ:
 
@@ -24,14 +24,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance.datadriven import ScenarioRunner, check_scenario_config_bounds
-from conformance.datadriven import run_file as run_scenario_file
-from spec.errors import InvalidEvent
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.invariants import check_invariants
-from spec.v0.output import V0SchedulerOutput
-from spec.v0.render import render_v0_blocks, render_v0_queues, render_v0_scheduler_output
-from spec.v0.scheduler import Scheduler
+from schedconf.conformance.datadriven import ScenarioRunner, check_scenario_config_bounds
+from schedconf.conformance.datadriven import run_file as run_scenario_file
+from schedconf.spec.errors import InvalidEvent
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.invariants import check_invariants
+from schedconf.spec.v0.output import V0SchedulerOutput
+from schedconf.spec.v0.render import render_v0_blocks, render_v0_queues, render_v0_scheduler_output
+from schedconf.spec.v0.scheduler import Scheduler
 
 DEFAULTS: dict[str, Any] = {
     "block_size": 4,

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.compare import Comparator, Divergence, FieldDiff
-from conformance.replay import FAIL, UNKNOWN, replay
-from conformance.report import get_first_diffs
-from conformance.sut import SchedulerUnderTest, SutInputError
-from conformance.trace import Trace, render_trace, write_atomic
-from conformance.workload import Workload, WorkloadError, run_workload
+from schedconf.conformance.compare import Comparator, Divergence, FieldDiff
+from schedconf.conformance.replay import FAIL, UNKNOWN, replay
+from schedconf.conformance.report import get_first_diffs
+from schedconf.conformance.sut import SchedulerUnderTest, SutInputError
+from schedconf.conformance.trace import Trace, render_trace, write_atomic
+from schedconf.conformance.workload import Workload, WorkloadError, run_workload
 
 
 class RecordingSut:
@@ -177,7 +177,7 @@ def diff_workload(workload: Workload, spec: DiffSpec, a: RecordingSut, b: Record
 def get_forced_config(spec: DiffSpec, a: Any, b: Any) -> dict[str, Any]:
     """The config both sides' campaigns would force (what a SUT cannot express), so that no trace is
     unknown for a reason the generator could avoid; a field the two force to different values is refused."""
-    from conformance.campaign import CampaignSpec, get_forced_for_protocol_level
+    from schedconf.conformance.campaign import CampaignSpec, get_forced_for_protocol_level
 
     forced: dict[str, Any] = {}
     for sut, profile in ((a, spec.profile), (b, spec.against_profile)):
@@ -197,9 +197,9 @@ def get_safety_notes(run_a: SideRun, run_b: SideRun) -> set[str]:
 
 def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tuple[list[DiffGroup], dict[str, Any]]:
     """Diff the two SUTs on ``spec.examples`` generated traces; shrink one trace per group; the groups and counts."""
-    from conformance.adapters import make_sut
-    from conformance.campaign import CampaignSpec, generate_workloads
-    from conformance.shrink import Shrinker
+    from schedconf.conformance.adapters import make_sut
+    from schedconf.conformance.campaign import CampaignSpec, generate_workloads
+    from schedconf.conformance.shrink import Shrinker
 
     a, b = RecordingSut(make_sut(spec.sut)), RecordingSut(make_sut(spec.against))
     # what either side's campaign would force (one step at a time under the safety driver, a SUT's forced_config)

@@ -20,13 +20,13 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.compare import Comparator
-from conformance.generate import HypothesisChooser, build_config
-from conformance.sut import SutInputError
-from conformance.trace import Trace, make_header, write_trace
-from spec.invariants import check_invariants
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.compare import Comparator
+from schedconf.conformance.generate import HypothesisChooser, build_config
+from schedconf.conformance.sut import SutInputError
+from schedconf.conformance.trace import Trace, make_header, write_trace
+from schedconf.spec.invariants import check_invariants
 
 TOKENS = st.integers(0, 15)
 EOS, STOP = 1, 2

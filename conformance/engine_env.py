@@ -56,7 +56,7 @@ class EngineEnvError(Exception):
 
 
 def _vllm_env_vars(home: Path) -> dict[str, str]:
-    """What ``conformance.vllm_driver`` needs: see ``conformance.vllm_env.driver_env``."""
+    """What ``schedconf.conformance.vllm_driver`` needs: see ``schedconf.conformance.vllm_env.driver_env``."""
     return {
         "PYTHONPATH": str(REPO_ROOT),  # the code of this checkout, wherever the venvs live
         "VLLM_CACHE_ROOT": str(home / "vllm-cache"),
@@ -74,7 +74,7 @@ def _vllm_env_vars(home: Path) -> dict[str, str]:
 
 
 def _nanovllm_env_vars(home: Path) -> dict[str, str]:
-    """What ``conformance.engines.nanovllm_driver`` needs (transformers is imported, never asked to download)."""
+    """What ``schedconf.conformance.engines.nanovllm_driver`` needs (transformers is imported, never asked to download)."""
     return {
         "PYTHONPATH": str(REPO_ROOT),
         "HF_HUB_OFFLINE": "1",
@@ -88,14 +88,14 @@ def _nanovllm_env_vars(home: Path) -> dict[str, str]:
 
 
 def _lmdeploy_env_vars(home: Path) -> dict[str, str]:
-    """What ``conformance.engines.lmdeploy_driver`` needs (offline, quiet, deterministic)."""
+    """What ``schedconf.conformance.engines.lmdeploy_driver`` needs (offline, quiet, deterministic)."""
     return {"PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(home / "hf-home"), "DO_NOT_TRACK": "1",
             "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
 def _sglang_env_vars(home: Path) -> dict[str, str]:
-    """What ``conformance.engines.sglang_driver`` needs (a config.json-only model folder, offline, quiet)."""
+    """What ``schedconf.conformance.engines.sglang_driver`` needs (a config.json-only model folder, offline, quiet)."""
     return {"PYTHONPATH": str(REPO_ROOT), "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
             "HF_HOME": str(home / "hf-home"), "SGLANG_LOGGING_LEVEL": "error", "DO_NOT_TRACK": "1",
@@ -103,7 +103,7 @@ def _sglang_env_vars(home: Path) -> dict[str, str]:
 
 
 def _aphrodite_env_vars(home: Path) -> dict[str, str]:
-    """What ``conformance.engines.aphrodite_driver`` needs (Aphrodite's CPU platform, V1 runner layout, offline)."""
+    """What ``schedconf.conformance.engines.aphrodite_driver`` needs (Aphrodite's CPU platform, V1 runner layout, offline)."""
     return {"PYTHONPATH": str(REPO_ROOT), "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
             "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "HF_HOME": str(home / "hf-home"), "APHRODITE_USE_V2_MODEL_RUNNER": "0", "APHRODITE_TARGET_DEVICE": "cpu",
@@ -134,28 +134,28 @@ class EngineFamily:
 
 FAMILIES: dict[str, EngineFamily] = {
     "vllm": EngineFamily(
-        name="vllm", label="vLLM", driver_module="conformance.vllm_driver", env_vars=_vllm_env_vars,
+        name="vllm", label="vLLM", driver_module="schedconf.conformance.vllm_driver", env_vars=_vllm_env_vars,
         # 0.10.2 is the last release with the legacy v0 scheduler (vllm/core/scheduler.py), its own driver
-        release_drivers={"0.10.2": "conformance.engines.vllm_v0_driver"},
+        release_drivers={"0.10.2": "schedconf.conformance.engines.vllm_v0_driver"},
         self_check_step="self-check (import vLLM, build one scheduler)",
         install_note=" (downloads ~1 GB on a cold pip cache)"),
     "nano-vllm": EngineFamily(
-        name="nano-vllm", label="nano-vllm", driver_module="conformance.engines.nanovllm_driver",
+        name="nano-vllm", label="nano-vllm", driver_module="schedconf.conformance.engines.nanovllm_driver",
         env_vars=_nanovllm_env_vars,
         self_check_step="self-check (import nano-vllm's scheduler, run two steps)",
         install_note=" (~35 MB of wheels, no torch)"),
     "aphrodite": EngineFamily(
-        name="aphrodite", label="Aphrodite", driver_module="conformance.engines.aphrodite_driver",
+        name="aphrodite", label="Aphrodite", driver_module="schedconf.conformance.engines.aphrodite_driver",
         env_vars=_aphrodite_env_vars,
         self_check_step="self-check (import Aphrodite's scheduler, run two steps)",
         install_note=" (the 336 MB aphrodite-engine wheel on a cold pip cache)"),
     "lmdeploy": EngineFamily(
-        name="lmdeploy", label="LMDeploy", driver_module="conformance.engines.lmdeploy_driver",
+        name="lmdeploy", label="LMDeploy", driver_module="schedconf.conformance.engines.lmdeploy_driver",
         env_vars=_lmdeploy_env_vars,
         self_check_step="self-check (import LMDeploy's PyTorch-engine scheduler, run two steps)",
         install_note=" (the 107 MB lmdeploy wheel and the 190 MB CPU torch on a cold pip cache)"),
     "sglang": EngineFamily(
-        name="sglang", label="SGLang", driver_module="conformance.engines.sglang_driver",
+        name="sglang", label="SGLang", driver_module="schedconf.conformance.engines.sglang_driver",
         env_vars=_sglang_env_vars,
         self_check_step="self-check (import SGLang's scheduling classes, run two steps)",
         install_note=" (the 39 MB sglang wheel, triton ~1 GB, CPU torch; 2.5 GB on disk)"),
@@ -384,8 +384,8 @@ def run_env(args: argparse.Namespace, family: EngineFamily | str | None = None) 
 
 
 def main_env(argv: Sequence[str] | None = None) -> int:
-    """``python -m conformance.engine_env FAMILY VERSION [--force] [--check] [--root DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m conformance.engine_env",
+    """``python -m schedconf.conformance.engine_env FAMILY VERSION [--force] [--check] [--root DIR]``."""
+    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.engine_env",
                                      description="Build the virtual environment that runs an engine release's scheduler.")
     sub = parser.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for name in FAMILIES:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload
-from spec.config import SchedulerConfig
+from schedconf.conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload
+from schedconf.spec.config import SchedulerConfig
 
 
 def example_mixed() -> Workload:

@@ -44,8 +44,8 @@ from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
-from conformance.config_limits import get_refused_variants
-from conformance.workload import (
+from schedconf.conformance.config_limits import get_refused_variants
+from schedconf.conformance.workload import (
     AbortSpec,
     HashOracle,
     InvalidInput,
@@ -54,8 +54,8 @@ from conformance.workload import (
     ResetSpec,
     Workload,
 )
-from spec.config import SchedulerConfig, cdiv
-from spec.profiles import PROFILES
+from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.spec.profiles import PROFILES
 
 T = TypeVar("T")
 EOS = 1
@@ -403,7 +403,7 @@ def _abort_after(at: int, in_flight: bool, arrival: RequestSpec) -> tuple[int, b
     """The earliest abort slot at or after ``(at, in_flight)`` that comes after ``arrival``.
 
     The loop applies, at one step, arrivals then aborts before ``schedule()``,
-    and aborts then arrivals in flight (conformance.workload._timed_inputs).
+    and aborts then arrivals in flight (schedconf.conformance.workload._timed_inputs).
     """
     if (at, in_flight) < (arrival.at_step, arrival.in_flight):
         at, in_flight = arrival.at_step, arrival.in_flight

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from conformance.report import render_diff
-from conformance.trace import write_atomic
+from schedconf.conformance.report import render_diff
+from schedconf.conformance.trace import write_atomic
 
 
 def render_junit(summary: dict[str, Any], outcomes: list[Any]) -> str:

@@ -1,7 +1,7 @@
 """The kill campaign: every mutant must be caught, and its failure shrunk small.
 
 For each mutant, generated workloads (the seeded generator of the mutant's
-profile, ``conformance.workload_v0.make_random_workload``, as ``schedconf run``
+profile, ``schedconf.conformance.workload_v0.make_random_workload``, as ``schedconf run``
 draws them: the same workloads on every machine and Hypothesis version) are
 tried in order until one kills it, by either check:
 
@@ -26,14 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.compare import Divergence
-from conformance.mutants import MUTANTS, Mutant, MutantSut
-from conformance.replay import PASS, replay
-from conformance.shrink import ShrinkResult, shrink_trace, shrink_workload
-from conformance.trace import Trace
-from conformance.workload import Workload, WorkloadError, is_v0_profile, run_workload
-from spec.errors import InvariantViolation
-from spec.scheduler import Scheduler
+from schedconf.conformance.compare import Divergence
+from schedconf.conformance.mutants import MUTANTS, Mutant, MutantSut
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.shrink import ShrinkResult, shrink_trace, shrink_workload
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.workload import Workload, WorkloadError, is_v0_profile, run_workload
+from schedconf.spec.errors import InvariantViolation
+from schedconf.spec.scheduler import Scheduler
 
 
 def run_model(workload: Workload, scheduler_class: type[Any] | None = None, check: bool = False,
@@ -41,17 +41,17 @@ def run_model(workload: Workload, scheduler_class: type[Any] | None = None, chec
     """Run the workload on one model, the reference (None) or a mutant's class, and record the trace.
 
     With ``check`` every invariant of the model's kind is checked after each
-    call. Both kinds go through :func:`conformance.workload.run_workload`;
-    its v0 loop builds the model with ``spec.schedulers.make_scheduler`` and
+    call. Both kinds go through :func:`schedconf.conformance.workload.run_workload`;
+    its v0 loop builds the model with ``schedconf.spec.schedulers.make_scheduler`` and
     checks the model's own ``check_invariants()``: for this run that factory
     builds ``scheduler_class`` and gives the model a ``check_invariants``
     running spec/v0/invariants.py.
     """
     if not is_v0_profile(workload.profile):
         return run_workload(workload, max_steps=max_steps, check=check, scheduler_class=scheduler_class or Scheduler)
-    import spec.schedulers as schedulers
-    from spec.v0.invariants import check_invariants
-    from spec.v0.scheduler import Scheduler as V0Scheduler
+    import schedconf.spec.schedulers as schedulers
+    from schedconf.spec.v0.invariants import check_invariants
+    from schedconf.spec.v0.scheduler import Scheduler as V0Scheduler
 
     model_class = scheduler_class or V0Scheduler
     factory = schedulers.make_scheduler
@@ -84,7 +84,7 @@ class KillRow:
 
 def get_campaign_workload(seed: int, profile: str) -> Workload:
     """The campaign's workload ``seed`` for ``profile`` (v0's generator for a v0 profile, as ``schedconf run``)."""
-    from conformance.workload_v0 import make_random_workload
+    from schedconf.conformance.workload_v0 import make_random_workload
 
     return make_random_workload(seed, profile)
 

@@ -10,8 +10,8 @@ the v0 generator never draws; a hand-made trace kills it
 (tests/harness/test_mutants_v0.py).
 
 Each mutant names the real bug family it re-creates. The v1 mutants subclass
-``spec.scheduler.Scheduler``; the v0 ones (profile ``vllm-0.10``, names
-``v0_*``) subclass ``spec.v0.scheduler.Scheduler`` or its block manager and
+``schedconf.spec.scheduler.Scheduler``; the v0 ones (profile ``vllm-0.10``, names
+``v0_*``) subclass ``schedconf.spec.v0.scheduler.Scheduler`` or its block manager and
 re-create bugs of vLLM's legacy scheduler (``vllm/core/``).
 
 The adapter registry (``conformance/adapters/__init__.py``) names
@@ -26,18 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.reference import ReferenceSut
-from conformance.sut import SutUnsupported, refused_as_input_error
-from spec.config import SchedulerConfig
-from spec.kv_cache import KVCacheManager, PrefixHit
-from spec.request import Request
-from spec.scheduler import Scheduler, _StepState
-from spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
-from spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
-from spec.v0.scheduler import Scheduler as V0Scheduler
-from spec.v0.scheduler import SchedulerPrefillOutputs, SchedulerRunningOutputs, SchedulerSwappedInOutputs
-from spec.v0.sequence import SequenceGroup, SequenceStatus
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.sut import SutUnsupported, refused_as_input_error
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.kv_cache import KVCacheManager, PrefixHit
+from schedconf.spec.request import Request
+from schedconf.spec.scheduler import Scheduler, _StepState
+from schedconf.spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
+from schedconf.spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
+from schedconf.spec.v0.scheduler import Scheduler as V0Scheduler
+from schedconf.spec.v0.scheduler import SchedulerPrefillOutputs, SchedulerRunningOutputs, SchedulerSwappedInOutputs
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus
 
 
 class _PriorityVictimMin(Scheduler):
@@ -268,7 +268,7 @@ class Mutant:
 
     name: str
     scheduler_class: type[Any]
-    """A subclass of the profile's model: ``spec.scheduler.Scheduler`` (v1) or ``spec.v0.scheduler.Scheduler``."""
+    """A subclass of the profile's model: ``schedconf.spec.scheduler.Scheduler`` (v1) or ``schedconf.spec.v0.scheduler.Scheduler``."""
     bug: str
     profile: str = "vllm-0.33"
     """The profile whose campaigns can reach the broken rule (``vllm-0.10``: the v0 model)."""
@@ -346,7 +346,7 @@ MUTANTS: dict[str, Mutant] = {
 
 def get_mutant_names(kind: str) -> list[str]:
     """The names of the mutants of one scheduler kind (``"v1"`` or ``"v0"``, by their profile), sorted."""
-    from spec.schedulers import get_scheduler_kind
+    from schedconf.spec.schedulers import get_scheduler_kind
 
     return sorted(name for name, m in MUTANTS.items() if get_scheduler_kind(m.profile) == kind)
 
@@ -361,7 +361,7 @@ class MutantSut(ReferenceSut):
 
     def start(self, config: dict, profile: str) -> None:
         """The reference of the profile, then the mutant in its place; a trace of the other kind is unsupported."""
-        from spec.schedulers import get_scheduler_kind
+        from schedconf.spec.schedulers import get_scheduler_kind
 
         with refused_as_input_error():
             kind = get_scheduler_kind(profile)

@@ -20,8 +20,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from conformance.trace import SCHEDULER_KINDS, validate_value
-from spec.errors import ERROR_CODES
+from schedconf.conformance.trace import SCHEDULER_KINDS, validate_value
+from schedconf.spec.errors import ERROR_CODES
 
 PROTOCOL_VERSION = 1
 SCHEMA: dict[str, Any] = json.loads(Path(__file__).with_name("protocol.schema.json").read_text())

@@ -4,7 +4,7 @@ Standard library only, so it can run inside another project's environment
 (vLLM's, for instance) with nothing of schedconf installed but this file's
 directory on PYTHONPATH::
 
-    python -m conformance.protocol_server conformance.adapters.reference:ReferenceSut
+    python -m schedconf.conformance.protocol_server schedconf.conformance.adapters.reference:ReferenceSut
 
 The server answers one request per line until ``shutdown`` or end of input.
 Exceptions with a ``code`` attribute become protocol errors with that code;
@@ -176,7 +176,7 @@ def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: s
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or ":" not in args[0]:
-        print("usage: python -m conformance.protocol_server package.module:Factory", file=sys.stderr)
+        print("usage: python -m schedconf.conformance.protocol_server package.module:Factory", file=sys.stderr)
         return 2
     module_name, attr = args[0].split(":", 1)
     factory = getattr(importlib.import_module(module_name), attr)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from conformance.cli import int_at_least
+from schedconf.conformance.cli import int_at_least
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     sut = config.getoption("--schedconf-sut")
     if not sut:
         return
-    from conformance.vectors import iter_corpus
+    from schedconf.conformance.vectors import iter_corpus
 
     profile = config.getoption("--schedconf-profile")
     if not config.getoption("--schedconf-no-corpus"):
@@ -130,7 +130,7 @@ class _SchedconfItem(pytest.Item):
     _suts: dict[str, Any] = {}
 
     def sut(self) -> Any:
-        from conformance.adapters import make_sut
+        from schedconf.conformance.adapters import make_sut
 
         name = self.config.getoption("--schedconf-sut")
         if name not in self._suts:
@@ -138,9 +138,9 @@ class _SchedconfItem(pytest.Item):
         return self._suts[name]
 
     def check(self, trace: Any, label: str) -> None:
-        from conformance.replay import FAIL, UNKNOWN, render_divergence, replay
-        from conformance.shrink import shrink_trace
-        from conformance.trace import write_trace
+        from schedconf.conformance.replay import FAIL, UNKNOWN, render_divergence, replay
+        from schedconf.conformance.shrink import shrink_trace
+        from schedconf.conformance.trace import write_trace
 
         comparison = self.config.getoption("--schedconf-comparison")
         result = replay(trace, self.sut(), comparison)
@@ -180,7 +180,7 @@ class CorpusItem(_SchedconfItem):
         self.trace_path = path_
 
     def runtest(self) -> None:
-        from conformance.trace import read_trace
+        from schedconf.conformance.trace import read_trace
 
         self.check(read_trace(self.trace_path), f"corpus-{self.trace_path.parent.name}-{self.trace_path.stem}")
 
@@ -193,12 +193,12 @@ class CampaignItem(_SchedconfItem):
         self.index = index
 
     def runtest(self) -> None:
-        from conformance.workload import WorkloadError, run_workload
-        from conformance.workload_v0 import make_random_workload
+        from schedconf.conformance.workload import WorkloadError, run_workload
+        from schedconf.conformance.workload_v0 import make_random_workload
 
         seed = self.config.getoption("--schedconf-seed")
         profile = self.config.getoption("--schedconf-profile")
-        from conformance.generate import choose_refused_config
+        from schedconf.conformance.generate import choose_refused_config
 
         example = seed * 1_000_003 + self.index
         workload = make_random_workload(example, profile)

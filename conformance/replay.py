@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from conformance.bounds import render_truncated_lines
-from conformance.compare import Comparator, Divergence, FieldDiff
-from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
-from conformance.trace import Trace
-from conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
+from schedconf.conformance.bounds import render_truncated_lines
+from schedconf.conformance.compare import Comparator, Divergence, FieldDiff
+from schedconf.conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
 
 
 class StepTimeout(Exception):
@@ -175,7 +175,7 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison checks v1 schedulers; "
                                                     "replay a v0 trace with --comparison strict or observable")
     if comparison == "safety":
-        from conformance.safety.drive import run_safety
+        from schedconf.conformance.safety.drive import run_safety
 
         def timed_call(fn: Any, *args: Any) -> Any:
             with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
@@ -272,8 +272,8 @@ def _stderr_of(sut: SchedulerUnderTest) -> str:
 
 def render_reference_state(trace: Trace, event_index: int) -> str:
     """The reference model's queues and blocks just before event ``event_index``."""
-    from conformance.adapters.reference import ReferenceSut
-    from spec.render import render_blocks, render_queues
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.spec.render import render_blocks, render_queues
 
     ref = ReferenceSut()
     ref.start(dict(trace.config), trace.profile)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from conformance.trace import Trace, read_trace, write_atomic
+from schedconf.conformance.trace import Trace, read_trace, write_atomic
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -67,8 +67,8 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
     samples), idle (running but not scheduled), preempted, finished, aborted.
     Blocks in use come from replaying the trace on the reference model.
     """
-    from conformance.adapters.reference import ReferenceSut
-    from conformance.sut import SutInputError
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.sut import SutInputError
 
     ref = ReferenceSut()
     ref.start(dict(trace.config), trace.profile)
@@ -339,7 +339,7 @@ RUNNING_PHASES = ("starting", "replaying", "shrinking")
 
 def get_config_defaults() -> dict[str, Any]:
     """The scheduler config's default value of each field."""
-    from spec.config import SchedulerConfig
+    from schedconf.spec.config import SchedulerConfig
 
     return {f.name: f.default for f in fields(SchedulerConfig)}
 
@@ -470,7 +470,7 @@ def get_first_diffs(divergence: dict[str, Any], limit: int = DIFF_LIMIT,
     the others in the comparator's order; each value is at most ``width``
     characters, cut where expected and actual differ (:func:`render_short_pair`).
     """
-    from conformance.compare import _generalize
+    from schedconf.conformance.compare import _generalize
 
     telling = str(divergence.get("signature") or "").partition(":")[2]
     diffs = sorted(divergence.get("diffs") or [], key=lambda d: _generalize(str(d.get("field", ""))) != telling)
@@ -516,7 +516,7 @@ def get_cause_key(signature: str, step: int | None, diffs: list[dict[str, Any]])
     minimal traces of two kinds match whatever their ids. A kind without
     differing fields (a crash, a timeout) is a cause of its own.
     """
-    from conformance.compare import _generalize
+    from schedconf.conformance.compare import _generalize
 
     if not diffs:
         return ("kind", signature)
@@ -650,7 +650,7 @@ def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None)
         shares = {k: v / summary["examples_run"] for k, v in sorted(summary["features"].items())}
     coverage = summary.get("coverage") or {}
     if coverage:
-        from conformance.workload_v0 import V0_COVERAGE
+        from schedconf.conformance.workload_v0 import V0_COVERAGE
 
         coverage = dict(sorted(coverage.items(), key=lambda kv: V0_COVERAGE.index(kv[0]) if kv[0] in V0_COVERAGE
                                else len(V0_COVERAGE)))  # the issue's order (summary.json sorts its keys)
@@ -749,7 +749,7 @@ def write_reports(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
-    """Read a run folder's summary.json (a regular file within ``conformance.bounds.MAX_FILE_BYTES``)."""
-    from conformance.bounds import read_bounded_text
+    """Read a run folder's summary.json (a regular file within ``schedconf.conformance.bounds.MAX_FILE_BYTES``)."""
+    from schedconf.conformance.bounds import read_bounded_text
 
     return json.loads(read_bounded_text(run_dir / "summary.json", "run summary"))

@@ -43,7 +43,7 @@ gets one lone request of ``max_model_len - 1`` tokens: the largest the engine
 must serve once it accepts the config.
 
 Nothing here imports vLLM: the files run as subprocesses with the release's
-interpreter (``conformance.vllm_env``).
+interpreter (``schedconf.conformance.vllm_env``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.trace import Trace
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.trace import Trace
 
 REPRO_TIMEOUT_S = 300.0
 """One run of a reproduction file (importing vLLM takes ~10-20 s on two cores)."""
@@ -155,7 +155,7 @@ class ReproResult:
 
 def get_repro_version(sut: str) -> str:
     """The vLLM release of ``vllm-v1@VERSION``; refuse every other SUT and a missing environment."""
-    from conformance.vllm_env import is_vllm_env_ready, not_ready_message, supported_versions
+    from schedconf.conformance.vllm_env import is_vllm_env_ready, not_ready_message, supported_versions
 
     supported = ", ".join(f"{SUT_PREFIX}{v}" for v in supported_versions() if v in RELEASE_API)
     if not sut.startswith(SUT_PREFIX):
@@ -166,7 +166,7 @@ def get_repro_version(sut: str) -> str:
         raise ReproUnsupported(f"--sut {sut!r}: no reproduction template for vLLM {version or '(none)'}; "
                                f"supported: {supported}")
     if not is_vllm_env_ready(version):
-        from conformance.adapters.vllm_v1 import VllmEnvNotReady
+        from schedconf.conformance.adapters.vllm_v1 import VllmEnvNotReady
 
         raise VllmEnvNotReady(f"--sut {sut!r}: {not_ready_message(version)}")
     return version
@@ -299,7 +299,7 @@ def render_repro(trace: Trace, version: str, checks: tuple[str, ...], keep_refus
 
 def run_repro_file(path: Path, version: str, timeout_s: float = REPRO_TIMEOUT_S) -> RunOutcome:
     """Run ``path`` with pytest in vLLM ``version``'s interpreter (cwd: the file's folder, no PYTHONPATH)."""
-    from conformance.vllm_env import driver_env, vllm_python
+    from schedconf.conformance.vllm_env import driver_env, vllm_python
 
     env = {**os.environ, **driver_env(version)}
     env.pop("PYTHONPATH", None)  # the file must run on its own, without this checkout
@@ -367,7 +367,7 @@ def _tail(output: str, lines: int = 6) -> str:
 def compute_other_releases(trace: Trace, version: str, workdir: Path,
                            timeout_s: float = REPRO_TIMEOUT_S) -> dict[str, RunOutcome]:
     """Run the reproduction, rendered for each other built release's API, with every check."""
-    from conformance.vllm_env import is_vllm_env_ready
+    from schedconf.conformance.vllm_env import is_vllm_env_ready
 
     others: dict[str, RunOutcome] = {}
     for other in RELEASE_API:
@@ -396,8 +396,8 @@ def make_repro(trace: Trace, sut: str, check_others: bool = True,
 
 def get_divergence_step(trace: Trace, sut: str) -> int | None:
     """The first step where ``sut`` and the trace disagree (None: the trace replays)."""
-    from conformance.adapters import make_sut
-    from conformance.replay import FAIL, replay
+    from schedconf.conformance.adapters import make_sut
+    from schedconf.conformance.replay import FAIL, replay
 
     s = make_sut(sut)
     try:

@@ -15,7 +15,7 @@ lower ``max_tokens``, shrink the pool, the budget, ``max_num_seqs``,
 ``max_model_len``, the spec-decode and lookahead sizes, and turn optional
 features off (threshold, priorities, stop tokens, ``min_tokens``). A v0
 trace (``"scheduler": "v0"``) gets the v0 machine's reductions
-(``conformance.workload_v0.get_v0_config_candidates``: the GPU and CPU pools,
+(``schedconf.conformance.workload_v0.get_v0_config_candidates``: the GPU and CPU pools,
 the budgets, partial prefills, chunking, prefix caching, the preemption mode).
 """
 
@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from conformance.compare import Divergence
-from conformance.replay import FAIL, ReplayDeadline, replay
-from conformance.sut import SchedulerUnderTest
-from conformance.trace import Trace
-from conformance.workload import RequestSpec, Workload, WorkloadError, run_workload, workload_from_trace
-from spec.config import OPTIONAL_FIELDS, SchedulerConfig, cdiv
-from spec.errors import SpecError
+from schedconf.conformance.compare import Divergence
+from schedconf.conformance.replay import FAIL, ReplayDeadline, replay
+from schedconf.conformance.sut import SchedulerUnderTest
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.workload import RequestSpec, Workload, WorkloadError, run_workload, workload_from_trace
+from schedconf.spec.config import OPTIONAL_FIELDS, SchedulerConfig, cdiv
+from schedconf.spec.errors import SpecError
 
 
 @dataclass
@@ -240,8 +240,8 @@ def _get_partial(trace: Trace, divergence: Divergence, shrinker: Shrinker, t0: f
 # ------------------------------------------------------------- reductions
 
 def _valid_config(**fields: object) -> SchedulerConfig | None:
-    """The config, or None when the model refuses it or it is past schedconf's bounds (``conformance.bounds``)."""
-    from conformance.bounds import check_config_bounds
+    """The config, or None when the model refuses it or it is past schedconf's bounds (``schedconf.conformance.bounds``)."""
+    from schedconf.conformance.bounds import check_config_bounds
 
     if check_config_bounds(fields) is not None:
         return None
@@ -291,7 +291,7 @@ def _candidates(w: Workload) -> Iterator[Workload]:
             yield _with_request(w, i, replace(r, ignore_eos=False))
     # A smaller machine.
     if not isinstance(w.config, SchedulerConfig):  # the v0 scheduler's config
-        from conformance.workload_v0 import get_v0_config_candidates
+        from schedconf.conformance.workload_v0 import get_v0_config_candidates
 
         yield from get_v0_config_candidates(w)
         return

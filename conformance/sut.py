@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
-from spec.errors import InvalidConfig, InvalidEvent
+from schedconf.spec.errors import InvalidConfig, InvalidEvent
 
 
 class SutInputError(Exception):

@@ -3,7 +3,7 @@
 A second generator next to ``conformance/generate.py``, first written for the
 campaigns of our engine (``impl/``; its traces keep the origin
 ``impl-campaign``) but free of any engine: it builds plain
-:class:`~conformance.workload.Workload` objects.
+:class:`~schedconf.conformance.workload.Workload` objects.
 
 ``make_tight_workload(seed)`` draws a scheduler config and a request mix built to
 reach the hard cases: small pools (preemption), shared prompt prefixes (prefix
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import random
 
-from conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, Workload
-from spec.config import SchedulerConfig, cdiv
+from schedconf.conformance.workload import AbortSpec, HashOracle, InvalidInput, RequestSpec, Workload
+from schedconf.spec.config import SchedulerConfig, cdiv
 
 
 def make_tight_config(rng: random.Random, *, profile: str) -> SchedulerConfig:

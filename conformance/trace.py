@@ -3,7 +3,7 @@
 ``trace.schema.json`` beside this file is the single source of the format:
 validation walks it (a small validator for the JSON Schema subset it uses:
 type, const, enum, properties, required, additionalProperties, items, $ref)
-and ``FORMAT.md`` is generated from it (``python -m conformance.format_doc``).
+and ``FORMAT.md`` is generated from it (``python -m schedconf.conformance.format_doc``).
 
 A malformed trace raises :class:`TraceError` naming the file, the line, the
 field and what was expected; the CLI turns it into exit code 2. That includes a
@@ -15,7 +15,7 @@ Two schedulers share the format: a header without ``scheduler`` (or with
 ``"scheduler": "v0"`` is a trace of vLLM's legacy v0 scheduler (profile
 ``vllm-0.10``), whose config, step output and observation use the v0 shapes of
 the schema (its ``schedulers`` table names the replacements). The header's
-scheduler and profile must agree (``spec.schedulers.get_scheduler_kind``).
+scheduler and profile must agree (``schedconf.spec.schedulers.get_scheduler_kind``).
 
 Numbers are integers everywhere except ``add_request.arrival_time``, which is
 any finite number (vLLM's arrival times are floats): a float anywhere else, or
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec.config import SchedulerConfig
-from spec.errors import InvalidConfig
-from spec.profiles import PROFILES, check_config_for_profile
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.profiles import PROFILES, check_config_for_profile
 
 FORMAT_NAME = "schedconf-trace"
 FORMAT_VERSION = 1
@@ -247,8 +247,8 @@ def get_profile_scheduler(profile: str) -> str | None:
     """
     if profile in PROFILES:
         return "v1"
-    from spec.errors import SpecError
-    from spec.schedulers import get_scheduler_kind
+    from schedconf.spec.errors import SpecError
+    from schedconf.spec.schedulers import get_scheduler_kind
 
     try:
         return get_scheduler_kind(profile)
@@ -258,7 +258,7 @@ def get_profile_scheduler(profile: str) -> str | None:
 
 def get_known_profiles() -> list[str]:
     """Every profile a trace may name: the v1 profiles, then the v0 ones."""
-    from spec.v0.profiles import V0_PROFILES
+    from schedconf.spec.v0.profiles import V0_PROFILES
 
     return [*PROFILES, *(p for p in V0_PROFILES if p not in PROFILES)]
 
@@ -286,7 +286,7 @@ def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> N
 def _parse_config(config: dict[str, Any], profile: str, scheduler: str) -> None:
     """Raise InvalidConfig unless the model accepts ``config`` under ``profile``."""
     if scheduler == "v0":
-        from spec.schedulers import make_config
+        from schedconf.spec.schedulers import make_config
 
         make_config(config, profile)
         return
@@ -303,7 +303,7 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
     The field is ``config.<name>`` for a one-field rule, ``config`` for a rule
     over several fields; the expected text names the error code.
     """
-    from conformance.bounds import check_config_bounds
+    from schedconf.conformance.bounds import check_config_bounds
 
     config = header["config"]
     past_bound = check_config_bounds(config)
@@ -338,7 +338,7 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
     lines: list[int] = []
-    from conformance.bounds import MAX_LINE_BYTES
+    from schedconf.conformance.bounds import MAX_LINE_BYTES
 
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
@@ -408,8 +408,8 @@ def _refuse_constant(path: str, line: int):
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace file (a regular file within ``conformance.bounds``' size bounds)."""
-    from conformance.bounds import InputFileError, read_bounded_text
+    """Read and validate a trace file (a regular file within ``schedconf.conformance.bounds``' size bounds)."""
+    from schedconf.conformance.bounds import InputFileError, read_bounded_text
 
     try:
         text = read_bounded_text(path, "trace file")

@@ -9,19 +9,19 @@ pass.
 The corpus is built deterministically (seeded PRNG workloads, the built-in
 examples, and the Z3 witnesses of ``vectors/witnesses/`` when present) and is
 committed under ``conformance/vectors/v2/``. ``schedconf vectors export DIR``
-copies it; ``python -m conformance.vectors --rebuild`` regenerates it after a
+copies it; ``python -m schedconf.conformance.vectors --rebuild`` regenerates it after a
 deliberate model change (a test fails until then, and the corpus version must
 be bumped when an existing trace changes).
 
 Async scheduling (profiles ``vllm-0.33-async`` and ``vllm-0.32-async``: vLLM's
 AsyncScheduler with steps in flight) has a corpus of its own too,
 ``conformance/vectors/async/`` (:data:`ASYNC_CORPUS_VERSION`): ``python -m
-conformance.vectors --rebuild-async``.
+schedconf.conformance.vectors --rebuild-async``.
 
 vLLM's legacy v0 scheduler (profile ``vllm-0.10``) has a corpus of its own,
 ``conformance/vectors/v0/`` (its own version, :data:`V0_CORPUS_VERSION`, and
 ``manifest.json``), built the same way from the v0 model
-(``conformance/workload_v0.py``): ``python -m conformance.vectors
+(``conformance/workload_v0.py``): ``python -m schedconf.conformance.vectors
 --rebuild-v0``. :func:`iter_corpus` and ``schedconf vectors export`` serve both.
 """
 
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.campaign import features_of
-from conformance.trace import Trace, read_trace, render_trace, write_atomic
-from conformance.workload import Workload, WorkloadError, run_workload
+from schedconf.conformance.campaign import features_of
+from schedconf.conformance.trace import Trace, read_trace, render_trace, write_atomic
+from schedconf.conformance.workload import Workload, WorkloadError, run_workload
 
 CORPUS_VERSION = 2
 CORPUS_DIR = Path(__file__).with_name("vectors") / f"v{CORPUS_VERSION}"
@@ -76,9 +76,9 @@ def make_random_traces(count: int, make: Callable[[int], Workload], describe: Ca
 
 def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[str, Trace]]]:
     """Build every corpus trace (deterministic)."""
-    from conformance.config_limits import make_refused_config_traces
-    from conformance.examples import EXAMPLES
-    from conformance.generate import random_workload
+    from schedconf.conformance.config_limits import make_refused_config_traces
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.generate import random_workload
 
     corpus: dict[str, list[tuple[str, Trace]]] = {}
     for profile in profiles:
@@ -106,8 +106,8 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
 
 def build_v0_corpus(profiles: tuple[str, ...] = V0_PROFILES) -> dict[str, list[tuple[str, Trace]]]:
     """Build every v0 corpus trace (deterministic): the v0 examples, seeded v0 workloads, refused configs."""
-    from conformance.config_limits import make_v0_refused_config_traces
-    from conformance.workload_v0 import V0_EXAMPLES, random_v0_workload
+    from schedconf.conformance.config_limits import make_v0_refused_config_traces
+    from schedconf.conformance.workload_v0 import V0_EXAMPLES, random_v0_workload
 
     corpus: dict[str, list[tuple[str, Trace]]] = {}
     for profile in profiles:
@@ -131,8 +131,8 @@ def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, 
     steps in flight, then seeded workloads (two, three or one step in flight)."""
     from dataclasses import replace
 
-    from conformance.examples import EXAMPLES
-    from conformance.generate import random_workload
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.generate import random_workload
 
     corpus: dict[str, list[tuple[str, Trace]]] = {}
     for profile in profiles:
@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rebuilt {sum(len(v) for v in manifest['profiles'].values())} v0 traces in {V0_CORPUS_DIR}")
         return 0
     if args != ["--rebuild"]:
-        print("usage: python -m conformance.vectors --rebuild      (regenerates conformance/vectors/v2/)\n"
-              "       python -m conformance.vectors --rebuild-v0   (regenerates conformance/vectors/v0/)\n"
-              "       python -m conformance.vectors --rebuild-async   (regenerates conformance/vectors/async/)")
+        print("usage: python -m schedconf.conformance.vectors --rebuild      (regenerates conformance/vectors/v2/)\n"
+              "       python -m schedconf.conformance.vectors --rebuild-v0   (regenerates conformance/vectors/v0/)\n"
+              "       python -m schedconf.conformance.vectors --rebuild-async   (regenerates conformance/vectors/async/)")
         return 2
     if CORPUS_DIR.exists():
         shutil.rmtree(CORPUS_DIR)

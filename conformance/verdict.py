@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.compare import Divergence
+from schedconf.conformance.compare import Divergence
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 

@@ -1,9 +1,9 @@
 """Serve a real vLLM v1 ``Scheduler`` over the schedconf JSON-lines protocol.
 
 This module runs INSIDE a vLLM environment built by ``schedconf env vllm
-VERSION``, as ``<venv python> -m conformance.vllm_driver`` with the repository
-root on ``PYTHONPATH`` (``conformance.adapters.vllm_v1`` starts it). It imports
-only the standard library, vLLM and ``conformance.protocol_server``: the
+VERSION``, as ``<venv python> -m schedconf.conformance.vllm_driver`` with the repository
+root on ``PYTHONPATH`` (``schedconf.conformance.adapters.vllm_v1`` starts it). It imports
+only the standard library, vLLM and ``schedconf.conformance.protocol_server``: the
 harness never imports vLLM, and this driver never imports the reference model.
 
 What each protocol method does (PROTOCOL.md):
@@ -103,7 +103,7 @@ What each protocol method does (PROTOCOL.md):
     wall time spent inside vLLM's ``schedule()`` and ``update_from_output()``
     since the last ``init`` (``{"reset": true}`` zeroes it), for benchmarks.
 
-``python -m conformance.vllm_driver --self-check [--expect-version V]`` builds
+``python -m schedconf.conformance.vllm_driver --self-check [--expect-version V]`` builds
 one scheduler, runs two steps and prints ``self-check ok: ...``.
 
 Releases: 0.33.0 and 0.32.0 run as they are (``VLLM_TARGET_DEVICE=cpu``
@@ -131,7 +131,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from conformance.protocol_server import run_driver, take_protocol_stdout
+from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
 
 DEFAULT_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -1114,7 +1114,7 @@ def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSc
 
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     holder: dict[str, VllmSchedulerSut] = {}
@@ -1156,7 +1156,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.vllm_driver", engine="vLLM", default_env=DEFAULT_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.vllm_driver", engine="vLLM", default_env=DEFAULT_ENV,
                description="Serve a real vLLM v1 scheduler over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio, describe=describe_build)
 

@@ -4,7 +4,7 @@ vLLM pins its own torch and dozens of packages, and two releases cannot share
 one environment, so each release lives in its own venv and runs as a
 subprocess (``conformance/vllm_driver.py``); the harness never imports vLLM.
 
-``schedconf env vllm VERSION`` (or ``python -m conformance.vllm_env VERSION``)
+``schedconf env vllm VERSION`` (or ``python -m schedconf.conformance.vllm_env VERSION``)
 builds ``<repo>/.venvs/vllm-VERSION/`` (git-ignored) from the pinned list
 ``conformance/envs/vllm-VERSION.txt``:
 
@@ -15,7 +15,7 @@ builds ``<repo>/.venvs/vllm-VERSION/`` (git-ignored) from the pinned list
    2.13.0 CPU (``torch==2.13.0+cpu`` must be findable: a local find-links
    folder, or ``SCHEDCONF_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu``);
 3. a self-check: the driver builds one real scheduler (``python -m
-   conformance.vllm_driver --self-check``), which also warms the model
+   schedconf.conformance.vllm_driver --self-check``), which also warms the model
    inspection cache in ``.venvs/vllm-VERSION/vllm-cache`` (``VLLM_CACHE_ROOT``;
    each install has its own, so two installs never overwrite each other's);
 4. a marker file ``.schedconf-ready`` holding the sha256 of the pinned list.
@@ -41,7 +41,7 @@ Command line (what follows ``schedconf env vllm``)::
 ``--check`` only reports whether the environment is ready (exit 0) or not
 (exit 1). Exit status 2 is a build failure.
 
-The builder itself is :mod:`conformance.engine_env` (one builder for every
+The builder itself is :mod:`schedconf.conformance.engine_env` (one builder for every
 engine family); this module keeps the vLLM names as thin wrappers over it.
 """
 
@@ -52,8 +52,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance import engine_env
-from conformance.engine_env import ENVS_DIR, READY_MARKER, REPO_ROOT, SELF_CHECK_TIMEOUT_S, EngineEnvError
+from schedconf.conformance import engine_env
+from schedconf.conformance.engine_env import ENVS_DIR, READY_MARKER, REPO_ROOT, SELF_CHECK_TIMEOUT_S, EngineEnvError
 
 FAMILY = "vllm"
 DRIVER_MODULE = engine_env.FAMILIES[FAMILY].driver_module
@@ -88,7 +88,7 @@ def driver_env(version: str, root: Path | None = None) -> dict[str, str]:
     """Environment variables the driver process needs (added to the caller's).
 
     ``PYTHONPATH`` is this checkout's root (the driver imports
-    ``conformance.protocol_server``), ``VLLM_CACHE_ROOT`` and the tiny model
+    ``schedconf.conformance.protocol_server``), ``VLLM_CACHE_ROOT`` and the tiny model
     folder live inside the venv, the hub is offline, the CPU platform and the
     V1 model-runner layout of ``SchedulerOutput`` are forced.
     """
@@ -103,7 +103,7 @@ def is_vllm_env_ready(version: str, root: Path | None = None) -> bool:
 def not_ready_message(version: str) -> str:
     """What to tell a user whose environment for ``version`` is missing."""
     return (f"the vLLM {version} environment is not built ({venv_dir(version)} is missing or incomplete); "
-            f"build it with:  schedconf env vllm {version}   (or: python -m conformance.vllm_env {version})")
+            f"build it with:  schedconf env vllm {version}   (or: python -m schedconf.conformance.vllm_env {version})")
 
 
 # ---------------------------------------------------------------------- build

@@ -31,13 +31,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conformance.sut import add_request_kwargs
-from conformance.trace import Trace, make_header
-from spec.config import SchedulerConfig
-from spec.errors import EngineCrash, InvalidEvent
-from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.profiles import PROFILES
-from spec.scheduler import Scheduler
+from schedconf.conformance.sut import add_request_kwargs
+from schedconf.conformance.trace import Trace, make_header
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import EngineCrash, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
+from schedconf.spec.profiles import PROFILES
+from schedconf.spec.scheduler import Scheduler
 
 OBSERVE_MAX_BLOCKS = 512
 """Traces carry the free-queue observation only for pools this small."""
@@ -422,7 +422,7 @@ def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10
         return make_refused_config_trace(workload)
     if is_v0_profile(workload.profile):
         return run_v0_workload(workload, max_steps=max_steps, check=check)
-    from spec.invariants import check_invariants
+    from schedconf.spec.invariants import check_invariants
 
     sched = scheduler_class(workload.config, workload.profile)
     observe = workload.config.num_gpu_blocks <= OBSERVE_MAX_BLOCKS
@@ -595,7 +595,7 @@ def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = F
                     step_times: list[int] | None = None) -> Trace:
     """Run a v0 workload on the v0 model and record the trace.
 
-    As :func:`conformance.workload.run_workload`: inputs due at step k are
+    As :func:`schedconf.conformance.workload.run_workload`: inputs due at step k are
     applied after k steps, ``in_flight`` ones between step k + 1's
     ``schedule()`` and its model output, idle stretches are skipped. The model
     stands in for ``LLMEngine.step``: every group that samples gets the
@@ -611,8 +611,8 @@ def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = F
     time in the workload's clock (``at_step`` units: steps run plus idle time
     skipped) before the step runs.
     """
-    from spec.output import ModelRunnerOutput
-    from spec.schedulers import make_scheduler
+    from schedconf.spec.output import ModelRunnerOutput
+    from schedconf.spec.schedulers import make_scheduler
 
     sched = make_scheduler(workload.config.to_dict(), workload.profile)
     checker = getattr(sched, "check_invariants", None) if check else None
@@ -715,7 +715,7 @@ def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = F
 
 def is_v0_profile(profile: str) -> bool:
     """True for a profile of vLLM's legacy v0 scheduler (the v1 profiles are answered without the v0 model)."""
-    from conformance.trace import get_profile_scheduler
+    from schedconf.conformance.trace import get_profile_scheduler
 
     return get_profile_scheduler(profile) == "v0"
 
@@ -723,7 +723,7 @@ def is_v0_profile(profile: str) -> bool:
 def get_config_of(trace: Trace) -> Any:
     """The model's config record for a trace's header: v1 ``SchedulerConfig`` or the v0 config."""
     if trace.scheduler == "v0":
-        from spec.schedulers import make_config
+        from schedconf.spec.schedulers import make_config
 
         return make_config(trace.config, trace.profile)
     return SchedulerConfig.from_dict(trace.config)

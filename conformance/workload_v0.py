@@ -3,7 +3,7 @@
 The v0 scheduler (``vllm/core/scheduler.py``, last shipped in vLLM 0.10.2,
 profile ``vllm-0.10``) is modelled by ``spec/v0/``; this module is its
 ``conformance/generate.py`` and ``conformance/workload.py`` in one, reusing
-their pieces (the :class:`~conformance.workload.Workload` record, the request,
+their pieces (the :class:`~schedconf.conformance.workload.Workload` record, the request,
 abort and invalid-input specs, the hash oracle, the choosers):
 
 * :func:`build_v0_config` and :func:`build_v0_workload` draw configs and
@@ -38,9 +38,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.generate import EOS, Chooser, HypothesisChooser, RandomChooser, random_workload, workloads
-from conformance.trace import Trace
-from conformance.workload import (
+from schedconf.conformance.generate import EOS, Chooser, HypothesisChooser, RandomChooser, random_workload, workloads
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.workload import (
     OBSERVE_MAX_BLOCKS,
     AbortSpec,
     HashOracle,
@@ -52,8 +52,8 @@ from conformance.workload import (
     is_v0_profile,
     run_v0_workload,
 )
-from spec.config import cdiv
-from spec.errors import InvalidConfig, InvalidEvent
+from schedconf.spec.config import cdiv
+from schedconf.spec.errors import InvalidConfig, InvalidEvent
 
 V0_PROFILE = "vllm-0.10"
 """The v0 profile: vLLM 0.10.2's legacy scheduler."""
@@ -92,7 +92,7 @@ SWAP_SPACE_EXHAUSTED = "engine_swap_space_exhausted"
 
 def make_v0_config(fields: dict[str, Any], profile: str = V0_PROFILE) -> Any:
     """The model's v0 config for ``fields``; raises InvalidConfig for what vLLM 0.10.2 refuses."""
-    from spec.schedulers import make_config
+    from schedconf.spec.schedulers import make_config
 
     return make_config(fields, profile)
 

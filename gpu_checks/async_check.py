@@ -3,7 +3,7 @@
 Usage (on a machine with a CUDA GPU; about 2 minutes on one H200, never more
 than ``--budget-s``)::
 
-    python -m gpu_checks.async_check --out reports/gpu
+    python -m schedconf.gpu_checks.async_check --out reports/gpu
 
 Stages, each recorded in ``OUT/async_check.json``:
 
@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from gpu_checks.device import get_check_device, get_device_info
+from schedconf.gpu_checks.device import get_check_device, get_device_info
 
 REPORT_NAME = "async_check.json"
 
@@ -101,8 +101,8 @@ def run_overlapped_workload(model: Any, config: dict[str, Any], arrivals: list[A
     (steps in flight lose their output; the running requests recompute). ``drafter``:
     the engine's drafter (default: n-gram, with ``num_spec_tokens > 0``).
     """
-    from impl.engine import Engine
-    from spec.config import SchedulerConfig
+    from schedconf.impl.engine import Engine
+    from schedconf.spec.config import SchedulerConfig
 
     engine = Engine(SchedulerConfig(**config), model, profile=profile, drafter=drafter)
     pending = list(arrivals)
@@ -129,8 +129,8 @@ def run_overlapped_workload(model: Any, config: dict[str, Any], arrivals: list[A
 
 def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: float) -> dict[str, Any]:
     """Overlapped engine tokens against the dense oracle on ``device``."""
-    from impl.dense import dense_generate
-    from impl.model import MODEL_CONFIGS, LlamaModel
+    from schedconf.impl.dense import dense_generate
+    from schedconf.impl.model import MODEL_CONFIGS, LlamaModel
 
     model = LlamaModel(MODEL_CONFIGS[model_name], device=device, dtype=torch.float64)
     failures: list[str] = []
@@ -174,10 +174,10 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
 
 def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: float) -> dict[str, Any]:
     """Async traces against the teacher-forced engine adapter on ``device``."""
-    from conformance.adapters.impl import ImplEngineSut
-    from conformance.generate import random_workload
-    from conformance.replay import render_divergence, replay
-    from conformance.workload import run_workload
+    from schedconf.conformance.adapters.impl import ImplEngineSut
+    from schedconf.conformance.generate import random_workload
+    from schedconf.conformance.replay import render_divergence, replay
+    from schedconf.conformance.workload import run_workload
 
     verdicts: dict[str, int] = {}
     failures: list[str] = []
@@ -212,8 +212,8 @@ def _with_spec_tokens(workload: Any, profile: str, k: int) -> Any:
     """The workload with ``num_spec_tokens = k``, or None when its profile refuses that config."""
     from dataclasses import replace
 
-    from spec.errors import InvalidConfig
-    from spec.profiles import PROFILES, check_config_for_profile
+    from schedconf.spec.errors import InvalidConfig
+    from schedconf.spec.profiles import PROFILES, check_config_for_profile
 
     config = replace(workload.config, num_spec_tokens=k)
     try:

@@ -6,9 +6,9 @@ it drives the torch engine (on the CPU or a GPU: ``--device``) and
 ``gpu_checks/engine_gpu.py`` runs it as its first stage.
 
 ``check_engine(workload, model)`` runs the workload's requests, aborts and
-invalid inputs through :class:`impl.engine.Engine` (the real model produces
+invalid inputs through :class:`schedconf.impl.engine.Engine` (the real model produces
 the tokens and the n-gram drafter the drafts) and, step by step, through the
-reference ``spec.scheduler.Scheduler``, which is fed exactly the tokens and
+reference ``schedconf.spec.scheduler.Scheduler``, which is fed exactly the tokens and
 drafts the engine produced. It checks:
 
 1. every SchedulerOutput is equal in the strict canonical form (block ids and
@@ -27,7 +27,7 @@ outputs as the expectations), which any scheduler can replay.
 
 Command line::
 
-    python -m gpu_checks.engine_check [--seeds 0:20] [--corpus DIR] [--examples]
+    python -m schedconf.gpu_checks.engine_check [--seeds 0:20] [--corpus DIR] [--examples]
                                       [--model tiny] [--device cpu] [--dtype float64] [--traces OUT]
 """
 
@@ -43,17 +43,17 @@ from typing import Any
 
 import torch
 
-from conformance.adapters.impl import canonical_request_outputs
-from conformance.sut import add_request_kwargs
-from conformance.trace import Trace, make_header, read_trace, write_trace
-from conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
-from impl.dense import dense_generate
-from impl.engine import Engine
-from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
-from impl.sampling import NearTie
-from spec.errors import EngineCrash, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters.impl import canonical_request_outputs
+from schedconf.conformance.sut import add_request_kwargs
+from schedconf.conformance.trace import Trace, make_header, read_trace, write_trace
+from schedconf.conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
+from schedconf.impl.dense import dense_generate
+from schedconf.impl.engine import Engine
+from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
+from schedconf.impl.sampling import NearTie
+from schedconf.spec.errors import EngineCrash, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
 
 
 @dataclass
@@ -95,7 +95,7 @@ class EngineCheckReport:
 
 def _timed_inputs(workload: Workload) -> list[tuple[int, int, object]]:
     """Every input as (at_step, order, input); at one step: arrivals, invalid inputs, aborts
-    (the order ``conformance.workload.run_workload`` applies them in)."""
+    (the order ``schedconf.conformance.workload.run_workload`` applies them in)."""
     items: list[tuple[int, int, object]] = [(r.at_step, i, r) for i, r in enumerate(workload.requests)]
     base = len(items)
     items += [(v.at_step, base + i, v) for i, v in enumerate(workload.invalid_inputs)]
@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the tiny model gains nothing from more)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from conformance.examples import EXAMPLES
-    from conformance.tight_workloads import make_tight_workload
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.tight_workloads import make_tight_workload
 
     model = LlamaModel(MODEL_CONFIGS[args.model], device=args.device, dtype=DTYPES[args.dtype])
     workloads: list[tuple[str, Workload]] = []
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads += [(f"tight-seed-{s}", make_tight_workload(s, vocab_size=model.config.vocab_size))
                       for s in _parse_seeds(args.seeds)]
     elif args.seeds:
-        from conformance.generate import random_workload as generate_workload
+        from schedconf.conformance.generate import random_workload as generate_workload
 
         workloads += [(f"seed-{s}-{p}", generate_workload(s, p)) for s in _parse_seeds(args.seeds)
                       for p in ("vllm-0.33", "vllm-0.32")]

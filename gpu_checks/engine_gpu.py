@@ -2,7 +2,7 @@
 
 Usage (on a machine with a CUDA GPU; finishes in well under 5 minutes on one H200)::
 
-    python -m gpu_checks.engine_gpu --out reports/gpu
+    python -m schedconf.gpu_checks.engine_gpu --out reports/gpu
 
 Stages, each recorded in ``OUT/engine_gpu.json``:
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from gpu_checks.device import get_check_device, get_device_info
+from schedconf.gpu_checks.device import get_check_device, get_device_info
 
 REPORT_NAME = "engine_gpu.json"
 
@@ -54,10 +54,10 @@ def _sync(device: torch.device) -> None:
 
 def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline: float) -> dict[str, Any]:
     """Engine vs reference scheduler in lockstep, and tokens vs the dense oracle, on ``device``."""
-    from conformance.examples import EXAMPLES
-    from conformance.tight_workloads import make_tight_workload
-    from gpu_checks.engine_check import check_engine, corpus_workloads
-    from impl.model import SMALL, TINY, LlamaModel
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.tight_workloads import make_tight_workload
+    from schedconf.gpu_checks.engine_check import check_engine, corpus_workloads
+    from schedconf.impl.model import SMALL, TINY, LlamaModel
 
     config = SMALL if device.type == "cuda" else TINY
     model = LlamaModel(config, device=device, dtype=torch.float64)
@@ -90,12 +90,12 @@ def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline
 
 def stage_replay(device: torch.device, corpus: Path, seeds: range, deadline: float) -> dict[str, Any]:
     """Teacher-forced engine replay of traces (corpus, examples, campaign) on ``device``."""
-    from conformance.adapters.impl import ImplEngineSut
-    from conformance.examples import EXAMPLES
-    from conformance.replay import replay
-    from conformance.tight_workloads import make_tight_workload
-    from conformance.trace import read_trace
-    from conformance.workload import run_workload
+    from schedconf.conformance.adapters.impl import ImplEngineSut
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.replay import replay
+    from schedconf.conformance.tight_workloads import make_tight_workload
+    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.workload import run_workload
 
     traces = [read_trace(p) for p in sorted(corpus.rglob("*.jsonl"))] if corpus.is_dir() else []
     traces = [t for t in traces if t.profile in ("vllm-0.33", "vllm-0.32")]
@@ -128,9 +128,9 @@ def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: i
     """Tokens/s and decode-step latency per batch size."""
     import random
 
-    from impl.engine import Engine
-    from impl.model import MODEL_CONFIGS, LlamaModel
-    from spec.config import SchedulerConfig
+    from schedconf.impl.engine import Engine
+    from schedconf.impl.model import MODEL_CONFIGS, LlamaModel
+    from schedconf.spec.config import SchedulerConfig
 
     t0 = time.perf_counter()
     model = LlamaModel(MODEL_CONFIGS[model_name], device=device, dtype=dtype)

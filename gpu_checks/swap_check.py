@@ -2,8 +2,8 @@
 
 Usage (one prepared run, well under a minute on one GPU):
 
-    python -m gpu_checks.swap_check --out reports/gpu          # CUDA: device <-> pinned host
-    python -m gpu_checks.swap_check --device cpu --allow-cpu     # dry run on the CPU (what bench/bench_swap.py prints)
+    python -m schedconf.gpu_checks.swap_check --out reports/gpu          # CUDA: device <-> pinned host
+    python -m schedconf.gpu_checks.swap_check --device cpu --allow-cpu     # dry run on the CPU (what bench/bench_swap.py prints)
 
 For each block size it builds the caches of ``impl/v0_runner.py`` for the
 ``--model`` layout (per layer a key and a value tensor ``[num_blocks,
@@ -58,8 +58,8 @@ def measure_swap(device: str = "cpu", dtype: str = "bfloat16", model: str = "ben
                  block_sizes: tuple[int, ...] = (16, 32, 64), num_blocks: int = 256, repeats: int = 5,
                  seed: int = 0) -> list[dict[str, Any]]:
     """One row per block size: swap-out / swap-in seconds, blocks/s, GB/s, and the baseline copy's."""
-    from impl.model import DTYPES, MODEL_CONFIGS
-    from impl.v0_runner import V0ModelRunner
+    from schedconf.impl.model import DTYPES, MODEL_CONFIGS
+    from schedconf.impl.v0_runner import V0ModelRunner
 
     dev = torch.device(device)
     dt = DTYPES[dtype]
@@ -112,13 +112,13 @@ def check_swap_tokens(device: str = "cuda", model: str = "small", dtype: str = "
     Runs the hand-made swap workload of ``tests/engine/test_impl_v0_engine.py``
     (two 7-token prompts on a 4-block pool: one is swapped out and back in)
     and ``seeds`` random swap-mode workloads (prefix caching and chunked prefill
-    alternating), then compares with ``impl.dense.dense_generate`` on the same
+    alternating), then compares with ``schedconf.impl.dense.dense_generate`` on the same
     device. Returns counts and the mismatching requests.
     """
-    from impl.dense import dense_generate
-    from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
-    from impl.v0_engine import V0Engine
-    from spec.schedulers import make_config
+    from schedconf.impl.dense import dense_generate
+    from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
+    from schedconf.impl.v0_engine import V0Engine
+    from schedconf.spec.schedulers import make_config
 
     lm = LlamaModel(MODEL_CONFIGS[model], device=device, dtype=DTYPES[dtype])
     base = dict(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=4,

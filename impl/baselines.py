@@ -19,9 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from impl.engine import Engine
-from impl.model import LlamaModel
-from spec.config import SchedulerConfig
+from schedconf.impl.engine import Engine
+from schedconf.impl.model import LlamaModel
+from schedconf.spec.config import SchedulerConfig
 
 
 def set_cpu_threads(n: int) -> int:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.model import LlamaModel
-from impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
+from schedconf.impl.model import LlamaModel
+from schedconf.impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
 
 
 @dataclass

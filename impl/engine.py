@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.drafter import NgramDrafter
-from impl.model import LlamaModel
-from impl.runner import ExecuteResult, ModelRunner, PreparedStep
-from impl.sampling import NearTie
-from impl.scheduler import FINISHED_ABORTED, FastScheduler, Req, RequestOutputTuple, StepOutput
-from spec.config import SchedulerConfig
+from schedconf.impl.drafter import NgramDrafter
+from schedconf.impl.model import LlamaModel
+from schedconf.impl.runner import ExecuteResult, ModelRunner, PreparedStep
+from schedconf.impl.sampling import NearTie
+from schedconf.impl.scheduler import FINISHED_ABORTED, FastScheduler, Req, RequestOutputTuple, StepOutput
+from schedconf.spec.config import SchedulerConfig
 
 
 @dataclass
@@ -240,10 +240,10 @@ def _init_worker(num_threads: int) -> None:
 
 def make_engine(config: object, model: LlamaModel, profile: str = "vllm-0.33", **kwargs: object) -> object:
     """The engine of ``profile``'s scheduler: :class:`Engine` (v1 profiles, a ``SchedulerConfig``) or
-    ``impl.v0_engine.V0Engine`` for ``vllm-0.10`` (a config with ``V0SchedulerConfig``'s fields; real
+    ``schedconf.impl.v0_engine.V0Engine`` for ``vllm-0.10`` (a config with ``V0SchedulerConfig``'s fields; real
     swapping between the device and a host KV cache)."""
     if profile == "vllm-0.10":
-        from impl.v0_engine import V0Engine
+        from schedconf.impl.v0_engine import V0Engine
 
         return V0Engine(config, model, **kwargs)  # type: ignore[arg-type]
     return Engine(config, model, profile=profile, **kwargs)  # type: ignore[arg-type]

@@ -71,10 +71,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from impl.drafter import NgramDrafter
-from impl.model import LlamaModel
-from impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
-from impl.scheduler import BlockPool, Req, StepOutput
+from schedconf.impl.drafter import NgramDrafter
+from schedconf.impl.model import LlamaModel
+from schedconf.impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
+from schedconf.impl.scheduler import BlockPool, Req, StepOutput
 
 SHORT_SEGMENT = 16
 """Segments of at most this many tokens share one padded attention call."""

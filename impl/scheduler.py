@@ -61,7 +61,7 @@ placeholder for every returned token; 0.32 does neither (only the kept tokens
 resolve theirs) and caches after the update up to ``num_computed -
 placeholders``.
 
-Invalid input raises ``spec.errors.InvalidEvent`` with the reference's error
+Invalid input raises ``schedconf.spec.errors.InvalidEvent`` with the reference's error
 codes (the shared vocabulary of the trace format), leaving the state unchanged.
 """
 
@@ -75,9 +75,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from spec.config import SchedulerConfig
-from spec.errors import EngineCrash, InvalidConfig, InvalidEvent
-from spec.profiles import check_config_for_profile, get_profile
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import EngineCrash, InvalidConfig, InvalidEvent
+from schedconf.spec.profiles import check_config_for_profile, get_profile
 
 # Request statuses, as small integers (compared with ==, never ordered).
 WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED = range(6)
@@ -333,7 +333,7 @@ class StepOutput:
         return before + n >= ntok
 
     def to_canonical(self) -> dict[str, Any]:
-        """The trace form, exactly as ``spec.output.SchedulerOutput.to_canonical``."""
+        """The trace form, exactly as ``schedconf.spec.output.SchedulerOutput.to_canonical``."""
         new: list[dict[str, Any]] = []
         running: list[dict[str, Any]] = []
         resumed: list[dict[str, Any]] = []

@@ -4,7 +4,7 @@
 copies and forward pass (``V0ModelRunner.execute``), then the update with the
 greedy tokens (computed tokens, stop checks, freeing finished groups). Requests
 the scheduler ignores (prompt over the limit, never fits) end with ``length``
-and no tokens, as vLLM reports them. Same surface as :class:`impl.engine.Engine`.
+and no tokens, as vLLM reports them. Same surface as :class:`schedconf.impl.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from impl.engine import EngineStats, RequestRecord
-from impl.model import LlamaModel
-from impl.v0_runner import V0ExecuteResult, V0ModelRunner
-from impl.v0_scheduler import FastV0Scheduler, RequestOutputTuple, V0StepOutput
+from schedconf.impl.engine import EngineStats, RequestRecord
+from schedconf.impl.model import LlamaModel
+from schedconf.impl.v0_runner import V0ExecuteResult, V0ModelRunner
+from schedconf.impl.v0_scheduler import FastV0Scheduler, RequestOutputTuple, V0StepOutput
 
 
 @dataclass

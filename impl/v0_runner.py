@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impl.model import LlamaModel
-from impl.runner import SHORT_SEGMENT, Segment, _Attention
-from impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
-from impl.v0_scheduler import FastV0Scheduler, V0StepOutput
+from schedconf.impl.model import LlamaModel
+from schedconf.impl.runner import SHORT_SEGMENT, Segment, _Attention
+from schedconf.impl.sampling import TIE_EPS, NearTie, greedy, mask_stop_tokens
+from schedconf.impl.v0_scheduler import FastV0Scheduler, V0StepOutput
 
 
 @dataclass

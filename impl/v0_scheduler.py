@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from impl.v0_blocks import (
+from schedconf.impl.v0_blocks import (
     FIRST_BLOCK,
     NaiveAllocator,
     NoFreeBlocks,
@@ -41,7 +41,7 @@ from impl.v0_blocks import (
     StaleEvictorEntry,
     compute_block_hash,
 )
-from spec.errors import EngineCrash, InvalidEvent
+from schedconf.spec.errors import EngineCrash, InvalidEvent
 
 WAITING, RUNNING, SWAPPED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED, FINISHED_IGNORED = range(7)
 FINISH_REASONS = {FINISHED_STOPPED: "stop", FINISHED_LENGTH_CAPPED: "length", FINISHED_ABORTED: "abort",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from spec.errors import InvalidConfig, require
+from schedconf.spec.errors import InvalidConfig, require
 
 OPTIONAL_FIELDS: dict[str, object] = {
     "max_concurrent_batches": 1,

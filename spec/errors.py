@@ -58,7 +58,7 @@ class EngineCrash(InvalidEvent):
     dead, its state is whatever it was when the engine died, and every later
     call raises ``engine_dead``. It subclasses InvalidEvent so that every
     adapter answers it like an input error, with its code
-    (``conformance.sut.refused_as_input_error``, the protocol server), and a
+    (``schedconf.conformance.sut.refused_as_input_error``, the protocol server), and a
     trace can expect it on a ``step`` (``expect_error``).
     """
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spec.errors import InvariantViolation
-from spec.ops import ConcreteOps
-from spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, WAITING, ConcreteView
+from schedconf.spec.errors import InvariantViolation
+from schedconf.spec.ops import ConcreteOps
+from schedconf.spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, WAITING, ConcreteView
 
 
 def inv_token_budget(s: Any, o: Any) -> Any:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.block_pool import BlockPool, KVCacheBlock
-from spec.config import cdiv
-from spec.request import Request
+from schedconf.spec.block_pool import BlockPool, KVCacheBlock
+from schedconf.spec.config import cdiv
+from schedconf.spec.request import Request
 
 
 @dataclass(frozen=True)

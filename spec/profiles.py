@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
-from spec.errors import InvalidConfig
+from schedconf.spec.errors import InvalidConfig
 
 if TYPE_CHECKING:
-    from spec.config import SchedulerConfig
+    from schedconf.spec.config import SchedulerConfig
 
 StopCheckOrder = Literal["eos_first", "min_tokens_first", "length_first"]
 
@@ -277,7 +277,7 @@ DEFAULT_PROFILE = VLLM_0_33.name
 
 def check_config_for_profile(config: SchedulerConfig, profile: Profile) -> None:
     """Refuse configs the profile's release refuses at start-up (InvalidConfig)."""
-    from spec.errors import require
+    from schedconf.spec.errors import require
 
     # 0.32.0/0.33.0 refuse a threshold above max_model_len.
     require(not profile.refuse_threshold_above_max_model_len

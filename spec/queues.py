@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Literal
 
-from spec.request import Request
+from schedconf.spec.request import Request
 
 
 class FCFSRequestQueue:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.output import RequestOutput, SchedulerOutput
+from schedconf.spec.output import RequestOutput, SchedulerOutput
 
 
 def _ids(xs: Sequence[int]) -> str:

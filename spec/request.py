@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from spec.errors import IllegalTransition
-from spec.hashing import extend_block_hashes
+from schedconf.spec.errors import IllegalTransition
+from schedconf.spec.hashing import extend_block_hashes
 
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id the model accepts. vLLM checks prompt ids against the

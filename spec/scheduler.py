@@ -28,16 +28,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.block_pool import BlockPool, KVCacheBlock
-from spec.config import SchedulerConfig
-from spec.errors import EngineCrash, InvalidEvent, require
-from spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
-from spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
-from spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
-from spec.queues import create_request_queue
-from spec.request import MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
-from spec.stats import PrefixCacheStats, SpecDecodingStats, render_scheduler_stats
-from spec.stop import compute_stop_status
+from schedconf.spec.block_pool import BlockPool, KVCacheBlock
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import EngineCrash, InvalidEvent, require
+from schedconf.spec.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
+from schedconf.spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
+from schedconf.spec.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
+from schedconf.spec.queues import create_request_queue
+from schedconf.spec.request import MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
+from schedconf.spec.stats import PrefixCacheStats, SpecDecodingStats, render_scheduler_stats
+from schedconf.spec.stop import compute_stop_status
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ differently (profile knob ``stop_check_order``).
 
 from __future__ import annotations
 
-from spec.profiles import StopCheckOrder
-from spec.request import Request, RequestStatus
+from schedconf.spec.profiles import StopCheckOrder
+from schedconf.spec.request import Request, RequestStatus
 
 
 def _check_stop_token(request: Request) -> RequestStatus | None:

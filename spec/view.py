@@ -1,6 +1,6 @@
 """The state view invariants read: a fixed shape of scalars, domains and lookups.
 
-``ConcreteView`` reads a live :class:`~spec.scheduler.Scheduler`; the symbolic
+``ConcreteView`` reads a live :class:`~schedconf.spec.scheduler.Scheduler`; the symbolic
 view (``spec/symbolic/``) offers the same names over Z3 terms. Domains are what
 the invariants quantify over (``blocks``, ``requests``, ...): the concrete view
 lists only what exists, the symbolic one every index up to its bounds.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.request import RequestStatus
+from schedconf.spec.request import RequestStatus
 
 WAITING, RUNNING, PREEMPTED = 0, 1, 2
 STATUS_CODES = {RequestStatus.WAITING: WAITING, RequestStatus.RUNNING: RUNNING, RequestStatus.PREEMPTED: PREEMPTED}

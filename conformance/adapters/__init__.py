@@ -23,7 +23,7 @@ import os
 import shutil
 from collections.abc import Callable
 
-from conformance.sut import SchedulerUnderTest
+from schedconf.conformance.sut import SchedulerUnderTest
 
 
 class UnknownSut(Exception):
@@ -34,22 +34,22 @@ AdapterEntry = Callable[[], SchedulerUnderTest] | str
 PrefixEntry = Callable[[str], SchedulerUnderTest] | str
 
 ADAPTERS: dict[str, AdapterEntry] = {
-    "reference": "conformance.adapters.reference:ReferenceSut",
-    "impl": "conformance.adapters.impl:make_scheduler_sut",  # torch is imported only by impl-engine, on start
-    "impl-engine": "conformance.adapters.impl:make_engine_sut",
+    "reference": "schedconf.conformance.adapters.reference:ReferenceSut",
+    "impl": "schedconf.conformance.adapters.impl:make_scheduler_sut",  # torch is imported only by impl-engine, on start
+    "impl-engine": "schedconf.conformance.adapters.impl:make_engine_sut",
 }
 """Exact SUT name -> factory() (or its ``"module:attr"`` path)."""
 
 ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
-    "module:": "conformance.adapters.module:make_module_sut",  # a Python scheduler in a child process
-    "inprocess:": "conformance.adapters.module:make_inprocess_sut",  # the same in this process
-    "mutant:": "conformance.mutants:make_mutant_sut",
-    "vllm-v1@": "conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
-    "vllm-v0@": "conformance.adapters.vllm_v0:make_vllm_v0_sut",  # vLLM 0.10.2's legacy scheduler; never imports vLLM
-    "nano-vllm@": "conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
-    "aphrodite@": "conformance.adapters.aphrodite:make_aphrodite_sut",  # never imports Aphrodite itself
-    "lmdeploy@": "conformance.adapters.lmdeploy:make_lmdeploy_sut",  # never imports LMDeploy itself
-    "sglang@": "conformance.adapters.sglang:make_sglang_sut",  # never imports SGLang itself
+    "module:": "schedconf.conformance.adapters.module:make_module_sut",  # a Python scheduler in a child process
+    "inprocess:": "schedconf.conformance.adapters.module:make_inprocess_sut",  # the same in this process
+    "mutant:": "schedconf.conformance.mutants:make_mutant_sut",
+    "vllm-v1@": "schedconf.conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
+    "vllm-v0@": "schedconf.conformance.adapters.vllm_v0:make_vllm_v0_sut",  # vLLM 0.10.2's legacy scheduler; never imports vLLM
+    "nano-vllm@": "schedconf.conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
+    "aphrodite@": "schedconf.conformance.adapters.aphrodite:make_aphrodite_sut",  # never imports Aphrodite itself
+    "lmdeploy@": "schedconf.conformance.adapters.lmdeploy:make_lmdeploy_sut",  # never imports LMDeploy itself
+    "sglang@": "schedconf.conformance.adapters.sglang:make_sglang_sut",  # never imports SGLang itself
 }
 """SUT name prefix -> factory(name) (or its ``"module:attr"`` path)."""
 
@@ -81,7 +81,7 @@ def make_stdio_sut(name: str) -> SchedulerUnderTest:
     """``stdio:CMD``: check the command can start (quoting, a program on PATH) before any trace; UnknownSut if not."""
     import shlex
 
-    from conformance.adapters.stdio import StdioSut
+    from schedconf.conformance.adapters.stdio import StdioSut
 
     command = name.removeprefix("stdio:")
     try:

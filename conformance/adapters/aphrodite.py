@@ -4,14 +4,14 @@ The harness never imports Aphrodite. This adapter starts the release's own
 interpreter (``.venvs/aphrodite-VERSION/bin/python``, built by ``schedconf env
 aphrodite VERSION``) on ``conformance/engines/aphrodite_driver.py`` and speaks
 the JSON-lines protocol with it through
-:class:`~conformance.adapters.stdio.StdioSut`. One subprocess serves a whole
+:class:`~schedconf.conformance.adapters.stdio.StdioSut`. One subprocess serves a whole
 campaign: every trace sends a fresh ``init``.
 
 Aphrodite 0.24.1's scheduler tracks vLLM 0.32: the driver answers profile
 ``vllm-0.32`` only (any other is ``unsupported``), so run it with
 ``--profile vllm-0.32``.
 
-The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
 :func:`make_aphrodite_sut` for the ``aphrodite@`` prefix and imports this
 module only when such a SUT is asked for.
 """
@@ -22,10 +22,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
-from conformance.sut import SchedulerUnderTest
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from schedconf.conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
+from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "aphrodite@"
 FAMILY = "aphrodite"
@@ -50,7 +50,7 @@ class AphroditeSut(StdioSut):
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = env_python(FAMILY, version, root)
-        command = f"{shlex.quote(str(python))} -m conformance.engines.aphrodite_driver"
+        command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.aphrodite_driver"
         super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
                          name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
 

@@ -24,16 +24,16 @@ and runs the forward pass when that step's output is applied, in schedule order:
 a decode scheduled on an output placeholder then reads the token the trace
 sampled there.
 
-With a v0 profile (``vllm-0.10``, chosen by ``spec.schedulers.get_scheduler_kind``)
-both run the v0 path instead: ``impl.v0_scheduler.FastV0Scheduler`` (outputs in
+With a v0 profile (``vllm-0.10``, chosen by ``schedconf.spec.schedulers.get_scheduler_kind``)
+both run the v0 path instead: ``schedconf.impl.v0_scheduler.FastV0Scheduler`` (outputs in
 the v0 canonical form, ``observe()`` the v0 observation) and, for the engine,
-``impl.v0_runner.V0ModelRunner`` (swaps between the device and a host KV cache,
+``schedconf.impl.v0_runner.V0ModelRunner`` (swaps between the device and a host KV cache,
 then the forward; every sampled position checked against the dense forward as
 above).
 
 ``impl/`` does not know it is being checked: its adapters live here, with the
 other adapters. Nothing imports this module when ``conformance`` or
-``conformance.adapters`` is imported; the adapter registry loads it by name on ``make_sut("impl")`` or
+``schedconf.conformance.adapters`` is imported; the adapter registry loads it by name on ``make_sut("impl")`` or
 ``make_sut("impl-engine")``. The scheduler adapter needs no torch; the engine
 adapter imports torch only in ``start()``.
 """
@@ -43,16 +43,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
-from impl.scheduler import FastScheduler, UnsupportedProfile
-from impl.v0_scheduler import FastV0Scheduler, V0StepOutput
-from spec.config import SchedulerConfig
+from schedconf.conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
+from schedconf.impl.scheduler import FastScheduler, UnsupportedProfile
+from schedconf.impl.v0_scheduler import FastV0Scheduler, V0StepOutput
+from schedconf.spec.config import SchedulerConfig
 
 
 def get_scheduler_kind(profile: str) -> str:
-    """``"v0"`` for a v0 profile (``vllm-0.10``), else ``"v1"`` (``spec.schedulers`` decides when present)."""
+    """``"v0"`` for a v0 profile (``vllm-0.10``), else ``"v1"`` (``schedconf.spec.schedulers`` decides when present)."""
     try:
-        from spec.schedulers import get_scheduler_kind as kind_of
+        from schedconf.spec.schedulers import get_scheduler_kind as kind_of
     except ImportError:
         return "v0" if profile == "vllm-0.10" else "v1"
     try:
@@ -62,11 +62,11 @@ def get_scheduler_kind(profile: str) -> str:
 
 
 def make_v0_config(config: dict[str, Any], profile: str) -> Any:
-    """The validated v0 config (the model's refusal codes): ``spec.schedulers.make_config`` when present."""
+    """The validated v0 config (the model's refusal codes): ``schedconf.spec.schedulers.make_config`` when present."""
     try:
-        from spec.schedulers import make_config
+        from schedconf.spec.schedulers import make_config
     except ImportError:
-        from spec.v0.config import V0SchedulerConfig
+        from schedconf.spec.v0.config import V0SchedulerConfig
 
         return V0SchedulerConfig.from_dict(config)
     return make_config(config, profile)
@@ -172,7 +172,7 @@ class ImplSchedulerSut(InProcessSut):
 
 
 def make_scheduler_sut() -> ImplSchedulerSut:
-    """Factory for ``--sut impl`` (and ``module:conformance.adapters.impl:make_scheduler_sut``)."""
+    """Factory for ``--sut impl`` (and ``module:schedconf.conformance.adapters.impl:make_scheduler_sut``)."""
     return ImplSchedulerSut()
 
 
@@ -220,8 +220,8 @@ class ImplEngineSut(ImplSchedulerSut):
     def start(self, config: dict[str, Any], profile: str) -> None:
         import torch
 
-        from impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
-        from impl.runner import ModelRunner
+        from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
+        from schedconf.impl.runner import ModelRunner
 
         super().start(config, profile)
         dtype = DTYPES[self.dtype_name]
@@ -236,7 +236,7 @@ class ImplEngineSut(ImplSchedulerSut):
             self.tolerance = {torch.float64: 1e-8, torch.float32: 1e-3}.get(dtype, 0.25)
         sched = self._sched()
         if self.v0:
-            from impl.v0_runner import V0ModelRunner
+            from schedconf.impl.v0_runner import V0ModelRunner
 
             self.runner = V0ModelRunner(self.model, sched)
         else:
@@ -324,8 +324,8 @@ class ImplEngineSut(ImplSchedulerSut):
 
     def _verify(self, req: Any) -> None:
         """Check the kept logits of one finished request against the dense forward."""
-        from impl.dense import dense_logits
-        from impl.sampling import TIE_EPS, NearTie
+        from schedconf.impl.dense import dense_logits
+        from schedconf.impl.sampling import TIE_EPS, NearTie
 
         kept = self._positions.pop(req, None)
         if not kept:
@@ -361,5 +361,5 @@ class ImplEngineSut(ImplSchedulerSut):
 
 
 def make_engine_sut() -> ImplEngineSut:
-    """Factory for ``--sut impl-engine`` (and ``module:conformance.adapters.impl:make_engine_sut``)."""
+    """Factory for ``--sut impl-engine`` (and ``module:schedconf.conformance.adapters.impl:make_engine_sut``)."""
     return ImplEngineSut()

@@ -4,10 +4,10 @@ The harness never imports LMDeploy. This adapter starts the release's own
 interpreter (``.venvs/lmdeploy-VERSION/bin/python``, built by ``schedconf env
 lmdeploy VERSION``) on ``conformance/engines/lmdeploy_driver.py`` and speaks
 the JSON-lines protocol with it through
-:class:`~conformance.adapters.stdio.StdioSut`. One subprocess serves a whole
+:class:`~schedconf.conformance.adapters.stdio.StdioSut`. One subprocess serves a whole
 campaign: every trace sends a fresh ``init``.
 
-The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
 :func:`make_lmdeploy_sut` for the ``lmdeploy@`` prefix and imports this
 module only when such a SUT is asked for.
 """
@@ -18,10 +18,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
-from conformance.sut import SchedulerUnderTest
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from schedconf.conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
+from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "lmdeploy@"
 FAMILY = "lmdeploy"
@@ -56,7 +56,7 @@ class LmdeploySut(StdioSut):
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = env_python(FAMILY, version, root)
-        command = f"{shlex.quote(str(python))} -m conformance.engines.lmdeploy_driver"
+        command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.lmdeploy_driver"
         super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
                          name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
 

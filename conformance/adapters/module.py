@@ -27,11 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.module_host import NOT_JSON_MARK, SetUpError, build_scheduler
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut, SutInternalError, SutProtocolError
-from conformance.protocol import find_not_json, validate_reply
-from conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.module_host import NOT_JSON_MARK, SetUpError, build_scheduler
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut, SutInternalError, SutProtocolError
+from schedconf.conformance.protocol import find_not_json, validate_reply
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 DESCRIBE_TIMEOUT_S = 120.0
 """Seconds a module may take to be imported and its scheduler built (a first import of torch can take a while)."""
@@ -51,7 +51,7 @@ class ModuleSut(StdioSut):
 
     def __init__(self, target: str, timeout_s: float = DEFAULT_TIMEOUT_S, folder: str | None = None) -> None:
         folder = folder or os.getcwd()
-        argv = [sys.executable, "-m", "conformance.adapters.module_host", "--path", folder, target]
+        argv = [sys.executable, "-m", "schedconf.conformance.adapters.module_host", "--path", folder, target]
         env = {"PYTHONPATH": get_child_path()}
         super().__init__(shlex.join(argv), timeout_s=timeout_s, env=env, name=f"module:{target}",
                          startup_timeout_s=DESCRIBE_TIMEOUT_S)
@@ -151,7 +151,7 @@ class GuardedSut:
     """A Python scheduler called in the harness's process, its answers checked as the protocol checks replies.
 
     Every result is round-tripped through JSON and validated with
-    :func:`conformance.protocol.validate_reply`. An exception with an error
+    :func:`schedconf.conformance.protocol.validate_reply`. An exception with an error
     ``code`` is read as ``protocol_server`` answers it: a code outside the
     table is a protocol error, ``internal`` a ``sut_error``, and
     ``SutUnsupported`` (code ``unsupported``) after ``start`` a protocol

@@ -1,9 +1,9 @@
 """The child process a ``module:`` scheduler runs in: it imports the user's factory and serves it over the protocol.
 
-``python -m conformance.adapters.module_host --path FOLDER package.module:factory``
+``python -m schedconf.conformance.adapters.module_host --path FOLDER package.module:factory``
 puts ``FOLDER`` (the harness's current folder) first on ``sys.path``, keeps
 stdout for protocol lines (a scheduler's prints go to stderr), and answers
-the protocol (PROTOCOL.md) with :class:`conformance.protocol_server.ProtocolSession`,
+the protocol (PROTOCOL.md) with :class:`schedconf.conformance.protocol_server.ProtocolSession`,
 plus one request of its own, ``describe``, sent once before any ``init``:
 it imports the module, builds the scheduler, and answers what a campaign
 reads of it before the first trace (its name, ``in_flight``,
@@ -15,7 +15,7 @@ that a set-up error.
 Nothing a scheduler does here can harm the harness: an exit, an
 ``os._exit``, a hang in native code or an exception that is not an
 ``Exception`` ends or stalls this process only, and the harness's
-:class:`~conformance.adapters.stdio.StdioSut` reports it as ``sut_exited`` or
+:class:`~schedconf.conformance.adapters.stdio.StdioSut` reports it as ``sut_exited`` or
 ``sut_timeout``; a ``SystemExit`` first writes on stderr where the
 scheduler raised it, which the report shows. A result that JSON cannot carry is answered as the
 text :data:`NOT_JSON_MARK` and the field it fails at, which the ``module:``
@@ -33,8 +33,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from conformance.protocol import find_not_json
-from conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout
+from schedconf.conformance.protocol import find_not_json
+from schedconf.conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout
 
 
 class SetUpError(Exception):
@@ -139,7 +139,7 @@ def render_reply(reply: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.adapters.module_host")
+    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.adapters.module_host")
     parser.add_argument("--path", default=os.getcwd(), help="the folder searched first for the module")
     parser.add_argument("target", help="package.module:factory")
     args = parser.parse_args(argv)

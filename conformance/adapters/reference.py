@@ -1,18 +1,18 @@
 """The reference model as a system under test (the first adapter).
 
 The profile picks the model: a v1 profile the v1 scheduler
-(:class:`spec.scheduler.Scheduler`), a v0 profile (``vllm-0.10``) the v0 one
-(``spec/v0/``, through ``spec.schedulers.make_scheduler``).
+(:class:`schedconf.spec.scheduler.Scheduler`), a v0 profile (``vllm-0.10``) the v0 one
+(``spec/v0/``, through ``schedconf.spec.schedulers.make_scheduler``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.sut import InProcessSut, SutInputError, refused_as_input_error
-from spec.config import SchedulerConfig
-from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.scheduler import Scheduler
+from schedconf.conformance.sut import InProcessSut, SutInputError, refused_as_input_error
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
+from schedconf.spec.scheduler import Scheduler
 
 
 class ReferenceSut(InProcessSut):
@@ -24,11 +24,11 @@ class ReferenceSut(InProcessSut):
     pending: SchedulerOutput | None
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        from conformance.workload import is_v0_profile
+        from schedconf.conformance.workload import is_v0_profile
 
         with refused_as_input_error():
             if is_v0_profile(profile):
-                from spec.schedulers import make_scheduler
+                from schedconf.spec.schedulers import make_scheduler
 
                 self.scheduler = make_scheduler(config, profile)
             else:
@@ -66,7 +66,7 @@ class ReferenceSut(InProcessSut):
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """``Scheduler.reset_prefix_cache`` (v1 schedulers only)."""
         if self.is_v0():
-            from conformance.sut import SutUnsupported
+            from schedconf.conformance.sut import SutUnsupported
 
             raise SutUnsupported("the v0 scheduler has no reset_prefix_cache in the trace format")
         with refused_as_input_error():

@@ -3,10 +3,10 @@
 The harness never imports SGLang. This adapter starts the release's own
 interpreter (``.venvs/sglang-VERSION/bin/python``, built by ``schedconf env
 sglang VERSION``) on ``conformance/engines/sglang_driver.py`` and speaks the
-JSON-lines protocol with it through :class:`~conformance.adapters.stdio.StdioSut`.
+JSON-lines protocol with it through :class:`~schedconf.conformance.adapters.stdio.StdioSut`.
 One subprocess serves a whole campaign: every trace sends a fresh ``init``.
 
-The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
 :func:`make_sglang_sut` for the ``sglang@`` prefix and imports this module
 only when such a SUT is asked for.
 """
@@ -17,10 +17,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
-from conformance.sut import SchedulerUnderTest
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from schedconf.conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
+from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "sglang@"
 FAMILY = "sglang"
@@ -57,7 +57,7 @@ class SglangSut(StdioSut):
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = env_python(FAMILY, version, root)
-        command = f"{shlex.quote(str(python))} -m conformance.engines.sglang_driver"
+        command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.sglang_driver"
         super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
                          name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.protocol import PROTOCOL_VERSION, validate_reply
-from conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.protocol import PROTOCOL_VERSION, validate_reply
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 DEFAULT_TIMEOUT_S = 30.0
 SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
@@ -321,7 +321,7 @@ class StdioSut:
 
     def check_reply(self, method: str, reply: dict[str, Any]) -> str | None:
         """What is wrong with a reply (an object with the request's id) to ``method``, or None: the protocol's
-        schema (:func:`conformance.protocol.validate_reply`)."""
+        schema (:func:`schedconf.conformance.protocol.validate_reply`)."""
         return validate_reply(method, reply)
 
     # ------------------------------------------------------ SchedulerUnderTest

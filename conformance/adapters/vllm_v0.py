@@ -3,15 +3,15 @@
 The harness never imports vLLM. This adapter starts the release's own
 interpreter (``.venvs/vllm-0.10.2/bin/python``, built by ``schedconf env vllm
 0.10.2``) on ``conformance/engines/vllm_v0_driver.py`` and speaks the JSON-lines
-protocol with it through :class:`~conformance.adapters.stdio.StdioSut`. One
+protocol with it through :class:`~schedconf.conformance.adapters.stdio.StdioSut`. One
 subprocess serves a whole campaign: every trace sends a fresh ``init`` (profile
 ``vllm-0.10``, a v0 config).
 
 Only releases whose environment runs the v0 driver qualify
-(``conformance.engine_env.FAMILIES["vllm"].release_drivers``): 0.10.2, the
+(``schedconf.conformance.engine_env.FAMILIES["vllm"].release_drivers``): 0.10.2, the
 last release that ships ``vllm/core/scheduler.py``.
 
-The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
 :func:`make_vllm_v0_sut` for the ``vllm-v0@`` prefix and imports this module
 only when such a SUT is asked for.
 """
@@ -21,14 +21,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from conformance.engine_env import driver_env, env_python, get_driver_module, is_env_ready, not_ready_message
-from conformance.sut import SchedulerUnderTest
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from schedconf.conformance.engine_env import driver_env, env_python, get_driver_module, is_env_ready, not_ready_message
+from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "vllm-v0@"
 FAMILY = "vllm"
-DRIVER_MODULE = "conformance.engines.vllm_v0_driver"
+DRIVER_MODULE = "schedconf.conformance.engines.vllm_v0_driver"
 IMPORT_TIMEOUT_S = 180.0
 """The first ``init`` imports vLLM (~10 s on two cores, more on a cold disk)."""
 
@@ -39,7 +39,7 @@ class VllmV0EnvNotReady(UnknownSut):
 
 def v0_versions() -> list[str]:
     """The vLLM releases whose environment runs the v0 driver."""
-    from conformance.engine_env import supported_versions
+    from schedconf.conformance.engine_env import supported_versions
 
     return [v for v in supported_versions(FAMILY) if get_driver_module(FAMILY, v) == DRIVER_MODULE]
 

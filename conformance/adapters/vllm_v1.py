@@ -11,10 +11,10 @@ or from ``--profile`` when the version has none of its own.
 The harness never imports vLLM. This adapter starts the release's own
 interpreter (``.venvs/vllm-VERSION/bin/python``, built by ``schedconf env vllm
 VERSION``) on ``conformance/vllm_driver.py`` and speaks the JSON-lines protocol
-with it through :class:`~conformance.adapters.stdio.StdioSut`. One subprocess
+with it through :class:`~schedconf.conformance.adapters.stdio.StdioSut`. One subprocess
 serves a whole campaign: every trace sends a fresh ``init``.
 
-The registry (``conformance.adapters.ADAPTER_PREFIXES``) names
+The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
 :func:`make_vllm_sut` for the ``vllm-v1@`` prefix and imports this module
 only when such a SUT is asked for.
 """
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import UnknownSut
-from conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from conformance.engine_env import get_driver_module, get_family
-from conformance.sut import SchedulerUnderTest
-from conformance.vllm_env import (
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
+from schedconf.conformance.engine_env import get_driver_module, get_family
+from schedconf.conformance.sut import SchedulerUnderTest
+from schedconf.conformance.vllm_env import (
     REPO_ROOT,
     driver_env,
     is_vllm_env_ready,
@@ -71,7 +71,7 @@ class VllmV1Sut(StdioSut):
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = vllm_python(version, root)
-        command = f"{shlex.quote(str(python))} -m conformance.vllm_driver"
+        command = f"{shlex.quote(str(python))} -m schedconf.conformance.vllm_driver"
         # importing vLLM takes a while: the first init of a new process gets IMPORT_TIMEOUT_S
         super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}",
                          startup_timeout_s=IMPORT_TIMEOUT_S)
@@ -92,7 +92,7 @@ def is_build_path(spec: str) -> bool:
 
 @dataclass(frozen=True)
 class VllmBuild:
-    """A user's own vLLM, as its interpreter reports it (``python -m conformance.vllm_driver --describe``)."""
+    """A user's own vLLM, as its interpreter reports it (``python -m schedconf.conformance.vllm_driver --describe``)."""
 
     python: Path
     version: str
@@ -128,7 +128,7 @@ def get_vllm_build(spec: str) -> VllmBuild:
         return _BUILDS[python]
     env = {**os.environ, **get_build_env(python)}
     try:
-        proc = subprocess.run([str(python), "-m", "conformance.vllm_driver", "--describe"], env=env,
+        proc = subprocess.run([str(python), "-m", "schedconf.conformance.vllm_driver", "--describe"], env=env,
                               capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UnknownSut(f"--sut {PREFIX}{spec}: cannot ask {python} what vLLM it has: {exc}") from None
@@ -140,7 +140,7 @@ def get_vllm_build(spec: str) -> VllmBuild:
     if described["missing"]:
         raise UnknownSut(f"--sut {PREFIX}{spec}: vLLM {described['version']} at {described['location']}: its "
                          f"scheduler API moved beyond what the driver knows: no {', '.join(described['missing'])}")
-    from spec.profiles import PROFILES
+    from schedconf.spec.profiles import PROFILES
 
     profile = described["profile"] if described["profile"] in PROFILES else None
     build = VllmBuild(python, described["version"], profile, described["location"])
@@ -158,7 +158,7 @@ class VllmBuildSut(VllmV1Sut):
         if build.profile is None:
             # a version we have no profile of: the driver answers for the profile the run names (--profile)
             env["SCHEDCONF_VLLM_ANY_PROFILE"] = "1"
-        StdioSut.__init__(self, f"{shlex.quote(str(build.python))} -m conformance.vllm_driver", timeout_s=timeout_s,
+        StdioSut.__init__(self, f"{shlex.quote(str(build.python))} -m schedconf.conformance.vllm_driver", timeout_s=timeout_s,
                           env=env, name=f"{PREFIX}{build.location}", startup_timeout_s=IMPORT_TIMEOUT_S)
 
 
@@ -170,7 +170,7 @@ def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 "
                          f"(pinned: {', '.join(supported_versions())})")
-    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "conformance.vllm_driver"]
+    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "schedconf.conformance.vllm_driver"]
     if version in supported_versions() and version not in v1_releases:
         raise UnknownSut(f"--sut {name!r}: vLLM {version} ships the legacy v0 scheduler, not v1: "
                          f"use vllm-v0@{version} (v1 releases: {', '.join(v1_releases)})")

@@ -1,10 +1,10 @@
 """Serve Aphrodite Engine's own v1 ``Scheduler`` over the schedconf JSON-lines protocol.
 
 This module runs INSIDE an Aphrodite environment built by ``schedconf env
-aphrodite VERSION``, as ``<venv python> -m conformance.engines.aphrodite_driver``
-with the repository root on ``PYTHONPATH`` (``conformance.adapters.aphrodite``
+aphrodite VERSION``, as ``<venv python> -m schedconf.conformance.engines.aphrodite_driver``
+with the repository root on ``PYTHONPATH`` (``schedconf.conformance.adapters.aphrodite``
 starts it). It imports only the standard library, Aphrodite,
-``conformance.protocol_server`` and ``conformance.vllm_driver`` (the vLLM
+``schedconf.conformance.protocol_server`` and ``schedconf.conformance.vllm_driver`` (the vLLM
 driver, used here as a library: it imports nothing of vLLM at module level);
 never the reference model.
 
@@ -13,7 +13,7 @@ Aphrodite 0.24.1 is a fork of vLLM's v1 engine, renamed (``vllm`` ->
 ``APHRODITE_*``): ``aphrodite/v1/core/sched/scheduler.py``,
 ``kv_cache_manager.py``, ``block_pool.py``, ``request.py`` and
 ``core/sched/utils.py`` are vLLM's with the names changed. The driver is
-therefore the vLLM driver (:class:`conformance.vllm_driver.VllmSchedulerSut`,
+therefore the vLLM driver (:class:`schedconf.conformance.vllm_driver.VllmSchedulerSut`,
 whose docstring lists every protocol mapping) with the Aphrodite names
 plugged in (:class:`_Aphrodite`) and these differences:
 
@@ -53,7 +53,7 @@ pool are pure Python; no model runner, worker or kernel is started (the
 model output comes from the trace), and the model is a folder with one
 ``config.json`` (no weights).
 
-``python -m conformance.engines.aphrodite_driver --self-check [--expect-version V]``
+``python -m schedconf.conformance.engines.aphrodite_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
@@ -64,8 +64,8 @@ import sys
 import time
 from typing import Any
 
-from conformance.protocol_server import run_driver, take_protocol_stdout
-from conformance.vllm_driver import (
+from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
+from schedconf.conformance.vllm_driver import (
     DriverError,
     SutUnsupported,
     VllmSchedulerSut,
@@ -219,7 +219,7 @@ class AphroditeSchedulerSut(VllmSchedulerSut):
 
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     holder: dict[str, Any] = {}
@@ -264,7 +264,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.engines.aphrodite_driver", engine="Aphrodite", default_env=DEFAULT_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.engines.aphrodite_driver", engine="Aphrodite", default_env=DEFAULT_ENV,
                description="Serve Aphrodite Engine's v1 scheduler over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio)
 

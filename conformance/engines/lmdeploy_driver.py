@@ -2,10 +2,10 @@
 
 Runs INSIDE the environment built by ``schedconf env lmdeploy VERSION``
 (``.venvs/lmdeploy-VERSION``, the PyPI wheel ``lmdeploy``, installed with
-``--no-deps``), as ``<venv python> -m conformance.engines.lmdeploy_driver``
-with the repository root on ``PYTHONPATH`` (``conformance.adapters.lmdeploy``
+``--no-deps``), as ``<venv python> -m schedconf.conformance.engines.lmdeploy_driver``
+with the repository root on ``PYTHONPATH`` (``schedconf.conformance.adapters.lmdeploy``
 starts it). It imports the standard library, numpy, torch (CPU), LMDeploy's
-own modules and ``conformance.protocol_server``; never ``spec/``.
+own modules and ``schedconf.conformance.protocol_server``; never ``spec/``.
 
 What runs is LMDeploy's code, not a copy of it:
 
@@ -134,7 +134,7 @@ Mapping (PROTOCOL.md -> LMDeploy):
     cached free blocks); ``num_free_blocks`` its length; ``block_tables``: each
     live request's physical table.
 
-``python -m conformance.engines.lmdeploy_driver --self-check [--expect-version V]``
+``python -m schedconf.conformance.engines.lmdeploy_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
@@ -149,14 +149,14 @@ import time
 import types
 from typing import Any
 
-from conformance.engines.protocol_checks import (
+from schedconf.conformance.engines.protocol_checks import (
     SutUnsupported,
     is_token_id,
     require,
     validate_add_request,
     validate_config,
 )
-from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
+from schedconf.conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "lmdeploy"
 
@@ -669,7 +669,7 @@ class LmdeploySchedulerSut:
 # -------------------------------------------------------------------- serve
 
 def serve_stdio() -> int:
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     lmd = _Lmd()
@@ -710,7 +710,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.engines.lmdeploy_driver", engine="lmdeploy", default_env=OFFLINE_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.engines.lmdeploy_driver", engine="lmdeploy", default_env=OFFLINE_ENV,
                description="Serve LMDeploy's scheduler over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio)
 

@@ -2,11 +2,11 @@
 
 Runs INSIDE the environment built by ``schedconf env nano-vllm VERSION``
 (``.venvs/nano-vllm-VERSION``, the PyPI distribution ``nano-vllm-fork``), as
-``<venv python> -m conformance.engines.nanovllm_driver`` with the repository
-root on ``PYTHONPATH`` (``conformance.adapters.nanovllm`` starts it). It
+``<venv python> -m schedconf.conformance.engines.nanovllm_driver`` with the repository
+root on ``PYTHONPATH`` (``schedconf.conformance.adapters.nanovllm`` starts it). It
 imports the standard library, nano-vllm's ``nanovllm.engine.scheduler``,
 ``block_manager``, ``sequence`` and ``sampling_params`` modules, and
-``conformance.protocol_server``; never ``spec/``.
+``schedconf.conformance.protocol_server``; never ``spec/``.
 
 What is bypassed, and why:
 
@@ -128,7 +128,7 @@ Guidance pairs (``SCHEDCONF_NANOVLLM_CFG_SCALE``, a driver-level workload family
     batch mixing EOS ids (nano-vllm's EOS is engine-wide and a guidance batch is
     post-processed in one call).
 
-``python -m conformance.engines.nanovllm_driver --self-check [--expect-version V]``
+``python -m schedconf.conformance.engines.nanovllm_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
@@ -141,7 +141,7 @@ import time
 import types
 from typing import Any
 
-from conformance.engines.protocol_checks import (
+from schedconf.conformance.engines.protocol_checks import (
     SutUnsupported,
     cdiv,
     is_token_id,
@@ -149,7 +149,7 @@ from conformance.engines.protocol_checks import (
     validate_add_request,
     validate_config,
 )
-from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
+from schedconf.conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "nano-vllm-fork"
 
@@ -514,7 +514,7 @@ class NanoVllmSchedulerSut:
 # -------------------------------------------------------------------- serve
 
 def serve_stdio() -> int:
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     nano = _Nano()
@@ -552,7 +552,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.engines.nanovllm_driver", engine="nano-vllm", default_env=OFFLINE_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.engines.nanovllm_driver", engine="nano-vllm", default_env=OFFLINE_ENV,
                description="Serve nano-vllm's scheduler over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio)
 

@@ -3,10 +3,10 @@
 Runs INSIDE the environment built by ``schedconf env sglang VERSION``
 (``.venvs/sglang-VERSION``: the ``sglang`` wheel from PyPI, torch 2.13.0 CPU
 and the import chain of the modules below, all ``--no-deps``), as
-``<venv python> -m conformance.engines.sglang_driver`` with the repository
-root on ``PYTHONPATH`` (``conformance.adapters.sglang`` starts it). It imports
+``<venv python> -m schedconf.conformance.engines.sglang_driver`` with the repository
+root on ``PYTHONPATH`` (``schedconf.conformance.adapters.sglang`` starts it). It imports
 the standard library, torch, SGLang's ``sglang.srt`` modules and
-``conformance.protocol_server``; never ``spec/``.
+``schedconf.conformance.protocol_server``; never ``spec/``.
 
 What runs, and what does not
 ----------------------------
@@ -196,7 +196,7 @@ Mapping (PROTOCOL.md -> SGLang)
     cached free blocks); ``num_free_blocks`` their count; ``block_tables``
     the pages of each live request's ``req_to_token`` row up to ``kv_allocated_len``.
 
-``python -m conformance.engines.sglang_driver --self-check [--expect-version V]``
+``python -m schedconf.conformance.engines.sglang_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
@@ -209,14 +209,14 @@ import time
 import types
 from typing import Any
 
-from conformance.engines.protocol_checks import (
+from schedconf.conformance.engines.protocol_checks import (
     SutUnsupported,
     is_token_id,
     require,
     validate_add_request,
     validate_config,
 )
-from conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
+from schedconf.conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "sglang"
 
@@ -903,7 +903,7 @@ class SglangSchedulerSut:
 # -------------------------------------------------------------------- serve
 
 def serve_stdio() -> int:
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     sgl = _Sgl()
@@ -941,7 +941,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.engines.sglang_driver", engine="SGLang", default_env=OFFLINE_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.engines.sglang_driver", engine="SGLang", default_env=OFFLINE_ENV,
                description="Serve SGLang's scheduling classes over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio)
 

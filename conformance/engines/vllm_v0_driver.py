@@ -1,10 +1,10 @@
 """Serve vLLM 0.10.2's legacy v0 ``Scheduler`` over the schedconf JSON-lines protocol.
 
 Runs INSIDE the environment built by ``schedconf env vllm 0.10.2``
-(``.venvs/vllm-0.10.2``), as ``<venv python> -m conformance.engines.vllm_v0_driver``
-with the repository root on ``PYTHONPATH`` (``conformance.adapters.vllm_v0``
+(``.venvs/vllm-0.10.2``), as ``<venv python> -m schedconf.conformance.engines.vllm_v0_driver``
+with the repository root on ``PYTHONPATH`` (``schedconf.conformance.adapters.vllm_v0``
 starts it). It imports the standard library, vLLM and
-``conformance.engines.protocol_checks`` / ``conformance.protocol_server``;
+``schedconf.conformance.engines.protocol_checks`` / ``schedconf.conformance.protocol_server``;
 never ``spec/``. What it answers is the canonical v0 output of
 ``spec/v0`` (trace schema ``$defs/v0_scheduler_output``).
 
@@ -95,7 +95,7 @@ evictor orders freed blocks by it) and in ``_passed_delay`` (inert with
 ``vllm/core/scheduler.py`` sees with a logical clock (:class:`LogicalClock`)
 so that runs are deterministic; see :data:`LOGICAL_NOW` for its value.
 
-``python -m conformance.engines.vllm_v0_driver --self-check [--expect-version V]``
+``python -m schedconf.conformance.engines.vllm_v0_driver --self-check [--expect-version V]``
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
@@ -106,7 +106,7 @@ import sys
 import time
 from typing import Any
 
-from conformance.engines.protocol_checks import (
+from schedconf.conformance.engines.protocol_checks import (
     DriverError,
     SutUnsupported,
     is_int,
@@ -114,7 +114,7 @@ from conformance.engines.protocol_checks import (
     require,
     validate_add_request,
 )
-from conformance.protocol_server import run_driver, take_protocol_stdout
+from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
 
 PROFILE = "vllm-0.10"
 """The profile of vLLM 0.10.2's legacy scheduler."""
@@ -572,7 +572,7 @@ def render_request_output(group: Any, sampled: bool) -> dict[str, Any]:
 
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
-    from conformance.protocol_server import serve
+    from schedconf.conformance.protocol_server import serve
 
     proto_out = take_protocol_stdout()
     api = _Vllm()
@@ -616,7 +616,7 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m conformance.engines.vllm_v0_driver", engine="vLLM", default_env=DEFAULT_ENV,
+    run_driver(argv, prog="python -m schedconf.conformance.engines.vllm_v0_driver", engine="vLLM", default_env=DEFAULT_ENV,
                description="Serve vLLM 0.10.2's legacy v0 scheduler over the schedconf protocol.",
                self_check=self_check, serve_stdio=serve_stdio)
 

@@ -1,6 +1,6 @@
 """Check a recording of a live vLLM scheduler against the model: ``schedconf check RECORDING``.
 
-1. Read the recording (:func:`conformance.live.convert.read_recording`): a
+1. Read the recording (:func:`schedconf.conformance.live.convert.read_recording`): a
    gap in its sequence numbers is refused as incomplete (exit 2).
 2. Decide the comparison: ``strict`` when the recorded config, engine and
    requests are within the model's scope (:func:`get_scope_problems` is empty
@@ -12,7 +12,7 @@
    ids, free queue when recorded), every update the engine's request outputs.
    ``safety``: the engine's own recorded decisions are checked step by step
    against the policy-independent properties of ``conformance/CHECKS.md``
-   (``conformance.safety``), since the model cannot answer for them.
+   (``schedconf.conformance.safety``), since the model cannot answer for them.
 
 Exit codes as ``schedconf replay``: 0 pass, 1 the engine diverged (the first
 divergence printed, with the command that shrinks it), 2 an unreadable or
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.compare import Divergence, FieldDiff
-from conformance.live.convert import (
+from schedconf.conformance.compare import Divergence, FieldDiff
+from schedconf.conformance.live.convert import (
     Recording,
     get_profile_name,
     get_scope_problems,
@@ -35,8 +35,8 @@ from conformance.live.convert import (
     read_recording,
     recording_to_trace,
 )
-from conformance.trace import Trace, write_trace
-from conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
+from schedconf.conformance.trace import Trace, write_trace
+from schedconf.conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
 
 
 @dataclass
@@ -79,8 +79,8 @@ def check_recording(path: str | Path, out: str | Path | None = None, comparison:
     if comparison == "safety":
         result = check_recorded_safety(trace)
     else:
-        from conformance.adapters import make_sut
-        from conformance.replay import replay
+        from schedconf.conformance.adapters import make_sut
+        from schedconf.conformance.replay import replay
 
         sut = make_sut("reference")
         try:
@@ -112,7 +112,7 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
     returned. ``liveness`` is not checked (the engine was stopped when the load
     ended, not when its requests could finish).
     """
-    from conformance.safety.drive import SafetyRun, Violation
+    from schedconf.conformance.safety.drive import SafetyRun, Violation
 
     if trace.is_in_flight:
         return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety properties are checked one step at a "
@@ -158,7 +158,7 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
 
 def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
     """The lines ``schedconf check`` prints."""
-    from conformance.replay import render_divergence
+    from schedconf.conformance.replay import render_divergence
 
     lines = list(f"note: {n}" for n in outcome.notes)
     steps = outcome.trace.num_steps()
@@ -188,7 +188,7 @@ def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
 
 def run_check(args: Any) -> int:
     """Carry out parsed ``schedconf check`` arguments; return the exit status."""
-    from conformance.live.convert import RecordingError
+    from schedconf.conformance.live.convert import RecordingError
 
     worst = 0
     for path in args.recordings:

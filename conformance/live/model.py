@@ -1,7 +1,7 @@
 """Write a tiny Llama, weights and word-level tokenizer generated from a seed, for a live engine run.
 
 Runs in the engine's environment (``torch``, ``transformers``,
-``tokenizers``): ``python -m conformance.live.model FOLDER [--seed N]``.
+``tokenizers``): ``python -m schedconf.conformance.live.model FOLDER [--seed N]``.
 Nothing is downloaded. The model is random (its text is noise) but it is a
 real ``LlamaForCausalLM`` that vLLM loads and runs: hidden 256, 4 heads of
 64 (vLLM's CPU attention kernels refuse a head size of 16), 2 layers, a
@@ -57,7 +57,7 @@ def write_model(folder: str, seed: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.live.model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.live.model", description=__doc__.splitlines()[0])
     parser.add_argument("folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Measure the recorder's overhead on a live engine's step time: ``python -m conformance.live.overhead``.
+"""Measure the recorder's overhead on a live engine's step time: ``python -m schedconf.conformance.live.overhead``.
 
 Runs the same offline workload (``LLM.generate`` of fixed prompts with
 ``ignore_eos`` and a fixed ``max_tokens``, so every run takes the same steps)
@@ -36,7 +36,7 @@ def worker(model: str, reps: int, prompts: int, max_tokens: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.live.overhead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.live.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--release", default="0.32.0")
     parser.add_argument("--rounds", type=int, default=2, help="engine processes per mode (alternating)")
     parser.add_argument("--reps", type=int, default=3, help="timed generate() calls per process")
@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.model, args.reps, args.prompts, args.max_tokens)
         return 0
-    from conformance import engine_env
-    from conformance.live.env import LIVE_FAMILY
-    from conformance.live.serve import get_recorder_env
+    from schedconf.conformance import engine_env
+    from schedconf.conformance.live.env import LIVE_FAMILY
+    from schedconf.conformance.live.serve import get_recorder_env
 
     python = engine_env.ensure_env(LIVE_FAMILY, args.release)
     base = {**os.environ, **engine_env.driver_env(LIVE_FAMILY, args.release)}
@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     steps = None
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
-        subprocess.run([str(python), "-m", "conformance.live.model", model], env=base, check=True,
+        subprocess.run([str(python), "-m", "schedconf.conformance.live.model", model], env=base, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for round_ in range(args.rounds):
             for mode in ("off", "on"):
                 env = dict(base)
                 if mode == "on":
                     env.update(get_recorder_env(os.path.join(tmp, f"rec-{round_}"), observe=True))
-                proc = subprocess.run([str(python), "-m", "conformance.live.overhead", "--worker", "--model", model,
+                proc = subprocess.run([str(python), "-m", "schedconf.conformance.live.overhead", "--worker", "--model", model,
                                        "--reps", str(args.reps), "--prompts", str(args.prompts),
                                        "--max-tokens", str(args.max_tokens)],
                                       env=env, capture_output=True, text=True, timeout=600)

@@ -41,7 +41,7 @@ number is a lost line) and ``call``:
     ``FINISHED_ABORTED`` from the engine), ``finished``: the ids it finished.
 ``schedule``
     ``step`` (1, 2, ... per scheduler), ``output``: the canonical
-    SchedulerOutput (``conformance.vllm_driver``'s conversion), ``observe``
+    SchedulerOutput (``schedconf.conformance.vllm_driver``'s conversion), ``observe``
     (the free queue, when enabled), ``in_flight`` (steps scheduled whose
     output was not applied yet, this one included).
 ``update_from_output``
@@ -223,7 +223,7 @@ class Recording:
     """The recording of one scheduler: its file, sequence numbers and steps in flight."""
 
     def __init__(self, scheduler: Any, folder: str, observe: bool = False) -> None:
-        from conformance.vllm_driver import VllmSchedulerSut
+        from schedconf.conformance.vllm_driver import VllmSchedulerSut
 
         self.scheduler = scheduler
         self.observe = observe
@@ -392,7 +392,7 @@ def read_config(s: Any) -> dict[str, Any]:
 
 
 def read_engine(s: Any) -> dict[str, Any]:
-    """What of the engine decides whether the model covers it (see conformance.live.convert.get_scope_problems)."""
+    """What of the engine decides whether the model covers it (see schedconf.conformance.live.convert.get_scope_problems)."""
     vc = s.vllm_config
     pc = vc.parallel_config
     spec = getattr(vc, "speculative_config", None)
@@ -470,7 +470,7 @@ def canonical_request_outputs(engine_outputs: Any) -> list[dict[str, Any]]:
 
 def canonical_stats(engine_outputs: Any) -> dict[str, Any] | None:
     """The SchedulerStats of one update in the trace's form, or None (the driver's conversion)."""
-    from conformance.vllm_driver import VllmSchedulerSut
+    from schedconf.conformance.vllm_driver import VllmSchedulerSut
 
     holder = types.SimpleNamespace(reports_stats=lambda: True)
     try:

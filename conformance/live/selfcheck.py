@@ -1,8 +1,8 @@
-"""``python -m conformance.live.selfcheck --self-check --expect-version V``: is this a live vLLM environment?
+"""``python -m schedconf.conformance.live.selfcheck --self-check --expect-version V``: is this a live vLLM environment?
 
 Runs in ``.venvs/live-vllm-VERSION`` (the env builder's step 3): imports vLLM's
 OpenAI server, its engine core and scheduler, ``transformers`` and
-``tokenizers`` (what :mod:`conformance.live.model` needs) and the recorder,
+``tokenizers`` (what :mod:`schedconf.conformance.live.model` needs) and the recorder,
 checks the version and prints ``self-check ok: ...``. Loads no model.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.live.selfcheck")
+    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.live.selfcheck")
     parser.add_argument("--self-check", action="store_true", required=True)
     parser.add_argument("--expect-version", default=None)
     args = parser.parse_args(argv)
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm.v1.engine.core  # noqa: F401
     from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 
-    import conformance.live.recorder  # noqa: F401
+    import schedconf.conformance.live.recorder  # noqa: F401
 
     if args.expect_version and vllm.__version__ != args.expect_version:
         print(f"self-check failed: vLLM {vllm.__version__}, expected {args.expect_version}", file=sys.stderr)

@@ -2,10 +2,10 @@
 
 Steps (each one prints a progress line to stderr):
 
-1. the environment ``.venvs/live-vllm-VERSION`` (:mod:`conformance.live.env`;
+1. the environment ``.venvs/live-vllm-VERSION`` (:mod:`schedconf.conformance.live.env`;
    built on first use, ~2 min and 3.5 GB);
 2. a tiny Llama generated from ``--seed`` into ``RUN/model``
-   (:mod:`conformance.live.model`);
+   (:mod:`schedconf.conformance.live.model`);
 3. ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with the
    recorder attached (``PYTHONPATH`` = ``conformance/live/boot`` + this
    checkout, ``SCHEDCONF_RECORD=RUN/recording``, the free queue observed), in
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.engine_env import REPO_ROOT
+from schedconf.conformance.engine_env import REPO_ROOT
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 SERVED_MODEL_NAME = "schedconf-tiny"
@@ -271,9 +271,9 @@ def run_load(port: int, num_requests: int, seed: int, concurrency: int = 6, max_
 
 def run_live(args: Any) -> int:
     """Carry out parsed ``schedconf live`` arguments; return the exit status (the check's, 2 on a failed run)."""
-    from conformance import engine_env
-    from conformance.live.check import check_recording, render_outcome
-    from conformance.live.env import LIVE_FAMILY
+    from schedconf.conformance import engine_env
+    from schedconf.conformance.live.check import check_recording, render_outcome
+    from schedconf.conformance.live.env import LIVE_FAMILY
 
     run_dir = Path(args.out or REPO_ROOT / "reports" / f"live-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -289,7 +289,7 @@ def run_live(args: Any) -> int:
             env["SCHEDCONF_CPU_ASYNC_SCHEDULING"] = "1"
         model_dir = run_dir / "model"
         _log(f"writing the tiny model (seed {args.seed}) to {model_dir}")
-        subprocess.run([str(python), "-m", "conformance.live.model", str(model_dir), "--seed", str(args.seed)],
+        subprocess.run([str(python), "-m", "schedconf.conformance.live.model", str(model_dir), "--seed", str(args.seed)],
                        env={**env, "SCHEDCONF_RECORD": ""}, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, timeout=300)
         server_args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(args.max_model_len),

@@ -7,7 +7,7 @@ from its own schedule and checks the rules after every call.
 a v0 trace's recorded outputs for ``prefix_hit_unwritten`` (a prefix hit on KV
 no step has written; vLLM 0.10.2 breaks it: finding V7).
 
-Import from the modules (``conformance.safety.drive.run_safety``,
-``conformance.safety.properties.PROPERTIES``): this package file imports
+Import from the modules (``schedconf.conformance.safety.drive.run_safety``,
+``schedconf.conformance.safety.properties.PROPERTIES``): this package file imports
 nothing, so its modules can import each other without a cycle.
 """

@@ -37,13 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance import bounds
-from conformance.compare import Divergence, FieldDiff
-from conformance.safety import properties as P
-from conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
-from conformance.trace import Trace
-from conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
-from conformance.workload import oracle_id
+from schedconf.conformance import bounds
+from schedconf.conformance.compare import Divergence, FieldDiff
+from schedconf.conformance.safety import properties as P
+from schedconf.conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
+from schedconf.conformance.workload import oracle_id
 
 STATE_DEPENDENT_CODES = ("duplicate_request_id", "request_id_in_flight")
 
@@ -140,7 +140,7 @@ class SafetyRun:
         self.max_model_len = cfg["max_model_len"]
         self.num_gpu_blocks = cfg["num_gpu_blocks"]
         self.num_usable_blocks = cfg["num_gpu_blocks"] - 1
-        from spec.profiles import get_profile
+        from schedconf.spec.profiles import get_profile
 
         self.stop_order = get_profile(self.trace.profile).stop_check_order
         self.scripts = get_output_scripts(self.trace)

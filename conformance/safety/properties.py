@@ -530,7 +530,7 @@ def compute_liveness_bound(records: Iterable[RequestRecord], max_model_len: int)
     request and leader). A scheduler that starves a request, or throws work
     away more often, exceeds it.
     """
-    from spec.symbolic.liveness_bound import compute_any_order_bound
+    from schedconf.spec.symbolic.liveness_bound import compute_any_order_bound
 
     live = [r for r in records if r.ended is None]
     return compute_any_order_bound(min(r.max_len, max_model_len) - 1 for r in live)

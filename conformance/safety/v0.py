@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.trace import Trace
+from schedconf.conformance.trace import Trace
 
 V0_PROPERTIES = ("prefix_hit_unwritten",)
 """The v0 safety properties this module checks."""

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import z3
 
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
-from spec.symbolic.state import (
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic.state import (
     IDLE,
     PENDING,
     Shape,
@@ -37,8 +37,8 @@ from spec.symbolic.state import (
     fresh_state,
     from_scheduler,
 )
-from spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome
-from spec.symbolic.z3ops import is_z3, value_of
+from schedconf.spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome
+from schedconf.spec.symbolic.z3ops import is_z3, value_of
 
 
 class EncodingError(AssertionError):

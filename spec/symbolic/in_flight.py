@@ -96,7 +96,7 @@ Mutants
 can express and the transition they change; each makes a proof fail
 (``prove(..., mutant=name)``).
 
-CLI: ``python -m spec.symbolic.in_flight [--reqs 4] [--steps 2,3] [--spec 0,2] [--timeout 60]``
+CLI: ``python -m schedconf.spec.symbolic.in_flight [--reqs 4] [--steps 2,3] [--spec 0,2] [--timeout 60]``
 prints the proof table (transition x goal group, seconds) and the mutant
 table.
 """
@@ -112,9 +112,9 @@ from typing import Any
 
 import z3
 
-import spec.invariants
-from spec.symbolic.state import DEAD
-from spec.symbolic.z3ops import (
+import schedconf.spec.invariants
+from schedconf.spec.symbolic.state import DEAD
+from schedconf.spec.symbolic.z3ops import (
     Z3Ops,
     count,
     eq,
@@ -131,7 +131,7 @@ from spec.symbolic.z3ops import (
     total,
     value_of,
 )
-from spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
 
@@ -287,7 +287,7 @@ def describe(s: FlightState) -> str:
 # ------------------------------------------------------------------ the view the invariants read
 
 class FlightView:
-    """The names of :class:`spec.view.ConcreteView` that the in-flight invariants read, over a FlightState.
+    """The names of :class:`schedconf.spec.view.ConcreteView` that the in-flight invariants read, over a FlightState.
 
     Dead slots are masked to zeros so that every per-request predicate holds
     on them, as the concrete view simply does not list them. The step the
@@ -348,7 +348,7 @@ def invariant_formulas(s: FlightState, ops: Any | None = None) -> list[tuple[str
     """``(name, formula)`` for every invariant proved here."""
     ops = ops or Z3Ops()
     view = FlightView(s)
-    out = [(f"inv:{name}", spec.invariants.INVARIANTS[name](view, ops)) for name in SPEC_INVARIANTS]
+    out = [(f"inv:{name}", schedconf.spec.invariants.INVARIANTS[name](view, ops)) for name in SPEC_INVARIANTS]
     out.append(("inv:counters_nonnegative", inv_counters_nonnegative(s, ops)))
     return out
 
@@ -945,7 +945,7 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
     Every live request and every id a step in flight scheduled must have a slot; ``num_spec_tokens`` must be
     at most the shape's ``K``.
     """
-    from spec.view import STATUS_CODES
+    from schedconf.spec.view import STATUS_CODES
 
     k = sched.config.num_spec_tokens
     assert k <= shape.max_spec_tokens, f"num_spec_tokens={k} exceeds K={shape.max_spec_tokens}"
@@ -1112,7 +1112,7 @@ def check_refusal(ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the proof table (transition x goal, seconds) and the mutant table."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.in_flight", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.in_flight", description=__doc__.split("\n\n")[0])
     parser.add_argument("--reqs", type=int, default=4, help="request slots R")
     parser.add_argument("--steps", default="2,3", help="comma-separated steps in flight D")
     parser.add_argument("--spec", default="0,2", help="comma-separated bounds K on num_spec_tokens")

@@ -47,7 +47,7 @@ admitting transition instead).
 
 CLI::
 
-    python -m spec.symbolic.liveness [--bounds 4,8] [--policy fcfs,priority] [--timeout 120] [--only NAME]
+    python -m schedconf.spec.symbolic.liveness [--bounds 4,8] [--policy fcfs,priority] [--timeout 120] [--only NAME]
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.proofs import premises
-from spec.symbolic.state import PENDING, UPDATING, WAITING_LOOP, Shape, State, fresh_state
-from spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome, at, running_at
-from spec.symbolic.z3ops import eq, imin, is_z3, ite, land, limplies, lnot, lor
+from schedconf.spec.symbolic.proofs import premises
+from schedconf.spec.symbolic.state import PENDING, UPDATING, WAITING_LOOP, Shape, State, fresh_state
+from schedconf.spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome, at, running_at
+from schedconf.spec.symbolic.z3ops import eq, imin, is_z3, ite, land, limplies, lnot, lor
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 
@@ -309,7 +309,7 @@ def _as_bool(f: Any) -> z3.BoolRef:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove every lemma at the given bounds and policies; print a table."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.liveness", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bounds", default="4,8", help="R,B of the non-composed lemmas")
     parser.add_argument("--composed-bounds", default="3,4", help="R,B of the composed lemma")
     parser.add_argument("--block-size", type=int, default=2)

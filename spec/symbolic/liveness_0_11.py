@@ -44,7 +44,7 @@ What is abstracted, and why it is sound for the liveness question
   it with ``lasso.find_lasso``.
 * The model samples exactly one token for every request whose step reaches
   the end of its sequence (``StepRecord.samples``), as the campaigns' model
-  does (``conformance.workload.respond``).
+  does (``schedconf.conformance.workload.respond``).
 
 The encoding is one Python function per piece of ``spec/scheduler.py``
 (each cites the function it mirrors) over values that are Python ints or
@@ -61,7 +61,7 @@ fragment (drafts, stop order with lengths only, requeue order and
 chunking-off overflow with chunked prefill on, free-queue order) are left
 out. :func:`get_rules` can override a knob (the mutants of the tests).
 
-CLI: ``python -m spec.symbolic.liveness_0_11 [--slots 2] [--steps 6]
+CLI: ``python -m schedconf.spec.symbolic.liveness_0_11 [--slots 2] [--steps 6]
 [--block-sizes 4] [--max-blocks 2] [--timeout 60]`` runs the 0.11 and 0.33
 queries (priority with tied keys allowed under 0.11 and distinct keys
 under 0.33, and FCFS) and prints what Z3 found, with the reference's lasso.
@@ -77,8 +77,8 @@ from typing import Any, Literal
 
 import z3
 
-from spec.profiles import get_profile
-from spec.symbolic.z3ops import cdiv, count, eq, imax, imin, is_z3, ite, land, lnot, lor, total, value_of
+from schedconf.spec.profiles import get_profile
+from schedconf.spec.symbolic.z3ops import cdiv, count, eq, imax, imin, is_z3, ite, land, lnot, lor, total, value_of
 
 WAITING, RUNNING, PREEMPTED, DONE = 0, 1, 2, 3
 STATUS_NAMES = {WAITING: "WAITING", RUNNING: "RUNNING", PREEMPTED: "PREEMPTED", DONE: "DONE"}
@@ -87,7 +87,7 @@ Policy = Literal["fcfs", "priority"]
 
 @dataclass(frozen=True)
 class StepRules:
-    """The release rules the fragment reads (knobs of ``spec.profiles.Profile``)."""
+    """The release rules the fragment reads (knobs of ``schedconf.spec.profiles.Profile``)."""
 
     name: str
     priority_self_preemption: Literal["break", "continue"]
@@ -458,8 +458,8 @@ def run_encoded(cfg: StepConfig, reqs: Requests, rules: StepRules, num_steps: in
 
 
 def get_model_state(sched: Any, num_slots: int) -> StepState:
-    """A ``spec.scheduler.Scheduler``'s state between steps, as the encoding's (requests ``r0..``)."""
-    from spec.request import RequestStatus
+    """A ``schedconf.spec.scheduler.Scheduler``'s state between steps, as the encoding's (requests ``r0..``)."""
+    from schedconf.spec.request import RequestStatus
 
     running = [r.request_id for r in sched.running]
     waiting = [r.request_id for r in sched.waiting]
@@ -637,9 +637,9 @@ def get_concrete(found: Found) -> tuple[StepConfig, Requests]:
 
 
 def get_workload(found: Found) -> Any:
-    """The found lasso as a ``conformance.workload.Workload`` (every request added at step 0)."""
-    from conformance.workload import HashOracle, RequestSpec, Workload
-    from spec.config import SchedulerConfig
+    """The found lasso as a ``schedconf.conformance.workload.Workload`` (every request added at step 0)."""
+    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
+    from schedconf.spec.config import SchedulerConfig
 
     c = found.config
     config = SchedulerConfig(
@@ -658,7 +658,7 @@ def get_workload(found: Found) -> Any:
 
 def realise(found: Found, max_steps: int = 500) -> Any:
     """Run the found workload on the reference scheduler and look for its lasso (``lasso.find_lasso``)."""
-    from spec.symbolic.liveness_witnesses import find_workload_lasso
+    from schedconf.spec.symbolic.liveness_witnesses import find_workload_lasso
 
     return find_workload_lasso(get_workload(found), max_steps)
 
@@ -675,7 +675,7 @@ def render_found(found: Found) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.liveness_0_11", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness_0_11", description=__doc__.split("\n\n")[0])
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--block-sizes", default="4")

@@ -23,7 +23,7 @@ says which steps repeat; it replays on the reference like any golden trace.
   each preempted before its prefill completes. This is why the priority
   theorem assumes distinct keys (``LIVENESS.md``).
 
-CLI: ``python -m spec.symbolic.liveness_witnesses [--write] [--search PROFILE --seeds A,B]``.
+CLI: ``python -m schedconf.spec.symbolic.liveness_witnesses [--write] [--search PROFILE --seeds A,B]``.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.trace import Trace, write_trace
-from conformance.workload import HashOracle, RequestSpec, Workload, respond, run_workload
-from spec.config import SchedulerConfig
-from spec.output import ModelRunnerOutput, SchedulerOutput
-from spec.scheduler import Scheduler
-from spec.symbolic.lasso import Lasso, find_lasso
-from spec.symbolic.liveness_bound import compute_any_order_bound, compute_work, get_trace_tail
+from schedconf.conformance.trace import Trace, write_trace
+from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, respond, run_workload
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic.lasso import Lasso, find_lasso
+from schedconf.spec.symbolic.liveness_bound import compute_any_order_bound, compute_work, get_trace_tail
 
 VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
 MAX_STEPS = 500
@@ -180,7 +180,7 @@ def _sentence(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: realise each witness (``--write``: into the corpus), or search for new ones."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.liveness_witnesses",
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness_witnesses",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--out", default=str(VECTORS))

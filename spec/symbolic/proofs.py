@@ -6,7 +6,7 @@ size, policy) the obligation is, over fresh symbolic states and inputs::
     Inv(s) and Lemmas(s) and guard_T(s, x)  =>  Inv(T(s, x)) and Lemmas(T(s, x)) and checks_T(s, x)
 
 where ``Inv`` are the invariants of ``spec/invariants.py`` evaluated through
-:class:`~spec.symbolic.state.SymbolicView` and :class:`~spec.symbolic.z3ops.Z3Ops`,
+:class:`~schedconf.spec.symbolic.state.SymbolicView` and :class:`~schedconf.spec.symbolic.z3ops.Z3Ops`,
 ``Lemmas`` the encoding's well-formedness and strengthening lemmas
 (``state.LEMMAS``), and ``checks_T`` the model's own assertions on the way.
 Each conjunct of the conclusion is one Z3 query (its negation must be
@@ -26,7 +26,7 @@ premises fold what depends on it as the goals do (``named``). By
 default (``symmetric``) a transition with an acting slot is, on top of that,
 proved for slot 0 only, the other slots following by slot symmetry, which Z3
 checks too (``symmetry.py``); the subterms an outcome declares as
-:class:`~spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
+:class:`~schedconf.spec.symbolic.transitions.Abstraction` s (the prefix hit, the free
 queue's ranks, the freed blocks' order) are replaced by unknowns of which only
 their facts are known, once those facts are proved on the terms; and a query
 still open after :data:`FRESH_AFTER_S` is sent again to a fresh solver with
@@ -44,7 +44,7 @@ workload reaching an equivalent violation is found.
 
 CLI::
 
-    python -m spec.symbolic.proofs --bounds 4,8 --timeout 60 [--block-size 2] [--policy fcfs,priority]
+    python -m schedconf.spec.symbolic.proofs --bounds 4,8 --timeout 60 [--block-size 2] [--policy fcfs,priority]
         [--transitions a,b] [--largest] [--out DIR]
 
 prints the table (transition, bounds, result, time); ``--largest`` grows the
@@ -67,9 +67,9 @@ from typing import Any
 
 import z3
 
-import spec.invariants
-from spec.symbolic.helper import Helper, check_text, get_fresh_solver, render_query, result_by
-from spec.symbolic.state import (
+import schedconf.spec.invariants
+from schedconf.spec.symbolic.helper import Helper, check_text, get_fresh_solver, render_query, result_by
+from schedconf.spec.symbolic.state import (
     LEMMAS,
     Shape,
     State,
@@ -80,9 +80,9 @@ from spec.symbolic.state import (
     theorem_order,
     theorem_rank,
 )
-from spec.symbolic.symmetry import canonical_cases, check_equivariance, check_premises_symmetric
-from spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
-from spec.symbolic.z3ops import Z3Ops, is_z3, value_of
+from schedconf.spec.symbolic.symmetry import canonical_cases, check_equivariance, check_premises_symmetric
+from schedconf.spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
+from schedconf.spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 PENDING = "pending"
@@ -92,7 +92,7 @@ PENDING = "pending"
 def invariant_formulas(s: State) -> list[tuple[str, Any]]:
     """``(name, formula)`` for every invariant of spec/invariants.py on ``s``."""
     view = SymbolicView(s)
-    return [(f"inv:{name}", fn(view, Z3Ops())) for name, fn in spec.invariants.INVARIANTS.items()]
+    return [(f"inv:{name}", fn(view, Z3Ops())) for name, fn in schedconf.spec.invariants.INVARIANTS.items()]
 
 
 def lemma_formulas(s: State) -> list[tuple[str, Any]]:
@@ -107,7 +107,7 @@ def premises(s: State) -> list[Any]:
 
 def dense_tables(s: State) -> list[Any]:
     """Every table's blocks fill positions ``0..num_blocks-1`` (the concrete model's lists have no holes)."""
-    from spec.symbolic.z3ops import count
+    from schedconf.spec.symbolic.z3ops import count
 
     return [count(s.held[r][b] for b in s.shape.blocks) == s.num_blocks[r] for r in s.shape.slots]
 
@@ -446,7 +446,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     :data:`FRESH_AFTER_S`); this case sends them there at once, and adds its own.
     ``helper``: such a query goes to the helper process instead, the goal is assumed as if proved,
     and is added to ``pending`` (for :func:`settle`).
-    ``symmetric``, for an outcome with :class:`~spec.symbolic.transitions.Abstraction` s:
+    ``symmetric``, for an outcome with :class:`~schedconf.spec.symbolic.transitions.Abstraction` s:
     their facts are proved first (goals ``abstraction:...``, in the solver that checked the premises),
     then every goal with the abstracted terms replaced by fresh constants of which only
     those facts are known (:func:`_abstract`).
@@ -543,7 +543,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     post_goals: list[tuple[str, Any]] = [(f"check:{c}", lambda ops, f=f: f) for c, f in out.checks]
     for lemma_name, fn in LEMMAS.items():
         post_goals.append((f"lemma:{lemma_name}", lambda ops, fn=fn: fn(out.post, ops)))
-    for inv_name, fn in spec.invariants.INVARIANTS.items():
+    for inv_name, fn in schedconf.spec.invariants.INVARIANTS.items():
         post_goals.append((f"inv:{inv_name}", lambda ops, fn=fn: fn(view, ops)))
     if goals is not None:
         post_goals = [(g, f) for g, f in post_goals if g in goals]
@@ -562,7 +562,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         kind, name = goal_name.split(":", 1)
         if kind == "inv":
             def goal_of(s: State) -> Any:
-                return spec.invariants.INVARIANTS[name](SymbolicView(s), Z3Ops())
+                return schedconf.spec.invariants.INVARIANTS[name](SymbolicView(s), Z3Ops())
         else:
             def goal_of(s: State) -> Any:
                 return LEMMAS[name](s, Z3Ops())
@@ -815,16 +815,16 @@ def confirm_counterexample(cex: Counterexample, transition: str) -> str | None:
     others None. The injected pre-state must satisfy every invariant
     concretely (else the injection is reported).
     """
-    from spec.errors import SpecError
-    from spec.ops import ConcreteOps
-    from spec.symbolic.state import slot_id, to_scheduler
-    from spec.view import ConcreteView
+    from schedconf.spec.errors import SpecError
+    from schedconf.spec.ops import ConcreteOps
+    from schedconf.spec.symbolic.state import slot_id, to_scheduler
+    from schedconf.spec.view import ConcreteView
 
     if transition not in ("abort", "abort_pending", "add_request") or not cex.goal.startswith("inv:"):
         return None
     invariant = cex.goal[4:]
     sched, _ = to_scheduler(cex.pre)
-    invariants = spec.invariants.INVARIANTS
+    invariants = schedconf.spec.invariants.INVARIANTS
     broken = [name for name, fn in invariants.items() if not fn(ConcreteView(sched), ConcreteOps())]
     if broken:
         return f"injection: the concrete pre-state already breaks {broken}"
@@ -857,7 +857,7 @@ def counterexample_trace(cex: Counterexample, transition: str, tries: int = 200)
     run and replayed with every invariant checked; the first that breaks the
     goal's invariant at an event of the transition's kind is cut there.
     """
-    from spec.symbolic.realise import search, truncate_at_violation
+    from schedconf.spec.symbolic.realise import search, truncate_at_violation
 
     if not cex.goal.startswith("inv:"):
         return None
@@ -950,7 +950,7 @@ def render_table(results: list[TransitionResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove and print the table; write counterexamples under ``--out``."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.proofs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.proofs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bounds", default="4,8", help="R,B: request slots and usable blocks")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per transition")
     parser.add_argument("--block-size", default="2", help="comma-separated block sizes")
@@ -1009,7 +1009,7 @@ def _render_row(res: TransitionResult) -> str:
 
 def _report_counterexample(cex: Counterexample, transition: str, out_dir: Path) -> str:
     """Print, confirm and write one counterexample; return the report text."""
-    from conformance.trace import write_trace
+    from schedconf.conformance.trace import write_trace
 
     lines = ["", cex.render()]
     confirmed = confirm_counterexample(cex, transition)

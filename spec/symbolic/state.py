@@ -53,7 +53,7 @@ processed) and ``UPDATING`` (inside ``update_from_output()``).
 
 The view
 --------
-:class:`SymbolicView` offers the names of :class:`spec.view.ConcreteView`.
+:class:`SymbolicView` offers the names of :class:`schedconf.spec.view.ConcreteView`.
 Dead slots are masked so that every per-request predicate holds vacuously on
 them, the way the concrete view simply does not list them; a dead slot's
 tokens still in a pending output count as given back, as in the concrete
@@ -89,12 +89,12 @@ from typing import Any
 
 import z3
 
-from spec.block_pool import FreeKVCacheBlockQueue
-from spec.config import SchedulerConfig
-from spec.output import SchedulerOutput
-from spec.request import Request, RequestStatus, SamplingParams
-from spec.scheduler import PreemptionRecord, Scheduler, StepRecord, _StepState
-from spec.symbolic.z3ops import (
+from schedconf.spec.block_pool import FreeKVCacheBlockQueue
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.output import SchedulerOutput
+from schedconf.spec.request import Request, RequestStatus, SamplingParams
+from schedconf.spec.scheduler import PreemptionRecord, Scheduler, StepRecord, _StepState
+from schedconf.spec.symbolic.z3ops import (
     cdiv,
     count,
     count_set,
@@ -108,10 +108,10 @@ from spec.symbolic.z3ops import (
     total,
     value_of,
 )
-from spec.symbolic.z3ops import (
+from schedconf.spec.symbolic.z3ops import (
     eq as eq_,
 )
-from spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, STATUS_CODES, WAITING
+from schedconf.spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, STATUS_CODES, WAITING
 
 DEAD = -1
 """Status code of a dead slot (no live request)."""
@@ -390,7 +390,7 @@ class _GuardedPreemption:
 
 
 class SymbolicView:
-    """The state view of a :class:`State` with the names of :class:`spec.view.ConcreteView`."""
+    """The state view of a :class:`State` with the names of :class:`schedconf.spec.view.ConcreteView`."""
 
     def __init__(self, s: State) -> None:
         sh = s.shape

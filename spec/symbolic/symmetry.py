@@ -55,7 +55,7 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.state import (
+from schedconf.spec.symbolic.state import (
     BLOCK_FIELDS,
     CONFIG_FIELDS,
     RECORD_FIELDS,
@@ -67,7 +67,7 @@ from spec.symbolic.state import (
     Shape,
     State,
 )
-from spec.symbolic.z3ops import eq, is_z3, ite
+from schedconf.spec.symbolic.z3ops import eq, is_z3, ite
 
 SLOT_SCALARS = ("alloc_request",)
 """Scalar fields whose value is a slot (mapped through the permutation)."""
@@ -157,8 +157,8 @@ def check_equivariance(shape: Shape, transition: Any, timeout_s: float = 60.0) -
     term up to the renaming, and are not sent to Z3.
     """
     # proofs.py imports this module; its premises and verdicts are read at call time.
-    from spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, _as_bool, premises
-    from spec.symbolic.state import fresh_state
+    from schedconf.spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, _as_bool, premises
+    from schedconf.spec.symbolic.state import fresh_state
 
     t0 = time.monotonic()
     failures: list[str] = []
@@ -198,8 +198,8 @@ def check_premises_symmetric(shape: Shape, timeout_s: float = 60.0) -> tuple[str
     premises of ``s``; a premise over no slot (``victim_order``: the preemption records) is the
     same term after the swap and is not sent.
     """
-    from spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, premises
-    from spec.symbolic.state import fresh_state
+    from schedconf.spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, premises
+    from schedconf.spec.symbolic.state import fresh_state
 
     t0 = time.monotonic()
     s = fresh_state(shape, "any")

@@ -1,4 +1,4 @@
-"""The model's transitions over a :class:`~spec.symbolic.state.State`, mirroring ``spec/``.
+"""The model's transitions over a :class:`~schedconf.spec.symbolic.state.State`, mirroring ``spec/``.
 
 Each transition maps a state and its inputs to an :class:`Outcome`: the next
 state, the guard under which the model takes this transition, the model's
@@ -41,7 +41,7 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.state import (
+from schedconf.spec.symbolic.state import (
     BLOCK_FIELDS,
     CONFIG_FIELDS,
     DEAD,
@@ -63,7 +63,7 @@ from spec.symbolic.state import (
     theorem_order,
     theorem_rank,
 )
-from spec.symbolic.z3ops import (
+from schedconf.spec.symbolic.z3ops import (
     Z3Ops,
     cdiv,
     count,
@@ -80,7 +80,7 @@ from spec.symbolic.z3ops import (
     select,
     total_set,
 )
-from spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
 
 Check = tuple[str, Any]
 

@@ -55,9 +55,9 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.state import DEAD, State, SymbolicView
-from spec.symbolic.z3ops import is_z3, ite, land, limplies, lnot, lor
-from spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.symbolic.state import DEAD, State, SymbolicView
+from schedconf.spec.symbolic.z3ops import is_z3, ite, land, limplies, lnot, lor
+from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 ALL = "all"
@@ -855,7 +855,7 @@ def refining(inner: Callable[..., Any], seen: dict[str, set[tuple[str, ...]]] | 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove every micro-step for every size and print the table."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.unbounded", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.unbounded", description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per micro-step")
     parser.add_argument("--policy", default="fcfs,priority")
     parser.add_argument("--mutant", default=None, choices=MUTANTS)

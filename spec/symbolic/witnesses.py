@@ -2,7 +2,7 @@
 
 For each corner case a query asks Z3 for a state that satisfies every
 invariant and lemma, enables a transition, and makes the transition reach the
-corner (a fact of its :class:`~spec.symbolic.transitions.Outcome`). The state
+corner (a fact of its :class:`~schedconf.spec.symbolic.transitions.Outcome`). The state
 is then
 
 1. *confirmed* on the model: injected into a concrete scheduler
@@ -11,12 +11,12 @@ is then
 2. *realised* as a trace from an empty scheduler: the witness's configuration
    and requests (prompt lengths, shared blocks, keys, ``max_tokens``) seed a
    small deterministic search over workloads (arrival steps, lengths,
-   ``max_tokens``), each run through ``conformance.workload.run_workload``
+   ``max_tokens``), each run through ``schedconf.conformance.workload.run_workload``
    with every invariant checked, until the detector sees the corner in the
    model; the trace goes to ``conformance/vectors/witnesses/<name>.jsonl``
    with a description of what it shows.
 
-CLI: ``python -m spec.symbolic.witnesses [--write] [--only NAME]`` prints each
+CLI: ``python -m schedconf.spec.symbolic.witnesses [--write] [--only NAME]`` prints each
 witness state and the trace it found; ``--write`` writes the traces.
 """
 
@@ -31,15 +31,15 @@ from typing import Any
 
 import z3
 
-from conformance.trace import Trace, write_trace
-from conformance.workload import apply_trace_event
-from spec.config import SchedulerConfig
-from spec.kv_cache import KVCacheManager, NoSpace
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
-from spec.symbolic.proofs import premises
-from spec.symbolic.realise import search
-from spec.symbolic.state import (
+from schedconf.conformance.trace import Trace, write_trace
+from schedconf.conformance.workload import apply_trace_event
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.kv_cache import KVCacheManager, NoSpace
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic.proofs import premises
+from schedconf.spec.symbolic.realise import search
+from schedconf.spec.symbolic.state import (
     PENDING,
     Shape,
     State,
@@ -47,8 +47,8 @@ from spec.symbolic.state import (
     evaluate,
     fresh_state,
 )
-from spec.symbolic.transitions import TRANSITIONS, Outcome, at
-from spec.symbolic.z3ops import count, eq, fdiv, is_z3, land, limplies, lnot, value_of
+from schedconf.spec.symbolic.transitions import TRANSITIONS, Outcome, at
+from schedconf.spec.symbolic.z3ops import count, eq, fdiv, is_z3, land, limplies, lnot, value_of
 
 VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
 PROFILE = "vllm-0.33"
@@ -65,7 +65,7 @@ class RecordingKV(KVCacheManager):
 
     def allocate_slots(self, request, num_new_tokens, hit=None, num_lookahead_tokens=0,  # noqa: ANN001
                        full_sequence_must_fit=False):  # noqa: ANN001
-        from spec.kv_cache import NO_HIT
+        from schedconf.spec.kv_cache import NO_HIT
 
         hit = hit if hit is not None else NO_HIT
         num_free = self.pool.get_num_free_blocks()
@@ -308,7 +308,7 @@ def confirm_on_model(w: Witness, state: State, inputs: dict[str, Any]) -> str | 
     state (an IDLE state for ``schedule()``, a PENDING one for the update)
     can be confirmed this way; the others return None.
     """
-    from spec.symbolic.state import IDLE, to_scheduler
+    from schedconf.spec.symbolic.state import IDLE, to_scheduler
 
     if state.phase not in (IDLE, PENDING):
         return None
@@ -328,7 +328,7 @@ def confirm_on_model(w: Witness, state: State, inputs: dict[str, Any]) -> str | 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: find, print, confirm and realise each witness; ``--write`` writes the traces."""
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.witnesses", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.witnesses", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write the traces under {VECTORS}")
     parser.add_argument("--out", default=str(VECTORS), help="where --write puts them")
     parser.add_argument("--only", default="", help="comma-separated witness names")

@@ -3,7 +3,7 @@
 Every operation accepts Python values (``bool``/``int``) and Z3 terms mixed,
 as the invariants pass both (view scalars such as ``block_size`` are Python
 ints, state values are Z3 terms). When every operand is a Python value the
-result is a Python value, computed the way :class:`~spec.ops.ConcreteOps`
+result is a Python value, computed the way :class:`~schedconf.spec.ops.ConcreteOps`
 computes it; as soon as one operand is a Z3 term the result is a Z3 term, with
 Python operands coerced (``True`` -> ``BoolVal(True)``, ``3`` -> ``IntVal(3)``).
 
@@ -21,7 +21,7 @@ from typing import Any
 import z3
 from z3.z3 import _to_expr_ref  # the wrapper z3.If puts on a new term (right class for its sort)
 
-from spec.ops import LexMixin
+from schedconf.spec.ops import LexMixin
 
 
 def is_z3(x: Any) -> bool:
@@ -266,7 +266,7 @@ def fdiv(a: Any, k: int) -> Any:
 
 
 def cdiv(a: Any, k: int) -> Any:
-    """``ceil(a / k)`` for ``a >= 0`` and a positive Python int ``k`` (``spec.config.cdiv``)."""
+    """``ceil(a / k)`` for ``a >= 0`` and a positive Python int ``k`` (``schedconf.spec.config.cdiv``)."""
     return fdiv(a + (k - 1), k)
 
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from spec.errors import EngineCrash
-from spec.hashing import NONE_HASH, compute_block_hash
-from spec.v0.evictor import LRUEvictor
+from schedconf.spec.errors import EngineCrash
+from schedconf.spec.hashing import NONE_HASH, compute_block_hash
+from schedconf.spec.v0.evictor import LRUEvictor
 
 
 class NoFreeBlocksError(Exception):

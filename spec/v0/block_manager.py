@@ -13,10 +13,10 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from spec.errors import EngineCrash
-from spec.hashing import NONE_HASH, compute_block_hash
-from spec.v0.block_allocator import Block, NaiveBlockAllocator, PrefixCachingBlockAllocator
-from spec.v0.sequence import SequenceGroup, SequenceStatus
+from schedconf.spec.errors import EngineCrash
+from schedconf.spec.hashing import NONE_HASH, compute_block_hash
+from schedconf.spec.v0.block_allocator import Block, NaiveBlockAllocator, PrefixCachingBlockAllocator
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus
 
 Allocator = NaiveBlockAllocator | PrefixCachingBlockAllocator
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.sequence import SequenceGroup, SequenceStage
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStage
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from spec.errors import InvalidConfig, require
+from schedconf.spec.errors import InvalidConfig, require
 
 WATERMARK = 0.01
 """``SelfAttnBlockSpaceManager``'s default watermark; the scheduler never passes another."""

@@ -1,6 +1,6 @@
 """The safety rules of the v0 model, each written once as ``inv_<name>(s, o)``.
 
-``s`` is a :class:`~spec.v0.view.ConcreteV0View`, ``o`` an operations
+``s`` is a :class:`~schedconf.spec.v0.view.ConcreteV0View`, ``o`` an operations
 backend (``spec/ops.py``). The first docstring line is the rule as reports
 print it. ``check_invariants(scheduler)`` runs them all and raises
 :class:`InvariantViolation`; the golden runner and the stateful test call it
@@ -12,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spec.errors import InvariantViolation
-from spec.ops import ConcreteOps
-from spec.v0.view import QUEUE_RUNNING, QUEUE_SWAPPED, QUEUE_WAITING, RUNNING, SWAPPED, WAITING, ConcreteV0View
+from schedconf.spec.errors import InvariantViolation
+from schedconf.spec.ops import ConcreteOps
+from schedconf.spec.v0.view import (
+    QUEUE_RUNNING,
+    QUEUE_SWAPPED,
+    QUEUE_WAITING,
+    RUNNING,
+    SWAPPED,
+    WAITING,
+    ConcreteV0View,
+)
 
 
 def _is_free_or_held(s: Any, o: Any, b: int) -> Any:

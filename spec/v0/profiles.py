@@ -1,6 +1,6 @@
 """v0 release profiles. One today: ``vllm-0.10`` (vLLM 0.10.2, the last release with ``vllm/core/``).
 
-The v1 profiles (``spec.profiles.PROFILES``) are untouched; ``spec.schedulers``
+The v1 profiles (``schedconf.spec.profiles.PROFILES``) are untouched; ``schedconf.spec.schedulers``
 maps a profile name to its scheduler kind.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.errors import InvalidConfig
+from schedconf.spec.errors import InvalidConfig
 
 
 @dataclass(frozen=True)

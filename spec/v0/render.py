@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spec.v0.output import V0SchedulerOutput
+from schedconf.spec.v0.output import V0SchedulerOutput
 
 
 def _ids(xs: Sequence[int]) -> str:

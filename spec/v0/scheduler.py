@@ -27,17 +27,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.errors import EngineCrash, InvalidEvent, require
-from spec.output import ModelRunnerOutput, RequestOutput
-from spec.request import MAX_TOKEN_ID, is_arrival_time, is_token_id
-from spec.v0.block_allocator import NoFreeBlocksError
-from spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
-from spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.output import ScheduledSeqGroup, V0SchedulerOutput
-from spec.v0.profiles import get_v0_profile
-from spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
-from spec.v0.stop import maybe_stop_sequence
+from schedconf.spec.errors import EngineCrash, InvalidEvent, require
+from schedconf.spec.output import ModelRunnerOutput, RequestOutput
+from schedconf.spec.request import MAX_TOKEN_ID, is_arrival_time, is_token_id
+from schedconf.spec.v0.block_allocator import NoFreeBlocksError
+from schedconf.spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
+from schedconf.spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.output import ScheduledSeqGroup, V0SchedulerOutput
+from schedconf.spec.v0.profiles import get_v0_profile
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
+from schedconf.spec.v0.stop import maybe_stop_sequence
 
 
 @dataclass

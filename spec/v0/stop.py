@@ -12,7 +12,7 @@ In this order:
 
 from __future__ import annotations
 
-from spec.v0.sequence import SequenceGroup, SequenceStatus
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus
 
 
 def maybe_stop_sequence(seq: SequenceGroup, max_model_len: int) -> None:

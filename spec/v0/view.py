@@ -7,8 +7,8 @@ backend can offer the same names). Status codes are vLLM's integers.
 
 from __future__ import annotations
 
-from spec.v0.block_allocator import PrefixCachingBlockAllocator, get_content_hash
-from spec.v0.sequence import SequenceGroup, SequenceStatus
+from schedconf.spec.v0.block_allocator import PrefixCachingBlockAllocator, get_content_hash
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus
 
 WAITING, RUNNING, SWAPPED = int(SequenceStatus.WAITING), int(SequenceStatus.RUNNING), int(SequenceStatus.SWAPPED)
 QUEUE_WAITING, QUEUE_RUNNING, QUEUE_SWAPPED = 0, 1, 2

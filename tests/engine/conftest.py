@@ -9,6 +9,6 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_model():
     """The tiny float64 CPU model every engine test uses (weights from seed 0)."""
-    from impl.model import TINY, LlamaModel
+    from schedconf.impl.model import TINY, LlamaModel
 
     return LlamaModel(TINY)

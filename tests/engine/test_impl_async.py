@@ -23,20 +23,20 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
-from conformance.adapters.reference import ReferenceSut
-from conformance.datadriven import parse_file, parse_tokens
-from conformance.generate import random_workload
-from conformance.replay import FAIL, PASS, render_divergence, replay
-from conformance.sut import SutInputError, SutUnsupported
-from conformance.workload import run_workload
-from gpu_checks.async_check import main as async_check_main
-from gpu_checks.async_check import random_async_workload, run_overlapped_workload
-from impl.dense import dense_generate
-from impl.engine import Engine
-from impl.scheduler import PREEMPTED, FastScheduler
-from spec.config import SchedulerConfig
-from spec.errors import InvalidConfig, InvalidEvent
+from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.datadriven import parse_file, parse_tokens
+from schedconf.conformance.generate import random_workload
+from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
+from schedconf.conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.workload import run_workload
+from schedconf.gpu_checks.async_check import main as async_check_main
+from schedconf.gpu_checks.async_check import random_async_workload, run_overlapped_workload
+from schedconf.impl.dense import dense_generate
+from schedconf.impl.engine import Engine
+from schedconf.impl.scheduler import PREEMPTED, FastScheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidConfig, InvalidEvent
 
 ROOT = Path(__file__).parents[2]
 SCENARIOS = sorted((ROOT / "conformance" / "testdata" / "scenarios").glob("*.txt"))
@@ -753,7 +753,7 @@ def test_teacher_forced_adapter_runs_async_spec_decode_traces_and_catches_unmove
 
 def test_async_check_without_a_gpu_checks_nothing_and_says_so(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "gpu_checks.async_check", "--out", str(tmp_path)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "schedconf.gpu_checks.async_check", "--out", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
@@ -782,8 +782,8 @@ def test_impl_engine_passes_the_async_corpus_and_300_generated_async_traces(tmp_
     greedy tokens (placeholder inputs filled by its runner) checked against the trace's at every sample."""
     from pathlib import Path
 
-    from conformance.campaign import CampaignSpec, run_campaign
-    from conformance.trace import read_trace
+    from schedconf.conformance.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.trace import read_trace
 
     root = Path(__file__).parents[2] / "conformance" / "vectors" / "async"
     corpus = sorted(root.glob("*/*.jsonl"))

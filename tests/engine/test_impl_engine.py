@@ -2,7 +2,7 @@
 
 The expected tokens always come from ``impl/dense.py`` (full recompute, one
 request, no cache) and the expected scheduler outputs from the reference
-``spec.scheduler.Scheduler``; the engine's own answers are never the oracle.
+``schedconf.spec.scheduler.Scheduler``; the engine's own answers are never the oracle.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-import impl.runner as runner_module
-from conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
-from conformance.examples import EXAMPLES
-from conformance.generate import random_workload as generate_workload
-from conformance.replay import FAIL, PASS, replay
-from conformance.tight_workloads import make_tight_workload
-from conformance.trace import read_trace
-from conformance.workload import run_workload, workload_from_trace
-from gpu_checks.engine_check import check_engine
-from impl.dense import dense_generate
-from impl.engine import Engine
-from impl.model import TINY, LlamaModel
-from spec.config import SchedulerConfig
+import schedconf.impl.runner as runner_module
+from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
+from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.generate import random_workload as generate_workload
+from schedconf.conformance.replay import FAIL, PASS, replay
+from schedconf.conformance.tight_workloads import make_tight_workload
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.workload import run_workload, workload_from_trace
+from schedconf.gpu_checks.engine_check import check_engine
+from schedconf.impl.dense import dense_generate
+from schedconf.impl.engine import Engine
+from schedconf.impl.model import TINY, LlamaModel
+from schedconf.spec.config import SchedulerConfig
 
 ROOT = Path(__file__).parents[2]
 CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
@@ -132,7 +132,7 @@ def test_lockstep_engine_check_on_generated_workloads_and_corpus(tiny_model):
 
 def test_lockstep_trace_replays_on_the_reference_and_on_impl(tiny_model):
     """The lockstep run's trace (engine tokens, reference expectations) is a valid trace for any SUT."""
-    from conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.adapters.reference import ReferenceSut
 
     report = check_engine(generate_workload(7, "vllm-0.33"), tiny_model)
     assert report.ok and report.trace is not None

@@ -13,7 +13,7 @@ ROOT = Path(__file__).parents[2]
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "gpu_checks.engine_gpu", "--out", str(tmp_path), *args],
+    return subprocess.run([sys.executable, "-m", "schedconf.gpu_checks.engine_gpu", "--out", str(tmp_path), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from impl.drafter import NgramDrafter
-from impl.model import BENCH_250M, TINY, LlamaModel, ModelConfig
-from impl.sampling import greedy, mask_stop_tokens
+from schedconf.impl.drafter import NgramDrafter
+from schedconf.impl.model import BENCH_250M, TINY, LlamaModel, ModelConfig
+from schedconf.impl.sampling import greedy, mask_stop_tokens
 
 
 def test_weights_come_from_the_seed(tiny_model):

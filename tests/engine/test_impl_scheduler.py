@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from conformance.adapters.impl import ImplSchedulerSut
-from conformance.examples import EXAMPLES
-from conformance.generate import random_workload as generate_workload
-from conformance.generate import workloads
-from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
-from conformance.sut import SutUnsupported
-from conformance.tight_workloads import make_tight_workload
-from conformance.trace import read_trace
-from conformance.workload import run_workload
-from impl.scheduler import FastScheduler
-from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent
+from schedconf.conformance.adapters.impl import ImplSchedulerSut
+from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.generate import random_workload as generate_workload
+from schedconf.conformance.generate import workloads
+from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.sut import SutUnsupported
+from schedconf.conformance.tight_workloads import make_tight_workload
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.workload import run_workload
+from schedconf.impl.scheduler import FastScheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidEvent
 
 ROOT = Path(__file__).parents[2]
 CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
@@ -194,9 +194,9 @@ def test_input_errors_by_hand():
 def test_an_empty_output_with_drafts_wedges_the_request_in_both():
     """vLLM 0.32/0.33 skip the draft rejection on an empty output: the drafts stay computed and
     no later step schedules the request. impl follows the reference, step for step."""
-    from conformance.adapters.impl import make_scheduler_sut
-    from conformance.adapters.reference import ReferenceSut
-    from spec.config import SchedulerConfig
+    from schedconf.conformance.adapters.impl import make_scheduler_sut
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.spec.config import SchedulerConfig
 
     config = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
                              max_model_len=32, num_spec_tokens=2, enable_prefix_caching=False).to_dict()

@@ -1,6 +1,6 @@
 """The fast v0 scheduler (``impl/v0_scheduler.py``) against the v0 reference model, in lockstep.
 
-The reference is ``spec.schedulers.make_scheduler(config, "vllm-0.10")``; the
+The reference is ``schedconf.spec.schedulers.make_scheduler(config, "vllm-0.10")``; the
 fast scheduler is driven through its harness adapter (``--sut impl`` with the
 ``vllm-0.10`` profile). Both get the same inputs: requests with shared
 prefixes, aborts (also of queued, swapped and in-flight requests, and of ids
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.adapters.impl import ImplSchedulerSut, get_scheduler_kind
-from spec.errors import InvalidConfig, SpecError
-from spec.output import ModelRunnerOutput
-from spec.schedulers import make_config, make_scheduler
+from schedconf.conformance.adapters.impl import ImplSchedulerSut, get_scheduler_kind
+from schedconf.spec.errors import InvalidConfig, SpecError
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.schedulers import make_config, make_scheduler
 
 PROFILE = "vllm-0.10"
 EOS, STOP = 2, 5
@@ -207,9 +207,9 @@ def test_fast_v0_scheduler_equals_the_reference_deep():
 
 def test_fast_v0_scheduler_replays_reference_traces_of_the_v0_generator():
     """Traces the reference records on ``conformance/workload_v0.py``'s workloads replay strictly."""
-    from conformance.replay import replay
-    from conformance.workload import WorkloadError
-    from conformance.workload_v0 import random_v0_workload, run_v0_workload
+    from schedconf.conformance.replay import replay
+    from schedconf.conformance.workload import WorkloadError
+    from schedconf.conformance.workload_v0 import random_v0_workload, run_v0_workload
 
     verdicts: Counter = Counter()
     for seed in range(60):

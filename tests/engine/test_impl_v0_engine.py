@@ -2,7 +2,7 @@
 
 Expected tokens come from ``impl/dense.py`` (full recompute, one request, no
 cache; with v0's stop rules) and expected scheduler outputs from the v0
-reference model (``spec.schedulers.make_scheduler``) fed the engine's own
+reference model (``schedconf.spec.schedulers.make_scheduler``) fed the engine's own
 tokens; the engine's answers are never the oracle.
 """
 
@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
-from conformance.adapters.impl import ImplEngineSut
-from impl.dense import dense_generate
-from impl.v0_engine import V0Engine
-from spec.errors import EngineCrash
-from spec.output import ModelRunnerOutput
-from spec.schedulers import make_config, make_scheduler
+from schedconf.conformance.adapters.impl import ImplEngineSut
+from schedconf.impl.dense import dense_generate
+from schedconf.impl.v0_engine import V0Engine
+from schedconf.spec.errors import EngineCrash
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.schedulers import make_config, make_scheduler
 
 PROFILE = "vllm-0.10"
 
@@ -215,9 +215,9 @@ def test_random_v0_workloads_generate_the_dense_tokens(tiny_model, chunked, cach
 
 def test_impl_engine_adapter_replays_v0_traces_teacher_forced():
     """``--sut impl-engine --profile vllm-0.10``: reference traces pass, every sampled position checked."""
-    from conformance.replay import replay
-    from conformance.workload import WorkloadError
-    from conformance.workload_v0 import random_v0_workload, run_v0_workload
+    from schedconf.conformance.replay import replay
+    from schedconf.conformance.workload import WorkloadError
+    from schedconf.conformance.workload_v0 import random_v0_workload, run_v0_workload
 
     passed = checked = swapped = 0
     for seed in range(12):
@@ -285,7 +285,7 @@ def test_swap_check_dry_run_on_the_cpu(tmp_path):
     """``gpu_checks/swap_check.py`` (the GPU session's script) runs end to end on the CPU."""
     import json
 
-    from gpu_checks import swap_check
+    from schedconf.gpu_checks import swap_check
 
     rc = swap_check.main(["--device", "cpu", "--allow-cpu", "--out", str(tmp_path), "--model", "tiny",
                           "--dtype", "float64", "--block-sizes", "2,8", "--blocks", "8", "--repeats", "1",
@@ -327,9 +327,9 @@ def test_impl_engine_passes_the_v0_corpus_and_300_generated_traces(tmp_path):
     """
     from pathlib import Path
 
-    from conformance.campaign import CampaignSpec, run_campaign
-    from conformance.replay import replay
-    from conformance.trace import read_trace
+    from schedconf.conformance.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.replay import replay
+    from schedconf.conformance.trace import read_trace
 
     corpus = sorted((Path(__file__).parents[2] / "conformance" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
     assert len(corpus) >= 50

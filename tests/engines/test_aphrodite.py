@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.aphrodite import AphroditeSut
-from conformance.engine_env import REPO_ROOT, ensure_env
-from conformance.replay import replay
-from conformance.sut import SutInputError, SutUnsupported
-from conformance.trace import read_trace
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.aphrodite import AphroditeSut
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.replay import replay
+from schedconf.conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.trace import read_trace
 
 pytestmark = pytest.mark.engines
 
@@ -174,7 +174,7 @@ def test_golden_corpus_diverges_only_where_the_lone_request_rule_can(sut: Aphrod
 def test_campaign_has_no_harness_error(tmp_path: Path) -> None:
     """60 generated traces run to a verdict; every failure has a threshold set (the lone-request rule)."""
     ensure_env("aphrodite", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--profile", PROFILE,
+    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--profile", PROFILE,
                            "--examples", "60", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summaries = list(tmp_path.glob("*/summary.json"))
@@ -193,7 +193,7 @@ def test_strict_under_its_own_profile(tmp_path: Path) -> None:
     """Under aphrodite-0.24 (spec/profiles.py: vllm-0.32 with the lone-request threshold rule)
     Aphrodite passes strict: the one rule explains every divergence from vllm-0.32."""
     ensure_env("aphrodite", VERSION)
-    subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--profile", "aphrodite-0.24",
+    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--profile", "aphrodite-0.24",
                     "--examples", "60", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
                    capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.lmdeploy import LmdeploySut
-from conformance.engine_env import REPO_ROOT, ensure_env
-from conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.lmdeploy import LmdeploySut
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 pytestmark = pytest.mark.engines
 
@@ -140,7 +140,7 @@ def test_safety_campaign_of_200_traces_passes(tmp_path: Path) -> None:
     """LMDeploy's own schedule keeps every safety property (conformance/CHECKS.md); unknown verdicts are only
     the two documented ones (session length, a stop id under ignore_eos)."""
     ensure_env("lmdeploy", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "200",
+    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "200",
                            "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summaries = list(tmp_path.glob("run-*/summary.json"))

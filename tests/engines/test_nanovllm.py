@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.nanovllm import NanoVllmSut
-from conformance.engine_env import REPO_ROOT, driver_env, ensure_env, env_python
-from conformance.protocol import validate_reply
-from conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.nanovllm import NanoVllmSut
+from schedconf.conformance.engine_env import REPO_ROOT, driver_env, ensure_env, env_python
+from schedconf.conformance.protocol import validate_reply
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 pytestmark = pytest.mark.engines
 
@@ -151,7 +151,7 @@ def _raw_observe_after(expected_step: dict[str, Any]) -> dict[str, Any]:
         {"method": "shutdown", "params": {}},
     ]
     text = "".join(json.dumps({"id": i + 1, **m}) + "\n" for i, m in enumerate(lines))
-    proc = subprocess.run([str(python), "-m", "conformance.engines.nanovllm_driver"], input=text, capture_output=True,
+    proc = subprocess.run([str(python), "-m", "schedconf.conformance.engines.nanovllm_driver"], input=text, capture_output=True,
                           text=True, env={**os.environ, **driver_env("nano-vllm", VERSION)}, timeout=120, check=True)
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["id"] for r in replies] == list(range(1, len(lines) + 1))
@@ -167,7 +167,7 @@ def _raw_observe_after(expected_step: dict[str, Any]) -> dict[str, Any]:
 def test_campaign_of_300_traces_has_no_harness_error(tmp_path: Path) -> None:
     """Every generated trace runs to a verdict; only nano-vllm's own schedule() failures may be sut_error."""
     ensure_env("nano-vllm", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "300",
+    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "300",
                            "--comparison", "observable", "--shrink-budget", "0", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summaries = list(tmp_path.glob("run-*/summary.json"))
@@ -190,7 +190,7 @@ def test_safety_campaign_finds_only_the_two_known_bugs(tmp_path: Path) -> None:
     again (known_requests). A driver mistake would show as any other kind, and a fixed fork as no
     progress failure."""
     ensure_env("nano-vllm", VERSION)
-    subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "200",
+    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "200",
                     "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
                    capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
@@ -251,7 +251,7 @@ def test_guidance_pairs_overflow_max_num_seqs(cfg_sut: NanoVllmSut) -> None:
 def test_guidance_pair_safety_campaign(tmp_path: Path) -> None:
     """Every request a guidance pair: the failures are the fork's known bugs and the pair seat overflow."""
     ensure_env("nano-vllm", VERSION)
-    subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", "300",
+    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "300",
                     "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
                    capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env={**os.environ, CFG_ENV: "3"})
     summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())

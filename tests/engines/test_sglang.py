@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.sglang import SglangSut
-from conformance.engine_env import REPO_ROOT, ensure_env
-from conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.sglang import SglangSut
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 pytestmark = pytest.mark.engines
 
@@ -207,7 +207,7 @@ def test_radix_repointing_is_reported_as_a_replaced_table(sut: SglangSut) -> Non
 def run_safety_campaign(out: Path, examples: int, *sets: str) -> dict[str, Any]:
     ensure_env("sglang", VERSION)
     args = [arg for value in sets for arg in ("--set", value)]
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", SUT_NAME, "--examples", str(examples),
+    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", str(examples),
                            "--comparison", "safety", "--shrink-budget", "0", "--out", str(out), *args],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     summaries = list(out.glob("run-*/summary.json"))
@@ -256,8 +256,8 @@ def test_a_table_repointed_at_an_update_is_not_observed_before_it_is_handed_over
     that token's KV, freeing r2's own slot. The driver used to show the repointed table in the observation right
     after the update, before any SchedulerOutput handed it over (safety:block_tables at step 2); now the tables
     are left out until the next step hands the table over whole (resumed), and the trace passes."""
-    from conformance.replay import replay
-    from conformance.trace import read_trace
+    from schedconf.conformance.replay import replay
+    from schedconf.conformance.trace import read_trace
 
     trace = read_trace(Path(__file__).parent / "testdata" / "sglang-repointed-table.jsonl")
     sut = make_sut("sglang@0.5.23")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conformance.engine_env import REPO_ROOT, ensure_env, env_python
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env, env_python
 
 FINDINGS = REPO_ROOT / "reports" / "findings"
 PROJECT_PACKAGES = {"conformance", "spec", "impl", "schedconf"}

@@ -4,9 +4,9 @@ It is the reference model except that, under FCFS, it preempts the *head* of
 the running list instead of the tail (the classic victim-order bug).
 """
 
-from conformance.adapters.reference import ReferenceSut
-from spec.request import Request
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.spec.request import Request
+from schedconf.spec.scheduler import Scheduler
 
 
 class _HeadVictimScheduler(Scheduler):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.adapters.reference import ReferenceSut
-from spec.request import Request
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.spec.request import Request
+from schedconf.spec.scheduler import Scheduler
 
 
 class OverBudgetSut(ReferenceSut):
@@ -160,7 +160,7 @@ class StarveSut(ReferenceSut):
             self.starved = event["request_id"]
             return None
         if event.get("request_id") == self.starved:
-            from conformance.sut import SutInputError
+            from schedconf.conformance.sut import SutInputError
 
             raise SutInputError("duplicate_request_id", "starved, still live")
         return super().add_request(event)

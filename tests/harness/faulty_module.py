@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.adapters.reference import ReferenceSut  # noqa: E402
-from conformance.sut import SutInputError, SutUnsupported  # noqa: E402
+from schedconf.conformance.adapters.reference import ReferenceSut  # noqa: E402
+from schedconf.conformance.sut import SutInputError, SutUnsupported  # noqa: E402
 from tests.harness.faulty_sut import floats_in, record_pid  # noqa: E402
 
 STRIKE = 3
@@ -48,7 +48,7 @@ STRIKE = 3
 def is_module_host() -> bool:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return spec is not None and spec.name == "conformance.adapters.module_host"
+    return spec is not None and spec.name == "schedconf.conformance.adapters.module_host"
 
 
 if is_module_host():

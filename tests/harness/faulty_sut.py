@@ -43,8 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.adapters.reference import ReferenceSut  # noqa: E402
-from conformance.protocol_server import ProtocolSession, write_reply  # noqa: E402
+from schedconf.conformance.adapters.reference import ReferenceSut  # noqa: E402
+from schedconf.conformance.protocol_server import ProtocolSession, write_reply  # noqa: E402
 
 
 def get_start_time(pid: int) -> str:

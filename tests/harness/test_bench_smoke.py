@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.generate import random_workload
-from conformance.vllm_env import ensure_vllm_env
-from conformance.workload import WorkloadError, run_workload
+from schedconf.conformance.generate import random_workload
+from schedconf.conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.workload import WorkloadError, run_workload
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -126,8 +126,8 @@ SMOKES: dict[str, Smoke] = {
         (r"^\d+ traces, \d+ events, --comparison strict, seed 0$",
          r"^SUT +start s +traces/s +ms/trace +vs reference$",
          rf"^reference +{NUM} +{NUM} +{NUM} +1\.00x$",
-         rf"^inprocess:conformance\.adapters\.reference:ReferenceSut +{NUM} +{NUM} +{NUM} +{NUM}x$",
-         rf"^module:conformance\.adapters\.reference:ReferenceSut +{NUM} +{NUM} +{NUM} +{NUM}x$"),
+         rf"^inprocess:schedconf\.conformance\.adapters\.reference:ReferenceSut +{NUM} +{NUM} +{NUM} +{NUM}x$",
+         rf"^module:schedconf\.conformance\.adapters\.reference:ReferenceSut +{NUM} +{NUM} +{NUM} +{NUM}x$"),
     ),)),
     "bench_proofs.py": Smoke((
         Run(("--bounds", "2,3", "--large", "2,3", "--policy", "fcfs", "--transitions", "touch"),

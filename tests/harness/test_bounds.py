@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import bounds
-from conformance.campaign import exit_code
-from conformance.cli import main
+from schedconf.conformance import bounds
+from schedconf.conformance.campaign import exit_code
+from schedconf.conformance.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = {"kind": "header", "format": "schedconf-trace", "version": 1, "profile": "vllm-0.33", "seed": 0,
@@ -50,7 +50,7 @@ def write_lines(path: Path, *objects: dict) -> Path:
 
 
 def run_cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
 
 
@@ -159,7 +159,7 @@ def test_a_duplicate_key_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("field_name,scheduler", [("num_gpu_blocks", "v1"), ("num_cpu_blocks", "v0")])
 def test_a_pool_past_the_bound_is_refused_in_a_header(field_name, scheduler, tmp_path, capsys):
-    from conformance.trace import TraceError, validate_header_config
+    from schedconf.conformance.trace import TraceError, validate_header_config
 
     # the bound is checked before the config's own rules, so the rest of the config does not matter here
     header = dict(HEADER, config={**CONFIG, field_name: bounds.MAX_POOL_BLOCKS + 1})
@@ -187,8 +187,8 @@ def test_a_pool_past_the_bound_is_refused_in_set(capsys, tmp_path):
 
 def test_the_shrinker_never_proposes_a_pool_past_the_bound():
     """Smaller block sizes at the same capacity multiply the block count: such candidates are not tried."""
-    from conformance.examples import EXAMPLES
-    from conformance.shrink import _candidates
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.shrink import _candidates
 
     workload = EXAMPLES["mixed"]()
     big = workload.replace(config=dc_replace(workload.config, block_size=1024,
@@ -206,7 +206,7 @@ def test_a_scenario_config_past_the_bound_is_refused(tmp_path, capsys):
 
 
 def test_a_scenario_token_range_past_the_bound_is_refused(tmp_path, capsys):
-    from conformance.datadriven import ScenarioFormatError, parse_tokens
+    from schedconf.conformance.datadriven import ScenarioFormatError, parse_tokens
 
     with pytest.raises(ScenarioFormatError, match=f"at most {bounds.MAX_SCENARIO_TOKENS} tokens"):
         parse_tokens("0..1000000000")
@@ -216,10 +216,10 @@ def test_a_scenario_token_range_past_the_bound_is_refused(tmp_path, capsys):
 
 def test_the_reference_state_dump_is_truncated(tmp_path):
     """With 200,000 blocks the free queue alone is a line of over a megabyte; the report cuts it and says so."""
-    from conformance.adapters.reference import ReferenceSut
-    from conformance.examples import EXAMPLES
-    from conformance.replay import FAIL, render_divergence, replay
-    from conformance.workload import run_workload
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.replay import FAIL, render_divergence, replay
+    from schedconf.conformance.workload import run_workload
 
     workload = EXAMPLES["mixed"]()
     trace = run_workload(workload.replace(config=dc_replace(workload.config, num_gpu_blocks=200_000)))
@@ -272,7 +272,7 @@ def test_a_bad_run_id_is_refused(run_id, words, tmp_path, capsys):
 # -------------------------------------------------------------- wording
 
 def test_a_divergence_at_init_says_at_init(tmp_path):
-    from conformance.replay import render_where
+    from schedconf.conformance.replay import render_where
 
     assert render_where(None, 1) == "at init"
     assert render_where(None, 3) == "before the first step"
@@ -280,9 +280,9 @@ def test_a_divergence_at_init_says_at_init(tmp_path):
 
 
 def test_shrinking_a_passing_trace_says_so_once(tmp_path):
-    from conformance.examples import EXAMPLES
-    from conformance.trace import write_trace
-    from conformance.workload import run_workload
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.workload import run_workload
 
     path = tmp_path / "pass.jsonl"
     write_trace(path, run_workload(EXAMPLES["mixed"]()))
@@ -292,7 +292,7 @@ def test_shrinking_a_passing_trace_says_so_once(tmp_path):
 
 
 def test_mutants_list_is_instant_and_names_every_mutant(capsys):
-    from conformance.mutants import MUTANTS
+    from schedconf.conformance.mutants import MUTANTS
 
     code, out = run_main(["mutants", "--list"], capsys)
     assert code == 0
@@ -331,7 +331,7 @@ def wait_for(proc: subprocess.Popen, words: str, timeout_s: float = 120) -> str:
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_campaign_interrupted_while_it_shrinks_exits_as_interrupted(sig, code, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "run", "--sut", "mutant:fcfs_victim_head", "--examples", "40",
+        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "mutant:fcfs_victim_head", "--examples", "40",
          "--shrink-budget", "300", "--out", str(tmp_path), "--run-id", "r"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -360,7 +360,7 @@ def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
     chosen = max(summary["failures"], key=lambda f: f["events"])
     failing = tmp_path / "r" / chosen["trace_file"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "shrink", str(failing), "--sut", "mutant:fcfs_victim_head"],
+        [sys.executable, "-m", "schedconf.conformance", "shrink", str(failing), "--sut", "mutant:fcfs_victim_head"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
@@ -372,7 +372,7 @@ def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
     assert proc.returncode == 130, err
     partial = failing.with_suffix("").with_suffix(".min.partial.jsonl")
     assert f"not minimal: shrink it again to finish): {partial}" in err
-    from conformance.trace import read_trace
+    from schedconf.conformance.trace import read_trace
 
     kept = read_trace(partial)
     assert kept.header["origin"] == "shrink-partial"
@@ -381,9 +381,9 @@ def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
 
 def test_a_safety_run_stops_at_the_step_bound_with_unknown(monkeypatch):
     """A request of max_tokens 10^9 under a pool that holds it: the safety run would decode for ever."""
-    from conformance.adapters.reference import ReferenceSut
-    from conformance.replay import UNKNOWN, replay
-    from conformance.trace import parse_trace_text
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.replay import UNKNOWN, replay
+    from schedconf.conformance.trace import parse_trace_text
 
     monkeypatch.setattr(bounds, "MAX_SAFETY_STEPS", 50)
     config = dict(CONFIG, block_size=1_000_000, num_gpu_blocks=1001, max_model_len=10**9,
@@ -398,10 +398,10 @@ def test_a_safety_run_stops_at_the_step_bound_with_unknown(monkeypatch):
 
 
 def test_a_divergence_report_shows_at_most_20_fields():
-    from conformance.compare import Divergence, FieldDiff
-    from conformance.examples import EXAMPLES
-    from conformance.replay import FAIL, ReplayResult, render_divergence
-    from conformance.workload import run_workload
+    from schedconf.conformance.compare import Divergence, FieldDiff
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.replay import FAIL, ReplayResult, render_divergence
+    from schedconf.conformance.workload import run_workload
 
     trace = run_workload(EXAMPLES["mixed"]())
     diffs = tuple(FieldDiff(f"f{i}", i, i + 1) for i in range(25))
@@ -412,16 +412,16 @@ def test_a_divergence_report_shows_at_most_20_fields():
 
 
 def test_the_stderr_kept_of_a_scheduler_is_its_last_200_lines(tmp_path):
-    from conformance.adapters.stdio import STDERR_LINES_KEPT, StdioSut
-    from conformance.replay import FAIL, replay
+    from schedconf.conformance.adapters.stdio import STDERR_LINES_KEPT, StdioSut
+    from schedconf.conformance.replay import FAIL, replay
 
     script = tmp_path / "noisy.sh"
     script.write_text("#!/bin/sh\nfor i in $(seq 500); do echo \"line $i\" >&2; done\nexec sleep 30\n")
     script.chmod(0o755)
     sut = StdioSut(str(script), timeout_s=2.0)
     try:
-        from conformance.examples import EXAMPLES
-        from conformance.workload import run_workload
+        from schedconf.conformance.examples import EXAMPLES
+        from schedconf.conformance.workload import run_workload
 
         result = replay(run_workload(EXAMPLES["mixed"]()), sut, "strict", step_timeout=2.0)
         tail = sut.stderr_tail(10_000).splitlines()

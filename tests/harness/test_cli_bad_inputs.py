@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conformance.cli import main
+from schedconf.conformance.cli import main
 
 HEADER = {"kind": "header", "format": "schedconf-trace", "version": 1, "profile": "vllm-0.33", "seed": 0,
           "origin": "test"}
@@ -36,8 +36,8 @@ def files(tmp_path):
     (tmp_path / "not_json.jsonl").write_text('{"kind": "header",\n')
     (tmp_path / "bad_config.jsonl").write_text(json.dumps({**HEADER, "config": config(block_size=-1)}) + "\n")
     (tmp_path / "bad_scenario.txt").write_text("add-request id=r1\n")
-    from conformance.config_limits import make_refused_config_traces
-    from conformance.trace import write_trace
+    from schedconf.conformance.config_limits import make_refused_config_traces
+    from schedconf.conformance.trace import write_trace
 
     write_trace(tmp_path / "valid.jsonl", make_refused_config_traces("vllm-0.33")[0][1])
     run = tmp_path / "broken_run"
@@ -103,6 +103,10 @@ ROWS = [
     (["diff", "--sut", "reference"], "the following arguments are required: --against"),
     (["diff", "--sut", "reference", "--against", "stdio:no-such-program-xq7"], "no such program on PATH"),
     (["demo", "--examples", "-1"], "--examples: expected an integer >= 0"),
+    (["check", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: cannot read"),
+    (["record", "--", "true"], "the following arguments are required: --out"),
+    (["record", "--out", "{tmp}/rec", "--", "/no/such/program-xq7"], "/no/such/program-xq7: No such file"),
+    (["live", "--release", "9.9.9", "--requests", "1"], "no pinned environment"),
 ]
 
 
@@ -126,7 +130,7 @@ def test_bad_input_exits_2_with_a_clear_line(argv, words, files, capsys, monkeyp
 
 
 def test_every_subcommand_has_a_row():
-    from conformance.cli import build_parser
+    from schedconf.conformance.cli import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
     covered = {argv[0] for argv, _ in ROWS}
@@ -140,7 +144,7 @@ def test_version(capsys):
 
 
 def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
-    import conformance.campaign as campaign
+    import schedconf.conformance.campaign as campaign
 
     monkeypatch.setattr(campaign, "make_run_id", lambda spec: "run-fixed")  # the same second, twice
     first = campaign.run_campaign(campaign.CampaignSpec(sut="reference", examples=2, out_dir=str(tmp_path), quiet=True))
@@ -151,7 +155,7 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
 
 
 def test_a_campaign_spec_of_zero_traces_is_refused():
-    from conformance.campaign import CampaignSpec
+    from schedconf.conformance.campaign import CampaignSpec
 
     for bad in ({"examples": 0}, {"jobs": 0}, {"step_timeout": -1.0}, {"shrink_budget_s": -1.0}):
         with pytest.raises(ValueError):
@@ -160,11 +164,11 @@ def test_a_campaign_spec_of_zero_traces_is_refused():
 
 def test_all_unknown_exits_2_as_documented(tmp_path, capsys):
     """A run where no trace is conclusive must not pass: exit 2, and the help says so."""
-    from conformance.cli import build_parser
+    from schedconf.conformance.cli import build_parser
 
     adapter = tmp_path / "unsupported_adapter.py"
     adapter.write_text(
-        "from conformance.sut import SutUnsupported\n"
+        "from schedconf.conformance.sut import SutUnsupported\n"
         "class Nope:\n"
         "    name = 'nope'\n"
         "    def start(self, config, profile): raise SutUnsupported('no config is supported')\n"

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from conformance.diff import DiffSpec, run_diff, write_diff
-from conformance.trace import read_trace
-from spec import profiles
+from schedconf.conformance.diff import DiffSpec, run_diff, write_diff
+from schedconf.conformance.trace import read_trace
+from schedconf.spec import profiles
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
 
 
@@ -55,8 +55,8 @@ def test_a_wrong_victim_is_one_group_with_a_minimal_trace_and_its_safety_breach(
     # the minimal trace still shows the same first difference
     spec = DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
                     against_profile="vllm-0.33")
-    from conformance.adapters import make_sut
-    from conformance.diff import RecordingSut, compare_runs, run_side
+    from schedconf.conformance.adapters import make_sut
+    from schedconf.conformance.diff import RecordingSut, compare_runs, run_side
 
     trace = read_trace(group["minimal"])
     runs = [run_side(trace, RecordingSut(make_sut(name)), "vllm-0.33", None) for name in (spec.sut, spec.against)]
@@ -87,7 +87,7 @@ def test_the_report_names_both_sides_and_each_group(tmp_path):
 
 def test_sides_that_force_a_field_differently_are_refused(tmp_path):
     (tmp_path / "forcing.py").write_text(
-        "from conformance.adapters.reference import ReferenceSut\n"
+        "from schedconf.conformance.adapters.reference import ReferenceSut\n"
         "class Off(ReferenceSut):\n    forced_config = {'enable_prefix_caching': False}\n"
         "class On(ReferenceSut):\n    forced_config = {'enable_prefix_caching': True}\n")
     proc = run_cli(["diff", "--sut", "module:forcing:Off", "--against", "module:forcing:On", "--examples", "2",

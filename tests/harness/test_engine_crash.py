@@ -20,16 +20,16 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.generate import SPEC_CUT_THRESHOLD_RATE, random_workload
-from conformance.replay import PASS, render_divergence, replay
-from conformance.trace import Trace
-from conformance.vllm_driver import PADDED_ADMISSION_ASSERT, _is_padded_admission_assert
-from conformance.workload import HashOracle, RequestSpec, Workload, run_workload, workload_from_trace
-from spec.config import SchedulerConfig
-from spec.errors import ERROR_CODES, EngineCrash
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.generate import SPEC_CUT_THRESHOLD_RATE, random_workload
+from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.vllm_driver import PADDED_ADMISSION_ASSERT, _is_padded_admission_assert
+from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload, workload_from_trace
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import ERROR_CODES, EngineCrash
+from schedconf.spec.scheduler import Scheduler
 
 CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_num_seqs=4,
                          max_model_len=16, long_prefill_token_threshold=2, enable_prefix_caching=False,
@@ -102,7 +102,7 @@ def test_crash_and_dead_engine_on_the_model():
         elif event["kind"] == "step":
             out = sched.schedule()
         else:
-            from spec.output import ModelRunnerOutput
+            from schedconf.spec.output import ModelRunnerOutput
             sched.update_from_output(out, ModelRunnerOutput({k: tuple(v) for k, v in event["sampled_token_ids"].items()}))
     with pytest.raises(EngineCrash) as crash:
         sched.schedule()
@@ -184,7 +184,7 @@ def test_the_generator_draws_cut_thresholds(drawn):
 
 def test_other_workloads_keep_their_bytes():
     """The draw is on a forked stream: a workload that does not get it is unchanged by it."""
-    from conformance import generate
+    from schedconf.conformance import generate
 
     rate = generate.SPEC_CUT_THRESHOLD_RATE
     try:

@@ -16,8 +16,8 @@ import ast
 import inspect
 import textwrap
 
-from conformance import vllm_driver
-from conformance.engines import aphrodite_driver
+from schedconf.conformance import vllm_driver
+from schedconf.conformance.engines import aphrodite_driver
 
 
 def get_assigned_attributes(cls: type, methods: tuple[str, ...]) -> set[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import engine_env, vllm_env
-from conformance.engine_env import FAMILIES, EngineEnvError, EngineFamily
+from schedconf.conformance import engine_env, vllm_env
+from schedconf.conformance.engine_env import FAMILIES, EngineEnvError, EngineFamily
 
 
 def _family(tmp_path: Path, text: str = "pkg==1.0\n") -> EngineFamily:
@@ -90,7 +90,7 @@ def test_a_failed_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_cli_check_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from conformance.cli import build_parser
+    from schedconf.conformance.cli import build_parser
 
     args = build_parser().parse_args(["env", "nano-vllm", "20260210", "--check", "--root", str(tmp_path)])
     assert args.engine_family == "nano-vllm"
@@ -104,16 +104,16 @@ def test_cli_check_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_registry_names_the_adapter_without_importing_it() -> None:
-    from conformance.adapters import ADAPTER_PREFIXES, UnknownSut, make_sut
+    from schedconf.conformance.adapters import ADAPTER_PREFIXES, UnknownSut, make_sut
 
-    assert ADAPTER_PREFIXES["nano-vllm@"] == "conformance.adapters.nanovllm:make_nanovllm_sut"
+    assert ADAPTER_PREFIXES["nano-vllm@"] == "schedconf.conformance.adapters.nanovllm:make_nanovllm_sut"
     with pytest.raises(UnknownSut, match="pinned releases: 20260210"):
         make_sut("nano-vllm@1.0")
 
 
 def test_a_release_can_have_its_own_driver(tmp_path: Path, fake_run: list[str]) -> None:
-    assert engine_env.get_driver_module("vllm", "0.10.2") == "conformance.engines.vllm_v0_driver"
-    assert engine_env.get_driver_module("vllm", "0.33.0") == "conformance.vllm_driver"
+    assert engine_env.get_driver_module("vllm", "0.10.2") == "schedconf.conformance.engines.vllm_v0_driver"
+    assert engine_env.get_driver_module("vllm", "0.33.0") == "schedconf.conformance.vllm_driver"
     fam = EngineFamily(name="toy", label="Toy", driver_module="other_driver",
                        env_vars=lambda home: {"TOY_HOME": str(home)}, envs_dir=_family(tmp_path).envs_dir,
                        release_drivers={"1.0": "toy_driver"})

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters.stdio import StdioSut
-from conformance.examples import EXAMPLES
-from conformance.replay import FAIL, PASS, replay
-from conformance.workload import run_workload
+from schedconf.conformance.adapters.stdio import StdioSut
+from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.replay import FAIL, PASS, replay
+from schedconf.conformance.workload import run_workload
 from tests.harness.faulty_sut import get_start_time
 
 HERE = Path(__file__).resolve().parent
@@ -149,7 +149,7 @@ def test_slow_within_the_timeout_passes(trace, pid_dir):
 
 
 def run_cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
 
 
@@ -187,7 +187,7 @@ def test_an_exiting_scheduler_is_restarted_per_trace_quickly(tmp_path, pid_dir):
 def test_sigterm_leaves_an_interrupted_summary_and_no_process(jobs, tmp_path, pid_dir):
     run_dir = tmp_path / "r" / "term"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "run", "--sut", "stdio:" + faulty("slow", at=1, delay=0.02),
+        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "stdio:" + faulty("slow", at=1, delay=0.02),
          "--examples", "200", "--jobs", str(jobs), "--out", str(tmp_path / "r"), "--run-id", "term", "--quiet"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)

@@ -22,16 +22,16 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.generate import BOUNDARIES, BOUNDARY_RATE, random_workload
-from conformance.replay import PASS, render_divergence, replay
-from conformance.sut import SutInputError
-from conformance.trace import Trace
-from conformance.workload import HashOracle, RequestSpec, Workload, run_workload
-from spec.config import SchedulerConfig, cdiv
-from spec.errors import InvalidConfig
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.generate import BOUNDARIES, BOUNDARY_RATE, random_workload
+from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.sut import SutInputError
+from schedconf.conformance.trace import Trace
+from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload
+from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.scheduler import Scheduler
 
 BASE = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
                        max_model_len=32, enable_prefix_caching=True)

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, find, settings
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.generate import IN_FLIGHT_RATES, RandomChooser, random_workload, workloads
-from conformance.replay import PASS, render_divergence, replay
-from conformance.trace import Trace, render_trace
-from conformance.workload import (
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.generate import IN_FLIGHT_RATES, RandomChooser, random_workload, workloads
+from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.trace import Trace, render_trace
+from schedconf.conformance.workload import (
     AbortSpec,
     HashOracle,
     InvalidInput,
@@ -30,7 +30,7 @@ from conformance.workload import (
     run_workload,
     workload_from_trace,
 )
-from spec.config import SchedulerConfig
+from schedconf.spec.config import SchedulerConfig
 
 SEEDS = range(300)
 """The measured sample: fixed seeds, so the shares below are the same on every machine."""

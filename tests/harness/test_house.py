@@ -4,9 +4,15 @@
   imports it): the engine does not know it is being checked;
 * the modules of ``conformance/`` import each other without a cycle (imports
   inside functions count: they are arrows too, only later);
-* importing ``conformance.adapters`` (the SUT registry) imports no adapter, so
+* importing ``schedconf.conformance.adapters`` (the SUT registry) imports no adapter, so
   neither torch nor the mutants come with it;
-* every name of the registry still builds its SUT.
+* every name of the registry still builds its SUT;
+* everything imports the project by one name, ``schedconf``: no module uses the
+  bare top-level names (``spec``, ``conformance``, ``impl``, ``gpu_checks``) a user's
+  own package may have;
+* the models (``spec/``, its Z3 encodings aside) import nothing of ours outside
+  ``spec/``, and the engine drivers
+  (which run in the engines' environments) import nothing of ``spec/``.
 
 The import graph is read from the source with ``ast``; nothing is imported to
 draw it.
@@ -26,11 +32,13 @@ ROOT = Path(__file__).parents[2]
 
 
 def get_module_name(path: Path) -> str:
-    """``conformance/adapters/__init__.py`` -> ``conformance.adapters``."""
+    """``conformance/adapters/__init__.py`` -> ``schedconf.conformance.adapters``."""
+    if not path.is_relative_to(ROOT):
+        return path.stem
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join(["schedconf", *parts])
 
 
 def get_imported_names(path: Path) -> set[str]:
@@ -115,9 +123,9 @@ def test_cycle_finder_finds_a_two_module_cycle_and_nothing_in_a_chain():
 def test_import_graph_sees_function_level_imports_and_parent_packages():
     graph = compute_import_graph("conformance")
     # mutants imports the reference adapter at module level, which runs the registry's __init__ first
-    assert {"conformance.adapters", "conformance.adapters.reference"} <= graph["conformance.mutants"]
+    assert {"schedconf.conformance.adapters", "schedconf.conformance.adapters.reference"} <= graph["schedconf.conformance.mutants"]
     # the registry imports the stdio adapter inside make_sut
-    assert "conformance.adapters.stdio" in graph["conformance.adapters"]
+    assert "schedconf.conformance.adapters.stdio" in graph["schedconf.conformance.adapters"]
 
 
 def test_conformance_modules_import_each_other_without_a_cycle():
@@ -127,7 +135,8 @@ def test_conformance_modules_import_each_other_without_a_cycle():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "impl").rglob("*.py")), ids=lambda p: p.name)
 def test_impl_module_does_not_import_the_harness(path):
-    harness = sorted(n for n in get_imported_names(path) if n.split(".")[0] in ("conformance", "gpu_checks"))
+    harness = sorted(n for n in get_imported_names(path)
+                     if n.startswith(("schedconf.conformance", "schedconf.gpu_checks", "conformance", "gpu_checks")))
     assert harness == [], f"{path.relative_to(ROOT)} imports the harness: {harness}"
 
 
@@ -138,9 +147,10 @@ def test_impl_has_modules_to_check():
 
 
 def test_importing_the_registry_imports_no_adapter_and_no_torch():
-    code = ("import sys, conformance, conformance.adapters\n"
-            "loaded = sorted(m for m in ('torch', 'impl', 'conformance.mutants', 'conformance.adapters.impl',\n"
-            "                            'conformance.adapters.vllm_v1') if m in sys.modules)\n"
+    code = ("import sys, schedconf.conformance, schedconf.conformance.adapters\n"
+            "loaded = sorted(m for m in ('torch', 'schedconf.impl', 'schedconf.conformance.mutants',\n"
+            "                            'schedconf.conformance.adapters.impl',\n"
+            "                            'schedconf.conformance.adapters.vllm_v1') if m in sys.modules)\n"
             "assert not loaded, loaded\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -149,7 +159,7 @@ def test_importing_the_registry_imports_no_adapter_and_no_torch():
 
 
 def test_every_registry_entry_resolves_to_a_factory():
-    from conformance.adapters import ADAPTER_PREFIXES, ADAPTERS, get_factory
+    from schedconf.conformance.adapters import ADAPTER_PREFIXES, ADAPTERS, get_factory
 
     assert {"reference", "impl", "impl-engine"} <= set(ADAPTERS)
     assert {"mutant:", "vllm-v1@"} <= set(ADAPTER_PREFIXES)
@@ -158,10 +168,10 @@ def test_every_registry_entry_resolves_to_a_factory():
 
 
 def test_make_sut_builds_every_kind_of_name():
-    from conformance.adapters import UnknownSut, make_sut
-    from conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
-    from conformance.adapters.vllm_v1 import VllmEnvNotReady, VllmV1Sut
-    from conformance.mutants import MutantSut
+    from schedconf.conformance.adapters import UnknownSut, make_sut
+    from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
+    from schedconf.conformance.adapters.vllm_v1 import VllmEnvNotReady, VllmV1Sut
+    from schedconf.conformance.mutants import MutantSut
 
     assert type(make_sut("impl")) is ImplSchedulerSut
     assert type(make_sut("impl-engine")) is ImplEngineSut
@@ -179,3 +189,37 @@ def test_make_sut_builds_every_kind_of_name():
         make_sut("vllm-v1@9.9.9")
     with pytest.raises(UnknownSut, match="unknown --sut 'no-such-sut'"):
         make_sut("no-such-sut")
+
+
+OURS = ("spec", "conformance", "impl", "gpu_checks")
+CODE = sorted(p for top in (*OURS, "bench", "tests", "schedconf") for p in (ROOT / top).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_project_is_imported_by_one_name(path):
+    bare = sorted(n for n in get_imported_names(path) if n.split(".")[0] in OURS)
+    assert bare == [], f"{path.relative_to(ROOT)} imports {bare}: use schedconf.{bare[0]}"
+
+
+MODELS = sorted(p for p in (ROOT / "spec").rglob("*.py") if "symbolic" not in p.relative_to(ROOT).parts)
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_models_import_nothing_of_ours_outside_spec(path):
+    """The executable models stand alone. (``spec/symbolic/`` may write the traces that realise its
+    witnesses with the trace format's own reader and writer.)"""
+    outside = sorted(n for n in get_imported_names(path)
+                     if n.startswith("schedconf.") and not n.startswith("schedconf.spec"))
+    assert outside == [], f"{path.relative_to(ROOT)} imports {outside}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conformance" / "engines").glob("*.py")), ids=lambda p: p.name)
+def test_an_engine_driver_imports_no_model(path):
+    model = sorted(n for n in get_imported_names(path) if n.startswith("schedconf.spec"))
+    assert model == [], f"{path.relative_to(ROOT)} imports {model}: drivers run in the engines' environments"
+
+
+def test_the_layer_checks_see_a_bare_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from spec.scheduler import Scheduler\n")
+    assert "spec.scheduler" in get_imported_names(module)

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.campaign import CampaignSpec, run_campaign
-from conformance.config_limits import make_refused_config_traces, make_v0_refused_config_traces
-from conformance.replay import PASS, UNKNOWN, render_divergence, replay
-from conformance.trace import read_trace
-from conformance.vectors import iter_corpus
-from conformance.workload import WorkloadError, run_workload
-from conformance.workload_v0 import make_random_workload
-from spec.profiles import PROFILES
-from spec.v0.profiles import V0_PROFILES
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.config_limits import make_refused_config_traces, make_v0_refused_config_traces
+from schedconf.conformance.replay import PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.vectors import iter_corpus
+from schedconf.conformance.workload import WorkloadError, run_workload
+from schedconf.conformance.workload_v0 import make_random_workload
+from schedconf.spec.profiles import PROFILES
+from schedconf.spec.v0.profiles import V0_PROFILES
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "js-scheduler" / "scheduler.js"
 SUT_NAME = f"stdio:node {shlex.quote(str(SCRIPT))}"
@@ -131,7 +131,7 @@ INIT_CASES = [
 
 
 def _init_outcome(sut, config, profile):
-    from conformance.sut import SutInputError, SutUnsupported
+    from schedconf.conformance.sut import SutInputError, SutUnsupported
 
     try:
         sut.start(config, profile)
@@ -146,7 +146,7 @@ def _init_outcome(sut, config, profile):
                          ids=[f"{p}-{','.join(f'{k}={v}' for k, v in c.items())}" for p, c in INIT_CASES])
 def test_init_answers_like_the_reference_or_unsupported(js, profile, changes):
     """The reference's refusal, with its code; a config the reference accepts runs or is unsupported at init."""
-    from conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.adapters.reference import ReferenceSut
 
     config = dict(BASE_CONFIG, **changes)
     expected = _init_outcome(ReferenceSut(), config, profile)
@@ -162,7 +162,7 @@ def test_init_answers_like_the_reference_or_unsupported(js, profile, changes):
 
 
 def test_init_answers_unsupported_for_the_v0_scheduler(js):
-    from conformance.config_limits import V0_BASE_CONFIG
+    from schedconf.conformance.config_limits import V0_BASE_CONFIG
 
     [profile] = V0_PROFILES
     assert _init_outcome(js, dict(V0_BASE_CONFIG), profile) == ("unsupported", None)

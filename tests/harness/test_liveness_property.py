@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters.reference import ReferenceSut
-from conformance.generate import random_workload
-from conformance.replay import FAIL, PASS, replay
-from conformance.safety.properties import RequestRecord, check_liveness
-from conformance.trace import read_trace
-from conformance.workload import WorkloadError, run_workload
-from spec.symbolic.liveness_bound import (
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.generate import random_workload
+from schedconf.conformance.replay import FAIL, PASS, replay
+from schedconf.conformance.safety.properties import RequestRecord, check_liveness
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.workload import WorkloadError, run_workload
+from schedconf.spec.symbolic.liveness_bound import (
     compute_any_order_bound,
     compute_policy_bound,
     compute_work,

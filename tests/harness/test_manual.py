@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import docs_reference
+from schedconf.conformance import docs_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNABLE = re.compile(r"^<!--\s*runnable(?::(?P<options>[^>]*))?\s*-->\s*$")
@@ -127,7 +127,7 @@ def test_a_marker_without_a_command_is_an_error(tmp_path: Path):
 
 
 def test_generated_reference_pages_are_current():
-    assert docs_reference.get_stale_pages() == [], "regenerate: python -m conformance.docs_reference --write"
+    assert docs_reference.get_stale_pages() == [], "regenerate: python -m schedconf.conformance.docs_reference --write"
 
 
 def test_a_stale_reference_page_is_caught(tmp_path: Path, monkeypatch, capsys):
@@ -135,8 +135,8 @@ def test_a_stale_reference_page_is_caught(tmp_path: Path, monkeypatch, capsys):
         shutil.copy(docs_reference.REFERENCE_DIR / name, tmp_path / name)
     assert docs_reference.main(["--check", "--dir", str(tmp_path)]) == 0
     # A code change the page does not know of: a new error code.
-    import spec.errors
-    monkeypatch.setitem(spec.errors.ERROR_CODES, "a_code_added_today", "what it means")
+    import schedconf.spec.errors
+    monkeypatch.setitem(schedconf.spec.errors.ERROR_CODES, "a_code_added_today", "what it means")
     assert docs_reference.main(["--check", "--dir", str(tmp_path)]) == 1
     assert "error-codes.md: out of date" in capsys.readouterr().err
     monkeypatch.undo()
@@ -194,7 +194,7 @@ def test_readme_is_a_front_page():
 def test_every_rule_names_a_function_of_the_models():
     import importlib
 
-    from spec.sources import RULES
+    from schedconf.spec.sources import RULES
     missing = []
     for rule in RULES:
         module, qualname = rule.model.split(":")

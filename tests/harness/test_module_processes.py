@@ -20,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.adapters.stdio import SutProtocolError
-from conformance.diff_machine import make_diff_machine
-from conformance.examples import EXAMPLES
-from conformance.replay import FAIL, PASS, replay
-from conformance.workload import run_workload
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.adapters.stdio import SutProtocolError
+from schedconf.conformance.diff_machine import make_diff_machine
+from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.replay import FAIL, PASS, replay
+from schedconf.conformance.workload import run_workload
 from tests.harness.faulty_sut import record_pid, start_daemon
 from tests.harness.test_fault_injection import REPO, survivors
 
@@ -107,7 +107,7 @@ def test_a_daemon_a_module_detaches_does_not_outlive_it(trace, pid_dir):
 
 def test_a_module_hung_in_native_code_does_not_survive_a_killed_harness(tmp_path, pid_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "run", "--sut", "module:tests.harness.faulty_module:NativeHang",
+        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "module:tests.harness.faulty_module:NativeHang",
          "--examples", "2", "--timeout", "120", "--out", str(tmp_path), "-q"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
@@ -127,7 +127,7 @@ MACHINE_SETTINGS = settings(max_examples=3, stateful_step_count=8, phases=[Phase
 
 
 def test_the_stateful_machine_drives_a_module_scheduler_in_its_child_process():
-    run_state_machine_as_test(make_diff_machine("module:conformance.adapters.reference:ReferenceSut"),
+    run_state_machine_as_test(make_diff_machine("module:schedconf.conformance.adapters.reference:ReferenceSut"),
                               settings=MACHINE_SETTINGS)
 
 

@@ -3,7 +3,7 @@
 ``schedconf`` and ``pytest``, started as console scripts, do not put the
 current folder on ``sys.path`` (``python -m`` would, and would hide the bug).
 The subprocesses below start both the way their console scripts do: the
-interpreter's path without the current folder, then ``conformance.cli:main`` or
+interpreter's path without the current folder, then ``schedconf.conformance.cli:main`` or
 pytest's main. ``PYTHONPATH`` names only this checkout, so the adapter can be
 found only because ``make_sut`` searches the current folder. The pytest run
 loads the plugin with ``-p`` (entry points off), so it does not depend on how
@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 
 ADAPTER = '''\
-from conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.adapters.reference import ReferenceSut
 
 
 class MySut(ReferenceSut):
@@ -33,7 +33,7 @@ class MySut(ReferenceSut):
 '''
 
 WITHOUT_CWD = "import os, sys; sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]; "
-SCHEDCONF_SCRIPT = WITHOUT_CWD + "from conformance.cli import main; sys.exit(main())"
+SCHEDCONF_SCRIPT = WITHOUT_CWD + "from schedconf.conformance.cli import main; sys.exit(main())"
 PYTEST_SCRIPT = WITHOUT_CWD + "import pytest; sys.exit(pytest.main())"
 
 
@@ -64,7 +64,7 @@ def test_cli_finds_a_module_sut_in_the_current_folder(tmp_path):
 
 def test_pytest_plugin_finds_a_module_sut_in_the_current_folder(tmp_path):
     folder = make_adapter_folder(tmp_path)
-    proc = run_console_script(PYTEST_SCRIPT, ["-p", "no:cacheprovider", "-p", "conformance.pytest_plugin",
+    proc = run_console_script(PYTEST_SCRIPT, ["-p", "no:cacheprovider", "-p", "schedconf.conformance.pytest_plugin",
                                               "--schedconf-sut=module:my_adapter:MySut", "--schedconf-examples=2",
                                               "--schedconf-no-corpus"], folder)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -75,7 +75,7 @@ def test_pytest_plugin_finds_a_module_sut_in_the_current_folder(tmp_path):
 
 
 def test_unknown_module_sut_names_the_folder_it_searched(tmp_path, monkeypatch):
-    from conformance.adapters import UnknownSut, make_sut
+    from schedconf.conformance.adapters import UnknownSut, make_sut
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # make_sut may put tmp_path first; undone after the test

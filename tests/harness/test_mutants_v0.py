@@ -14,14 +14,14 @@ kills it directly too.
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.mutant_kill import kill_one, run_model
-from conformance.mutants import MUTANTS, get_mutant_names
-from conformance.replay import PASS, replay
-from conformance.shrink import shrink_trace
-from conformance.sut import SutUnsupported
-from conformance.workload import HashOracle, RequestSpec, Workload
-from spec.schedulers import make_config
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.mutant_kill import kill_one, run_model
+from schedconf.conformance.mutants import MUTANTS, get_mutant_names
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.shrink import shrink_trace
+from schedconf.conformance.sut import SutUnsupported
+from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
+from schedconf.spec.schedulers import make_config
 
 
 @pytest.mark.parametrize("name", get_mutant_names("v0"))

@@ -16,7 +16,7 @@ def _plugin_args():
     from importlib.metadata import entry_points
 
     installed = any(ep.name == "schedconf" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "conformance.pytest_plugin"]
+    return [] if installed else ["-p", "schedconf.conformance.pytest_plugin"]
 
 
 def _run(tmp_path, sut, *extra, examples=20):

@@ -13,13 +13,13 @@ import json
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.config_limits import BASE_CONFIG, PAST_THE_LIMIT, make_refused_config_traces
-from conformance.replay import FAIL, PASS, render_divergence, replay
-from conformance.sut import SutInputError
-from conformance.trace import TraceError, make_header, parse_trace_text, render_trace
-from conformance.vectors import iter_corpus
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.config_limits import BASE_CONFIG, PAST_THE_LIMIT, make_refused_config_traces
+from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
+from schedconf.conformance.sut import SutInputError
+from schedconf.conformance.trace import TraceError, make_header, parse_trace_text, render_trace
+from schedconf.conformance.vectors import iter_corpus
 
 
 def test_every_rule_makes_a_trace_where_the_release_refuses_it():
@@ -73,8 +73,8 @@ def test_a_scheduler_that_refuses_with_another_code_fails():
 
 
 def test_a_normal_trace_refused_at_start_is_an_input_error_not_a_crash():
-    from conformance.examples import EXAMPLES
-    from conformance.workload import run_workload
+    from schedconf.conformance.examples import EXAMPLES
+    from schedconf.conformance.workload import run_workload
 
     trace = run_workload(EXAMPLES["mixed"]())
     result = replay(trace, RefusesWithTheWrongCode())
@@ -109,8 +109,8 @@ def test_the_corpus_holds_them_for_every_profile():
 
 
 def test_shrinking_a_refused_config_trace_keeps_its_header(tmp_path, capsys):
-    from conformance.cli import main
-    from conformance.trace import write_trace
+    from schedconf.conformance.cli import main
+    from schedconf.conformance.trace import write_trace
 
     _, trace = make_refused_config_traces("vllm-0.33")[0]
     path = tmp_path / "refused.jsonl"

@@ -4,14 +4,14 @@ import copy
 
 import pytest
 
-from conformance.adapters import UnknownSut, make_sut
-from conformance.compare import BlockRenaming, Comparator
-from conformance.examples import example_mixed
-from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
-from conformance.sut import SutUnsupported
-from conformance.trace import read_trace
-from conformance.vectors import iter_corpus
-from conformance.workload import run_workload
+from schedconf.conformance.adapters import UnknownSut, make_sut
+from schedconf.conformance.compare import BlockRenaming, Comparator
+from schedconf.conformance.examples import example_mixed
+from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.sut import SutUnsupported
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.vectors import iter_corpus
+from schedconf.conformance.workload import run_workload
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from markupsafe import escape
 
-from conformance.campaign import CampaignSpec, run_campaign
-from conformance.report import (
+from schedconf.conformance.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.report import (
     compute_failure_groups,
     compute_relevant_config,
     render_html,
@@ -86,7 +86,7 @@ def test_failing_run_groups_failures_by_kind_with_count_trace_config_and_replay_
 
 
 def test_the_replay_command_reproduces_the_failure(failing_run, capsys):
-    from conformance.cli import main
+    from schedconf.conformance.cli import main
 
     run_dir, summary = failing_run
     group = compute_failure_groups(summary, run_dir)[0]
@@ -280,7 +280,7 @@ def test_first_screen_shows_what_differed_where_in_the_table_of_kinds(failing_ru
 
 
 def test_the_printed_summary_has_one_line_per_kind_with_what_differed(failing_run, capsys):
-    from conformance.cli import _print_summary
+    from schedconf.conformance.cli import _print_summary
 
     run_dir, summary = failing_run
     _print_summary(summary)
@@ -297,8 +297,8 @@ def test_the_printed_summary_has_one_line_per_kind_with_what_differed(failing_ru
 
 
 def test_junit_failure_message_carries_what_differed(failing_run):
-    from conformance.campaign import TraceOutcome
-    from conformance.junit import render_junit
+    from schedconf.conformance.campaign import TraceOutcome
+    from schedconf.conformance.junit import render_junit
 
     run_dir, summary = failing_run
     outcomes = [TraceOutcome(index=f["index"], verdict="fail", steps=1, events=f["events"], report="r")
@@ -366,7 +366,7 @@ def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
 
 
 def test_long_values_are_cut_where_they_differ_and_never_scroll(tmp_path):
-    from conformance.report import render_short_pair
+    from schedconf.conformance.report import render_short_pair
 
     # Two 40-number lists differing in the last one: cut alike, each at most 60 characters, both showing it.
     expected, actual = render_short_pair(list(range(40)), list(range(39)) + [99])

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters import UnknownSut, make_sut
-from conformance.adapters.stdio import StdioSut
-from conformance.examples import EXAMPLES
-from conformance.replay import FAIL, PASS, UNKNOWN, replay
-from conformance.workload import run_workload
+from schedconf.conformance.adapters import UnknownSut, make_sut
+from schedconf.conformance.adapters.stdio import StdioSut
+from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, replay
+from schedconf.conformance.workload import run_workload
 from tests.harness.test_fault_injection import REPO, faulty, survivors
 
 MODULE = "tests.harness.faulty_module"
@@ -122,7 +122,7 @@ def test_a_module_reply_is_checked_as_strictly_as_a_stdio_reply(trace):
 def test_what_a_campaign_reads_before_any_trace_comes_from_the_child(tmp_path, monkeypatch):
     """forced_config and in_flight are read by a campaign before the first trace: the child's describe tells them."""
     (tmp_path / "forcing.py").write_text(
-        "from conformance.adapters.reference import ReferenceSut\n"
+        "from schedconf.conformance.adapters.reference import ReferenceSut\n"
         "class NoPrefixCaching(ReferenceSut):\n"
         "    forced_config = {'enable_prefix_caching': False}\n"
         "    in_flight = False\n")
@@ -189,7 +189,7 @@ def test_a_module_that_cannot_be_built_is_the_same_one_line_set_up_error_in_both
 
 def test_an_inprocess_module_that_exits_while_imported_is_exit_code_2(tmp_path):
     (tmp_path / "exits_on_import.py").write_text(SET_UP_FILES["exits_on_import"][0])
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--sut", "inprocess:exits_on_import:Sut",
+    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", "inprocess:exits_on_import:Sut",
                            "--examples", "2", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -244,7 +244,7 @@ def test_an_inprocess_close_that_raises_is_ignored_as_a_process_shutdown_is():
 
 def test_a_trace_with_a_reset_is_unknown_for_a_module_without_reset_prefix_cache():
     """The harness's own unsupported (the optional method is missing) stays unknown in both modes."""
-    from conformance.workload import ResetSpec
+    from schedconf.conformance.workload import ResetSpec
 
     with_reset = run_workload(EXAMPLES["mixed"]().replace(resets=(ResetSpec(False, 2),)))
     assert any(e["kind"] == "reset_prefix_cache" for e in with_reset.events)
@@ -264,7 +264,7 @@ def test_an_inprocess_scheduler_that_behaves_passes(trace):
 # ------------------------------------------------------------ through the CLI
 
 def run_cli(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
 
 
@@ -291,7 +291,7 @@ def test_a_campaign_against_a_faulty_module_fails_with_its_report(sut, kind, tmp
 
 
 def test_replay_of_a_module_that_exits_fails(tmp_path, trace, pid_dir):
-    from conformance.trace import write_trace
+    from schedconf.conformance.trace import write_trace
 
     path = tmp_path / "t.jsonl"
     write_trace(path, trace)
@@ -303,7 +303,7 @@ def test_replay_of_a_module_that_exits_fails(tmp_path, trace, pid_dir):
 def test_sigterm_is_honoured_while_a_module_hangs_in_native_code(tmp_path, pid_dir):
     """The old harness ran the scheduler in its own thread: SIGTERM waited for the C loop (45 s and more)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "run", "--sut", f"module:{MODULE}:NativeHang", "--examples", "2",
+        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", f"module:{MODULE}:NativeHang", "--examples", "2",
          "--timeout", "60", "--out", str(tmp_path), "--run-id", "r", "-q"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -341,12 +341,12 @@ def test_a_campaign_cannot_pass_by_giving_up(tmp_path, pid_dir):
 
 def test_our_engine_adapters_keep_their_late_unsupported(trace, pid_dir):
     """Our drivers answer unsupported mid-trace for inputs their fake model runner cannot produce: unknown."""
-    from conformance.adapters.aphrodite import AphroditeSut
-    from conformance.adapters.lmdeploy import LmdeploySut
-    from conformance.adapters.nanovllm import NanoVllmSut
-    from conformance.adapters.sglang import SglangSut
-    from conformance.adapters.vllm_v0 import VllmV0Sut
-    from conformance.adapters.vllm_v1 import VllmV1Sut
+    from schedconf.conformance.adapters.aphrodite import AphroditeSut
+    from schedconf.conformance.adapters.lmdeploy import LmdeploySut
+    from schedconf.conformance.adapters.nanovllm import NanoVllmSut
+    from schedconf.conformance.adapters.sglang import SglangSut
+    from schedconf.conformance.adapters.vllm_v0 import VllmV0Sut
+    from schedconf.conformance.adapters.vllm_v1 import VllmV1Sut
 
     for adapter in (AphroditeSut, LmdeploySut, NanoVllmSut, SglangSut, VllmV0Sut, VllmV1Sut):
         assert adapter.honours_late_unsupported is True, adapter
@@ -378,7 +378,7 @@ def test_a_daemon_the_scheduler_detaches_does_not_survive(trace, pid_dir):
 
 def test_a_hung_scheduler_does_not_survive_a_killed_harness(tmp_path, pid_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "run", "--sut", "stdio:" + faulty("hang", at=4), "--examples", "2",
+        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "stdio:" + faulty("hang", at=4), "--examples", "2",
          "--timeout", "120", "--out", str(tmp_path), "-q"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
@@ -395,7 +395,7 @@ def test_a_hung_scheduler_does_not_survive_a_killed_harness(tmp_path, pid_dir):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_the_scheduler_starts_with_the_signal_actions_a_direct_start_gives():
     """The supervisor is a Python process, which ignores SIGPIPE and SIGXFSZ; its command inherited that."""
-    from conformance.adapters.stdio import SUPERVISOR
+    from schedconf.conformance.adapters.stdio import SUPERVISOR
 
     show = ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"]
     direct = subprocess.run(show, capture_output=True, text=True, timeout=30).stdout
@@ -465,5 +465,5 @@ def test_the_bench_of_the_two_modes_runs():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split()[0] for line in proc.stdout.splitlines()[2:]]
-    assert rows == ["reference", f"inprocess:{'conformance.adapters.reference:ReferenceSut'}",
-                    "module:conformance.adapters.reference:ReferenceSut"]
+    assert rows == ["reference", f"inprocess:{'schedconf.conformance.adapters.reference:ReferenceSut'}",
+                    "module:schedconf.conformance.adapters.reference:ReferenceSut"]

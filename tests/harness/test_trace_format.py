@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.examples import example_mixed
-from conformance.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace
-from conformance.workload import run_workload
+from schedconf.conformance.examples import example_mixed
+from schedconf.conformance.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace
+from schedconf.conformance.workload import run_workload
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +144,9 @@ def test_cross_field_and_profile_config_errors_are_trace_errors(valid_text):
 def test_huge_token_id_in_a_trace_is_a_typed_refusal(valid_text):
     # Issue 10 item 4b: an id of 10**30 is read (JSON integers are unbounded)
     # and refused by the scheduler with invalid_token_id: expect_error passes.
-    from conformance.adapters.impl import make_scheduler_sut
-    from conformance.adapters.reference import ReferenceSut
-    from conformance.replay import replay
+    from schedconf.conformance.adapters.impl import make_scheduler_sut
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.replay import replay
 
     lines = _lines(valid_text)
     event = json.loads(lines[1])

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from conformance.campaign import CampaignSpec, generate_workloads, run_campaign
-from conformance.cli import main
-from conformance.trace import read_trace
-from conformance.workload_v0 import V0_COVERAGE
+from schedconf.conformance.campaign import CampaignSpec, generate_workloads, run_campaign
+from schedconf.conformance.cli import main
+from schedconf.conformance.trace import read_trace
+from schedconf.conformance.workload_v0 import V0_COVERAGE
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters import make_sut
-from conformance.replay import PASS, replay
-from conformance.safety.v0 import (
+from schedconf.conformance.adapters import make_sut
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.safety.v0 import (
     KNOWN_VIOLATIONS,
     V0_PROPERTIES,
     check_prefix_hit_unwritten,
@@ -26,9 +26,9 @@ from conformance.safety.v0 import (
     get_known_violation,
     get_unexpected_violations,
 )
-from conformance.trace import read_trace, render_trace
-from conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload, WorkloadError, run_v0_workload
-from conformance.workload_v0 import V0_PROFILE, make_v0_config, random_v0_workload
+from schedconf.conformance.trace import read_trace, render_trace
+from schedconf.conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload, WorkloadError, run_v0_workload
+from schedconf.conformance.workload_v0 import V0_PROFILE, make_v0_config, random_v0_workload
 
 V7 = "reports/findings/V7-v0-prefix-hit-on-unwritten-kv.jsonl"
 SHARED = tuple(range(10, 26))  # four full blocks of 4 tokens

@@ -2,11 +2,11 @@
 
 import json
 
-from conformance.adapters.reference import ReferenceSut
-from conformance.config_limits import V0_PAST_THE_LIMIT, make_v0_refused_config_traces
-from conformance.replay import PASS, replay
-from conformance.trace import read_trace, render_trace
-from conformance.vectors import V0_CORPUS_DIR, build_v0_corpus, iter_corpus, manifest_entry
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.config_limits import V0_PAST_THE_LIMIT, make_v0_refused_config_traces
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.trace import read_trace, render_trace
+from schedconf.conformance.vectors import V0_CORPUS_DIR, build_v0_corpus, iter_corpus, manifest_entry
 
 
 def test_v0_corpus_matches_the_model():
@@ -18,7 +18,7 @@ def test_v0_corpus_matches_the_model():
             committed = (V0_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the change is deliberate, run "
-                "`python -m conformance.vectors --rebuild-v0` and bump V0_CORPUS_VERSION")
+                "`python -m schedconf.conformance.vectors --rebuild-v0` and bump V0_CORPUS_VERSION")
             assert entry == manifest_entry(name, trace)
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
-from conformance.live.check import check_recording, render_outcome
-from conformance.live.convert import IncompleteRecording, read_recording, recording_to_trace
-from conformance.trace import read_trace
+from schedconf.conformance.cli import main
+from schedconf.conformance.live.check import check_recording, render_outcome
+from schedconf.conformance.live.convert import IncompleteRecording, read_recording, recording_to_trace
+from schedconf.conformance.trace import read_trace
 
 DATA = Path(__file__).parent / "data"
 SERVER = "vllm-0.32.0-server.jsonl.gz"

@@ -1,6 +1,6 @@
 """Every refusal of the reference model's API changes nothing (issue 10 items a-d).
 
-For each input error code in ``spec.errors.ERROR_CODES`` (configuration and
+For each input error code in ``schedconf.spec.errors.ERROR_CODES`` (configuration and
 protocol-only codes excepted) one case builds a state, snapshots the whole
 object graph of the scheduler (every request field, both queues, the block
 pool with its free-queue links and hash map, the pending step, counters), makes
@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import pytest
 
-from spec.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
-from spec.config import SchedulerConfig
-from spec.errors import ERROR_CODES, EngineCrash, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.request import RequestStatus
-from spec.scheduler import Scheduler
+from schedconf.spec.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import ERROR_CODES, EngineCrash, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.request import RequestStatus
+from schedconf.spec.scheduler import Scheduler
 
 # Codes raised at construction (config) or only by the JSON-lines protocol.
 NOT_API_CODES = {

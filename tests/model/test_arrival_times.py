@@ -12,17 +12,17 @@ import math
 
 import pytest
 
-from conformance.adapters.impl import make_scheduler_sut
-from conformance.adapters.reference import ReferenceSut
-from conformance.examples import example_mixed
-from conformance.replay import replay
-from conformance.trace import TraceError, parse_trace_text, render_trace
-from conformance.workload import run_workload
-from impl.scheduler import FastScheduler
-from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
+from schedconf.conformance.adapters.impl import make_scheduler_sut
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.examples import example_mixed
+from schedconf.conformance.replay import replay
+from schedconf.conformance.trace import TraceError, parse_trace_text, render_trace
+from schedconf.conformance.workload import run_workload
+from schedconf.impl.scheduler import FastScheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
 
 CFG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=32, max_num_seqs=1,
                       max_model_len=16, policy="priority")

@@ -24,12 +24,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from spec.config import SchedulerConfig
-from spec.errors import InvalidEvent
-from spec.invariants import check_invariants
-from spec.output import ModelRunnerOutput
-from spec.profiles import get_profile
-from spec.scheduler import Scheduler
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.errors import InvalidEvent
+from schedconf.spec.invariants import check_invariants
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.profiles import get_profile
+from schedconf.spec.scheduler import Scheduler
 
 EOS = 1
 STOP = 2

@@ -4,12 +4,12 @@ import copy
 
 import pytest
 
-from spec.errors import EngineCrash, InvalidConfig, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler as V1Scheduler
-from spec.schedulers import get_scheduler_kind, make_config, make_scheduler
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.scheduler import Scheduler
+from schedconf.spec.errors import EngineCrash, InvalidConfig, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler as V1Scheduler
+from schedconf.spec.schedulers import get_scheduler_kind, make_config, make_scheduler
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.scheduler import Scheduler
 
 CFG = dict(block_size=4, num_gpu_blocks=8, num_cpu_blocks=4, max_num_batched_tokens=32, max_num_seqs=4,
            max_model_len=32, enable_chunked_prefill=False, enable_prefix_caching=True, policy="fcfs",

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from spec.errors import ERROR_CODES
+from schedconf.spec.errors import ERROR_CODES
 
 ROOT = Path(__file__).parents[2]
 

@@ -22,11 +22,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from spec.errors import EngineCrash, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.invariants import check_invariants
-from spec.v0.scheduler import Scheduler
+from schedconf.spec.errors import EngineCrash, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.invariants import check_invariants
+from schedconf.spec.v0.scheduler import Scheduler
 
 EOS = 1
 STOP = 2

@@ -2,14 +2,14 @@
 
 import pytest
 
-from spec.errors import InvalidConfig
-from spec.v0.block_allocator import NaiveBlockAllocator, PrefixCachingBlockAllocator
-from spec.v0.block_manager import BlockTable
-from spec.v0.budget import SchedulingBudget
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.evictor import LRUEvictor
-from spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
-from spec.v0.stop import maybe_stop_sequence
+from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.v0.block_allocator import NaiveBlockAllocator, PrefixCachingBlockAllocator
+from schedconf.spec.v0.block_manager import BlockTable
+from schedconf.spec.v0.budget import SchedulingBudget
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.evictor import LRUEvictor
+from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
+from schedconf.spec.v0.stop import maybe_stop_sequence
 
 BASE = dict(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_batched_tokens=32, max_num_seqs=4,
             max_model_len=32, enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-import spec.symbolic.transitions as T
-from spec.symbolic.proofs import FAILED, PROVED, prove
-from spec.symbolic.state import Shape, SymbolicView
-from spec.symbolic.z3ops import Z3Ops, eq, land
+import schedconf.spec.symbolic.transitions as T
+from schedconf.spec.symbolic.proofs import FAILED, PROVED, prove
+from schedconf.spec.symbolic.state import Shape, SymbolicView
+from schedconf.spec.symbolic.z3ops import Z3Ops, eq, land
 
 SHAPE = Shape(3, 3, 2, "fcfs")
 TIMEOUT_S = 240.0
@@ -80,7 +80,7 @@ def _inv_tables_hold_no_cached_block(s: Any, o: Any) -> Any:
 @pytest.mark.symbolic
 def test_a_false_invariant_gives_a_real_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
     """Against an invariant the adoption of a hit breaks, the counterexample holds for the terms, not only their stand-ins."""
-    from spec import invariants
+    from schedconf.spec import invariants
 
     monkeypatch.setattr(invariants, "INVARIANTS",
                         dict(invariants.INVARIANTS, tables_hold_no_cached_block=_inv_tables_hold_no_cached_block))

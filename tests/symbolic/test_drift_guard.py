@@ -31,8 +31,8 @@ import z3
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from spec.scheduler import Scheduler
-from spec.symbolic.drive import (
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic.drive import (
     EncodingError,
     Evaluator,
     Z3Evaluator,
@@ -41,8 +41,8 @@ from spec.symbolic.drive import (
     schedule_both,
     update_both,
 )
-from spec.symbolic.proofs import premises
-from spec.symbolic.state import (
+from schedconf.spec.symbolic.proofs import premises
+from schedconf.spec.symbolic.state import (
     IDLE,
     RUNNING,
     Shape,
@@ -54,7 +54,7 @@ from spec.symbolic.state import (
     slot_id,
     to_scheduler,
 )
-from spec.symbolic.z3ops import count, land
+from schedconf.spec.symbolic.z3ops import count, land
 from tests.symbolic.conftest import NUM_SLOTS, Driven, add_random_request, configs, sample_outputs
 
 Z3_EVALUATOR = Z3Evaluator()
@@ -130,7 +130,7 @@ def test_reachable_states_python(data: st.DataObject, config: Any) -> None:
 @given(data=st.data(), policy=st.sampled_from(["fcfs", "priority"]))
 def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
     """Random programs on one pool shape: every event agrees with the encoding's Z3 formulas."""
-    from spec.config import SchedulerConfig
+    from schedconf.spec.config import SchedulerConfig
 
     config = SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=data.draw(st.integers(3, 8)),
                              max_num_seqs=data.draw(st.integers(1, 3)), max_model_len=8, policy=policy,
@@ -215,7 +215,7 @@ def test_injected_states(data: st.DataObject, shape: Shape) -> None:
 @given(data=st.data(), config=configs())
 def test_pool_primitives(data: st.DataObject, config: Any) -> None:
     """get_new_blocks, evict on reuse, touch, cache_full_blocks and free agree with the model's own functions."""
-    from spec.request import RequestStatus
+    from schedconf.spec.request import RequestStatus
     from tests.symbolic.conftest import drive
 
     d = drive(data, config, end_pending=False)
@@ -253,7 +253,7 @@ def test_pool_primitives(data: st.DataObject, config: Any) -> None:
             inputs = {}
     inputs["slot"] = snap.slot_ids.index(req.request_id)
     after = from_scheduler(sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
-    from spec.symbolic.transitions import TRANSITIONS
+    from schedconf.spec.symbolic.transitions import TRANSITIONS
 
     out = TRANSITIONS[kind].apply(snap.state, inputs)
     assert_same(after, out.post, f"{kind} of {req.request_id} after {d.log}")
@@ -263,7 +263,7 @@ def test_pool_primitives(data: st.DataObject, config: Any) -> None:
 @given(data=st.data(), config=configs())
 def test_composed_iterations(data: st.DataObject, config: Any) -> None:
     """Whole loop iterations (running_iteration, waiting_admission) give the model's schedule() too."""
-    from spec.symbolic.drive import run_schedule
+    from schedconf.spec.symbolic.drive import run_schedule
     from tests.symbolic.conftest import drive
 
     d = drive(data, config, end_pending=False)
@@ -293,7 +293,7 @@ these short random programs did not reach in 1,350 examples.
 @pytest.mark.parametrize("name", DRIFT_KILLS)
 def test_drift_guard_catches_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
-    from conformance.mutants import MUTANTS
+    from schedconf.conformance.mutants import MUTANTS
 
     mutant = MUTANTS[name]
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import spec.symbolic.proofs as P
-from spec.symbolic.state import Shape, SymbolicView
-from spec.symbolic.transitions import TRANSITIONS
-from spec.symbolic.z3ops import Z3Ops, count, ite, total, total_set
+import schedconf.spec.symbolic.proofs as P
+from schedconf.spec.symbolic.state import Shape, SymbolicView
+from schedconf.spec.symbolic.transitions import TRANSITIONS
+from schedconf.spec.symbolic.z3ops import Z3Ops, count, ite, total, total_set
 
 SHAPE = Shape(3, 3, 2, "priority")
 
@@ -35,7 +35,7 @@ def _inv_nothing_running(s: Any, o: Any) -> Any:
 
 @pytest.mark.symbolic
 def test_fresh_queries_find_counterexamples(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spec import invariants
+    from schedconf.spec import invariants
 
     monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
     monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS, nothing_running=_inv_nothing_running))

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import z3
 
-import spec.symbolic.proofs as P
-from spec.symbolic.helper import check_text, render_query
-from spec.symbolic.state import Shape, SymbolicView
-from spec.symbolic.transitions import TRANSITIONS
-from spec.symbolic.z3ops import Z3Ops
+import schedconf.spec.symbolic.proofs as P
+from schedconf.spec.symbolic.helper import check_text, render_query
+from schedconf.spec.symbolic.state import Shape, SymbolicView
+from schedconf.spec.symbolic.transitions import TRANSITIONS
+from schedconf.spec.symbolic.z3ops import Z3Ops
 
 SHAPE = Shape(3, 3, 2, "priority")
 
@@ -60,7 +60,7 @@ def _inv_nothing_running(s: Any, o: Any) -> Any:
 def test_a_false_goal_sent_to_the_helper_fails_the_transition(monkeypatch: pytest.MonkeyPatch) -> None:
     """The goal is assumed while the helper checks it; its ``sat`` makes it a counterexample (read here) and the
     transition is not proved, though the goals after it were proved assuming it."""
-    from spec import invariants
+    from schedconf.spec import invariants
 
     monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
     monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS, nothing_running=_inv_nothing_running))
@@ -110,7 +110,7 @@ def test_settle_turns_the_helpers_answers_into_verdicts() -> None:
 def test_close_stops_a_helper_that_overruns() -> None:
     """A task that runs past its deadline (here a 600 s sleep) does not hold the proof: close() gives it 5 s, then
     stops the process."""
-    from spec.symbolic.helper import Helper
+    from schedconf.spec.symbolic.helper import Helper
 
     helper = Helper()
     future = helper.submit(time.sleep, 600)

@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 
-from spec.config import SchedulerConfig, cdiv
-from spec.errors import EngineCrash, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
-from spec.symbolic import in_flight as F
-from spec.symbolic.in_flight import (
+from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.spec.errors import EngineCrash, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic import in_flight as F
+from schedconf.spec.symbolic.in_flight import (
     FAILED,
     MUTANT_RULES,
     PROVED,
@@ -520,7 +520,7 @@ MODEL_MUTANTS = ("stale_output_applied_as_fresh", "placeholders_kept_on_preempt"
 @pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending",))
 def test_drift_guard_catches_model_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
-    from conformance.mutants import MUTANTS
+    from schedconf.conformance.mutants import MUTANTS
 
     k = K if name == "async_drafts_with_placeholders_pending" else 0
     exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async",

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters.reference import ReferenceSut
-from conformance.replay import PASS, replay
-from conformance.trace import read_trace, render_trace
-from conformance.workload import apply_trace_event, run_workload
-from spec.config import SchedulerConfig
-from spec.scheduler import Scheduler
-from spec.symbolic.lasso import get_fingerprint
-from spec.symbolic.liveness_bound import (
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.trace import read_trace, render_trace
+from schedconf.conformance.workload import apply_trace_event, run_workload
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic.lasso import get_fingerprint
+from schedconf.spec.symbolic.liveness_bound import (
     RequestWork,
     compute_any_order_bound,
     compute_chunk,
@@ -66,7 +66,7 @@ def test_ordered_and_any_order_bounds_by_hand() -> None:
 def test_trace_tail_reads_the_last_input_and_the_ends() -> None:
     config = SchedulerConfig(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=2,
                              max_model_len=12)
-    from conformance.workload import HashOracle, RequestSpec, Workload
+    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
 
     workload = Workload(config=config, profile="vllm-0.33", oracle=HashOracle(seed=3, eos_per_mille=0), requests=(
         RequestSpec("a", (10, 11, 12), max_tokens=2), RequestSpec("b", (20, 21, 22, 23, 24), max_tokens=3, at_step=1)))
@@ -81,8 +81,8 @@ def test_trace_tail_reads_the_last_input_and_the_ends() -> None:
 # ------------------------------------------------------------------ Z3 lemmas
 
 def _prove_all(bounds: tuple[int, int], composed: tuple[int, int]) -> dict[tuple[str, str], str]:
-    from spec.symbolic.liveness import COMPOSED_LEMMAS, INDUCTION, LEMMAS, prove_lemma
-    from spec.symbolic.state import Shape
+    from schedconf.spec.symbolic.liveness import COMPOSED_LEMMAS, INDUCTION, LEMMAS, prove_lemma
+    from schedconf.spec.symbolic.state import Shape
 
     out = {}
     for name, lemma in {**INDUCTION, **LEMMAS}.items():
@@ -107,10 +107,10 @@ def test_progress_lemmas_target() -> None:
 @pytest.mark.symbolic
 def test_lemmas_fail_for_the_wrong_leader() -> None:
     """Mutations: FCFS running[1] and priority's *largest* key can be the victim (Z3 finds a counterexample)."""
-    from spec.symbolic import liveness as L
-    from spec.symbolic.state import Shape
-    from spec.symbolic.transitions import running_at
-    from spec.symbolic.z3ops import eq, land, limplies, lnot
+    from schedconf.spec.symbolic import liveness as L
+    from schedconf.spec.symbolic.state import Shape
+    from schedconf.spec.symbolic.transitions import running_at
+    from schedconf.spec.symbolic.z3ops import eq, land, limplies, lnot
 
     def second_never_victim(pre, inp, out):
         return [], lnot(eq(out.facts["victim"], running_at(pre, 1)))
@@ -169,7 +169,7 @@ def test_witness_replays_and_its_state_comes_back(name: str) -> None:
 
 
 def test_thrash_0_11_workload_finishes_under_0_32_and_0_33() -> None:
-    from spec.symbolic.liveness_witnesses import WITNESSES as W
+    from schedconf.spec.symbolic.liveness_witnesses import WITNESSES as W
 
     workload = W["liveness_thrash_0_11"].workload()
     works = [compute_work(len(r.prompt_token_ids), r.max_tokens, workload.config.max_model_len)
@@ -181,9 +181,9 @@ def test_thrash_0_11_workload_finishes_under_0_32_and_0_33() -> None:
 
 @pytest.mark.parametrize("name", WITNESSES)
 def test_witness_trace_is_what_the_generator_writes(name: str) -> None:
-    """Drift guard: ``python -m spec.symbolic.liveness_witnesses --write`` reproduces the committed file."""
-    from spec.symbolic.liveness_witnesses import WITNESSES as W
-    from spec.symbolic.liveness_witnesses import realise
+    """Drift guard: ``python -m schedconf.spec.symbolic.liveness_witnesses --write`` reproduces the committed file."""
+    from schedconf.spec.symbolic.liveness_witnesses import WITNESSES as W
+    from schedconf.spec.symbolic.liveness_witnesses import realise
 
     trace, _ = realise(W[name])
     assert render_trace(trace) == (WITNESS_DIR / f"{name}.jsonl").read_text()

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.workload import HashOracle, respond
-from spec.config import SchedulerConfig
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
-from spec.symbolic import liveness_0_11 as L
+from schedconf.conformance.workload import HashOracle, respond
+from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.symbolic import liveness_0_11 as L
 
 pytestmark = pytest.mark.symbolic
 
@@ -180,7 +180,7 @@ def test_found_workload_finishes_under_0_33_and_the_mutants(found_0_11: L.Found)
                   L.get_rules("vllm-0.11", priority_self_preemption="continue")):
         states = L.run_encoded(cfg, reqs, rules, 60)
         assert not L.is_live(states[-1]), rules
-    from spec.symbolic.liveness_witnesses import get_steps_to_finish
+    from schedconf.spec.symbolic.liveness_witnesses import get_steps_to_finish
     steps, bound = get_steps_to_finish(L.get_workload(found_0_11), "vllm-0.33")
     assert steps is not None and steps <= bound
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec.symbolic.proofs import (
+from schedconf.spec.symbolic.proofs import (
     PROVED,
     confirm_counterexample,
     counterexample_trace,
@@ -25,9 +25,9 @@ from spec.symbolic.proofs import (
     prove_theorem_order,
     prove_theorem_rank,
 )
-from spec.symbolic.state import Shape
-from spec.symbolic.transitions import COMPOSED, TRANSITIONS
-from spec.symbolic.z3ops import Z3Ops
+from schedconf.spec.symbolic.state import Shape
+from schedconf.spec.symbolic.transitions import COMPOSED, TRANSITIONS
+from schedconf.spec.symbolic.z3ops import Z3Ops
 
 TARGET_R, TARGET_B = 4, 8
 CI_TIMEOUT_S = 240.0
@@ -122,7 +122,7 @@ def _inv_free_blocks_uncached(s, o):  # noqa: ANN001, ANN202
 
 def _false_invariant_counterexample() -> dict:
     """In a fresh process: register the false invariant, prove ``abort`` against it, confirm, trace."""
-    from spec import invariants
+    from schedconf.spec import invariants
 
     invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
@@ -158,8 +158,8 @@ def test_counterexample_is_confirmed_and_traced() -> None:
 
 def _split_false_invariant_counterexamples() -> dict:
     """In a fresh process: the false invariant proved by parts, in two groups and one part per slot; both must fail."""
-    from spec import invariants
-    from spec.symbolic import proofs
+    from schedconf.spec import invariants
+    from schedconf.spec.symbolic import proofs
 
     invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     got = {}
@@ -190,7 +190,7 @@ def test_goal_parts_are_the_goal() -> None:
     """``goal_parts`` flattens nested conjunctions and regroups them; the parts' conjunction is the goal."""
     import z3
 
-    from spec.symbolic.proofs import goal_parts
+    from schedconf.spec.symbolic.proofs import goal_parts
 
     a, b, c, d, e = z3.Bools("a b c d e")
     goal = z3.And(z3.And(a, z3.And(b, c)), d, z3.Or(e, a))
@@ -209,7 +209,7 @@ def test_goal_parts_are_the_goal() -> None:
 def test_methods_agree_small(name: str) -> None:
     """The three methods prove alike at R=3, B=3: ``plain`` (the path before issue 14), ``named`` (stepping stones,
     goals by parts) and the default ``symmetric`` (``named`` for slot 0 only, with the cover and symmetry goals)."""
-    from spec.symbolic.proofs import METHODS, PLAIN, SYMMETRIC
+    from schedconf.spec.symbolic.proofs import METHODS, PLAIN, SYMMETRIC
 
     for method in METHODS:
         res = prove(Shape(3, 3, 2, "priority"), name, CI_TIMEOUT_S, method=method)
@@ -241,9 +241,9 @@ def test_premises_admit_each_branch(name: str) -> None:
     """Premises and guard are satisfiable, also together with each named branch (no proof is vacuous there)."""
     import z3
 
-    from spec.symbolic.proofs import premises
-    from spec.symbolic.state import fresh_state
-    from spec.symbolic.z3ops import to_bool
+    from schedconf.spec.symbolic.proofs import premises
+    from schedconf.spec.symbolic.state import fresh_state
+    from schedconf.spec.symbolic.z3ops import to_bool
 
     shape = Shape(3, 4, 2, "priority")
     pre = fresh_state(shape, "pre")
@@ -258,8 +258,8 @@ def test_premises_admit_each_branch(name: str) -> None:
 
 def test_phase_fixed_by_guard() -> None:
     """A guard that fixes the phase (``2 == phase`` among nested conjuncts) is read; a disjunction of phases is not."""
-    from spec.symbolic.proofs import _phase_fixed_by
-    from spec.symbolic.state import IDLE, RUNNING_LOOP, WAITING_LOOP, fresh_state
+    from schedconf.spec.symbolic.proofs import _phase_fixed_by
+    from schedconf.spec.symbolic.state import IDLE, RUNNING_LOOP, WAITING_LOOP, fresh_state
 
     shape = Shape(2, 3, 2, "priority")
     pre = fresh_state(shape, "pre")
@@ -279,9 +279,9 @@ def test_pinned_parts_imply_the_goal() -> None:
 
     import z3
 
-    import spec.invariants
-    from spec.symbolic.proofs import pinned_parts
-    from spec.symbolic.state import SymbolicView, fresh_state
+    import schedconf.spec.invariants
+    from schedconf.spec.symbolic.proofs import pinned_parts
+    from schedconf.spec.symbolic.state import SymbolicView, fresh_state
 
     shape = Shape(3, 3, 2, "priority")
     pre = fresh_state(shape, "pre")
@@ -289,7 +289,7 @@ def test_pinned_parts_imply_the_goal() -> None:
     post = transition.apply(pre, transition.inputs(shape, "in")).post
 
     def goal_of(s):  # noqa: ANN001, ANN202
-        return spec.invariants.INVARIANTS["victim_order"](SymbolicView(s), Z3Ops())
+        return schedconf.spec.invariants.INVARIANTS["victim_order"](SymbolicView(s), Z3Ops())
 
     n = pre.num_preemptions
     values = range(shape.num_reqs + 1)
@@ -318,8 +318,8 @@ def test_pinned_parts_imply_the_goal() -> None:
 def test_victim_order_by_count(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``running_preempt`` proves ``inv:victim_order`` one part per count of preemption records (``Pin``), and a
     transition that preempts the head of running instead of the policy's victim fails it."""
-    from spec.symbolic import transitions
-    from spec.symbolic.proofs import FAILED
+    from schedconf.spec.symbolic import transitions
+    from schedconf.spec.symbolic.proofs import FAILED
 
     shape = Shape(3, 3, 2, policy)
     res = prove(shape, "running_preempt", CI_TIMEOUT_S, goals=["inv:victim_order"])
@@ -337,7 +337,7 @@ def test_victim_order_by_count(policy: str, monkeypatch: pytest.MonkeyPatch) -> 
 def test_pin_on_an_unbounded_count_proves_the_goal_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``Pin`` whose count the premises do not keep within ``0..R`` (the step number) covers only some states:
     its parts prove, the range query does not, and the goal is then proved whole."""
-    from spec.symbolic import proofs
+    from schedconf.spec.symbolic import proofs
 
     monkeypatch.setitem(proofs.GOAL_SPLITS, "running_preempt", {"inv:victim_order": proofs.Pin("step")})
     res = prove(Shape(3, 3, 2, "priority"), "running_preempt", CI_TIMEOUT_S, goals=["inv:victim_order"])

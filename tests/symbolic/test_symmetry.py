@@ -16,10 +16,10 @@ import dataclasses
 import pytest
 import z3
 
-from spec.symbolic import state as state_module
-from spec.symbolic.proofs import FAILED, PROVED, prove, prove_theorem_symmetry
-from spec.symbolic.state import Shape, fresh_state
-from spec.symbolic.symmetry import (
+from schedconf.spec.symbolic import state as state_module
+from schedconf.spec.symbolic.proofs import FAILED, PROVED, prove, prove_theorem_symmetry
+from schedconf.spec.symbolic.state import Shape, fresh_state
+from schedconf.spec.symbolic.symmetry import (
     canonical_cases,
     check_equivariance,
     check_premises_symmetric,
@@ -28,7 +28,7 @@ from spec.symbolic.symmetry import (
     reductions,
     transposition,
 )
-from spec.symbolic.transitions import TRANSITIONS, Outcome, abort_idle, put
+from schedconf.spec.symbolic.transitions import TRANSITIONS, Outcome, abort_idle, put
 
 TARGET = (4, 8)
 TIMEOUT_S = 240.0
@@ -92,7 +92,7 @@ def _lemma_slot0_not_running(s, o):  # noqa: ANN001, ANN202
 def test_premise_naming_a_slot_breaks_the_theorem(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lemma that singles out slot 0 makes ``theorem_symmetry`` fail."""
     monkeypatch.setattr(state_module, "LEMMAS", {**state_module.LEMMAS, "slot0": _lemma_slot0_not_running})
-    import spec.symbolic.proofs as proofs
+    import schedconf.spec.symbolic.proofs as proofs
 
     monkeypatch.setattr(proofs, "LEMMAS", state_module.LEMMAS)
     status, _ = check_premises_symmetric(Shape(3, 3, 2, "fcfs"), TIMEOUT_S)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.symbolic.drive import python_evaluator
-from spec.symbolic.unbounded import (
+from schedconf.spec.symbolic.drive import python_evaluator
+from schedconf.spec.symbolic.unbounded import (
     FAILED,
     FALSE_RULES,
     MUTANTS,
@@ -89,8 +89,8 @@ def test_transitions_refine_the_skeleton(data: st.DataObject, config: Any) -> No
 
 def test_refinement_has_teeth() -> None:
     """A transition whose result breaks a skeleton rule (budget not given back) is refused."""
-    from spec.scheduler import Scheduler
-    from spec.symbolic.state import from_scheduler, shape_of
+    from schedconf.spec.scheduler import Scheduler
+    from schedconf.spec.symbolic.state import from_scheduler, shape_of
     from tests.symbolic.conftest import NUM_SLOTS
 
     sched = Scheduler(_tight_config(), "vllm-0.33")
@@ -106,7 +106,7 @@ def test_refinement_has_teeth() -> None:
 
 
 def _tight_config() -> Any:
-    from spec.config import SchedulerConfig
+    from schedconf.spec.config import SchedulerConfig
 
     return SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=8,
                            enable_chunked_prefill=True, long_prefill_token_threshold=0, enable_prefix_caching=True,

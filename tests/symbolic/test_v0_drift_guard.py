@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.ops import ConcreteOps
-from spec.symbolic.v0.bridge import from_scheduler, shape_of
-from spec.symbolic.v0.drive import (
+from schedconf.spec.ops import ConcreteOps
+from schedconf.spec.symbolic.v0.bridge import from_scheduler, shape_of
+from schedconf.spec.symbolic.v0.drive import (
     EncodingError,
     Evaluator,
     Z3Evaluator,
@@ -39,10 +39,10 @@ from spec.symbolic.v0.drive import (
     schedule_both,
     update_both,
 )
-from spec.symbolic.v0.invariants import INVARIANTS
-from spec.symbolic.v0.state import LEMMAS, StateView
-from spec.v0.config import V0SchedulerConfig
-from spec.v0.scheduler import Scheduler
+from schedconf.spec.symbolic.v0.invariants import INVARIANTS
+from schedconf.spec.symbolic.v0.state import LEMMAS, StateView
+from schedconf.spec.v0.config import V0SchedulerConfig
+from schedconf.spec.v0.scheduler import Scheduler
 
 NUM_SLOTS = 4
 EOS, STOP = 1, 2

@@ -26,10 +26,18 @@ from typing import Any
 import pytest
 import z3
 
-from spec.symbolic.v0.invariants import INVARIANTS
-from spec.symbolic.v0.proofs import FAILED, PROVED, VACUOUS, premises, prove, prove_isolated, prove_theorem_rank
-from spec.symbolic.v0.state import PRIORITY_LOOP, PRIORITY_SORT, WAITING, Shape, State
-from spec.symbolic.v0.transitions import (
+from schedconf.spec.symbolic.v0.invariants import INVARIANTS
+from schedconf.spec.symbolic.v0.proofs import (
+    FAILED,
+    PROVED,
+    VACUOUS,
+    premises,
+    prove,
+    prove_isolated,
+    prove_theorem_rank,
+)
+from schedconf.spec.symbolic.v0.state import PRIORITY_LOOP, PRIORITY_SORT, WAITING, Shape, State
+from schedconf.spec.symbolic.v0.transitions import (
     TRANSITIONS,
     Outcome,
     at,
@@ -39,7 +47,7 @@ from spec.symbolic.v0.transitions import (
     running_preempt_recompute,
     set_field,
 )
-from spec.symbolic.z3ops import count, ite, land, lor, to_bool
+from schedconf.spec.symbolic.z3ops import count, ite, land, lor, to_bool
 
 TARGET = Shape(4, 8, 8, 2)
 SMALL = Shape(3, 4, 4, 2)
@@ -128,7 +136,7 @@ def _recompute_keeps_computed(s: State, inp: dict[str, Any]) -> Outcome:
     """Mutated ``running_preempt_recompute``: the victim keeps its computed tokens (no reset_state_for_recompute)."""
     out = running_preempt_recompute(s, inp)
     v = out.facts["victim"]
-    from spec.symbolic.v0.transitions import at
+    from schedconf.spec.symbolic.v0.transitions import at
 
     return Outcome(set_field(out.post, "num_computed_tokens", v, at(s.num_computed_tokens, v)), out.guard, out.checks,
                    out.facts, out.premises)
@@ -165,7 +173,7 @@ BRANCHES = {
 @pytest.mark.parametrize("name", list(TRANSITIONS))
 def test_premises_admit_each_branch(name: str) -> None:
     """Premises and guard are satisfiable, also with each named branch (no proof is vacuous), except the two unreachable ones."""
-    from spec.symbolic.v0.state import fresh_state
+    from schedconf.spec.symbolic.v0.state import fresh_state
 
     shape = SMALL
     pre = fresh_state(shape, "pre")

@@ -1,7 +1,7 @@
 """The v0 witness traces: each replays against the v0 reference and really reaches its corner case.
 
 ``conformance/vectors/witnesses/v0/<name>.jsonl`` were produced by
-``python -m spec.symbolic.v0.witnesses --write`` from Z3 witness states. Each
+``python -m schedconf.spec.symbolic.v0.witnesses --write`` from Z3 witness states. Each
 is (1) replayed against the reference adapter (the v0 model), which must
 pass, and (2) re-driven into a fresh v0 model while checks written here
 (reading only the model and the trace, not ``spec/symbolic``) look for the
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters.reference import ReferenceSut
-from conformance.replay import PASS, replay
-from conformance.sut import add_request_kwargs
-from conformance.trace import Trace, read_trace
-from spec.output import ModelRunnerOutput
-from spec.schedulers import make_scheduler
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.sut import add_request_kwargs
+from schedconf.conformance.trace import Trace, read_trace
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.schedulers import make_scheduler
 
 WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses" / "v0"
 NAMES = ("swap_out_under_pressure", "never_prompt", "later_prompt_admitted_later")
@@ -89,8 +89,8 @@ def test_v0_witness_replays_and_reaches_its_corner(name: str) -> None:
 
 def test_v0_witness_checks_stay_silent_on_a_plain_trace() -> None:
     """No check fires on a plain run: two short requests, a large pool and budget, swap mode on."""
-    from conformance.workload import HashOracle, RequestSpec, Workload, run_workload
-    from spec.v0.config import V0SchedulerConfig
+    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload
+    from schedconf.spec.v0.config import V0SchedulerConfig
 
     config = V0SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=4, max_num_batched_tokens=32,
                                max_num_seqs=4, max_model_len=16, enable_chunked_prefill=False,
@@ -106,10 +106,10 @@ def test_v0_witness_checks_stay_silent_on_a_plain_trace() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_z3_still_finds_the_v0_witness(name: str) -> None:
     """Z3 still finds a state for the corner case, and it satisfies every v0 invariant and lemma concretely."""
-    from spec.ops import ConcreteOps
-    from spec.symbolic.v0.invariants import INVARIANTS
-    from spec.symbolic.v0.state import LEMMAS, StateView
-    from spec.symbolic.v0.witnesses import WITNESSES, find_witness
+    from schedconf.spec.ops import ConcreteOps
+    from schedconf.spec.symbolic.v0.invariants import INVARIANTS
+    from schedconf.spec.symbolic.v0.state import LEMMAS, StateView
+    from schedconf.spec.symbolic.v0.witnesses import WITNESSES, find_witness
 
     found = find_witness(WITNESSES[name], timeout_s=120)
     assert found is not None, f"Z3 finds no state for {name}"

@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from conformance.diff import DiffSpec, run_diff
-from conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.diff import DiffSpec, run_diff
+from schedconf.conformance.vllm_env import ensure_vllm_env
 
 pytestmark = pytest.mark.vllm
 

@@ -41,12 +41,12 @@ from typing import Any
 import pytest
 from vllm_drivers import vllm_sut
 
-from conformance.datadriven import parse_file, parse_tokens
-from conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
-from conformance.sut import add_request_kwargs
-from conformance.trace import Trace, make_header, read_trace
-from conformance.vllm_env import REPO_ROOT
-from conformance.workload import (
+from schedconf.conformance.datadriven import parse_file, parse_tokens
+from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.sut import add_request_kwargs
+from schedconf.conformance.trace import Trace, make_header, read_trace
+from schedconf.conformance.vllm_env import REPO_ROOT
+from schedconf.conformance.workload import (
     OBSERVE_MAX_BLOCKS,
     AbortSpec,
     HashOracle,
@@ -57,10 +57,10 @@ from conformance.workload import (
     respond,
     run_workload,
 )
-from spec.config import SchedulerConfig, cdiv
-from spec.errors import InvalidConfig, InvalidEvent
-from spec.output import ModelRunnerOutput
-from spec.scheduler import Scheduler
+from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.spec.errors import InvalidConfig, InvalidEvent
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.scheduler import Scheduler
 
 pytestmark = pytest.mark.vllm
 
@@ -301,10 +301,10 @@ def for_release(workload: Workload) -> Workload:
 
 
 def generated_workload(seed: int, profile: str) -> Workload:
-    """Even seeds: conformance.generate's biased generator (if present); odd seeds: :func:`stress_workload`."""
+    """Even seeds: schedconf.conformance.generate's biased generator (if present); odd seeds: :func:`stress_workload`."""
     if seed % 2 == 0:
         try:
-            from conformance import generate
+            from schedconf.conformance import generate
         except ImportError:  # the richer generator is optional
             generate = None  # type: ignore[assignment]
         if generate is not None and hasattr(generate, "random_workload"):
@@ -419,7 +419,7 @@ def test_driver_speaks_the_protocol() -> None:
              "arrival_time": 0, "eos_token_id": None, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0}
     sut.call("add_request", event)
     # Input errors carry the protocol's codes, and change nothing.
-    from conformance.sut import SutInputError
+    from schedconf.conformance.sut import SutInputError
 
     for bad, code in (({**event}, "duplicate_request_id"),
                       ({**event, "request_id": "b", "prompt_token_ids": []}, "empty_prompt"),
@@ -473,7 +473,7 @@ def test_driver_speaks_the_protocol() -> None:
     sut.add_request({**event, "request_id": "x"})
 
     # A profile of another release, and lookahead, are unknown, not failures.
-    from conformance.sut import SutUnsupported
+    from schedconf.conformance.sut import SutUnsupported
 
     with pytest.raises(SutUnsupported):
         sut.start(config, "vllm-0.32")
@@ -486,7 +486,7 @@ def test_driver_speaks_the_protocol() -> None:
 
 
 def test_scenario_conversion_replays_on_the_reference() -> None:
-    from conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.adapters.reference import ReferenceSut
 
     traces = all_scenario_traces()
     assert len(traces) >= len(SCENARIOS)
@@ -536,7 +536,7 @@ def test_generated_traces_replay_on_vllm(version: str) -> None:
 @pytest.mark.parametrize("version", RELEASES)
 def test_golden_corpus_replays_on_vllm(version: str) -> None:
     """Every trace of the release's golden corpus (conformance/vectors/v2), the Z3 witnesses included."""
-    from conformance.vectors import iter_corpus
+    from schedconf.conformance.vectors import iter_corpus
 
     sut = vllm_sut(version)
     names = []

@@ -4,7 +4,7 @@ The "user's build" is a virtual environment schedconf did not create: a copy
 of the pinned 0.33.0 environment in a temporary folder (hard links, so it
 costs no disk), and a copy whose version says ``0.99.0.dev1`` (a nightly with
 no profile of ours). What the build is comes from the build itself, by
-feature (``python -m conformance.vllm_driver --describe``).
+feature (``python -m schedconf.conformance.vllm_driver --describe``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapters import UnknownSut
-from conformance.vllm_driver import REQUIRED_SCHEDULER_API, get_missing_scheduler_api
-from conformance.vllm_env import REPO_ROOT, ensure_vllm_env, venv_dir
+from schedconf.conformance.adapters import UnknownSut
+from schedconf.conformance.vllm_driver import REQUIRED_SCHEDULER_API, get_missing_scheduler_api
+from schedconf.conformance.vllm_env import REPO_ROOT, ensure_vllm_env, venv_dir
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +37,7 @@ def copy_env(target: Path, version: str | None = None) -> Path:
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=600)
 
 
@@ -88,7 +88,7 @@ def test_an_api_that_moved_is_refused_naming_what_is_missing():
 
 
 def test_make_sut_refuses_a_build_whose_api_moved(tmp_path, monkeypatch):
-    from conformance.adapters import vllm_v1
+    from schedconf.conformance.adapters import vllm_v1
 
     env = copy_env(tmp_path / "moved")
     monkeypatch.setattr(vllm_v1, "_BUILDS", {})

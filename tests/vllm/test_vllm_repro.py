@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
-from conformance.repro import run_repro_file
-from conformance.trace import Trace, write_trace
-from conformance.vllm_env import REPO_ROOT, ensure_vllm_env
+from schedconf.conformance.cli import main
+from schedconf.conformance.repro import run_repro_file
+from schedconf.conformance.trace import Trace, write_trace
+from schedconf.conformance.vllm_env import REPO_ROOT, ensure_vllm_env
 
 pytestmark = pytest.mark.vllm
 

@@ -36,11 +36,11 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
-from conformance.engine_env import REPO_ROOT, ensure_env
-from conformance.replay import PASS, render_divergence, replay
-from conformance.sut import SutInputError, SutUnsupported
-from conformance.trace import read_trace
+from schedconf.conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.trace import read_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -420,7 +420,7 @@ def test_model_output_refusals_change_nothing(sut: VllmV0Sut) -> None:
 # -------------------------------------------------------------------- campaigns
 
 def _run_v0_campaign(tmp_path: Path, examples: int, seed: int, jobs: int) -> dict[str, Any]:
-    from conformance.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.campaign import CampaignSpec, run_campaign
 
     ensure_env("vllm", VERSION)
     return run_campaign(CampaignSpec(sut=f"vllm-v0@{VERSION}", profile=PROFILE, examples=examples, seed=seed,

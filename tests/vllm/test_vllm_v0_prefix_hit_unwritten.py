@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
-from conformance.engine_env import REPO_ROOT, ensure_env
-from conformance.replay import PASS, render_divergence, replay
-from conformance.repro import run_repro_file
-from conformance.safety.v0 import check_prefix_hit_unwritten, get_unexpected_violations
-from conformance.trace import Trace, read_trace
+from schedconf.conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
+from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.repro import run_repro_file
+from schedconf.conformance.safety.v0 import check_prefix_hit_unwritten, get_unexpected_violations
+from schedconf.conformance.trace import Trace, read_trace
 
 pytestmark = pytest.mark.vllm
 

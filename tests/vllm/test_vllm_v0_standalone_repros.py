@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.engine_env import REPO_ROOT
-from conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.engine_env import REPO_ROOT
+from schedconf.conformance.vllm_env import ensure_vllm_env
 
 pytestmark = pytest.mark.vllm
 

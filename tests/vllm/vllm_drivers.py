@@ -5,8 +5,8 @@ The tests of this folder share them; ``conftest.py`` closes them at the end.
 
 from __future__ import annotations
 
-from conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
-from conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
+from schedconf.conformance.vllm_env import ensure_vllm_env
 
 _SUTS: dict[str, VllmV1Sut] = {}
 

@@ -34,7 +34,7 @@ def _run_shadowed() -> None:
 _run_shadowed()
 if os.environ.get("SCHEDCONF_RECORD"):
     try:
-        from conformance.live.recorder import install
+        from schedconf.conformance.live.recorder import install
 
         install(os.environ["SCHEDCONF_RECORD"])
     except Exception as exc:  # noqa: BLE001 - a broken recorder must not stop the engine: say so loudly

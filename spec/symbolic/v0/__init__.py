@@ -1,7 +1,7 @@
 """The symbolic half of the v0 model (vLLM 0.10.2's legacy scheduler, profile ``vllm-0.10``).
 
 Built like the v1 package (``spec/symbolic/``) and reusing its Z3 backend
-(``spec/symbolic/z3ops.py``): one :class:`~spec.symbolic.v0.state.State`
+(``spec/symbolic/z3ops.py``): one :class:`~schedconf.spec.symbolic.v0.state.State`
 class holds Python values or Z3 terms, the transitions compute on both, the
 invariants are written once over a view/ops protocol and evaluated on the
 model (through the state read from it) and through Z3.
@@ -22,8 +22,8 @@ Modules:
   symbolic state, assumed and proved too with ``--model-invariants``;
 * ``transitions``: the v0 transitions, each citing the ``spec/v0`` code and
   the vLLM 0.10.2 code it mirrors;
-* ``proofs``: preservation proofs, CLI ``python -m spec.symbolic.v0.proofs --bounds 4,8 [--cpu-blocks 8]``;
-* ``bridge``: reading a ``spec.v0`` scheduler into a state;
+* ``proofs``: preservation proofs, CLI ``python -m schedconf.spec.symbolic.v0.proofs --bounds 4,8 [--cpu-blocks 8]``;
+* ``bridge``: reading a ``schedconf.spec.v0`` scheduler into a state;
 * ``drive``: runs the encoded transitions along the model's events (drift guard);
 * ``witnesses``: Z3 queries for named corner cases, realised as v0 traces.
 """

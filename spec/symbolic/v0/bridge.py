@@ -1,4 +1,4 @@
-"""Read a ``spec.v0`` scheduler into a :class:`~spec.symbolic.v0.state.State` (Python values).
+"""Read a ``schedconf.spec.v0`` scheduler into a :class:`~schedconf.spec.symbolic.v0.state.State` (Python values).
 
 What is read (``spec/v0/scheduler.py``, ``spec/v0/block_manager.py``,
 ``spec/v0/block_allocator.py``): the queues, each group's token counts,
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spec.symbolic.v0.state import (
+from schedconf.spec.symbolic.v0.state import (
     CRASHED,
     DEAD,
     IDLE,
@@ -69,7 +69,7 @@ def assign_slots(sched: Any, shape: Shape, extra_ids: tuple[str, ...] = ()) -> l
 
 
 def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None = None) -> Snapshot:
-    """The state of a live ``spec.v0`` scheduler (between events: IDLE, PENDING or CRASHED)."""
+    """The state of a live ``schedconf.spec.v0`` scheduler (between events: IDLE, PENDING or CRASHED)."""
     check_in_scope(sched)
     cfg = sched.config
     assert (cfg.num_gpu_blocks, cfg.num_cpu_blocks, cfg.block_size) == (shape.num_blocks, shape.num_cpu_blocks,

@@ -1,4 +1,4 @@
-"""Run the encoded v0 transitions along the events of a ``spec.v0`` scheduler (the drift guard's engine).
+"""Run the encoded v0 transitions along the events of a ``schedconf.spec.v0`` scheduler (the drift guard's engine).
 
 An event of the model is a sequence of encoded transitions: ``schedule()``
 is ``begin_step`` and then, until the phase is PENDING or CRASHED, the one
@@ -21,12 +21,22 @@ from typing import Any, Protocol
 
 import z3
 
-from spec.errors import EngineCrash
-from spec.output import ModelRunnerOutput
-from spec.symbolic.v0.bridge import Snapshot, assign_slots, from_scheduler
-from spec.symbolic.v0.state import CRASHED, IDLE, PENDING, Shape, State, bind, canonical, evaluate, fresh_state
-from spec.symbolic.v0.transitions import TRANSITIONS, Outcome
-from spec.symbolic.z3ops import is_z3, value_of
+from schedconf.spec.errors import EngineCrash
+from schedconf.spec.output import ModelRunnerOutput
+from schedconf.spec.symbolic.v0.bridge import Snapshot, assign_slots, from_scheduler
+from schedconf.spec.symbolic.v0.state import (
+    CRASHED,
+    IDLE,
+    PENDING,
+    Shape,
+    State,
+    bind,
+    canonical,
+    evaluate,
+    fresh_state,
+)
+from schedconf.spec.symbolic.v0.transitions import TRANSITIONS, Outcome
+from schedconf.spec.symbolic.z3ops import is_z3, value_of
 
 SCHEDULE_TRANSITIONS = ("prefill_admit", "prefill_ignore", "prefill_stop", "end_prefill_loop", "priority_sort_running",
                         "priority_force_preempt", "priority_end", "running_append",

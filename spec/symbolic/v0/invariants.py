@@ -1,8 +1,8 @@
 """The v0 safety rules proved by the encoding, each written once as ``inv_<name>(s, o)``.
 
-``s`` is a v0 state view (:class:`~spec.symbolic.v0.state.StateView`: the
+``s`` is a v0 state view (:class:`~schedconf.spec.symbolic.v0.state.StateView`: the
 names below), ``o`` an operations backend (``spec/ops.py``: ``ConcreteOps``
-on the state read from a ``spec.v0`` scheduler, ``Z3Ops`` in the proofs).
+on the state read from a ``schedconf.spec.v0`` scheduler, ``Z3Ops`` in the proofs).
 The first docstring line is the rule.
 
 They complement the model's own rules (``spec/v0/invariants.py``, over
@@ -10,7 +10,7 @@ They complement the model's own rules (``spec/v0/invariants.py``, over
 (``model_view.py``): these are stated over the encoding's state (the free
 deques' counts, the per-status table rules, ``_schedule_default``'s
 no-mixing rule). They are evaluated concretely on the state read from a
-live ``spec.v0`` scheduler (``bridge.from_scheduler``; the drift guard does
+live ``schedconf.spec.v0`` scheduler (``bridge.from_scheduler``; the drift guard does
 it after every event) and symbolically in the proofs.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spec.symbolic.v0.state import RUNNING, SWAPPED, WAITING
+from schedconf.spec.symbolic.v0.state import RUNNING, SWAPPED, WAITING
 
 
 def inv_gpu_block_conservation(s: Any, o: Any) -> Any:

@@ -1,8 +1,8 @@
 """The v0 model's own invariants (``spec/v0/invariants.py``) evaluated over a symbolic state.
 
-:class:`ModelView` offers the names of :class:`spec.v0.view.ConcreteV0View`
-over a :class:`~spec.symbolic.v0.state.State`, so that the model's rules,
-written once over the view/ops protocol, run through :class:`~spec.symbolic.z3ops.Z3Ops`
+:class:`ModelView` offers the names of :class:`schedconf.spec.v0.view.ConcreteV0View`
+over a :class:`~schedconf.spec.symbolic.v0.state.State`, so that the model's rules,
+written once over the view/ops protocol, run through :class:`~schedconf.spec.symbolic.z3ops.Z3Ops`
 unchanged. What the encoding does not represent is offered as the value it
 has in the encoding's scope: no evictor, no prefix-cache map
 (``cache_entry_ok``, ``full_blocks_cached`` true), no preemption records
@@ -29,8 +29,8 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.v0.state import WAITING, State
-from spec.symbolic.z3ops import count, ite, land, lnot, lor, total
+from schedconf.spec.symbolic.v0.state import WAITING, State
+from schedconf.spec.symbolic.z3ops import count, ite, land, lnot, lor, total
 
 
 @contextmanager
@@ -139,7 +139,7 @@ class ModelView:
 
 def model_invariant_formulas(s: State, ops: Any) -> dict[str, Any]:
     """Every rule of ``spec/v0/invariants.py`` on ``s`` through ``ops``."""
-    from spec.v0.invariants import INVARIANTS as MODEL_INVARIANTS
+    from schedconf.spec.v0.invariants import INVARIANTS as MODEL_INVARIANTS
 
     view = ModelView(s)
     with floordiv_for_z3():

@@ -7,8 +7,8 @@ and inputs::
     Inv(s) and Lemmas(s) and guard_T(s, x)  =>  checks_T(s, x) and Lemmas(T(s, x)) and Inv(T(s, x))
 
 with ``Inv`` the rules of ``spec/symbolic/v0/invariants.py`` evaluated
-through :class:`~spec.symbolic.v0.state.StateView` and
-:class:`~spec.symbolic.z3ops.Z3Ops`, ``Lemmas`` the encoding's
+through :class:`~schedconf.spec.symbolic.v0.state.StateView` and
+:class:`~schedconf.spec.symbolic.z3ops.Z3Ops`, ``Lemmas`` the encoding's
 well-formedness and strengthening lemmas, and ``checks_T`` the model's own
 assertions on the way. Each conjunct is one Z3 query; goals proved are
 assumed for the next ones. A proof whose premises are unsatisfiable is
@@ -16,7 +16,7 @@ reported ``vacuous`` (the transition cannot fire in any state of the shape).
 
 CLI::
 
-    python -m spec.symbolic.v0.proofs --bounds 4,8 [--cpu-blocks 8] [--block-size 2] [--timeout 120]
+    python -m schedconf.spec.symbolic.v0.proofs --bounds 4,8 [--cpu-blocks 8] [--block-size 2] [--timeout 120]
         [--transitions a,b] [--out DIR]
 """
 
@@ -35,11 +35,20 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.v0 import invariants as v0_invariants
-from spec.symbolic.v0.model_view import model_invariant_formulas
-from spec.symbolic.v0.state import LEMMAS, Shape, State, StateView, describe, evaluate, fresh_state, theorem_rank
-from spec.symbolic.v0.transitions import TRANSITIONS, Outcome
-from spec.symbolic.z3ops import Z3Ops, count, is_z3, value_of
+from schedconf.spec.symbolic.v0 import invariants as v0_invariants
+from schedconf.spec.symbolic.v0.model_view import model_invariant_formulas
+from schedconf.spec.symbolic.v0.state import (
+    LEMMAS,
+    Shape,
+    State,
+    StateView,
+    describe,
+    evaluate,
+    fresh_state,
+    theorem_rank,
+)
+from schedconf.spec.symbolic.v0.transitions import TRANSITIONS, Outcome
+from schedconf.spec.symbolic.z3ops import Z3Ops, count, is_z3, value_of
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 
@@ -164,7 +173,7 @@ def prove(shape: Shape, name: str, timeout_s: float = 120.0, goals: list[str] | 
         todo += [(f"lemma:{n}", lambda o, f=f: f(out.post, o)) for n, f in LEMMAS.items()]
         todo += [(f"inv:{n}", lambda o, f=f: f(view, o)) for n, f in invs.items()]
         if model_invariants:
-            from spec.v0.invariants import INVARIANTS as MODEL_INVARIANTS
+            from schedconf.spec.v0.invariants import INVARIANTS as MODEL_INVARIANTS
 
             todo += [(f"model:{n}", lambda o, n=n: model_invariant_formulas(out.post, o)[n]) for n in MODEL_INVARIANTS]
         if goals is not None:
@@ -244,7 +253,7 @@ def render_table(results: list[TransitionResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.v0.proofs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.v0.proofs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bounds", default="4,8", help="R,B: request slots and GPU blocks")
     parser.add_argument("--cpu-blocks", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=2)

@@ -57,10 +57,10 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.z3ops import cdiv, count, fdiv, is_z3, land, limplies, lnot, total, value_of
-from spec.symbolic.z3ops import eq as eq_
-from spec.symbolic.z3ops import ite as ite_
-from spec.symbolic.z3ops import lor as lor_
+from schedconf.spec.symbolic.z3ops import cdiv, count, fdiv, is_z3, land, limplies, lnot, total, value_of
+from schedconf.spec.symbolic.z3ops import eq as eq_
+from schedconf.spec.symbolic.z3ops import ite as ite_
+from schedconf.spec.symbolic.z3ops import lor as lor_
 
 DEAD, WAITING, RUNNING, SWAPPED = -1, 0, 1, 2
 STATUS_NAMES = {DEAD: "DEAD", WAITING: "WAITING", RUNNING: "RUNNING", SWAPPED: "SWAPPED"}

@@ -1,4 +1,4 @@
-"""The v0 transitions over a :class:`~spec.symbolic.v0.state.State`, mirroring vLLM 0.10.2's legacy scheduler.
+"""The v0 transitions over a :class:`~schedconf.spec.symbolic.v0.state.State`, mirroring vLLM 0.10.2's legacy scheduler.
 
 Each transition maps a state and its inputs to an :class:`Outcome` (next
 state, guard, the model's own assertions on the way, named facts), written
@@ -56,7 +56,7 @@ from typing import Any
 
 import z3
 
-from spec.symbolic.v0.state import (
+from schedconf.spec.symbolic.v0.state import (
     CONFIG_FIELDS,
     CPU_FIELDS,
     CRASHED,
@@ -82,7 +82,7 @@ from spec.symbolic.v0.state import (
     free_rank,
     theorem_rank,
 )
-from spec.symbolic.z3ops import cdiv, count, eq, fdiv, is_z3, ite, land, limplies, lnot, lor, select
+from schedconf.spec.symbolic.z3ops import cdiv, count, eq, fdiv, is_z3, ite, land, limplies, lnot, lor, select
 
 Check = tuple[str, Any]
 PREMISE = "premise:"

@@ -3,7 +3,7 @@
 For each corner case a query asks Z3 for a state that satisfies every v0
 invariant and lemma, enables a transition, and makes it reach the corner (a
 fact of its outcome). The state's configuration and requests then seed a
-small deterministic search over v0 workloads (``conformance.workload``,
+small deterministic search over v0 workloads (``schedconf.conformance.workload``,
 profile ``vllm-0.10``), each run on the v0 model, until a detector that reads
 only the model (not this package) sees the corner. The trace goes to
 ``conformance/vectors/witnesses/v0/<name>.jsonl`` (header ``"scheduler":
@@ -22,7 +22,7 @@ Witnesses:
   of ``waiting`` (``prefill_stop``), which blocks the queue; the prompt is
   admitted in a later step once blocks are freed.
 
-CLI: ``python -m spec.symbolic.v0.witnesses [--write] [--only NAME]``.
+CLI: ``python -m schedconf.spec.symbolic.v0.witnesses [--write] [--only NAME]``.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from typing import Any
 
 import z3
 
-from conformance.trace import Trace, write_trace
-from conformance.workload import HashOracle, RequestSpec, Workload, WorkloadError, run_workload
-from spec.errors import SpecError
-from spec.symbolic.v0.proofs import dense_tables, premises
-from spec.symbolic.v0.state import PROFILE, Shape, State, describe, evaluate, fresh_state
-from spec.symbolic.v0.transitions import TRANSITIONS
-from spec.symbolic.z3ops import is_z3
-from spec.v0.config import V0SchedulerConfig
+from schedconf.conformance.trace import Trace, write_trace
+from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, WorkloadError, run_workload
+from schedconf.spec.errors import SpecError
+from schedconf.spec.symbolic.v0.proofs import dense_tables, premises
+from schedconf.spec.symbolic.v0.state import PROFILE, Shape, State, describe, evaluate, fresh_state
+from schedconf.spec.symbolic.v0.transitions import TRANSITIONS
+from schedconf.spec.symbolic.z3ops import is_z3
+from schedconf.spec.v0.config import V0SchedulerConfig
 
 VECTORS = Path(__file__).resolve().parents[3] / "conformance" / "vectors" / "witnesses" / "v0"
 
@@ -58,9 +58,9 @@ def replay_on_model(trace: Trace, on_step: Callable[[Any, Any, dict[str, Any]], 
     ``waiting`` and ``can_allocate`` for it. Returns the first description
     ``on_step`` gives.
     """
-    from conformance.sut import add_request_kwargs
-    from spec.output import ModelRunnerOutput
-    from spec.schedulers import make_scheduler
+    from schedconf.conformance.sut import add_request_kwargs
+    from schedconf.spec.output import ModelRunnerOutput
+    from schedconf.spec.schedulers import make_scheduler
 
     sched = make_scheduler(trace.config, trace.profile)
     for event in trace.events:
@@ -229,7 +229,7 @@ def realise(w: Witness, s: State, tries: int = 300) -> tuple[Trace, str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec.symbolic.v0.witnesses", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.v0.witnesses", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--only", default="")
     parser.add_argument("--out", default=str(VECTORS))
