@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedconf.conformance.bounds import InputFileError, read_bounded_text
 from schedconf.conformance.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
 
 RECORDING_FORMAT = "schedconf-recording"
@@ -71,9 +72,11 @@ def read_recording(path: str | Path) -> Recording:
     """Read and check a recording: JSON lines, ``seq`` 0.. without a gap, a ``start`` line first."""
     path = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecordingError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        text = read_bounded_text(path, "recording")  # a device or an endless stream is refused, as for traces
+    except InputFileError as exc:
+        if exc.expected.startswith("a readable"):
+            raise RecordingError(f"{path}: cannot read: {exc.found}") from None
+        raise RecordingError(str(exc)) from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

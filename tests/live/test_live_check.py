@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from schedconf.conformance.cli import main
 from schedconf.conformance.live.check import check_recording, render_outcome
-from schedconf.conformance.live.convert import IncompleteRecording, read_recording, recording_to_trace
+from schedconf.conformance.live.convert import IncompleteRecording, RecordingError, read_recording, recording_to_trace
 from schedconf.conformance.trace import read_trace
 
 DATA = Path(__file__).parent / "data"
@@ -175,3 +176,12 @@ def test_safety_catches_a_budget_overrun_in_an_out_of_scope_recording(tmp_path):
     outcome = check_recording(write_lines(tmp_path, edit_step(lines, 3, overrun)))
     assert outcome.comparison == "safety"
     assert outcome.result.verdict == "fail" and outcome.result.divergence.diffs[0].field == "token_budget"
+
+
+def test_a_device_or_a_fifo_is_refused_before_anything_is_read(tmp_path):
+    """As for traces (docs/reference/bounds.md): /dev/zero used to be read until the memory ran out."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, words in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
+        with pytest.raises(RecordingError, match=words):
+            read_recording(path)
