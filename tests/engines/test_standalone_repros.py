@@ -21,14 +21,11 @@ A fixed bug (exit 0, a ``PASS`` line) or a file that no longer runs (an
 
 from __future__ import annotations
 
-import ast
-import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 import pytest
+from standalone_files import get_imported_top_names, run_standalone
 
 from schedconf.conformance.engine_env import REPO_ROOT, ensure_env, env_python
 
@@ -81,20 +78,6 @@ REPROS = [
 IDS = [r.name for r in REPROS]
 
 
-def get_imported_packages(text: str) -> set[str]:
-    """Top-level names of every ``import``, ``from ... import`` and ``import_module("...")`` in ``text``."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            names.add("." if node.level else (node.module or "").split(".")[0])
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
-              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
-            names.add(str(node.args[0].value).split(".")[0])
-    return names
-
-
 def test_every_other_engine_repro_is_checked_here():
     """A new non-vLLM reproduction must be added to REPROS (the vLLM ones, ``repro_*_vllm_*.py``, are run by
     tests/vllm/test_vllm_repro.py)."""
@@ -105,7 +88,7 @@ def test_every_other_engine_repro_is_checked_here():
 @pytest.mark.parametrize("repro", REPROS, ids=IDS)
 def test_the_repro_imports_nothing_of_this_project(repro: Repro):
     text = (FINDINGS / repro.name).read_text()
-    imported = get_imported_packages(text)
+    imported = get_imported_top_names(text)
     assert imported, "no import found: the parser missed them"
     assert not imported & (PROJECT_PACKAGES | {"."}), f"{repro.name} imports {sorted(imported & PROJECT_PACKAGES)}"
     assert "pytest" not in imported, "the engine environments have no pytest: the file must run without it"
@@ -118,11 +101,7 @@ def test_the_repro_imports_nothing_of_this_project(repro: Repro):
 def test_the_repro_fails_in_its_engine_environment(repro: Repro, tmp_path):
     python = ensure_env(repro.family, repro.version)
     assert python == env_python(repro.family, repro.version)
-    copy = tmp_path / repro.name  # outside the checkout: nothing of it can be imported
-    shutil.copy(FINDINGS / repro.name, copy)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(python), copy.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    proc = run_standalone(python, FINDINGS / repro.name, tmp_path, RUN_TIMEOUT_S)
     out = proc.stdout
     results = {name: verdict for verdict, name in RESULT_LINE.findall(out)}
     assert results == {name: ("PASS" if want == "PASS" else "FAIL") for name, want in repro.expected.items()}, out

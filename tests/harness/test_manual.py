@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from standalone_files import copy_checkout
 
 from schedconf.conformance import docs_reference
 
@@ -71,15 +72,7 @@ def get_runnables(path: Path) -> list[Runnable]:
 @pytest.fixture(scope="session")
 def repo_copy(tmp_path_factory) -> Path:
     """The repository's tracked files (and the untracked ones git does not ignore), copied."""
-    target = tmp_path_factory.mktemp("repo")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    return target
+    return copy_checkout(tmp_path_factory.mktemp("repo"))
 
 
 def run_runnable(runnable: Runnable, cwd: Path) -> subprocess.CompletedProcess[str]:

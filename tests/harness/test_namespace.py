@@ -11,13 +11,13 @@ imports the user's own ``spec`` and ``conformance``.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sysconfig
 import venv
 from pathlib import Path
 
 import pytest
+from standalone_files import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,13 +43,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     # This environment's packages (hypothesis, z3, jinja2, pytest, pip) as a plain path entry: its
     # .pth files, among them the editable install of this checkout, are not processed from there.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    source = base / "source"  # a copy: building writes into the source folder
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    source = copy_checkout(base / "source")  # a copy: building writes into the source folder
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                            "--target", str(site), str(source)], capture_output=True, text=True, timeout=600,
                           cwd=base, env={**os.environ, "TMPDIR": str(base)})

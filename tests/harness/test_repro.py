@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from standalone_files import get_imported_top_names
 
 from schedconf.conformance import repro
 from schedconf.conformance.cli import main
@@ -38,16 +39,6 @@ F5 = FINDINGS / "F5-pool-without-null-block.jsonl"
 ALLOWED_TOP_LEVEL = {"vllm", "pytest"}
 
 
-def get_imported_modules(text: str) -> set[str]:
-    modules: set[str] = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            modules.add((node.module or "").split(".")[0])
-    return modules
-
-
 def get_events(text: str) -> list:
     (events,) = [n.value for n in ast.walk(ast.parse(text))
                  if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "EVENTS" for t in n.targets)]
@@ -59,7 +50,7 @@ def get_events(text: str) -> list:
 @pytest.mark.parametrize("checks", [CHECKED_RULES, (), ("prefix_hit_kv_was_computed",)])
 def test_a_written_file_imports_only_vllm_pytest_and_the_standard_library(version, checks):
     text = render_repro(read_trace(F7), version, checks)
-    modules = get_imported_modules(text)
+    modules = get_imported_top_names(text)
     foreign = {m for m in modules if m not in ALLOWED_TOP_LEVEL and m not in sys.stdlib_module_names}
     assert not foreign, foreign
     assert "vllm" in modules and not modules & {"conformance", "spec", "impl", "schedconf", "torch"}

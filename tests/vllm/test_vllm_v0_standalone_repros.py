@@ -18,14 +18,11 @@ no small workload makes it fail reliably (see reports/findings.md, V5).
 
 from __future__ import annotations
 
-import ast
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from standalone_files import get_imported_top_names, run_standalone
 
 from schedconf.conformance.engine_env import REPO_ROOT
 from schedconf.conformance.vllm_env import ensure_vllm_env
@@ -76,23 +73,10 @@ def repro_path(finding: str) -> Path:
     return FINDINGS / f"repro_{finding}_vllm_0_10_2.py"
 
 
-def get_imported_modules(source: str) -> set[str]:
-    """The top-level names of every module ``source`` imports (relative imports as ``.``)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            names.add("." if node.level else (node.module or "").split(".")[0])
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "__import__":
-            names.add("__import__")
-    return names
-
-
 @pytest.mark.parametrize("finding", sorted(EXPECTED))
 def test_the_reproduction_imports_only_vllm_pytest_and_the_standard_library(finding: str) -> None:
     source = repro_path(finding).read_text(encoding="utf-8")
-    foreign = sorted(n for n in get_imported_modules(source)
+    foreign = sorted(n for n in get_imported_top_names(source)
                      if n not in ALLOWED_IMPORTS and n not in sys.stdlib_module_names)
     assert foreign == [], f"{repro_path(finding).name} imports {foreign}"
     assert "sys.path" not in source and "importlib" not in source, f"{repro_path(finding).name} touches the import path"
@@ -102,11 +86,7 @@ def test_the_reproduction_imports_only_vllm_pytest_and_the_standard_library(find
 def test_the_reproduction_fails_on_0_10_2_with_its_message(finding: str, tmp_path: Path) -> None:
     """Run from a folder outside the checkout with the release's interpreter: no schedconf on the path."""
     python = ensure_vllm_env(VERSION)
-    copy = tmp_path / repro_path(finding).name
-    shutil.copy(repro_path(finding), copy)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(python), copy.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    proc = run_standalone(python, repro_path(finding), tmp_path, RUN_TIMEOUT_S)
     num_tests, fragments = EXPECTED[finding]
     output = proc.stdout
     assert proc.returncode == 1, output[-4000:]
