@@ -41,8 +41,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import schedconf
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The repository root (the folder holding ``conformance/``)."""
+
+IMPORT_ROOT = Path(schedconf.__file__).resolve().parent.parent
+"""The folder that holds the ``schedconf`` package: the checkout's root, or the site-packages of an installed
+schedconf. An engine's environment gets it on ``PYTHONPATH`` to run our driver (``-m schedconf...``)."""
 
 ENVS_DIR = Path(__file__).resolve().parent / "envs"
 """Where the pinned ``FAMILY-VERSION.txt`` lists live."""
@@ -58,7 +64,7 @@ class EngineEnvError(Exception):
 def _vllm_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.vllm_driver`` needs: see ``schedconf.conformance.vllm_env.driver_env``."""
     return {
-        "PYTHONPATH": str(REPO_ROOT),  # the code of this checkout, wherever the venvs live
+        "PYTHONPATH": str(IMPORT_ROOT),  # the code of this checkout, wherever the venvs live
         "VLLM_CACHE_ROOT": str(home / "vllm-cache"),
         "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"),
         "HF_HUB_OFFLINE": "1",
@@ -76,7 +82,7 @@ def _vllm_env_vars(home: Path) -> dict[str, str]:
 def _nanovllm_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.nanovllm_driver`` needs (transformers is imported, never asked to download)."""
     return {
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": str(IMPORT_ROOT),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TRANSFORMERS_VERBOSITY": "error",  # no "PyTorch was not found" banner on every start
@@ -89,14 +95,14 @@ def _nanovllm_env_vars(home: Path) -> dict[str, str]:
 
 def _lmdeploy_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.lmdeploy_driver`` needs (offline, quiet, deterministic)."""
-    return {"PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    return {"PYTHONPATH": str(IMPORT_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(home / "hf-home"), "DO_NOT_TRACK": "1",
             "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
 def _sglang_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.sglang_driver`` needs (a config.json-only model folder, offline, quiet)."""
-    return {"PYTHONPATH": str(REPO_ROOT), "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
+    return {"PYTHONPATH": str(IMPORT_ROOT), "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
             "HF_HOME": str(home / "hf-home"), "SGLANG_LOGGING_LEVEL": "error", "DO_NOT_TRACK": "1",
             "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
@@ -104,7 +110,7 @@ def _sglang_env_vars(home: Path) -> dict[str, str]:
 
 def _aphrodite_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.aphrodite_driver`` needs (Aphrodite's CPU platform, V1 runner layout, offline)."""
-    return {"PYTHONPATH": str(REPO_ROOT), "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
+    return {"PYTHONPATH": str(IMPORT_ROOT), "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
             "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "HF_HOME": str(home / "hf-home"), "APHRODITE_USE_V2_MODEL_RUNNER": "0", "APHRODITE_TARGET_DEVICE": "cpu",
             "APHRODITE_LOGGING_LEVEL": "ERROR", "APHRODITE_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",

@@ -21,10 +21,10 @@ from schedconf.conformance.engine_env import EngineFamily
 
 def get_live_env_vars(home: Path) -> dict[str, str]:
     """What the engine processes need: this checkout on the path, offline, a private cache, the CPU platform."""
-    from schedconf.conformance.engine_env import REPO_ROOT
+    from schedconf.conformance.engine_env import IMPORT_ROOT
 
     return {
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": str(IMPORT_ROOT),
         "VLLM_CACHE_ROOT": str(home / "vllm-cache"),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

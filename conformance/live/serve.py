@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedconf.conformance.engine_env import REPO_ROOT
+from schedconf.conformance.engine_env import IMPORT_ROOT
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 SERVED_MODEL_NAME = "schedconf-tiny"
@@ -62,7 +62,7 @@ def get_free_port() -> int:
 
 def get_recorder_env(record_dir: str | Path, observe: bool = True) -> dict[str, str]:
     """The variables that attach the recorder to every Python process started with them."""
-    path = os.pathsep.join([str(BOOT_DIR), str(REPO_ROOT)])
+    path = os.pathsep.join([str(BOOT_DIR), str(IMPORT_ROOT)])
     return {"PYTHONPATH": path, "SCHEDCONF_RECORD": str(record_dir), "SCHEDCONF_RECORD_OBSERVE": "1" if observe else "0"}
 
 
@@ -275,7 +275,7 @@ def run_live(args: Any) -> int:
     from schedconf.conformance.live.check import check_recording, render_outcome
     from schedconf.conformance.live.env import LIVE_FAMILY
 
-    run_dir = Path(args.out or REPO_ROOT / "reports" / f"live-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    run_dir = Path(args.out or Path("reports") / f"live-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"release": args.release, "requests": args.requests, "seed": args.seed,
                                "run_dir": str(run_dir)}

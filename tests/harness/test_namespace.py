@@ -61,12 +61,16 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 def test_schedconf_is_the_only_name_installed(installed):
     python, env = installed
     probe = ("import importlib.util as u, schedconf.spec.scheduler as s, conformance, spec; "
-             "print(s.__file__); print(spec.OWNER, conformance.OWNER)")
+             "from schedconf.conformance.engine_env import IMPORT_ROOT; "
+             "print(s.__file__); print(spec.OWNER, conformance.OWNER); "
+             "print((IMPORT_ROOT / 'schedconf' / 'conformance' / 'engines').is_dir())")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env, cwd="/", timeout=120)
     assert done.returncode == 0, done.stderr
-    location, owners = done.stdout.split("\n")[:2]
+    location, owners, drivers_importable = done.stdout.split("\n")[:3]
     assert not location.startswith(str(ROOT)), "the installed copy, not this checkout"
     assert owners == "user user"
+    # what an engine's environment gets on PYTHONPATH holds the schedconf package (its drivers run as -m schedconf...)
+    assert drivers_importable == "True"
 
 
 def test_demo_runs_beside_the_users_packages(installed, tmp_path):
