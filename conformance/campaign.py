@@ -106,6 +106,11 @@ class TraceOutcome:
 
 # ------------------------------------------------------------ generation
 
+def get_pool_headroom(sut: Any) -> int:
+    """The KV blocks a scheduler keeps back from its pool (its adapter's ``pool_headroom_blocks``, else 0)."""
+    return int(getattr(sut, "pool_headroom_blocks", 0) or 0)
+
+
 def get_forced_for_protocol_level(probe: Any, spec: CampaignSpec) -> dict[str, Any]:
     """Config the campaign must force for what the SUT can run (v1 profiles only).
 
@@ -491,7 +496,7 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
 
     probe = make_sut(spec.sut)
     forced = dict(getattr(probe, "forced_config", {}) or {})
-    headroom = int(getattr(probe, "pool_headroom_blocks", 0) or 0)
+    headroom = get_pool_headroom(probe)
     forced.update(get_forced_for_protocol_level(probe, spec))
     if not getattr(probe, "in_flight", False) and spec.prefix_cache_resets:
         spec = replace(spec, prefix_cache_resets=False)

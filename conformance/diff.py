@@ -198,14 +198,15 @@ def get_safety_notes(run_a: SideRun, run_b: SideRun) -> set[str]:
 def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tuple[list[DiffGroup], dict[str, Any]]:
     """Diff the two SUTs on ``spec.examples`` generated traces; shrink one trace per group; the groups and counts."""
     from schedconf.conformance.adapters import make_sut
-    from schedconf.conformance.campaign import CampaignSpec, generate_workloads
+    from schedconf.conformance.campaign import CampaignSpec, generate_workloads, get_pool_headroom
     from schedconf.conformance.shrink import Shrinker
 
     a, b = RecordingSut(make_sut(spec.sut)), RecordingSut(make_sut(spec.against))
     # what either side's campaign would force (one step at a time under the safety driver, a SUT's forced_config)
     generation = CampaignSpec(sut="reference", profile=spec.profile, examples=spec.examples, seed=spec.seed,
                               comparison="safety",
-                              config_overrides={**get_forced_config(spec, a.inner, b.inner), **spec.config_overrides})
+                              config_overrides={**get_forced_config(spec, a.inner, b.inner), **spec.config_overrides},
+                              pool_headroom_blocks=max(get_pool_headroom(a.inner), get_pool_headroom(b.inner)))
     workloads = generate_workloads(generation)
     groups: dict[str, DiffGroup] = {}
     counts = {"traces": 0, "same": 0, "different": 0, "unknown": 0, "discarded": 0}

@@ -99,3 +99,16 @@ def test_sides_that_force_a_field_differently_are_refused(tmp_path):
 def test_both_sides_are_required(args, tmp_path):
     proc = run_cli(["diff", *args], tmp_path)
     assert proc.returncode == 2 and "required" in proc.stderr
+
+
+def test_the_traces_leave_the_pool_headroom_either_side_asks_for(monkeypatch):
+    """A side that keeps part of its pool back (its adapter's pool_headroom_blocks) gets it, as in a campaign."""
+    from schedconf.conformance import campaign
+    from schedconf.conformance.adapters.reference import ReferenceSut
+
+    seen = []
+    monkeypatch.setattr(ReferenceSut, "pool_headroom_blocks", 3, raising=False)
+    monkeypatch.setattr(campaign, "generate_workloads", lambda spec: seen.append(spec) or [])
+    run_diff(DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
+                      against_profile="vllm-0.33", examples=1, seed=0))
+    assert [spec.pool_headroom_blocks for spec in seen] == [3]
