@@ -236,6 +236,21 @@ class StdioSut:
         self.kill()
         return exc_type(f"{self.name}: {message}", self.stderr_tail())
 
+    def _wait_for_stderr(self, limit_s: float = 1.0) -> None:
+        """Let the stderr reader take in what the process wrote before its reply (a traceback before an
+        ``internal`` answer): the two pipes are read by two threads, so the reply can arrive first."""
+        child = self.child
+        if child is None or child.proc.stderr is None:
+            return
+        deadline = time.monotonic() + limit_s
+        fd = child.proc.stderr.fileno()
+        try:
+            while time.monotonic() < deadline and select.select([fd], [], [], 0)[0]:
+                time.sleep(0.005)  # bytes still in the pipe: the reader has not taken them yet
+        except (OSError, ValueError):
+            return
+        time.sleep(0.005)  # the line it is taking in
+
     def _limit(self, timeout_s: float) -> tuple[float, str]:
         """Seconds to wait for an answer, and what the limit is called in a message."""
         if self.deadline is not None and self.deadline - time.monotonic() < timeout_s:
@@ -314,6 +329,7 @@ class StdioSut:
                                                      "unsupported is an answer to init only; once a trace has "
                                                      "started, the scheduler answers every call (PROTOCOL.md)")
             if code == "internal":
+                self._wait_for_stderr()
                 raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail(),
                                        reason=message)
             raise SutInputError(code, message)
