@@ -51,7 +51,7 @@ if __package__ in (None, ""):
 
 from schedconf.impl.engine import Engine  # noqa: E402
 from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel  # noqa: E402
-from schedconf.spec.config import SchedulerConfig  # noqa: E402
+from schedconf.spec.v1.config import SchedulerConfig  # noqa: E402
 
 
 def make_config(prompts: list[list[int]], output_len: int, batches: int, spec_tokens: int = 0) -> SchedulerConfig:

@@ -20,16 +20,16 @@ import tempfile
 import time
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
-from schedconf.conformance.generate import random_workload
-from schedconf.conformance.replay import replay
+from schedconf.conformance.checking.replay import replay
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
 from schedconf.conformance.sut import add_request_kwargs
-from schedconf.conformance.trace import Trace
-from schedconf.conformance.workload import WorkloadError, run_workload
-from schedconf.spec.config import SchedulerConfig
+from schedconf.conformance.traces.trace import Trace
+from schedconf.conformance.workloads.generate import random_workload
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
 from schedconf.spec.errors import InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 def drive_reference(trace: Trace) -> None:
@@ -110,7 +110,7 @@ def main() -> None:
     bench_replay(args.traces)
     bench_campaign(args.campaign)
     if args.mutants:
-        from schedconf.conformance.mutant_kill import kill_all, render_kill_table
+        from schedconf.conformance.checking.mutant_kill import kill_all, render_kill_table
 
         print("\nmutants")
         names = [n for n in args.mutant_names.split(",") if n] or None

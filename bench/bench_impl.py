@@ -34,9 +34,9 @@ from typing import Any
 
 from schedconf.conformance.adapters.impl import canonical_request_outputs
 from schedconf.impl.scheduler import FastScheduler
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 PROMPT_LEN = 128
 BLOCK_SIZE = 16

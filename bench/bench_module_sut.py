@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from schedconf.conformance.adapters import make_sut  # noqa: E402
-from schedconf.conformance.campaign import CampaignSpec, generate_workloads  # noqa: E402
-from schedconf.conformance.replay import FAIL, replay  # noqa: E402
-from schedconf.conformance.workload import WorkloadError, run_workload  # noqa: E402
+from schedconf.conformance.checking.replay import FAIL, replay  # noqa: E402
+from schedconf.conformance.runs.campaign import CampaignSpec, generate_workloads  # noqa: E402
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload  # noqa: E402
 
 TARGET = "schedconf.conformance.adapters.reference:ReferenceSut"
 SUTS = ("reference", f"inprocess:{TARGET}", f"module:{TARGET}")

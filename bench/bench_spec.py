@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from schedconf.spec.config import SchedulerConfig
-from schedconf.spec.invariants import check_invariants
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.invariants import check_invariants
+from schedconf.spec.v1.scheduler import Scheduler
 
 PROMPT_LEN = 128
 BLOCK_SIZE = 16

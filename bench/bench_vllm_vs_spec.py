@@ -6,7 +6,7 @@ Each size N: N requests with distinct 128-token prompts are admitted and
 prefilled (not timed), then ``--steps`` decode steps are timed, each one
 ``schedule()`` + ``update_from_output()`` with one sampled token per request.
 
-* reference: ``schedconf.spec.scheduler.Scheduler`` in this process, wall time of the
+* reference: ``schedconf.spec.v1.scheduler.Scheduler`` in this process, wall time of the
   two calls (as ``bench/bench_spec.py``);
 * vLLM: the real scheduler in its own environment, driven over the protocol
   (``--sut vllm-v1@VERSION``); its time is measured INSIDE the driver process
@@ -30,10 +30,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schedconf.conformance.adapters.vllm_v1 import VllmV1Sut  # noqa: E402
-from schedconf.conformance.vllm_env import ensure_vllm_env  # noqa: E402
-from schedconf.spec.config import SchedulerConfig  # noqa: E402
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env  # noqa: E402
 from schedconf.spec.output import ModelRunnerOutput  # noqa: E402
-from schedconf.spec.scheduler import Scheduler  # noqa: E402
+from schedconf.spec.v1.config import SchedulerConfig  # noqa: E402
+from schedconf.spec.v1.scheduler import Scheduler  # noqa: E402
 
 PROMPT_LEN = 128
 BLOCK_SIZE = 16

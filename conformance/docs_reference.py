@@ -5,10 +5,10 @@
 
 Four pages come from the code: the command line (from ``schedconf.conformance.cli``'s
 argument parser), the error codes (``schedconf.spec.errors.ERROR_CODES``), the
-release profiles with their knobs (``schedconf.spec.profiles.PROFILES``, each knob's
+release profiles with their knobs (``schedconf.spec.v1.profiles.PROFILES``, each knob's
 docstring read from the source) and the rules with the vLLM lines they were
 read from (``schedconf.spec.sources``). The trace format page is FORMAT.md
-(``conformance/format_doc.py``), included by the manual as it is. A test runs
+(``conformance/traces/format_doc.py``), included by the manual as it is. A test runs
 ``--check``; another one breaks a page on purpose and sees it fail.
 """
 
@@ -147,14 +147,14 @@ def _render_value(value: object) -> str:
 
 def render_profiles_md() -> str:
     """The release profiles: one column per profile, one row per knob, then each knob's rule."""
-    from schedconf.spec.profiles import DEFAULT_PROFILE, PROFILES, Profile
     from schedconf.spec.v0.profiles import V0_PROFILES
+    from schedconf.spec.v1.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
     names = list(PROFILES)
     docs = _field_docs(Profile)
     knobs = [f.name for f in dataclasses.fields(Profile) if f.name not in ("name",)]
     out = ["# Release profiles", "", GENERATED_NOTE, "",
-           "A profile is one release's scheduling rules, knob by knob (`spec/profiles.py`). Every rule",
+           "A profile is one release's scheduling rules, knob by knob (`spec/v1/profiles.py`). Every rule",
            "that changed between vLLM releases is a named knob, so two releases differ exactly where",
            "their columns differ. `--profile NAME` picks one; the default is "
            f"`{DEFAULT_PROFILE}`, and a SUT such as `vllm-v1@0.32.0` implies its own.",
@@ -166,7 +166,7 @@ def render_profiles_md() -> str:
                    + " | ".join(_render_value(getattr(PROFILES[n], knob)) for n in names) + " |")
     out += ["", "## The knobs", ""]
     for knob in knobs:
-        out += [f"### `{knob}`", "", docs.get(knob, "(no description in spec/profiles.py)"), ""]
+        out += [f"### `{knob}`", "", docs.get(knob, "(no description in spec/v1/profiles.py)"), ""]
     out += ["## The v0 scheduler", "",
             "vLLM 0.10.2's legacy scheduler is a second model (`spec/v0/`) with its own profile:", "",
             "| profile | vLLM release |", "|---|---|"]

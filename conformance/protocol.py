@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from schedconf.conformance.trace import SCHEDULER_KINDS, validate_value
+from schedconf.conformance.traces.trace import SCHEDULER_KINDS, validate_value
 from schedconf.spec.errors import ERROR_CODES
 
 PROTOCOL_VERSION = 1

@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     sut = config.getoption("--schedconf-sut")
     if not sut:
         return
-    from schedconf.conformance.vectors import iter_corpus
+    from schedconf.conformance.traces.vectors import iter_corpus
 
     profile = config.getoption("--schedconf-profile")
     if not config.getoption("--schedconf-no-corpus"):
@@ -138,9 +138,9 @@ class _SchedconfItem(pytest.Item):
         return self._suts[name]
 
     def check(self, trace: Any, label: str) -> None:
-        from schedconf.conformance.replay import FAIL, UNKNOWN, render_divergence, replay
-        from schedconf.conformance.shrink import shrink_trace
-        from schedconf.conformance.trace import write_trace
+        from schedconf.conformance.checking.replay import FAIL, UNKNOWN, render_divergence, replay
+        from schedconf.conformance.checking.shrink import shrink_trace
+        from schedconf.conformance.traces.trace import write_trace
 
         comparison = self.config.getoption("--schedconf-comparison")
         result = replay(trace, self.sut(), comparison)
@@ -180,7 +180,7 @@ class CorpusItem(_SchedconfItem):
         self.trace_path = path_
 
     def runtest(self) -> None:
-        from schedconf.conformance.trace import read_trace
+        from schedconf.conformance.traces.trace import read_trace
 
         self.check(read_trace(self.trace_path), f"corpus-{self.trace_path.parent.name}-{self.trace_path.stem}")
 
@@ -193,12 +193,12 @@ class CampaignItem(_SchedconfItem):
         self.index = index
 
     def runtest(self) -> None:
-        from schedconf.conformance.workload import WorkloadError, run_workload
-        from schedconf.conformance.workload_v0 import make_random_workload
+        from schedconf.conformance.workloads.workload import WorkloadError, run_workload
+        from schedconf.conformance.workloads.workload_v0 import make_random_workload
 
         seed = self.config.getoption("--schedconf-seed")
         profile = self.config.getoption("--schedconf-profile")
-        from schedconf.conformance.generate import choose_refused_config
+        from schedconf.conformance.workloads.generate import choose_refused_config
 
         example = seed * 1_000_003 + self.index
         workload = make_random_workload(example, profile)

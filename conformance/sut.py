@@ -1,7 +1,7 @@
 """The one interface every scheduler under test implements.
 
 A system under test (SUT) receives the trace's input events and returns its
-outputs in the trace's canonical form (``conformance/trace.schema.json``):
+outputs in the trace's canonical form (``conformance/traces/trace.schema.json``):
 
 =====================  ======================================================
 ``start(config, profile)``   build a scheduler for this config and release profile

@@ -18,7 +18,7 @@ Stages, each recorded in ``OUT/async_check.json``:
    Every request's tokens must equal the dense, cache-free greedy forward
    (``impl/dense.py``, also on the GPU); a difference where the oracle saw a
    near tie is reported, not failed.
-2. ``replay``: async traces of ``conformance/generate.py`` replayed against the
+2. ``replay``: async traces of ``conformance/workloads/generate.py`` replayed against the
    teacher-forced engine adapter (``impl-engine``) on the GPU: scheduler
    outputs equal to the trace and the logits of every sampled position within
    1e-8 of the dense forward (async profiles also with spec decode).
@@ -102,7 +102,7 @@ def run_overlapped_workload(model: Any, config: dict[str, Any], arrivals: list[A
     the engine's drafter (default: n-gram, with ``num_spec_tokens > 0``).
     """
     from schedconf.impl.engine import Engine
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     engine = Engine(SchedulerConfig(**config), model, profile=profile, drafter=drafter)
     pending = list(arrivals)
@@ -175,9 +175,9 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
 def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: float) -> dict[str, Any]:
     """Async traces against the teacher-forced engine adapter on ``device``."""
     from schedconf.conformance.adapters.impl import ImplEngineSut
-    from schedconf.conformance.generate import random_workload
-    from schedconf.conformance.replay import render_divergence, replay
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.checking.replay import render_divergence, replay
+    from schedconf.conformance.workloads.generate import random_workload
+    from schedconf.conformance.workloads.workload import run_workload
 
     verdicts: dict[str, int] = {}
     failures: list[str] = []
@@ -213,7 +213,7 @@ def _with_spec_tokens(workload: Any, profile: str, k: int) -> Any:
     from dataclasses import replace
 
     from schedconf.spec.errors import InvalidConfig
-    from schedconf.spec.profiles import PROFILES, check_config_for_profile
+    from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
 
     config = replace(workload.config, num_spec_tokens=k)
     try:

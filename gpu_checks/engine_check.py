@@ -8,7 +8,7 @@ it drives the torch engine (on the CPU or a GPU: ``--device``) and
 ``check_engine(workload, model)`` runs the workload's requests, aborts and
 invalid inputs through :class:`schedconf.impl.engine.Engine` (the real model produces
 the tokens and the n-gram drafter the drafts) and, step by step, through the
-reference ``schedconf.spec.scheduler.Scheduler``, which is fed exactly the tokens and
+reference ``schedconf.spec.v1.scheduler.Scheduler``, which is fed exactly the tokens and
 drafts the engine produced. It checks:
 
 1. every SchedulerOutput is equal in the strict canonical form (block ids and
@@ -45,15 +45,15 @@ import torch
 
 from schedconf.conformance.adapters.impl import canonical_request_outputs
 from schedconf.conformance.sut import add_request_kwargs
-from schedconf.conformance.trace import Trace, make_header, read_trace, write_trace
-from schedconf.conformance.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
+from schedconf.conformance.traces.trace import Trace, make_header, read_trace, write_trace
+from schedconf.conformance.workloads.workload import AbortSpec, InvalidInput, RequestSpec, Workload, workload_from_trace
 from schedconf.impl.dense import dense_generate
 from schedconf.impl.engine import Engine
 from schedconf.impl.model import DTYPES, MODEL_CONFIGS, LlamaModel
 from schedconf.impl.sampling import NearTie
 from schedconf.spec.errors import EngineCrash, InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 @dataclass
@@ -95,7 +95,7 @@ class EngineCheckReport:
 
 def _timed_inputs(workload: Workload) -> list[tuple[int, int, object]]:
     """Every input as (at_step, order, input); at one step: arrivals, invalid inputs, aborts
-    (the order ``schedconf.conformance.workload.run_workload`` applies them in)."""
+    (the order ``schedconf.conformance.workloads.workload.run_workload`` applies them in)."""
     items: list[tuple[int, int, object]] = [(r.at_step, i, r) for i, r in enumerate(workload.requests)]
     base = len(items)
     items += [(v.at_step, base + i, v) for i, v in enumerate(workload.invalid_inputs)]
@@ -278,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0:20", help="generated workloads, seeds LO:HI; '' for none")
     parser.add_argument("--generator", choices=("conformance", "tight"), default="conformance",
-                        help="conformance/generate.py (default) or conformance/tight_workloads.py")
-    parser.add_argument("--corpus", type=Path, default=None, help="a folder of JSONL traces (e.g. conformance/vectors)")
-    parser.add_argument("--examples", action="store_true", help="also the built-in examples (conformance/examples.py)")
+                        help="conformance/workloads/generate.py (default) or conformance/workloads/tight_workloads.py")
+    parser.add_argument("--corpus", type=Path, default=None, help="a folder of JSONL traces (e.g. conformance/traces/vectors)")
+    parser.add_argument("--examples", action="store_true", help="also the built-in examples (conformance/traces/examples.py)")
     parser.add_argument("--model", default="tiny", choices=sorted(MODEL_CONFIGS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float64", choices=sorted(DTYPES))
@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the tiny model gains nothing from more)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.tight_workloads import make_tight_workload
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.tight_workloads import make_tight_workload
 
     model = LlamaModel(MODEL_CONFIGS[args.model], device=args.device, dtype=DTYPES[args.dtype])
     workloads: list[tuple[str, Workload]] = []
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads += [(f"tight-seed-{s}", make_tight_workload(s, vocab_size=model.config.vocab_size))
                       for s in _parse_seeds(args.seeds)]
     elif args.seeds:
-        from schedconf.conformance.generate import random_workload as generate_workload
+        from schedconf.conformance.workloads.generate import random_workload as generate_workload
 
         workloads += [(f"seed-{s}-{p}", generate_workload(s, p)) for s in _parse_seeds(args.seeds)
                       for p in ("vllm-0.33", "vllm-0.32")]

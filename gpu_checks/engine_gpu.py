@@ -6,9 +6,9 @@ Usage (on a machine with a CUDA GPU; finishes in well under 5 minutes on one H20
 
 Stages, each recorded in ``OUT/engine_gpu.json``:
 
-1. ``conformance``: every workload of the corpus (``conformance/vectors/**/*.jsonl``
+1. ``conformance``: every workload of the corpus (``conformance/traces/vectors/**/*.jsonl``
    when present), the built-in examples and ``--seeds`` workloads of
-   ``conformance/tight_workloads.py`` run
+   ``conformance/workloads/tight_workloads.py`` run
    through the engine on the GPU (``small`` model, float64) in lockstep with the
    reference scheduler fed the engine's own tokens: identical SchedulerOutputs
    (strict: block ids, free-queue order) and request outputs, and every
@@ -54,8 +54,8 @@ def _sync(device: torch.device) -> None:
 
 def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline: float) -> dict[str, Any]:
     """Engine vs reference scheduler in lockstep, and tokens vs the dense oracle, on ``device``."""
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.tight_workloads import make_tight_workload
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.tight_workloads import make_tight_workload
     from schedconf.gpu_checks.engine_check import check_engine, corpus_workloads
     from schedconf.impl.model import SMALL, TINY, LlamaModel
 
@@ -91,11 +91,11 @@ def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline
 def stage_replay(device: torch.device, corpus: Path, seeds: range, deadline: float) -> dict[str, Any]:
     """Teacher-forced engine replay of traces (corpus, examples, campaign) on ``device``."""
     from schedconf.conformance.adapters.impl import ImplEngineSut
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.replay import replay
-    from schedconf.conformance.tight_workloads import make_tight_workload
-    from schedconf.conformance.trace import read_trace
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.checking.replay import replay
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.traces.trace import read_trace
+    from schedconf.conformance.workloads.tight_workloads import make_tight_workload
+    from schedconf.conformance.workloads.workload import run_workload
 
     traces = [read_trace(p) for p in sorted(corpus.rglob("*.jsonl"))] if corpus.is_dir() else []
     traces = [t for t in traces if t.profile in ("vllm-0.33", "vllm-0.32")]
@@ -130,7 +130,7 @@ def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: i
 
     from schedconf.impl.engine import Engine
     from schedconf.impl.model import MODEL_CONFIGS, LlamaModel
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     t0 = time.perf_counter()
     model = LlamaModel(MODEL_CONFIGS[model_name], device=device, dtype=dtype)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for engine_gpu.json")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU with small sizes")
-    parser.add_argument("--corpus", type=Path, default=Path("conformance/vectors"))
+    parser.add_argument("--corpus", type=Path, default=Path("conformance/traces/vectors"))
     parser.add_argument("--seeds", type=int, default=40, help="campaign workloads per conformance stage")
     parser.add_argument("--batch-sizes", default="1,16,64,256")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting new work after this long")

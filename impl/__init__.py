@@ -17,5 +17,5 @@ Modules:
 checked: nothing here imports ``conformance``. Its adapters (``--sut impl``,
 ``--sut impl-engine``) are ``conformance/adapters/impl.py``, the lockstep
 whole-engine check is ``gpu_checks/engine_check.py`` and the seeded workloads
-first written for it are ``conformance/tight_workloads.py``.
+first written for it are ``conformance/workloads/tight_workloads.py``.
 """

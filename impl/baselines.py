@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from schedconf.impl.engine import Engine
 from schedconf.impl.model import LlamaModel
-from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.v1.config import SchedulerConfig
 
 
 def set_cpu_threads(n: int) -> int:

@@ -40,7 +40,7 @@ from schedconf.impl.model import LlamaModel
 from schedconf.impl.runner import ExecuteResult, ModelRunner, PreparedStep
 from schedconf.impl.sampling import NearTie
 from schedconf.impl.scheduler import FINISHED_ABORTED, FastScheduler, Req, RequestOutputTuple, StepOutput
-from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.v1.config import SchedulerConfig
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The fast scheduler: vLLM 0.33's v1 scheduling rules, written for speed.
 
-It makes exactly the decisions of ``spec/scheduler.py`` (the strict comparison:
+It makes exactly the decisions of ``spec/v1/scheduler.py`` (the strict comparison:
 block ids, list orders and the free-queue order included) for the profiles
 ``vllm-0.33`` and ``vllm-0.32``, but is organised for a per-step cost close to
 the minimum a Python scheduler can have:
@@ -75,9 +75,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import EngineCrash, InvalidConfig, InvalidEvent
-from schedconf.spec.profiles import check_config_for_profile, get_profile
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.profiles import check_config_for_profile, get_profile
 
 # Request statuses, as small integers (compared with ==, never ordered).
 WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED = range(6)

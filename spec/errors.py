@@ -67,7 +67,7 @@ class IllegalTransition(SpecError):
     """A request status change that ``LEGAL_TRANSITIONS`` does not allow.
 
     Only a wrong model (or a mutant) can raise this: every transition the
-    scheduler makes is checked against the table in ``spec/request.py``.
+    scheduler makes is checked against the table in ``spec/v1/request.py``.
     """
 
 

@@ -1,7 +1,7 @@
 """Which scheduler a release profile runs: the v1 model or the v0 (legacy) model.
 
 ``get_scheduler_kind(profile_name)`` is ``"v0"`` for the v0 profiles
-(``schedconf.spec.v0.profiles``), ``"v1"`` for ``schedconf.spec.profiles.PROFILES``;
+(``schedconf.spec.v0.profiles``), ``"v1"`` for ``schedconf.spec.v1.profiles.PROFILES``;
 ``make_config`` and ``make_scheduler`` build the matching config and model
 from a trace header's ``config`` dict.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import InvalidConfig
-from schedconf.spec.profiles import PROFILES
-from schedconf.spec.scheduler import Scheduler as V1Scheduler
 from schedconf.spec.v0.config import V0SchedulerConfig
 from schedconf.spec.v0.profiles import V0_PROFILES
 from schedconf.spec.v0.scheduler import Scheduler as V0Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.profiles import PROFILES
+from schedconf.spec.v1.scheduler import Scheduler as V1Scheduler
 
 SchedulerKind = Literal["v1", "v0"]
 

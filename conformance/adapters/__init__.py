@@ -43,7 +43,7 @@ ADAPTERS: dict[str, AdapterEntry] = {
 ADAPTER_PREFIXES: dict[str, PrefixEntry] = {
     "module:": "schedconf.conformance.adapters.module:make_module_sut",  # a Python scheduler in a child process
     "inprocess:": "schedconf.conformance.adapters.module:make_inprocess_sut",  # the same in this process
-    "mutant:": "schedconf.conformance.mutants:make_mutant_sut",
+    "mutant:": "schedconf.conformance.checking.mutants:make_mutant_sut",
     "vllm-v1@": "schedconf.conformance.adapters.vllm_v1:make_vllm_sut",  # never imports vLLM itself
     "vllm-v0@": "schedconf.conformance.adapters.vllm_v0:make_vllm_v0_sut",  # vLLM 0.10.2's legacy scheduler; never imports vLLM
     "nano-vllm@": "schedconf.conformance.adapters.nanovllm:make_nanovllm_sut",  # never imports nano-vllm itself
@@ -70,7 +70,7 @@ def describe_suts() -> str:
         "module:pkg.mod:factory (a Python factory returning a SchedulerUnderTest, run in a child process; the "
         "current folder is searched first); inprocess:pkg.mod:factory (the same in the harness's process: faster, "
         "but a hang in native code or os._exit is not contained); "
-        "mutant:NAME (the reference with one rule broken, see conformance/mutants.py); "
+        "mutant:NAME (the reference with one rule broken, see conformance/checking/mutants.py); "
         + "vllm-v1@VERSION (the real vLLM scheduler; build it with `schedconf env vllm VERSION`); "
         + "vllm-v1@PATH (your own vLLM build: a virtual environment or its Python, e.g. vllm-v1@~/vllm/.venv); "
         + "vllm-v0@0.10.2 (vLLM's legacy v0 scheduler, with --profile vllm-0.10)"

@@ -24,7 +24,13 @@ from typing import Any
 
 from schedconf.conformance.adapters import UnknownSut
 from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from schedconf.conformance.engine_env import driver_env, env_python, is_env_ready, not_ready_message, supported_versions
+from schedconf.conformance.engines.engine_env import (
+    driver_env,
+    env_python,
+    is_env_ready,
+    not_ready_message,
+    supported_versions,
+)
 from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "aphrodite@"
@@ -67,7 +73,7 @@ def make_aphrodite_sut(name: str, root: Path | None = None) -> SchedulerUnderTes
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.24.1 (pinned: {pinned})")
     if version not in supported_versions(FAMILY):
         raise UnknownSut(f"--sut {name!r}: no pinned environment for Aphrodite {version}; "
-                         f"pinned releases: {pinned} (conformance/envs/)")
+                         f"pinned releases: {pinned} (conformance/engines/envs/)")
     if not is_env_ready(FAMILY, version, root):
         raise AphroditeEnvNotReady(f"--sut {name!r}: {not_ready_message(FAMILY, version)}")
     return AphroditeSut(version, root=root)

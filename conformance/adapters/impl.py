@@ -46,7 +46,7 @@ from typing import Any
 from schedconf.conformance.sut import InProcessSut, SutInputError, SutUnsupported, refused_as_input_error
 from schedconf.impl.scheduler import FastScheduler, UnsupportedProfile
 from schedconf.impl.v0_scheduler import FastV0Scheduler, V0StepOutput
-from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.v1.config import SchedulerConfig
 
 
 def get_scheduler_kind(profile: str) -> str:

@@ -1,7 +1,7 @@
 """The reference model as a system under test (the first adapter).
 
 The profile picks the model: a v1 profile the v1 scheduler
-(:class:`schedconf.spec.scheduler.Scheduler`), a v0 profile (``vllm-0.10``) the v0 one
+(:class:`schedconf.spec.v1.scheduler.Scheduler`), a v0 profile (``vllm-0.10``) the v0 one
 (``spec/v0/``, through ``schedconf.spec.schedulers.make_scheduler``).
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from schedconf.conformance.sut import InProcessSut, SutInputError, refused_as_input_error
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 class ReferenceSut(InProcessSut):
@@ -24,7 +24,7 @@ class ReferenceSut(InProcessSut):
     pending: SchedulerOutput | None
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        from schedconf.conformance.workload import is_v0_profile
+        from schedconf.conformance.workloads.workload import is_v0_profile
 
         with refused_as_input_error():
             if is_v0_profile(profile):

@@ -8,7 +8,7 @@ subprocess serves a whole campaign: every trace sends a fresh ``init`` (profile
 ``vllm-0.10``, a v0 config).
 
 Only releases whose environment runs the v0 driver qualify
-(``schedconf.conformance.engine_env.FAMILIES["vllm"].release_drivers``): 0.10.2, the
+(``schedconf.conformance.engines.engine_env.FAMILIES["vllm"].release_drivers``): 0.10.2, the
 last release that ships ``vllm/core/scheduler.py``.
 
 The registry (``schedconf.conformance.adapters.ADAPTER_PREFIXES``) names
@@ -23,7 +23,13 @@ from pathlib import Path
 
 from schedconf.conformance.adapters import UnknownSut
 from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from schedconf.conformance.engine_env import driver_env, env_python, get_driver_module, is_env_ready, not_ready_message
+from schedconf.conformance.engines.engine_env import (
+    driver_env,
+    env_python,
+    get_driver_module,
+    is_env_ready,
+    not_ready_message,
+)
 from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "vllm-v0@"
@@ -39,7 +45,7 @@ class VllmV0EnvNotReady(UnknownSut):
 
 def v0_versions() -> list[str]:
     """The vLLM releases whose environment runs the v0 driver."""
-    from schedconf.conformance.engine_env import supported_versions
+    from schedconf.conformance.engines.engine_env import supported_versions
 
     return [v for v in supported_versions(FAMILY) if get_driver_module(FAMILY, v) == DRIVER_MODULE]
 

@@ -10,7 +10,7 @@ or from ``--profile`` when the version has none of its own.
 
 The harness never imports vLLM. This adapter starts the release's own
 interpreter (``.venvs/vllm-VERSION/bin/python``, built by ``schedconf env vllm
-VERSION``) on ``conformance/vllm_driver.py`` and speaks the JSON-lines protocol
+VERSION``) on ``conformance/engines/vllm_driver.py`` and speaks the JSON-lines protocol
 with it through :class:`~schedconf.conformance.adapters.stdio.StdioSut`. One subprocess
 serves a whole campaign: every trace sends a fresh ``init``.
 
@@ -33,9 +33,8 @@ from typing import Any
 
 from schedconf.conformance.adapters import UnknownSut
 from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut
-from schedconf.conformance.engine_env import get_driver_module, get_family
-from schedconf.conformance.sut import SchedulerUnderTest
-from schedconf.conformance.vllm_env import (
+from schedconf.conformance.engines.engine_env import get_driver_module, get_family
+from schedconf.conformance.engines.vllm_env import (
     REPO_ROOT,
     driver_env,
     is_vllm_env_ready,
@@ -43,6 +42,7 @@ from schedconf.conformance.vllm_env import (
     supported_versions,
     vllm_python,
 )
+from schedconf.conformance.sut import SchedulerUnderTest
 
 PREFIX = "vllm-v1@"
 IMPORT_TIMEOUT_S = 180.0
@@ -71,7 +71,7 @@ class VllmV1Sut(StdioSut):
     def __init__(self, version: str, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path | None = None) -> None:
         self.version = version
         python = vllm_python(version, root)
-        command = f"{shlex.quote(str(python))} -m schedconf.conformance.vllm_driver"
+        command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.vllm_driver"
         # importing vLLM takes a while: the first init of a new process gets IMPORT_TIMEOUT_S
         super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}",
                          startup_timeout_s=IMPORT_TIMEOUT_S)
@@ -92,7 +92,7 @@ def is_build_path(spec: str) -> bool:
 
 @dataclass(frozen=True)
 class VllmBuild:
-    """A user's own vLLM, as its interpreter reports it (``python -m schedconf.conformance.vllm_driver --describe``)."""
+    """A user's own vLLM, as its interpreter reports it (``python -m schedconf.conformance.engines.vllm_driver --describe``)."""
 
     python: Path
     version: str
@@ -128,7 +128,7 @@ def get_vllm_build(spec: str) -> VllmBuild:
         return _BUILDS[python]
     env = {**os.environ, **get_build_env(python)}
     try:
-        proc = subprocess.run([str(python), "-m", "schedconf.conformance.vllm_driver", "--describe"], env=env,
+        proc = subprocess.run([str(python), "-m", "schedconf.conformance.engines.vllm_driver", "--describe"], env=env,
                               capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UnknownSut(f"--sut {PREFIX}{spec}: cannot ask {python} what vLLM it has: {exc}") from None
@@ -140,7 +140,7 @@ def get_vllm_build(spec: str) -> VllmBuild:
     if described["missing"]:
         raise UnknownSut(f"--sut {PREFIX}{spec}: vLLM {described['version']} at {described['location']}: its "
                          f"scheduler API moved beyond what the driver knows: no {', '.join(described['missing'])}")
-    from schedconf.spec.profiles import PROFILES
+    from schedconf.spec.v1.profiles import PROFILES
 
     profile = described["profile"] if described["profile"] in PROFILES else None
     build = VllmBuild(python, described["version"], profile, described["location"])
@@ -158,7 +158,7 @@ class VllmBuildSut(VllmV1Sut):
         if build.profile is None:
             # a version we have no profile of: the driver answers for the profile the run names (--profile)
             env["SCHEDCONF_VLLM_ANY_PROFILE"] = "1"
-        StdioSut.__init__(self, f"{shlex.quote(str(build.python))} -m schedconf.conformance.vllm_driver", timeout_s=timeout_s,
+        StdioSut.__init__(self, f"{shlex.quote(str(build.python))} -m schedconf.conformance.engines.vllm_driver", timeout_s=timeout_s,
                           env=env, name=f"{PREFIX}{build.location}", startup_timeout_s=IMPORT_TIMEOUT_S)
 
 
@@ -170,13 +170,13 @@ def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 "
                          f"(pinned: {', '.join(supported_versions())})")
-    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "schedconf.conformance.vllm_driver"]
+    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "schedconf.conformance.engines.vllm_driver"]
     if version in supported_versions() and version not in v1_releases:
         raise UnknownSut(f"--sut {name!r}: vLLM {version} ships the legacy v0 scheduler, not v1: "
                          f"use vllm-v0@{version} (v1 releases: {', '.join(v1_releases)})")
     if version not in supported_versions():
         raise UnknownSut(f"--sut {name!r}: no pinned environment for vLLM {version}; "
-                         f"pinned releases: {', '.join(supported_versions())} (conformance/envs/)")
+                         f"pinned releases: {', '.join(supported_versions())} (conformance/engines/envs/)")
     if not is_vllm_env_ready(version, root):
         raise VllmEnvNotReady(f"--sut {name!r}: {not_ready_message(version)}")
     return VllmV1Sut(version, root=root)

@@ -4,7 +4,7 @@ This module runs INSIDE an Aphrodite environment built by ``schedconf env
 aphrodite VERSION``, as ``<venv python> -m schedconf.conformance.engines.aphrodite_driver``
 with the repository root on ``PYTHONPATH`` (``schedconf.conformance.adapters.aphrodite``
 starts it). It imports only the standard library, Aphrodite,
-``schedconf.conformance.protocol_server`` and ``schedconf.conformance.vllm_driver`` (the vLLM
+``schedconf.conformance.protocol_server`` and ``schedconf.conformance.engines.vllm_driver`` (the vLLM
 driver, used here as a library: it imports nothing of vLLM at module level);
 never the reference model.
 
@@ -13,7 +13,7 @@ Aphrodite 0.24.1 is a fork of vLLM's v1 engine, renamed (``vllm`` ->
 ``APHRODITE_*``): ``aphrodite/v1/core/sched/scheduler.py``,
 ``kv_cache_manager.py``, ``block_pool.py``, ``request.py`` and
 ``core/sched/utils.py`` are vLLM's with the names changed. The driver is
-therefore the vLLM driver (:class:`schedconf.conformance.vllm_driver.VllmSchedulerSut`,
+therefore the vLLM driver (:class:`schedconf.conformance.engines.vllm_driver.VllmSchedulerSut`,
 whose docstring lists every protocol mapping) with the Aphrodite names
 plugged in (:class:`_Aphrodite`) and these differences:
 
@@ -64,14 +64,14 @@ import sys
 import time
 from typing import Any
 
-from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
-from schedconf.conformance.vllm_driver import (
+from schedconf.conformance.engines.vllm_driver import (
     DriverError,
     SutUnsupported,
     VllmSchedulerSut,
     _Vllm,
     _with_extensions,
 )
+from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
 
 DEFAULT_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -83,7 +83,7 @@ DEFAULT_ENV = {
 
 TRACKED_PROFILE = "vllm-0.32"
 OWN_PROFILE = "aphrodite-0.24"
-"""Aphrodite's own profile in spec/profiles.py: vllm-0.32 with the lone-request threshold rule."""
+"""Aphrodite's own profile in spec/v1/profiles.py: vllm-0.32 with the lone-request threshold rule."""
 """The vLLM release profile Aphrodite 0.24.1's scheduler tracks (see the module docstring)."""
 
 PADDED_ADMISSION_ASSERT = "assert num_new_tokens == 1 + self.num_spec_tokens"
@@ -193,7 +193,7 @@ class AphroditeSchedulerSut(VllmSchedulerSut):
         self.name = f"aphrodite@{self.v.version}"
 
     def start(self, config: dict[str, Any], profile: str) -> None:
-        # aphrodite-0.24 (spec/profiles.py) is vllm-0.32 plus Aphrodite's one rule (the long-prefill
+        # aphrodite-0.24 (spec/v1/profiles.py) is vllm-0.32 plus Aphrodite's one rule (the long-prefill
         # cap applies to a lone request too); under vllm-0.32 traces diverge there by design.
         if profile not in (TRACKED_PROFILE, OWN_PROFILE):
             raise SutUnsupported(f"Aphrodite {self.v.version}'s scheduler tracks vLLM 0.32 (profiles {OWN_PROFILE}, "

@@ -60,7 +60,7 @@ the next ``schedule``), ``schedule`` is ``send_next_inputs`` plus the activation
 as the loop's first turn.
 
 What reaches the driver in flight is up to the harness, and a safety campaign
-sends none today: (1) ``conformance/replay.py`` answers *unknown* for a trace
+sends none today: (1) ``conformance/checking/replay.py`` answers *unknown* for a trace
 with steps in flight under ``--comparison safety`` ("drives the scheduler one
 step at a time") and ``campaign.get_forced_for_protocol_level`` forces
 ``max_concurrent_batches = 1`` under safety; (2) a campaign reads ``in_flight``

@@ -2,7 +2,7 @@
 
 Every driver must refuse a bad ``init`` or ``add_request`` with the stable
 codes of PROTOCOL.md (the spec's table, FORMAT.md) before its engine sees the
-input, in the model's order (``spec/config.py``, ``Scheduler.add_request``),
+input, in the model's order (``spec/v1/config.py``, ``Scheduler.add_request``),
 so that one bad input gets one code whatever the engine. The drivers run
 inside their engines' environments and never import ``spec/``: this module
 restates those rules in the protocol's terms and is what each of them calls.
@@ -19,7 +19,7 @@ CONFIG_FIELDS = (
     "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
 )
 MAX_TOKEN_ID = 2**31 - 1
-"""Token ids are int32, as the model's (spec/request.py MAX_TOKEN_ID)."""
+"""Token ids are int32, as the model's (spec/v1/request.py MAX_TOKEN_ID)."""
 
 
 class DriverError(Exception):

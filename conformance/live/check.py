@@ -12,7 +12,7 @@
    ids, free queue when recorded), every update the engine's request outputs.
    ``safety``: the engine's own recorded decisions are checked step by step
    against the policy-independent properties of ``conformance/CHECKS.md``
-   (``schedconf.conformance.safety``), since the model cannot answer for them.
+   (``schedconf.conformance.checking.safety``), since the model cannot answer for them.
 
 Exit codes as ``schedconf replay``: 0 pass, 1 the engine diverged (the first
 divergence printed, with the command that shrinks it), 2 an unreadable or
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedconf.conformance.compare import Divergence, FieldDiff
+from schedconf.conformance.checking.compare import Divergence, FieldDiff
+from schedconf.conformance.checking.verdict import FAIL, PASS, UNKNOWN, ReplayResult
 from schedconf.conformance.live.convert import (
     Recording,
     get_profile_name,
@@ -35,8 +36,7 @@ from schedconf.conformance.live.convert import (
     read_recording,
     recording_to_trace,
 )
-from schedconf.conformance.trace import Trace, write_trace
-from schedconf.conformance.verdict import FAIL, PASS, UNKNOWN, ReplayResult
+from schedconf.conformance.traces.trace import Trace, write_trace
 
 
 @dataclass
@@ -80,7 +80,7 @@ def check_recording(path: str | Path, out: str | Path | None = None, comparison:
         result = check_recorded_safety(trace)
     else:
         from schedconf.conformance.adapters import make_sut
-        from schedconf.conformance.replay import replay
+        from schedconf.conformance.checking.replay import replay
 
         sut = make_sut("reference")
         try:
@@ -112,7 +112,7 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
     returned. ``liveness`` is not checked (the engine was stopped when the load
     ended, not when its requests could finish).
     """
-    from schedconf.conformance.safety.drive import SafetyRun, Violation
+    from schedconf.conformance.checking.safety.drive import SafetyRun, Violation
 
     if trace.is_in_flight:
         return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety properties are checked one step at a "
@@ -158,7 +158,7 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
 
 def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
     """The lines ``schedconf check`` prints."""
-    from schedconf.conformance.replay import render_divergence
+    from schedconf.conformance.checking.replay import render_divergence
 
     lines = list(f"note: {n}" for n in outcome.notes)
     steps = outcome.trace.num_steps()

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from schedconf.conformance.bounds import InputFileError, read_bounded_text
-from schedconf.conformance.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
+from schedconf.conformance.traces.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
 
 RECORDING_FORMAT = "schedconf-recording"
 OPTIONAL_DEFAULTS: dict[str, Any] = {"max_concurrent_batches": 1, "max_num_active_seqs": None,
                                      "long_prefill_token_threshold_adaptive": False, "use_v2_model_runner": False}
-"""Config fields a trace header leaves out at these values (spec/config.py OPTIONAL_FIELDS)."""
+"""Config fields a trace header leaves out at these values (spec/v1/config.py OPTIONAL_FIELDS)."""
 MODELLED_SPEC_METHODS = (None, "ngram")
 """Spec-decode methods whose scheduling the model covers (no lookahead slots)."""
 
@@ -130,7 +130,7 @@ def get_header_config(recording: Recording) -> dict[str, Any]:
 
 def get_scope_problems(recording: Recording) -> list[str]:
     """Why the model cannot answer for this recording step by step (empty: within scope, check strictly)."""
-    from schedconf.conformance.trace import get_known_profiles
+    from schedconf.conformance.traces.trace import get_known_profiles
 
     problems: list[str] = []
     profile = get_profile_name(recording)

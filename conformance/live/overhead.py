@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.model, args.reps, args.prompts, args.max_tokens)
         return 0
-    from schedconf.conformance import engine_env
+    from schedconf.conformance.engines import engine_env
     from schedconf.conformance.live.env import LIVE_FAMILY
     from schedconf.conformance.live.serve import get_recorder_env
 

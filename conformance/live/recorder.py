@@ -25,7 +25,7 @@ number is a lost line) and ``call``:
 ``start`` (seq 0)
     ``format`` ``"schedconf-recording"``, ``version`` 1, ``vllm_version``,
     ``scheduler_class``, ``config`` (the schedconf config read back from the
-    built scheduler: every field of ``spec/config.py``), ``engine`` (what
+    built scheduler: every field of ``spec/v1/config.py``), ``engine`` (what
     decides the model's scope: KV-cache groups, connectors, parallelism,
     async scheduling, log_stats, the model runner layout), ``observe``
     (whether steps carry the free queue), ``pid``, ``time``.
@@ -41,7 +41,7 @@ number is a lost line) and ``call``:
     ``FINISHED_ABORTED`` from the engine), ``finished``: the ids it finished.
 ``schedule``
     ``step`` (1, 2, ... per scheduler), ``output``: the canonical
-    SchedulerOutput (``schedconf.conformance.vllm_driver``'s conversion), ``observe``
+    SchedulerOutput (``schedconf.conformance.engines.vllm_driver``'s conversion), ``observe``
     (the free queue, when enabled), ``in_flight`` (steps scheduled whose
     output was not applied yet, this one included).
 ``update_from_output``
@@ -223,7 +223,7 @@ class Recording:
     """The recording of one scheduler: its file, sequence numbers and steps in flight."""
 
     def __init__(self, scheduler: Any, folder: str, observe: bool = False) -> None:
-        from schedconf.conformance.vllm_driver import VllmSchedulerSut
+        from schedconf.conformance.engines.vllm_driver import VllmSchedulerSut
 
         self.scheduler = scheduler
         self.observe = observe
@@ -364,7 +364,7 @@ def _jsonable(value: Any) -> Any:
 # ------------------------------------------------------------------ readers
 
 def read_config(s: Any) -> dict[str, Any]:
-    """The schedconf config (spec/config.py fields) read back from a built scheduler."""
+    """The schedconf config (spec/v1/config.py fields) read back from a built scheduler."""
     vc = s.vllm_config
     groups = s.kv_cache_config.kv_cache_groups
     block_size = groups[0].kv_cache_spec.block_size if len(groups) == 1 else vc.cache_config.block_size
@@ -470,7 +470,7 @@ def canonical_request_outputs(engine_outputs: Any) -> list[dict[str, Any]]:
 
 def canonical_stats(engine_outputs: Any) -> dict[str, Any] | None:
     """The SchedulerStats of one update in the trace's form, or None (the driver's conversion)."""
-    from schedconf.conformance.vllm_driver import VllmSchedulerSut
+    from schedconf.conformance.engines.vllm_driver import VllmSchedulerSut
 
     holder = types.SimpleNamespace(reports_stats=lambda: True)
     try:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedconf.conformance.engine_env import IMPORT_ROOT
+from schedconf.conformance.engines.engine_env import IMPORT_ROOT
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 SERVED_MODEL_NAME = "schedconf-tiny"
@@ -271,7 +271,7 @@ def run_load(port: int, num_requests: int, seed: int, concurrency: int = 6, max_
 
 def run_live(args: Any) -> int:
     """Carry out parsed ``schedconf live`` arguments; return the exit status (the check's, 2 on a failed run)."""
-    from schedconf.conformance import engine_env
+    from schedconf.conformance.engines import engine_env
     from schedconf.conformance.live.check import check_recording, render_outcome
     from schedconf.conformance.live.env import LIVE_FAMILY
 

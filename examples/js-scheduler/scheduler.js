@@ -42,7 +42,7 @@ function check(condition, code, message) {
 
 // JSON booleans are not numbers in JS, so this also refuses true/false.
 const isInt = (v) => Number.isInteger(v);
-const MAX_TOKEN_ID = 2147483647; // int32, as the spec (spec/request.py MAX_TOKEN_ID)
+const MAX_TOKEN_ID = 2147483647; // int32, as the spec (spec/v1/request.py MAX_TOKEN_ID)
 const isTokenId = (v) => Number.isInteger(v) && v >= 0 && v <= MAX_TOKEN_ID;
 const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const ownValue = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
@@ -94,7 +94,7 @@ function canonicalJson(value) {
 // ============================================================ 2. init
 
 // Every config field, in the order the spec validates them, with the default
-// used when a field is absent (spec/config.py). The last four came with vLLM
+// used when a field is absent (spec/v1/config.py). The last four came with vLLM
 // 0.32 (optional in traces: absent means the default).
 const CONFIG_DEFAULTS = {
   block_size: 16,
@@ -118,7 +118,7 @@ const BOOLEAN_FIELDS = ['enable_chunked_prefill', 'enable_prefix_caching', 'long
   'use_v2_model_runner'];
 const NULLABLE_FIELDS = ['scheduler_reserve_full_isl', 'max_num_active_seqs']; // null means "the default"
 
-// Every v1 profile the spec knows (spec/profiles.py), with the start-up rules
+// Every v1 profile the spec knows (spec/v1/profiles.py), with the start-up rules
 // that differ between their releases. We implement vllm-0.33 only; a config
 // for another one is still checked, so a config the release refuses gets the
 // release's error code, and only a valid one gets `unsupported`.
@@ -157,7 +157,7 @@ function readConfig(params) {
   return c;
 }
 
-/** The rules every profile shares (spec/config.py), in the spec's order of checks. */
+/** The rules every profile shares (spec/v1/config.py), in the spec's order of checks. */
 function checkConfig(raw) {
   check(isObject(raw), 'invalid_config_type', 'config must be an object');
   const unknown = Object.keys(raw).filter((k) => !Object.hasOwn(CONFIG_DEFAULTS, k)).sort(compareIds);
@@ -197,7 +197,7 @@ function checkConfig(raw) {
   return c;
 }
 
-/** The profile's own start-up checks (spec/profiles.py check_config_for_profile), after the config's. */
+/** The profile's own start-up checks (spec/v1/profiles.py check_config_for_profile), after the config's. */
 function checkConfigForProfile(c, profile, rules) {
   check(!rules.thresholdLimit || c.long_prefill_token_threshold <= c.max_model_len, 'threshold_above_max_model_len',
     'long_prefill_token_threshold cannot exceed max_model_len');

@@ -1,10 +1,10 @@
 """The symbolic half of the invariants: Z3 backend, symbolic state, transitions, proofs, witnesses.
 
 This package is the one place under ``spec/`` that may import Z3. It reuses
-the invariants of ``spec/invariants.py`` unchanged: :class:`~schedconf.spec.symbolic.z3ops.Z3Ops`
+the invariants of ``spec/v1/invariants.py`` unchanged: :class:`~schedconf.spec.symbolic.z3ops.Z3Ops`
 implements the operations protocol of ``spec/ops.py`` and
 :class:`~schedconf.spec.symbolic.state.SymbolicView` offers the attribute and method
-names of :class:`~schedconf.spec.view.ConcreteView` over Z3 terms.
+names of :class:`~schedconf.spec.v1.view.ConcreteView` over Z3 terms.
 
 Modules:
 

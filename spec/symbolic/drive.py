@@ -24,7 +24,6 @@ from typing import Any, Protocol
 import z3
 
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic.state import (
     IDLE,
     PENDING,
@@ -39,6 +38,7 @@ from schedconf.spec.symbolic.state import (
 )
 from schedconf.spec.symbolic.transitions import COMPOSED, TRANSITIONS, Outcome
 from schedconf.spec.symbolic.z3ops import is_z3, value_of
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 class EncodingError(AssertionError):

@@ -2,14 +2,14 @@
 
 The main encoding (``state.py``, ``transitions.py``) is synchronous: one step
 at most between ``schedule()`` and its ``update_from_output()``. This module
-encodes the part of ``spec/scheduler.py`` that steps in flight add
+encodes the part of ``spec/v1/scheduler.py`` that steps in flight add
 (``conformance/PROTOCOL.md``, "Steps in flight"): up to ``D`` steps scheduled whose output is not
 applied yet, output placeholders (``AsyncScheduler``), in-flight and stale
 token counts, speculative decoding under ``AsyncScheduler`` (draft placeholders,
 drafts scheduled per step, rejection), and the rules that move them. It proves at
 ``R`` request slots, ``D`` steps in flight and ``num_spec_tokens`` up to ``K``
 that every transition preserves the in-flight
-invariants of ``spec/invariants.py`` (``in_flight_accounting``,
+invariants of ``spec/v1/invariants.py`` (``in_flight_accounting``,
 ``computed_range``, ``prefix_hit_capped``, ``scheduled_only_running``,
 evaluated through :class:`FlightView`), that counters stay non-negative, the
 model's own assertions on the way, and the lemmas below; it ties the encoding to the
@@ -18,7 +18,7 @@ model with a drift guard (``check_*`` functions, run by
 
 State (:class:`FlightState`)
 ----------------------------
-Per request slot: status (``DEAD`` or the ``spec/view.py`` codes),
+Per request slot: status (``DEAD`` or the ``spec/v1/view.py`` codes),
 ``num_tokens``, ``num_prompt_tokens``, ``max_tokens``,
 ``num_computed_tokens``, ``num_output_placeholders``,
 ``num_in_flight_tokens``, ``num_stale_output_tokens``, ``num_spec_token_ids``
@@ -92,7 +92,7 @@ the invariants.
 
 Mutants
 -------
-``MUTANT_RULES`` names the mutants of ``conformance/mutants.py`` the encoding
+``MUTANT_RULES`` names the mutants of ``conformance/checking/mutants.py`` the encoding
 can express and the transition they change; each makes a proof fail
 (``prove(..., mutant=name)``).
 
@@ -112,7 +112,7 @@ from typing import Any
 
 import z3
 
-import schedconf.spec.invariants
+import schedconf.spec.v1.invariants
 from schedconf.spec.symbolic.state import DEAD
 from schedconf.spec.symbolic.z3ops import (
     Z3Ops,
@@ -131,7 +131,7 @@ from schedconf.spec.symbolic.z3ops import (
     total,
     value_of,
 )
-from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.v1.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
 
@@ -218,7 +218,7 @@ class FlightState:
 
     def num_in_flight_samples(self, r: int) -> Any:
         """Tokens the steps in flight may sample for slot ``r``: ``1 + drafts`` per step in which it samples
-        (``spec/view.py`` counts them so)."""
+        (``spec/v1/view.py`` counts them so)."""
         return total(ite(land(self.is_active(d), self.samples[d][r]), 1 + self.drafts[d][r], 0)
                      for d in self.shape.steps)
 
@@ -287,7 +287,7 @@ def describe(s: FlightState) -> str:
 # ------------------------------------------------------------------ the view the invariants read
 
 class FlightView:
-    """The names of :class:`schedconf.spec.view.ConcreteView` that the in-flight invariants read, over a FlightState.
+    """The names of :class:`schedconf.spec.v1.view.ConcreteView` that the in-flight invariants read, over a FlightState.
 
     Dead slots are masked to zeros so that every per-request predicate holds
     on them, as the concrete view simply does not list them. The step the
@@ -332,7 +332,7 @@ class FlightView:
 
 
 SPEC_INVARIANTS = ("in_flight_accounting", "computed_range", "prefix_hit_capped", "scheduled_only_running")
-"""The invariants of ``spec/invariants.py`` this encoding proves (the others concern blocks, queues and the budget)."""
+"""The invariants of ``spec/v1/invariants.py`` this encoding proves (the others concern blocks, queues and the budget)."""
 
 
 def inv_counters_nonnegative(s: FlightState, o: Any) -> Any:
@@ -348,7 +348,7 @@ def invariant_formulas(s: FlightState, ops: Any | None = None) -> list[tuple[str
     """``(name, formula)`` for every invariant proved here."""
     ops = ops or Z3Ops()
     view = FlightView(s)
-    out = [(f"inv:{name}", schedconf.spec.invariants.INVARIANTS[name](view, ops)) for name in SPEC_INVARIANTS]
+    out = [(f"inv:{name}", schedconf.spec.v1.invariants.INVARIANTS[name](view, ops)) for name in SPEC_INVARIANTS]
     out.append(("inv:counters_nonnegative", inv_counters_nonnegative(s, ops)))
     return out
 
@@ -809,7 +809,7 @@ MUTANT_RULES: dict[str, tuple[str, str]] = {
     "async_max_tokens_skip_missing": ("schedule_running", "prop:samples_within_max_tokens"),
     "async_drafts_with_placeholders_pending": ("schedule_running", "lemma:decode_progress"),
 }
-"""Mutants of ``conformance/mutants.py`` the encoding expresses: (the transition they change, a goal that fails)."""
+"""Mutants of ``conformance/checking/mutants.py`` the encoding expresses: (the transition they change, a goal that fails)."""
 
 
 # ------------------------------------------------------------------ proofs
@@ -945,7 +945,7 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
     Every live request and every id a step in flight scheduled must have a slot; ``num_spec_tokens`` must be
     at most the shape's ``K``.
     """
-    from schedconf.spec.view import STATUS_CODES
+    from schedconf.spec.v1.view import STATUS_CODES
 
     k = sched.config.num_spec_tokens
     assert k <= shape.max_spec_tokens, f"num_spec_tokens={k} exceeds K={shape.max_spec_tokens}"

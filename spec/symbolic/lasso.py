@@ -14,7 +14,7 @@ left out (nothing reads them to decide).
 
 The sampled tokens must not depend on the step number for the argument to
 hold: :func:`find_lasso` takes ``respond(output, samples)`` and the caller
-vouches for that (``schedconf.conformance.workload.respond`` with a ``HashOracle``
+vouches for that (``schedconf.conformance.workloads.workload.respond`` with a ``HashOracle``
 draws token ``pos`` of a request from ``(seed, request, pos)`` only).
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 def get_fingerprint(sched: Scheduler) -> tuple[Any, ...]:

@@ -4,7 +4,7 @@
 forever on two requests with one ``(priority, arrival_time)`` key. This
 module finds such a loop with Z3 instead of a seeded search: a small,
 separate encoding of one whole step (``schedule()`` then
-``update_from_output()``) of ``spec/scheduler.py`` under a release's rules,
+``update_from_output()``) of ``spec/v1/scheduler.py`` under a release's rules,
 unrolled ``k`` steps from a state where every request was just added, and a
 query for a *lasso*: a state between steps that comes back with a request
 still live. The main encoding (``transitions.py``) encodes loop iterations
@@ -44,9 +44,9 @@ What is abstracted, and why it is sound for the liveness question
   it with ``lasso.find_lasso``.
 * The model samples exactly one token for every request whose step reaches
   the end of its sequence (``StepRecord.samples``), as the campaigns' model
-  does (``schedconf.conformance.workload.respond``).
+  does (``schedconf.conformance.workloads.workload.respond``).
 
-The encoding is one Python function per piece of ``spec/scheduler.py``
+The encoding is one Python function per piece of ``spec/v1/scheduler.py``
 (each cites the function it mirrors) over values that are Python ints or
 Z3 terms (``z3ops``), so it also runs concretely: :func:`run_encoded` steps
 it on Python ints, and ``tests/symbolic/test_liveness_0_11.py`` compares it
@@ -54,7 +54,7 @@ step by step with the reference scheduler (the drift guard), besides
 realising the lasso Z3 finds.
 
 The rules (:class:`StepRules`) are read from the release profile
-(``spec/profiles.py``): ``priority_self_preemption``,
+(``spec/v1/profiles.py``): ``priority_self_preemption``,
 ``priority_victim_repair``, ``reserve_full_sequence_at_admission``,
 ``exempt_lone_request_from_threshold``. The knobs that do not matter in the
 fragment (drafts, stop order with lengths only, requeue order and
@@ -77,8 +77,8 @@ from typing import Any, Literal
 
 import z3
 
-from schedconf.spec.profiles import get_profile
 from schedconf.spec.symbolic.z3ops import cdiv, count, eq, imax, imin, is_z3, ite, land, lnot, lor, total, value_of
+from schedconf.spec.v1.profiles import get_profile
 
 WAITING, RUNNING, PREEMPTED, DONE = 0, 1, 2, 3
 STATUS_NAMES = {WAITING: "WAITING", RUNNING: "RUNNING", PREEMPTED: "PREEMPTED", DONE: "DONE"}
@@ -87,7 +87,7 @@ Policy = Literal["fcfs", "priority"]
 
 @dataclass(frozen=True)
 class StepRules:
-    """The release rules the fragment reads (knobs of ``schedconf.spec.profiles.Profile``)."""
+    """The release rules the fragment reads (knobs of ``schedconf.spec.v1.profiles.Profile``)."""
 
     name: str
     priority_self_preemption: Literal["break", "continue"]
@@ -458,8 +458,8 @@ def run_encoded(cfg: StepConfig, reqs: Requests, rules: StepRules, num_steps: in
 
 
 def get_model_state(sched: Any, num_slots: int) -> StepState:
-    """A ``schedconf.spec.scheduler.Scheduler``'s state between steps, as the encoding's (requests ``r0..``)."""
-    from schedconf.spec.request import RequestStatus
+    """A ``schedconf.spec.v1.scheduler.Scheduler``'s state between steps, as the encoding's (requests ``r0..``)."""
+    from schedconf.spec.v1.request import RequestStatus
 
     running = [r.request_id for r in sched.running]
     waiting = [r.request_id for r in sched.waiting]
@@ -637,9 +637,9 @@ def get_concrete(found: Found) -> tuple[StepConfig, Requests]:
 
 
 def get_workload(found: Found) -> Any:
-    """The found lasso as a ``schedconf.conformance.workload.Workload`` (every request added at step 0)."""
-    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
-    from schedconf.spec.config import SchedulerConfig
+    """The found lasso as a ``schedconf.conformance.workloads.workload.Workload`` (every request added at step 0)."""
+    from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload
+    from schedconf.spec.v1.config import SchedulerConfig
 
     c = found.config
     config = SchedulerConfig(

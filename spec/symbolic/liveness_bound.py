@@ -22,7 +22,7 @@ which is what the campaigns hold every scheduler to. Here
   when it is set, else the budget).
 
 Every request fits the pool alone: ``SchedulerConfig`` refuses a pool that
-cannot hold ``max_model_len`` tokens (``spec/config.py``), and no request grows
+cannot hold ``max_model_len`` tokens (``spec/v1/config.py``), and no request grows
 past ``max_model_len - 1`` tokens.
 
 Functions here are pure and take plain numbers, so that the conformance
@@ -48,7 +48,7 @@ class RequestWork:
 
     @property
     def sort_key(self) -> tuple[int, int | float, str]:
-        """The priority queue's order (spec/request.py ``Request.sort_key``)."""
+        """The priority queue's order (spec/v1/request.py ``Request.sort_key``)."""
         return (self.priority, self.arrival_time, self.request_id)
 
 

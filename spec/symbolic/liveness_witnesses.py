@@ -5,7 +5,7 @@ generator of tight priority workloads with *tied* ``(priority,
 arrival_time)`` keys) on which the reference scheduler reaches a state it has
 been in before with requests still live (``spec/symbolic/lasso.py``): from
 there the same steps repeat forever. The trace written to
-``conformance/vectors/witnesses/<name>.jsonl`` runs the workload until the
+``conformance/traces/vectors/witnesses/<name>.jsonl`` runs the workload until the
 repeat has been shown twice (``start + 2 * period`` steps), and its header
 says which steps repeat; it replays on the reference like any golden trace.
 
@@ -34,15 +34,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from schedconf.conformance.trace import Trace, write_trace
-from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, respond, run_workload
-from schedconf.spec.config import SchedulerConfig
+from schedconf.conformance.traces.trace import Trace, write_trace
+from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, respond, run_workload
 from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic.lasso import Lasso, find_lasso
 from schedconf.spec.symbolic.liveness_bound import compute_any_order_bound, compute_work, get_trace_tail
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
-VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
+VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
 MAX_STEPS = 500
 
 

@@ -5,7 +5,7 @@ size, policy) the obligation is, over fresh symbolic states and inputs::
 
     Inv(s) and Lemmas(s) and guard_T(s, x)  =>  Inv(T(s, x)) and Lemmas(T(s, x)) and checks_T(s, x)
 
-where ``Inv`` are the invariants of ``spec/invariants.py`` evaluated through
+where ``Inv`` are the invariants of ``spec/v1/invariants.py`` evaluated through
 :class:`~schedconf.spec.symbolic.state.SymbolicView` and :class:`~schedconf.spec.symbolic.z3ops.Z3Ops`,
 ``Lemmas`` the encoding's well-formedness and strengthening lemmas
 (``state.LEMMAS``), and ``checks_T`` the model's own assertions on the way.
@@ -67,7 +67,7 @@ from typing import Any
 
 import z3
 
-import schedconf.spec.invariants
+import schedconf.spec.v1.invariants
 from schedconf.spec.symbolic.helper import Helper, check_text, get_fresh_solver, render_query, result_by
 from schedconf.spec.symbolic.state import (
     LEMMAS,
@@ -90,9 +90,9 @@ PENDING = "pending"
 
 
 def invariant_formulas(s: State) -> list[tuple[str, Any]]:
-    """``(name, formula)`` for every invariant of spec/invariants.py on ``s``."""
+    """``(name, formula)`` for every invariant of spec/v1/invariants.py on ``s``."""
     view = SymbolicView(s)
-    return [(f"inv:{name}", fn(view, Z3Ops())) for name, fn in schedconf.spec.invariants.INVARIANTS.items()]
+    return [(f"inv:{name}", fn(view, Z3Ops())) for name, fn in schedconf.spec.v1.invariants.INVARIANTS.items()]
 
 
 def lemma_formulas(s: State) -> list[tuple[str, Any]]:
@@ -543,7 +543,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     post_goals: list[tuple[str, Any]] = [(f"check:{c}", lambda ops, f=f: f) for c, f in out.checks]
     for lemma_name, fn in LEMMAS.items():
         post_goals.append((f"lemma:{lemma_name}", lambda ops, fn=fn: fn(out.post, ops)))
-    for inv_name, fn in schedconf.spec.invariants.INVARIANTS.items():
+    for inv_name, fn in schedconf.spec.v1.invariants.INVARIANTS.items():
         post_goals.append((f"inv:{inv_name}", lambda ops, fn=fn: fn(view, ops)))
     if goals is not None:
         post_goals = [(g, f) for g, f in post_goals if g in goals]
@@ -562,7 +562,7 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
         kind, name = goal_name.split(":", 1)
         if kind == "inv":
             def goal_of(s: State) -> Any:
-                return schedconf.spec.invariants.INVARIANTS[name](SymbolicView(s), Z3Ops())
+                return schedconf.spec.v1.invariants.INVARIANTS[name](SymbolicView(s), Z3Ops())
         else:
             def goal_of(s: State) -> Any:
                 return LEMMAS[name](s, Z3Ops())
@@ -818,13 +818,13 @@ def confirm_counterexample(cex: Counterexample, transition: str) -> str | None:
     from schedconf.spec.errors import SpecError
     from schedconf.spec.ops import ConcreteOps
     from schedconf.spec.symbolic.state import slot_id, to_scheduler
-    from schedconf.spec.view import ConcreteView
+    from schedconf.spec.v1.view import ConcreteView
 
     if transition not in ("abort", "abort_pending", "add_request") or not cex.goal.startswith("inv:"):
         return None
     invariant = cex.goal[4:]
     sched, _ = to_scheduler(cex.pre)
-    invariants = schedconf.spec.invariants.INVARIANTS
+    invariants = schedconf.spec.v1.invariants.INVARIANTS
     broken = [name for name, fn in invariants.items() if not fn(ConcreteView(sched), ConcreteOps())]
     if broken:
         return f"injection: the concrete pre-state already breaks {broken}"
@@ -1009,7 +1009,7 @@ def _render_row(res: TransitionResult) -> str:
 
 def _report_counterexample(cex: Counterexample, transition: str, out_dir: Path) -> str:
     """Print, confirm and write one counterexample; return the report text."""
-    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.traces.trace import write_trace
 
     lines = ["", cex.render()]
     confirmed = confirm_counterexample(cex, transition)

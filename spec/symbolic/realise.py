@@ -6,7 +6,7 @@ scheduler, its configuration and live requests (prompt lengths, which blocks
 they share, keys, ``max_tokens``) seed a deterministic search over workloads:
 first the requests as they are, all arriving at step 0, then variations
 (arrival steps, lengths, ``max_tokens``, one request more, the token budget).
-Each candidate runs through ``schedconf.conformance.workload.run_workload``; the first
+Each candidate runs through ``schedconf.conformance.workloads.workload.run_workload``; the first
 whose trace an ``accept`` function approves wins.
 
 Prompt tokens realise the state's shared blocks: block ``i`` of a request
@@ -20,8 +20,15 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from schedconf.conformance.trace import Trace
-from schedconf.conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload, apply_trace_event, run_workload
+from schedconf.conformance.traces.trace import Trace
+from schedconf.conformance.workloads.workload import (
+    AbortSpec,
+    HashOracle,
+    RequestSpec,
+    Workload,
+    apply_trace_event,
+    run_workload,
+)
 from schedconf.spec.errors import SpecError
 from schedconf.spec.symbolic.state import State, config_of, slot_id
 
@@ -105,11 +112,11 @@ def search(state: State, label: str, description: str, accept: Callable[[Trace],
 def truncate_at_violation(trace: Trace, invariant: str, kinds: tuple[str, ...]) -> tuple[Trace, str] | None:
     """Replay ``trace`` on the model checking every invariant; cut it after the first event of one of
     ``kinds`` that violates ``invariant`` (None if that never happens)."""
-    from schedconf.spec.config import SchedulerConfig
-    from schedconf.spec.invariants import INVARIANTS
     from schedconf.spec.ops import ConcreteOps
-    from schedconf.spec.scheduler import Scheduler
-    from schedconf.spec.view import ConcreteView
+    from schedconf.spec.v1.config import SchedulerConfig
+    from schedconf.spec.v1.invariants import INVARIANTS
+    from schedconf.spec.v1.scheduler import Scheduler
+    from schedconf.spec.v1.view import ConcreteView
 
     sched = Scheduler(SchedulerConfig.from_dict(trace.config), trace.profile)
     for index, event in enumerate(trace.events):

@@ -11,13 +11,13 @@ same :class:`State` class holds either, and the transitions
 (``transitions.py``) compute on both.
 
 A slot holds one request or nothing. Slot ``r`` is *live* iff its status is
-WAITING, RUNNING or PREEMPTED (``spec/view.py`` codes); a *dead* slot
+WAITING, RUNNING or PREEMPTED (``spec/v1/view.py`` codes); a *dead* slot
 (status ``DEAD``) is a request never added or already freed. Slots are in
 request-id order, which the priority queue uses to break ties.
 
 What is represented, and how (citing ``spec/``):
 
-* blocks (``spec/block_pool.py``): ``ref_cnt``, membership of the free queue
+* blocks (``spec/v1/block_pool.py``): ``ref_cnt``, membership of the free queue
   and its *eviction key* (``free_key``: the queue is the free blocks in
   increasing key order, front first; keys are distinct but not dense, and lie
   strictly between ``free_lo`` and ``free_hi``, so that prepending and
@@ -25,7 +25,7 @@ What is represented, and how (citing ``spec/``):
   and which (``block_hash``, an abstract integer), whether the prefix-cache
   map indexes it (``indexed``) and its insertion order (``insert_order``:
   ``get_cached_block`` returns the first inserted);
-* requests (``spec/request.py``, ``spec/kv_cache.py``): status, token counts,
+* requests (``spec/v1/request.py``, ``spec/v1/kv_cache.py``): status, token counts,
   ``num_computed_tokens``, key, membership and position in ``running`` and
   (FCFS) ``waiting``, the block table as a *position map* (``held[r][b]``:
   the table holds block ``b``, at ``table_pos[r][b]``; ``num_blocks`` is the
@@ -41,7 +41,7 @@ is a theorem about any state (:func:`theorem_rank`), proved once per shape
 (``proofs.py``) and used as an instantiated premise. A table holding a block
 twice cannot be represented; instead every transition that adds a block to a
 table carries the model-level check that the table did not hold it.
-* the step in progress (``spec/scheduler.py`` ``_StepState``): the phase, the
+* the step in progress (``spec/v1/scheduler.py`` ``_StepState``): the phase, the
   tokens scheduled so far, the token budget, the running loop's cursor, the
   step's threshold, the preemption records, and the running loop's pending
   allocation (``alloc_active``: ``_allocate_or_preempt`` is under way for
@@ -53,7 +53,7 @@ processed) and ``UPDATING`` (inside ``update_from_output()``).
 
 The view
 --------
-:class:`SymbolicView` offers the names of :class:`schedconf.spec.view.ConcreteView`.
+:class:`SymbolicView` offers the names of :class:`schedconf.spec.v1.view.ConcreteView`.
 Dead slots are masked so that every per-request predicate holds vacuously on
 them, the way the concrete view simply does not list them; a dead slot's
 tokens still in a pending output count as given back, as in the concrete
@@ -89,11 +89,7 @@ from typing import Any
 
 import z3
 
-from schedconf.spec.block_pool import FreeKVCacheBlockQueue
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.output import SchedulerOutput
-from schedconf.spec.request import Request, RequestStatus, SamplingParams
-from schedconf.spec.scheduler import PreemptionRecord, Scheduler, StepRecord, _StepState
 from schedconf.spec.symbolic.z3ops import (
     cdiv,
     count,
@@ -111,7 +107,11 @@ from schedconf.spec.symbolic.z3ops import (
 from schedconf.spec.symbolic.z3ops import (
     eq as eq_,
 )
-from schedconf.spec.view import FCFS, PREEMPTED, PRIORITY, RUNNING, STATUS_CODES, WAITING
+from schedconf.spec.v1.block_pool import FreeKVCacheBlockQueue
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.request import Request, RequestStatus, SamplingParams
+from schedconf.spec.v1.scheduler import PreemptionRecord, Scheduler, StepRecord, _StepState
+from schedconf.spec.v1.view import FCFS, PREEMPTED, PRIORITY, RUNNING, STATUS_CODES, WAITING
 
 DEAD = -1
 """Status code of a dead slot (no live request)."""
@@ -390,7 +390,7 @@ class _GuardedPreemption:
 
 
 class SymbolicView:
-    """The state view of a :class:`State` with the names of :class:`schedconf.spec.view.ConcreteView`."""
+    """The state view of a :class:`State` with the names of :class:`schedconf.spec.v1.view.ConcreteView`."""
 
     def __init__(self, s: State) -> None:
         sh = s.shape
@@ -405,7 +405,7 @@ class SymbolicView:
         out = s.has_output()
         self._out = out
         # A request aborted while the step is pending keeps its place in the
-        # output; its tokens count as given back (spec/view.py).
+        # output; its tokens count as given back (spec/v1/view.py).
         self._live = [s.live(r) for r in sh.slots]
         aborted = total(ite(self._live[r], 0, s.num_scheduled[r]) for r in sh.slots)
         self.total_num_scheduled_tokens = ite(out, s.total_num_scheduled - aborted, 0)
@@ -542,7 +542,7 @@ def _distinct_positions(o: Any, members: list[Any], positions: list[Any], size: 
 
 
 def lemma_config(s: State, o: Any) -> Any:
-    """The configuration passes SchedulerConfig validation (spec/config.py), for this shape."""
+    """The configuration passes SchedulerConfig validation (spec/v1/config.py), for this shape."""
     sh = s.shape
     return o.and_(
         o.le(1, s.max_num_batched_tokens), o.le(1, s.max_num_seqs), o.le(1, s.max_model_len),
@@ -550,7 +550,7 @@ def lemma_config(s: State, o: Any) -> Any:
         o.le(0, s.long_prefill_token_threshold), o.le(0, s.num_lookahead_tokens),
         o.or_(s.enable_chunked_prefill, o.le(s.max_model_len, s.max_num_batched_tokens)),
         o.le(s.max_num_seqs, s.max_num_batched_tokens),
-        # vllm-0.33 (spec/profiles.py check_config_for_profile)
+        # vllm-0.33 (spec/v1/profiles.py check_config_for_profile)
         o.le(s.long_prefill_token_threshold, s.max_model_len),
     )
 

@@ -2,7 +2,7 @@
 
 The request slots of the encoding are names, not places: every per-request
 field is a list over the slots, every loop of ``transitions.py``,
-``state.LEMMAS`` and ``spec/invariants.py`` runs over all of them alike, and
+``state.LEMMAS`` and ``spec/v1/invariants.py`` runs over all of them alike, and
 a slot-valued term (the input ``slot``, ``alloc_request``) is only ever
 compared for equality. Swapping the contents of two slots (a transposition
 ``pi``, :func:`permute`) should then map a step to a step. Two things make

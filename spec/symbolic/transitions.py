@@ -80,7 +80,7 @@ from schedconf.spec.symbolic.z3ops import (
     select,
     total_set,
 )
-from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.v1.view import PREEMPTED, RUNNING, WAITING
 
 Check = tuple[str, Any]
 
@@ -200,7 +200,7 @@ def running_value(s: State, values: list[Any], j: int) -> Any:
 
 
 def waiting_head(s: State) -> Any:
-    """``waiting.peek_request()`` (``spec/queues.py``): FCFS the front; priority the least (priority, arrival, id)."""
+    """``waiting.peek_request()`` (``spec/v1/queues.py``): FCFS the front; priority the least (priority, arrival, id)."""
     sh = s.shape
     out: Any = -1
     for r in reversed(sh.slots):
@@ -245,7 +245,7 @@ def append_running(s: State, q: Any) -> State:
 
 
 def remove_from_waiting(s: State, q: Any) -> State:
-    """``waiting.pop_request()`` of the head / ``remove_requests({q})`` (``spec/queues.py``)."""
+    """``waiting.pop_request()`` of the head / ``remove_requests({q})`` (``spec/v1/queues.py``)."""
     sh = s.shape
     if sh.is_priority:
         return s.replace(in_waiting=put(s.in_waiting, q, False))
@@ -1181,32 +1181,32 @@ class Transition:
 
 
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
-    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/block_pool.py BlockPool.get_new_blocks", actor=("slot",)),
-    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/block_pool.py _maybe_evict_cached_block", actor=("slot",)),
-    Transition("touch", touch, _slot_input, "spec/block_pool.py BlockPool.touch; spec/kv_cache.py allocate_slots", actor=("slot",)),
-    Transition("free", free_table, _slot_input, "spec/kv_cache.py KVCacheManager.free; spec/scheduler.py _preempt_request", actor=("slot",)),
-    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/kv_cache.py cache_blocks; spec/block_pool.py cache_full_blocks", actor=("slot",)),
-    Transition("begin_step", begin_step, _no_inputs, "spec/scheduler.py schedule (start)"),
-    Transition("running_start", running_start, _no_inputs, "spec/scheduler.py _schedule_running (loop body, steps 1-3)", actor=("case_request",)),
-    Transition("running_allocate", running_allocate, _no_inputs, "spec/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)", actor=("case_request",)),
-    Transition("running_preempt", running_preempt, _no_inputs, "spec/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim", actor=("case_request", "case_victim")),
-    Transition("end_running_loop", end_running_loop, _no_inputs, "spec/scheduler.py schedule (between the loops)"),
-    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/scheduler.py _schedule_waiting (admission); spec/kv_cache.py allocate_slots", actor=("case_request",)),
-    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/scheduler.py _schedule_waiting (break)", actor=("case_request",)),
-    Transition("end_schedule", end_schedule, _no_inputs, "spec/scheduler.py _update_after_schedule"),
-    Transition("begin_update", begin_update, _no_inputs, "spec/scheduler.py update_from_output (start)"),
-    Transition("append_token", append_token, _append_inputs, "spec/scheduler.py update_from_output, _append_output_tokens; spec/stop.py", actor=("slot",)),
-    Transition("end_update", end_update, _no_inputs, "spec/scheduler.py update_from_output (end)"),
-    Transition("add_request", add_request, _add_inputs, "spec/scheduler.py add_request", actor=("slot",)),
-    Transition("abort", abort_idle, _slot_input, "spec/scheduler.py abort, finish_requests", actor=("slot",)),
-    Transition("abort_pending", abort_pending, _slot_input, "spec/scheduler.py abort, finish_requests", actor=("slot",)),
+    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/v1/block_pool.py BlockPool.get_new_blocks", actor=("slot",)),
+    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/v1/block_pool.py _maybe_evict_cached_block", actor=("slot",)),
+    Transition("touch", touch, _slot_input, "spec/v1/block_pool.py BlockPool.touch; spec/v1/kv_cache.py allocate_slots", actor=("slot",)),
+    Transition("free", free_table, _slot_input, "spec/v1/kv_cache.py KVCacheManager.free; spec/v1/scheduler.py _preempt_request", actor=("slot",)),
+    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/v1/kv_cache.py cache_blocks; spec/v1/block_pool.py cache_full_blocks", actor=("slot",)),
+    Transition("begin_step", begin_step, _no_inputs, "spec/v1/scheduler.py schedule (start)"),
+    Transition("running_start", running_start, _no_inputs, "spec/v1/scheduler.py _schedule_running (loop body, steps 1-3)", actor=("case_request",)),
+    Transition("running_allocate", running_allocate, _no_inputs, "spec/v1/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)", actor=("case_request",)),
+    Transition("running_preempt", running_preempt, _no_inputs, "spec/v1/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim", actor=("case_request", "case_victim")),
+    Transition("end_running_loop", end_running_loop, _no_inputs, "spec/v1/scheduler.py schedule (between the loops)"),
+    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/v1/scheduler.py _schedule_waiting (admission); spec/v1/kv_cache.py allocate_slots", actor=("case_request",)),
+    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/v1/scheduler.py _schedule_waiting (break)", actor=("case_request",)),
+    Transition("end_schedule", end_schedule, _no_inputs, "spec/v1/scheduler.py _update_after_schedule"),
+    Transition("begin_update", begin_update, _no_inputs, "spec/v1/scheduler.py update_from_output (start)"),
+    Transition("append_token", append_token, _append_inputs, "spec/v1/scheduler.py update_from_output, _append_output_tokens; spec/v1/stop.py", actor=("slot",)),
+    Transition("end_update", end_update, _no_inputs, "spec/v1/scheduler.py update_from_output (end)"),
+    Transition("add_request", add_request, _add_inputs, "spec/v1/scheduler.py add_request", actor=("slot",)),
+    Transition("abort", abort_idle, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)),
+    Transition("abort_pending", abort_pending, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)),
 )}
 
 
 COMPOSED: dict[str, Transition] = {t.name: t for t in (
     Transition("running_iteration", running_iteration, _no_inputs,
-               "spec/scheduler.py _schedule_running + _allocate_or_preempt (one whole iteration)"),
+               "spec/v1/scheduler.py _schedule_running + _allocate_or_preempt (one whole iteration)"),
     Transition("waiting_admission", waiting_admission, _no_inputs,
-               "spec/scheduler.py _schedule_waiting (one whole iteration)"),
+               "spec/v1/scheduler.py _schedule_waiting (one whole iteration)"),
 )}
 """Whole loop iterations, composed of the steps above; proved at smaller bounds (``--composed``)."""

@@ -57,14 +57,14 @@ import z3
 
 from schedconf.spec.symbolic.state import DEAD, State, SymbolicView
 from schedconf.spec.symbolic.z3ops import is_z3, ite, land, limplies, lnot, lor
-from schedconf.spec.view import PREEMPTED, RUNNING, WAITING
+from schedconf.spec.v1.view import PREEMPTED, RUNNING, WAITING
 
 PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 ALL = "all"
 """A micro-step that touches every point of a domain (a reset to zero)."""
 
 MUTANTS = ("priority_victim_min", "fcfs_victim_head", "budget_not_restored")
-"""Mutants of ``conformance/mutants.py`` whose broken rule lives in the skeleton (see ``STEPS``)."""
+"""Mutants of ``conformance/checking/mutants.py`` whose broken rule lives in the skeleton (see ``STEPS``)."""
 
 
 # ------------------------------------------------------------------ arrays on two backends
@@ -342,46 +342,46 @@ def sum_facts(t: Skel) -> list[Any]:
 # ------------------------------------------------------------------ the rules, for every size
 
 def inv_token_budget(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_token_budget; nothing is scheduled outside a step's output."""
+    """spec/v1/invariants.py inv_token_budget; nothing is scheduled outside a step's output."""
     return land(t.total <= t.M, 0 <= t.budget, t.total + t.budget == t.M, t.g_sched == t.total,
                 limplies(lnot(t.out), land(t.total == 0, t.npre == 0, lnot(t.scan_on),
                                            forall(t, "r", lambda r: sel(t.sched, r) == 0))))
 
 
 def inv_max_num_seqs(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_max_num_seqs (``nrun`` is len(running))."""
+    """spec/v1/invariants.py inv_max_num_seqs (``nrun`` is len(running))."""
     return t.nrun <= t.S
 
 
 def inv_scheduled_only_running(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_scheduled_only_running."""
+    """spec/v1/invariants.py inv_scheduled_only_running."""
     return forall(t, "r", lambda r: land(0 <= sel(t.sched, r), limplies(0 < sel(t.sched, r), sel(t.status, r) == RUNNING)))
 
 
 def inv_block_conservation(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_block_conservation (num_gpu_blocks = B + 1)."""
+    """spec/v1/invariants.py inv_block_conservation (num_gpu_blocks = B + 1)."""
     return land(t.nf + t.g_held + 1 == t.B + 1, t.g_free == t.nf)
 
 
 def inv_free_iff_unreferenced(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_free_iff_unreferenced."""
+    """spec/v1/invariants.py inv_free_iff_unreferenced."""
     return forall(t, "b", lambda b: land(0 <= sel(t.ref, b), sel(t.free, b) == (sel(t.ref, b) == 0)))
 
 
 def inv_ref_cnt_matches_tables(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_ref_cnt_matches_tables: ref_cnt = holders, nobody holds the null block, no orphan table."""
+    """spec/v1/invariants.py inv_ref_cnt_matches_tables: ref_cnt = holders, nobody holds the null block, no orphan table."""
     return land(forall(t, "b", lambda b: sel(t.ref, b) == sel(t.g_hold, b)),
                 forall(t, "r", lambda r: sel2(t.hold, r, 0) == 0),
                 forall(t, "rb", lambda r, b: limplies(sel(t.status, r) == DEAD, sel2(t.hold, r, b) == 0)))
 
 
 def inv_no_double_hold(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_no_double_hold."""
+    """spec/v1/invariants.py inv_no_double_hold."""
     return forall(t, "rb", lambda r, b: land(0 <= sel2(t.hold, r, b), sel2(t.hold, r, b) <= 1))
 
 
 def inv_victim_order(t: Skel, policy: str) -> Any:
-    """spec/invariants.py inv_victim_order, for records of any length."""
+    """spec/v1/invariants.py inv_victim_order, for records of any length."""
     def ok(k: Any) -> Any:
         n, v = sel(t.rec_n, k), sel(t.rec_v, k)
         if policy == "fcfs":
@@ -414,7 +414,7 @@ INVARIANTS: dict[str, Callable[[Skel, str], Any]] = {
                inv_free_iff_unreferenced, inv_ref_cnt_matches_tables, inv_no_double_hold, inv_victim_order,
                lemma_skeleton)
 }
-"""The rules proved for every size, under the names of ``spec/invariants.py`` (plus ``skeleton``)."""
+"""The rules proved for every size, under the names of ``spec/v1/invariants.py`` (plus ``skeleton``)."""
 
 
 # ------------------------------------------------------------------ micro-steps

@@ -11,9 +11,9 @@ is then
 2. *realised* as a trace from an empty scheduler: the witness's configuration
    and requests (prompt lengths, shared blocks, keys, ``max_tokens``) seed a
    small deterministic search over workloads (arrival steps, lengths,
-   ``max_tokens``), each run through ``schedconf.conformance.workload.run_workload``
+   ``max_tokens``), each run through ``schedconf.conformance.workloads.workload.run_workload``
    with every invariant checked, until the detector sees the corner in the
-   model; the trace goes to ``conformance/vectors/witnesses/<name>.jsonl``
+   model; the trace goes to ``conformance/traces/vectors/witnesses/<name>.jsonl``
    with a description of what it shows.
 
 CLI: ``python -m schedconf.spec.symbolic.witnesses [--write] [--only NAME]`` prints each
@@ -31,12 +31,9 @@ from typing import Any
 
 import z3
 
-from schedconf.conformance.trace import Trace, write_trace
-from schedconf.conformance.workload import apply_trace_event
-from schedconf.spec.config import SchedulerConfig
-from schedconf.spec.kv_cache import KVCacheManager, NoSpace
+from schedconf.conformance.traces.trace import Trace, write_trace
+from schedconf.conformance.workloads.workload import apply_trace_event
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic.proofs import premises
 from schedconf.spec.symbolic.realise import search
 from schedconf.spec.symbolic.state import (
@@ -49,8 +46,11 @@ from schedconf.spec.symbolic.state import (
 )
 from schedconf.spec.symbolic.transitions import TRANSITIONS, Outcome, at
 from schedconf.spec.symbolic.z3ops import count, eq, fdiv, is_z3, land, limplies, lnot, value_of
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.kv_cache import KVCacheManager, NoSpace
+from schedconf.spec.v1.scheduler import Scheduler
 
-VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
+VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
 PROFILE = "vllm-0.33"
 
 
@@ -65,7 +65,7 @@ class RecordingKV(KVCacheManager):
 
     def allocate_slots(self, request, num_new_tokens, hit=None, num_lookahead_tokens=0,  # noqa: ANN001
                        full_sequence_must_fit=False):  # noqa: ANN001
-        from schedconf.spec.kv_cache import NO_HIT
+        from schedconf.spec.v1.kv_cache import NO_HIT
 
         hit = hit if hit is not None else NO_HIT
         num_free = self.pool.get_num_free_blocks()

@@ -266,7 +266,7 @@ def fdiv(a: Any, k: int) -> Any:
 
 
 def cdiv(a: Any, k: int) -> Any:
-    """``ceil(a / k)`` for ``a >= 0`` and a positive Python int ``k`` (``schedconf.spec.config.cdiv``)."""
+    """``ceil(a / k)`` for ``a >= 0`` and a positive Python int ``k`` (``schedconf.spec.v1.config.cdiv``)."""
     return fdiv(a + (k - 1), k)
 
 

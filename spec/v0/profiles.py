@@ -1,6 +1,6 @@
 """v0 release profiles. One today: ``vllm-0.10`` (vLLM 0.10.2, the last release with ``vllm/core/``).
 
-The v1 profiles (``schedconf.spec.profiles.PROFILES``) are untouched; ``schedconf.spec.schedulers``
+The v1 profiles (``schedconf.spec.v1.profiles.PROFILES``) are untouched; ``schedconf.spec.schedulers``
 maps a profile name to its scheduler kind.
 """
 

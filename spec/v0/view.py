@@ -1,6 +1,6 @@
 """The state view the v0 invariants read (``spec/v0/invariants.py``), over a live v0 scheduler.
 
-Same idea as ``spec/view.py``: scalars, domains to quantify over, and lookups,
+Same idea as ``spec/v1/view.py``: scalars, domains to quantify over, and lookups,
 so that an invariant is one statement over ``ops`` (concrete here; a symbolic
 backend can offer the same names). Status codes are vLLM's integers.
 """

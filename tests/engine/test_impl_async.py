@@ -25,18 +25,18 @@ import pytest
 
 from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.datadriven import parse_file, parse_tokens
-from schedconf.conformance.generate import random_workload
-from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
+from schedconf.conformance.checking.replay import FAIL, PASS, render_divergence, replay
 from schedconf.conformance.sut import SutInputError, SutUnsupported
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.workloads.datadriven import parse_file, parse_tokens
+from schedconf.conformance.workloads.generate import random_workload
+from schedconf.conformance.workloads.workload import run_workload
 from schedconf.gpu_checks.async_check import main as async_check_main
 from schedconf.gpu_checks.async_check import random_async_workload, run_overlapped_workload
 from schedconf.impl.dense import dense_generate
 from schedconf.impl.engine import Engine
 from schedconf.impl.scheduler import PREEMPTED, FastScheduler
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import InvalidConfig, InvalidEvent
+from schedconf.spec.v1.config import SchedulerConfig
 
 ROOT = Path(__file__).parents[2]
 SCENARIOS = sorted((ROOT / "conformance" / "testdata" / "scenarios").glob("*.txt"))
@@ -489,7 +489,7 @@ def test_golden_scenarios_in_lockstep_with_the_reference():
 
 @pytest.mark.parametrize("profile", ["vllm-0.33-async", "vllm-0.33", "vllm-0.32"])
 def test_generated_in_flight_workloads_replay_strict(profile):
-    """conformance/generate.py workloads (async profile: 2-3 steps in flight; plain: some with a batch queue)."""
+    """conformance/workloads/generate.py workloads (async profile: 2-3 steps in flight; plain: some with a batch queue)."""
     failures: list[str] = []
     in_flight = 0
     for seed in range(150):
@@ -782,10 +782,10 @@ def test_impl_engine_passes_the_async_corpus_and_300_generated_async_traces(tmp_
     greedy tokens (placeholder inputs filled by its runner) checked against the trace's at every sample."""
     from pathlib import Path
 
-    from schedconf.conformance.campaign import CampaignSpec, run_campaign
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.traces.trace import read_trace
 
-    root = Path(__file__).parents[2] / "conformance" / "vectors" / "async"
+    root = Path(__file__).parents[2] / "conformance" / "traces" / "vectors" / "async"
     corpus = sorted(root.glob("*/*.jsonl"))
     assert len(corpus) >= 60
     for path in corpus:

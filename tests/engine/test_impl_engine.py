@@ -2,7 +2,7 @@
 
 The expected tokens always come from ``impl/dense.py`` (full recompute, one
 request, no cache) and the expected scheduler outputs from the reference
-``schedconf.spec.scheduler.Scheduler``; the engine's own answers are never the oracle.
+``schedconf.spec.v1.scheduler.Scheduler``; the engine's own answers are never the oracle.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import torch
 
 import schedconf.impl.runner as runner_module
 from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
-from schedconf.conformance.examples import EXAMPLES
-from schedconf.conformance.generate import random_workload as generate_workload
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.tight_workloads import make_tight_workload
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.workload import run_workload, workload_from_trace
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.workloads.generate import random_workload as generate_workload
+from schedconf.conformance.workloads.tight_workloads import make_tight_workload
+from schedconf.conformance.workloads.workload import run_workload, workload_from_trace
 from schedconf.gpu_checks.engine_check import check_engine
 from schedconf.impl.dense import dense_generate
 from schedconf.impl.engine import Engine
 from schedconf.impl.model import TINY, LlamaModel
-from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.v1.config import SchedulerConfig
 
 ROOT = Path(__file__).parents[2]
-CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
+CORPUS = sorted((ROOT / "conformance" / "traces" / "vectors").rglob("*.jsonl"))
 
 
 def _dense(model, record, max_model_len, limit=None):

@@ -15,20 +15,20 @@ import pytest
 from hypothesis import given, settings
 
 from schedconf.conformance.adapters.impl import ImplSchedulerSut
-from schedconf.conformance.examples import EXAMPLES
-from schedconf.conformance.generate import random_workload as generate_workload
-from schedconf.conformance.generate import workloads
-from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from schedconf.conformance.sut import SutUnsupported
-from schedconf.conformance.tight_workloads import make_tight_workload
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.workloads.generate import random_workload as generate_workload
+from schedconf.conformance.workloads.generate import workloads
+from schedconf.conformance.workloads.tight_workloads import make_tight_workload
+from schedconf.conformance.workloads.workload import run_workload
 from schedconf.impl.scheduler import FastScheduler
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import InvalidEvent
+from schedconf.spec.v1.config import SchedulerConfig
 
 ROOT = Path(__file__).parents[2]
-CORPUS = sorted((ROOT / "conformance" / "vectors").rglob("*.jsonl"))
+CORPUS = sorted((ROOT / "conformance" / "traces" / "vectors").rglob("*.jsonl"))
 
 
 def _replay_all(traces) -> tuple[Counter, list[str]]:
@@ -43,7 +43,7 @@ def _replay_all(traces) -> tuple[Counter, list[str]]:
 
 
 def test_impl_campaign_replays_strict():
-    """400 seeded conformance/tight_workloads.py workloads: every step, output and free queue as the reference."""
+    """400 seeded conformance/workloads/tight_workloads.py workloads: every step, output and free queue as the reference."""
     traces = [run_workload(make_tight_workload(seed)) for seed in range(400)]
     verdicts, failures = _replay_all(traces)
     assert not failures, "\n\n".join(failures)
@@ -65,7 +65,7 @@ def test_impl_campaign_replays_strict():
 
 @pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.32"])
 def test_generated_corpus_replays_strict(profile):
-    """conformance/generate.py's seeded workloads (the vector corpus generator), both profiles."""
+    """conformance/workloads/generate.py's seeded workloads (the vector corpus generator), both profiles."""
     traces = [run_workload(generate_workload(seed, profile)) for seed in range(250)]
     verdicts, failures = _replay_all(traces)
     assert not failures, "\n\n".join(failures)
@@ -75,7 +75,7 @@ def test_generated_corpus_replays_strict(profile):
 @settings(max_examples=60)
 @given(workload=workloads())
 def test_hypothesis_workloads_replay_strict(workload):
-    """conformance/generate.py's Hypothesis strategy (failures shrink)."""
+    """conformance/workloads/generate.py's Hypothesis strategy (failures shrink)."""
     trace = run_workload(workload)
     result = replay(trace, ImplSchedulerSut(), "strict")
     assert result.verdict == PASS, render_divergence(trace, result)
@@ -196,7 +196,7 @@ def test_an_empty_output_with_drafts_wedges_the_request_in_both():
     no later step schedules the request. impl follows the reference, step for step."""
     from schedconf.conformance.adapters.impl import make_scheduler_sut
     from schedconf.conformance.adapters.reference import ReferenceSut
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     config = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
                              max_model_len=32, num_spec_tokens=2, enable_prefix_caching=False).to_dict()

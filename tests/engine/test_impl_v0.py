@@ -206,10 +206,10 @@ def test_fast_v0_scheduler_equals_the_reference_deep():
 
 
 def test_fast_v0_scheduler_replays_reference_traces_of_the_v0_generator():
-    """Traces the reference records on ``conformance/workload_v0.py``'s workloads replay strictly."""
-    from schedconf.conformance.replay import replay
-    from schedconf.conformance.workload import WorkloadError
-    from schedconf.conformance.workload_v0 import random_v0_workload, run_v0_workload
+    """Traces the reference records on ``conformance/workloads/workload_v0.py``'s workloads replay strictly."""
+    from schedconf.conformance.checking.replay import replay
+    from schedconf.conformance.workloads.workload import WorkloadError
+    from schedconf.conformance.workloads.workload_v0 import random_v0_workload, run_v0_workload
 
     verdicts: Counter = Counter()
     for seed in range(60):

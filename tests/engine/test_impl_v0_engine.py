@@ -215,9 +215,9 @@ def test_random_v0_workloads_generate_the_dense_tokens(tiny_model, chunked, cach
 
 def test_impl_engine_adapter_replays_v0_traces_teacher_forced():
     """``--sut impl-engine --profile vllm-0.10``: reference traces pass, every sampled position checked."""
-    from schedconf.conformance.replay import replay
-    from schedconf.conformance.workload import WorkloadError
-    from schedconf.conformance.workload_v0 import random_v0_workload, run_v0_workload
+    from schedconf.conformance.checking.replay import replay
+    from schedconf.conformance.workloads.workload import WorkloadError
+    from schedconf.conformance.workloads.workload_v0 import random_v0_workload, run_v0_workload
 
     passed = checked = swapped = 0
     for seed in range(12):
@@ -327,11 +327,11 @@ def test_impl_engine_passes_the_v0_corpus_and_300_generated_traces(tmp_path):
     """
     from pathlib import Path
 
-    from schedconf.conformance.campaign import CampaignSpec, run_campaign
-    from schedconf.conformance.replay import replay
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.checking.replay import replay
+    from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.traces.trace import read_trace
 
-    corpus = sorted((Path(__file__).parents[2] / "conformance" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
+    corpus = sorted((Path(__file__).parents[2] / "conformance" / "traces" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
     assert len(corpus) >= 50
     for path in corpus:
         result = replay(read_trace(path), ImplEngineSut())

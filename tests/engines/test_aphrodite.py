@@ -25,10 +25,10 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.aphrodite import AphroditeSut
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
-from schedconf.conformance.replay import replay
+from schedconf.conformance.checking.replay import replay
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env
 from schedconf.conformance.sut import SutInputError, SutUnsupported
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.traces.trace import read_trace
 
 pytestmark = pytest.mark.engines
 
@@ -40,7 +40,7 @@ CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 32, "
           "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0, "num_lookahead_tokens": 0,
           "scheduler_reserve_full_isl": None}
 HARNESS_ERROR_KINDS = ("sut_error", "sut_timeout", "sut_exited", "protocol_error", "harness_error")
-GOLDEN = REPO_ROOT / "conformance" / "vectors" / "v2" / PROFILE
+GOLDEN = REPO_ROOT / "conformance" / "traces" / "vectors" / "v2" / PROFILE
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def test_campaign_has_no_harness_error(tmp_path: Path) -> None:
 
 
 def test_strict_under_its_own_profile(tmp_path: Path) -> None:
-    """Under aphrodite-0.24 (spec/profiles.py: vllm-0.32 with the lone-request threshold rule)
+    """Under aphrodite-0.24 (spec/v1/profiles.py: vllm-0.32 with the lone-request threshold rule)
     Aphrodite passes strict: the one rule explains every divergence from vllm-0.32."""
     ensure_env("aphrodite", VERSION)
     subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--profile", "aphrodite-0.24",

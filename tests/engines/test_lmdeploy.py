@@ -19,7 +19,7 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.lmdeploy import LmdeploySut
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env
 from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 pytestmark = pytest.mark.engines

@@ -19,7 +19,7 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.nanovllm import NanoVllmSut
-from schedconf.conformance.engine_env import REPO_ROOT, driver_env, ensure_env, env_python
+from schedconf.conformance.engines.engine_env import REPO_ROOT, driver_env, ensure_env, env_python
 from schedconf.conformance.protocol import validate_reply
 from schedconf.conformance.sut import SutInputError, SutUnsupported
 
@@ -129,7 +129,7 @@ def test_preemption_is_reported(sut: NanoVllmSut) -> None:
 
 
 def _schema_knows_block_tables() -> bool:
-    schema = json.loads((REPO_ROOT / "conformance" / "trace.schema.json").read_text())
+    schema = json.loads((REPO_ROOT / "conformance" / "traces" / "trace.schema.json").read_text())
     return "block_tables" in schema["$defs"]["observation"].get("properties", {})
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.sglang import SglangSut
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env
 from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 pytestmark = pytest.mark.engines
@@ -256,8 +256,8 @@ def test_a_table_repointed_at_an_update_is_not_observed_before_it_is_handed_over
     that token's KV, freeing r2's own slot. The driver used to show the repointed table in the observation right
     after the update, before any SchedulerOutput handed it over (safety:block_tables at step 2); now the tables
     are left out until the next step hands the table over whole (resumed), and the trace passes."""
-    from schedconf.conformance.replay import replay
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.checking.replay import replay
+    from schedconf.conformance.traces.trace import read_trace
 
     trace = read_trace(Path(__file__).parent / "testdata" / "sglang-repointed-table.jsonl")
     sut = make_sut("sglang@0.5.23")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pytest
 from standalone_files import get_imported_top_names, run_standalone
 
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env, env_python
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env, env_python
 
 FINDINGS = REPO_ROOT / "reports" / "findings"
 PROJECT_PACKAGES = {"conformance", "spec", "impl", "schedconf"}

@@ -5,8 +5,8 @@ the running list instead of the tail (the classic victim-order bug).
 """
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.spec.request import Request
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.request import Request
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 class _HeadVictimScheduler(Scheduler):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.spec.request import Request
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.request import Request
+from schedconf.spec.v1.scheduler import Scheduler
 
 
 class OverBudgetSut(ReferenceSut):

@@ -1,12 +1,12 @@
-"""The async corpus (conformance/vectors/async/) is what the model generates, covers the in-flight cases,
+"""The async corpus (conformance/traces/vectors/async/) is what the model generates, covers the in-flight cases,
 and replays on the reference (drift guard, like tests/harness/test_vectors.py)."""
 
 import json
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.replay import replay
-from schedconf.conformance.trace import read_trace, render_trace
-from schedconf.conformance.vectors import ASYNC_CORPUS_DIR, build_async_corpus, manifest_entry
+from schedconf.conformance.checking.replay import replay
+from schedconf.conformance.traces.trace import read_trace, render_trace
+from schedconf.conformance.traces.vectors import ASYNC_CORPUS_DIR, build_async_corpus, manifest_entry
 
 
 def test_async_corpus_matches_the_model():
@@ -18,7 +18,7 @@ def test_async_corpus_matches_the_model():
             committed = (ASYNC_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the model change is deliberate, run "
-                "`python -m schedconf.conformance.vectors --rebuild-async` and bump ASYNC_CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild-async` and bump ASYNC_CORPUS_VERSION")
             assert entry == manifest_entry(name, trace)
 
 
@@ -46,8 +46,8 @@ def test_async_corpus_replays_on_the_reference():
 def test_in_flight_traces_rebuild_from_themselves():
     """workload_from_trace (the shrinker's start) reproduces a trace with steps in flight exactly: inputs
     right after a step stay in flight of it, inputs after an output come before the next schedule()."""
-    from schedconf.conformance.generate import random_workload
-    from schedconf.conformance.workload import run_workload, workload_from_trace
+    from schedconf.conformance.workloads.generate import random_workload
+    from schedconf.conformance.workloads.workload import run_workload, workload_from_trace
 
     checked = resets = 0
     for profile in ("vllm-0.33-async", "vllm-0.32-async", "vllm-0.33"):
@@ -66,8 +66,8 @@ def test_in_flight_traces_rebuild_from_themselves():
 
 def test_wrong_scheduler_stats_fail_a_strict_replay():
     """Stats are compared when the trace has them and the scheduler reports them; a miscount fails."""
-    from schedconf.conformance.generate import random_workload
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.workloads.generate import random_workload
+    from schedconf.conformance.workloads.workload import run_workload
 
     class MiscountingSut(ReferenceSut):
         def get_scheduler_stats(self):

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.generate import random_workload
-from schedconf.conformance.vllm_env import ensure_vllm_env
-from schedconf.conformance.workload import WorkloadError, run_workload
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
+from schedconf.conformance.workloads.generate import random_workload
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"

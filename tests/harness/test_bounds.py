@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance import bounds
-from schedconf.conformance.campaign import exit_code
 from schedconf.conformance.cli import main
+from schedconf.conformance.runs.campaign import exit_code
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = {"kind": "header", "format": "schedconf-trace", "version": 1, "profile": "vllm-0.33", "seed": 0,
@@ -159,7 +159,7 @@ def test_a_duplicate_key_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("field_name,scheduler", [("num_gpu_blocks", "v1"), ("num_cpu_blocks", "v0")])
 def test_a_pool_past_the_bound_is_refused_in_a_header(field_name, scheduler, tmp_path, capsys):
-    from schedconf.conformance.trace import TraceError, validate_header_config
+    from schedconf.conformance.traces.trace import TraceError, validate_header_config
 
     # the bound is checked before the config's own rules, so the rest of the config does not matter here
     header = dict(HEADER, config={**CONFIG, field_name: bounds.MAX_POOL_BLOCKS + 1})
@@ -187,8 +187,8 @@ def test_a_pool_past_the_bound_is_refused_in_set(capsys, tmp_path):
 
 def test_the_shrinker_never_proposes_a_pool_past_the_bound():
     """Smaller block sizes at the same capacity multiply the block count: such candidates are not tried."""
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.shrink import _candidates
+    from schedconf.conformance.checking.shrink import _candidates
+    from schedconf.conformance.traces.examples import EXAMPLES
 
     workload = EXAMPLES["mixed"]()
     big = workload.replace(config=dc_replace(workload.config, block_size=1024,
@@ -206,7 +206,7 @@ def test_a_scenario_config_past_the_bound_is_refused(tmp_path, capsys):
 
 
 def test_a_scenario_token_range_past_the_bound_is_refused(tmp_path, capsys):
-    from schedconf.conformance.datadriven import ScenarioFormatError, parse_tokens
+    from schedconf.conformance.workloads.datadriven import ScenarioFormatError, parse_tokens
 
     with pytest.raises(ScenarioFormatError, match=f"at most {bounds.MAX_SCENARIO_TOKENS} tokens"):
         parse_tokens("0..1000000000")
@@ -217,9 +217,9 @@ def test_a_scenario_token_range_past_the_bound_is_refused(tmp_path, capsys):
 def test_the_reference_state_dump_is_truncated(tmp_path):
     """With 200,000 blocks the free queue alone is a line of over a megabyte; the report cuts it and says so."""
     from schedconf.conformance.adapters.reference import ReferenceSut
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.replay import FAIL, render_divergence, replay
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.checking.replay import FAIL, render_divergence, replay
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.workload import run_workload
 
     workload = EXAMPLES["mixed"]()
     trace = run_workload(workload.replace(config=dc_replace(workload.config, num_gpu_blocks=200_000)))
@@ -272,7 +272,7 @@ def test_a_bad_run_id_is_refused(run_id, words, tmp_path, capsys):
 # -------------------------------------------------------------- wording
 
 def test_a_divergence_at_init_says_at_init(tmp_path):
-    from schedconf.conformance.replay import render_where
+    from schedconf.conformance.checking.replay import render_where
 
     assert render_where(None, 1) == "at init"
     assert render_where(None, 3) == "before the first step"
@@ -280,9 +280,9 @@ def test_a_divergence_at_init_says_at_init(tmp_path):
 
 
 def test_shrinking_a_passing_trace_says_so_once(tmp_path):
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.trace import write_trace
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.traces.trace import write_trace
+    from schedconf.conformance.workloads.workload import run_workload
 
     path = tmp_path / "pass.jsonl"
     write_trace(path, run_workload(EXAMPLES["mixed"]()))
@@ -292,7 +292,7 @@ def test_shrinking_a_passing_trace_says_so_once(tmp_path):
 
 
 def test_mutants_list_is_instant_and_names_every_mutant(capsys):
-    from schedconf.conformance.mutants import MUTANTS
+    from schedconf.conformance.checking.mutants import MUTANTS
 
     code, out = run_main(["mutants", "--list"], capsys)
     assert code == 0
@@ -372,7 +372,7 @@ def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
     assert proc.returncode == 130, err
     partial = failing.with_suffix("").with_suffix(".min.partial.jsonl")
     assert f"not minimal: shrink it again to finish): {partial}" in err
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.traces.trace import read_trace
 
     kept = read_trace(partial)
     assert kept.header["origin"] == "shrink-partial"
@@ -382,8 +382,8 @@ def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
 def test_a_safety_run_stops_at_the_step_bound_with_unknown(monkeypatch):
     """A request of max_tokens 10^9 under a pool that holds it: the safety run would decode for ever."""
     from schedconf.conformance.adapters.reference import ReferenceSut
-    from schedconf.conformance.replay import UNKNOWN, replay
-    from schedconf.conformance.trace import parse_trace_text
+    from schedconf.conformance.checking.replay import UNKNOWN, replay
+    from schedconf.conformance.traces.trace import parse_trace_text
 
     monkeypatch.setattr(bounds, "MAX_SAFETY_STEPS", 50)
     config = dict(CONFIG, block_size=1_000_000, num_gpu_blocks=1001, max_model_len=10**9,
@@ -398,10 +398,10 @@ def test_a_safety_run_stops_at_the_step_bound_with_unknown(monkeypatch):
 
 
 def test_a_divergence_report_shows_at_most_20_fields():
-    from schedconf.conformance.compare import Divergence, FieldDiff
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.replay import FAIL, ReplayResult, render_divergence
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.checking.compare import Divergence, FieldDiff
+    from schedconf.conformance.checking.replay import FAIL, ReplayResult, render_divergence
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.workload import run_workload
 
     trace = run_workload(EXAMPLES["mixed"]())
     diffs = tuple(FieldDiff(f"f{i}", i, i + 1) for i in range(25))
@@ -413,15 +413,15 @@ def test_a_divergence_report_shows_at_most_20_fields():
 
 def test_the_stderr_kept_of_a_scheduler_is_its_last_200_lines(tmp_path):
     from schedconf.conformance.adapters.stdio import STDERR_LINES_KEPT, StdioSut
-    from schedconf.conformance.replay import FAIL, replay
+    from schedconf.conformance.checking.replay import FAIL, replay
 
     script = tmp_path / "noisy.sh"
     script.write_text("#!/bin/sh\nfor i in $(seq 500); do echo \"line $i\" >&2; done\nexec sleep 30\n")
     script.chmod(0o755)
     sut = StdioSut(str(script), timeout_s=2.0)
     try:
-        from schedconf.conformance.examples import EXAMPLES
-        from schedconf.conformance.workload import run_workload
+        from schedconf.conformance.traces.examples import EXAMPLES
+        from schedconf.conformance.workloads.workload import run_workload
 
         result = replay(run_workload(EXAMPLES["mixed"]()), sut, "strict", step_timeout=2.0)
         tail = sut.stderr_tail(10_000).splitlines()

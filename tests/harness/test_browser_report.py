@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
 
 INSTALL = "apt-get install -y chromium"
 WINDOW = (1400, 1000)

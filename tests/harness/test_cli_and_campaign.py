@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
 from schedconf.conformance.cli import main
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
 
 HERE = Path(__file__).parent
 
@@ -111,7 +111,7 @@ def test_hanging_sut_hits_the_step_timeout(tmp_path):
 
 
 def test_interrupt_leaves_a_valid_report(tmp_path, monkeypatch):
-    import schedconf.conformance.campaign as campaign
+    import schedconf.conformance.runs.campaign as campaign
 
     calls = {"n": 0}
     real = campaign.run_one
@@ -159,7 +159,7 @@ def _importable_broken_adapter(monkeypatch):
 def test_pool_headroom_adds_blocks_to_every_generated_pool_and_keeps_forced_ones():
     from dataclasses import replace
 
-    from schedconf.conformance.campaign import CampaignSpec, generate_workloads
+    from schedconf.conformance.runs.campaign import CampaignSpec, generate_workloads
 
     base = CampaignSpec(sut="reference", examples=40, seed=3)
     plain = generate_workloads(base)

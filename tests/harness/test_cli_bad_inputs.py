@@ -36,8 +36,8 @@ def files(tmp_path):
     (tmp_path / "not_json.jsonl").write_text('{"kind": "header",\n')
     (tmp_path / "bad_config.jsonl").write_text(json.dumps({**HEADER, "config": config(block_size=-1)}) + "\n")
     (tmp_path / "bad_scenario.txt").write_text("add-request id=r1\n")
-    from schedconf.conformance.config_limits import make_refused_config_traces
-    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.traces.trace import write_trace
+    from schedconf.conformance.workloads.config_limits import make_refused_config_traces
 
     write_trace(tmp_path / "valid.jsonl", make_refused_config_traces("vllm-0.33")[0][1])
     run = tmp_path / "broken_run"
@@ -144,7 +144,7 @@ def test_version(capsys):
 
 
 def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
-    import schedconf.conformance.campaign as campaign
+    import schedconf.conformance.runs.campaign as campaign
 
     monkeypatch.setattr(campaign, "make_run_id", lambda spec: "run-fixed")  # the same second, twice
     first = campaign.run_campaign(campaign.CampaignSpec(sut="reference", examples=2, out_dir=str(tmp_path), quiet=True))
@@ -155,7 +155,7 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
 
 
 def test_a_campaign_spec_of_zero_traces_is_refused():
-    from schedconf.conformance.campaign import CampaignSpec
+    from schedconf.conformance.runs.campaign import CampaignSpec
 
     for bad in ({"examples": 0}, {"jobs": 0}, {"step_timeout": -1.0}, {"shrink_budget_s": -1.0}):
         with pytest.raises(ValueError):

@@ -2,9 +2,9 @@
 
 The expected groups are derived by hand from what each pair is known to differ
 in: a scheduler and itself differ nowhere; the reference and the mutant that
-preempts the head of running instead of the tail (conformance/mutants.py)
+preempts the head of running instead of the tail (conformance/checking/mutants.py)
 differ first in ``preempted_req_ids``; the reference under vllm-0.32 and under
-vllm-0.33 differ in their profiles' knobs (spec/profiles.py), of which only
+vllm-0.33 differ in their profiles' knobs (spec/v1/profiles.py), of which only
 ``priority_self_preemption`` can show when every step samples one token and
 no drafts (the diff drives both sides as ``--comparison safety`` does):
 switching that one knob back makes the two identical.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.diff import DiffSpec, run_diff, write_diff
-from schedconf.conformance.trace import read_trace
-from schedconf.spec import profiles
+from schedconf.conformance.runs.diff import DiffSpec, run_diff, write_diff
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.spec.v1 import profiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_a_wrong_victim_is_one_group_with_a_minimal_trace_and_its_safety_breach(
     spec = DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
                     against_profile="vllm-0.33")
     from schedconf.conformance.adapters import make_sut
-    from schedconf.conformance.diff import RecordingSut, compare_runs, run_side
+    from schedconf.conformance.runs.diff import RecordingSut, compare_runs, run_side
 
     trace = read_trace(group["minimal"])
     runs = [run_side(trace, RecordingSut(make_sut(name)), "vllm-0.33", None) for name in (spec.sut, spec.against)]
@@ -103,8 +103,8 @@ def test_both_sides_are_required(args, tmp_path):
 
 def test_the_traces_leave_the_pool_headroom_either_side_asks_for(monkeypatch):
     """A side that keeps part of its pool back (its adapter's pool_headroom_blocks) gets it, as in a campaign."""
-    from schedconf.conformance import campaign
     from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.runs import campaign
 
     seen = []
     monkeypatch.setattr(ReferenceSut, "pool_headroom_blocks", 3, raising=False)

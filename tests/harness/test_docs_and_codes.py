@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-from schedconf.conformance.format_doc import render_format_md
+from schedconf.conformance.traces.format_doc import render_format_md
 from schedconf.spec.errors import ERROR_CODES
 
 ROOT = Path(__file__).parents[2]
@@ -35,7 +35,7 @@ def test_every_raised_code_is_in_the_table():
 
 def test_format_md_is_generated_from_the_schema():
     assert (ROOT / "conformance" / "FORMAT.md").read_text() == render_format_md(), (
-        "regenerate: python -m schedconf.conformance.format_doc > conformance/FORMAT.md")
+        "regenerate: python -m schedconf.conformance.traces.format_doc > conformance/FORMAT.md")
 
 
 def test_protocol_md_lists_the_input_codes():

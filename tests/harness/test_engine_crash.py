@@ -22,14 +22,20 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.generate import SPEC_CUT_THRESHOLD_RATE, random_workload
-from schedconf.conformance.replay import PASS, render_divergence, replay
-from schedconf.conformance.trace import Trace
-from schedconf.conformance.vllm_driver import PADDED_ADMISSION_ASSERT, _is_padded_admission_assert
-from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload, workload_from_trace
-from schedconf.spec.config import SchedulerConfig
+from schedconf.conformance.checking.replay import PASS, render_divergence, replay
+from schedconf.conformance.engines.vllm_driver import PADDED_ADMISSION_ASSERT, _is_padded_admission_assert
+from schedconf.conformance.traces.trace import Trace
+from schedconf.conformance.workloads.generate import SPEC_CUT_THRESHOLD_RATE, random_workload
+from schedconf.conformance.workloads.workload import (
+    HashOracle,
+    RequestSpec,
+    Workload,
+    run_workload,
+    workload_from_trace,
+)
 from schedconf.spec.errors import ERROR_CODES, EngineCrash
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_num_seqs=4,
                          max_model_len=16, long_prefill_token_threshold=2, enable_prefix_caching=False,
@@ -184,7 +190,7 @@ def test_the_generator_draws_cut_thresholds(drawn):
 
 def test_other_workloads_keep_their_bytes():
     """The draw is on a forked stream: a workload that does not get it is unchanged by it."""
-    from schedconf.conformance import generate
+    from schedconf.conformance.workloads import generate
 
     rate = generate.SPEC_CUT_THRESHOLD_RATE
     try:

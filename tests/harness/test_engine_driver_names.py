@@ -16,8 +16,7 @@ import ast
 import inspect
 import textwrap
 
-from schedconf.conformance import vllm_driver
-from schedconf.conformance.engines import aphrodite_driver
+from schedconf.conformance.engines import aphrodite_driver, vllm_driver
 
 
 def get_assigned_attributes(cls: type, methods: tuple[str, ...]) -> set[str]:

@@ -1,4 +1,4 @@
-"""The generalized engine-environment builder (conformance/engine_env.py), without building any engine."""
+"""The generalized engine-environment builder (conformance/engines/engine_env.py), without building any engine."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance import engine_env, vllm_env
-from schedconf.conformance.engine_env import FAMILIES, EngineEnvError, EngineFamily
+from schedconf.conformance.engines import engine_env, vllm_env
+from schedconf.conformance.engines.engine_env import FAMILIES, EngineEnvError, EngineFamily
 
 
 def _family(tmp_path: Path, text: str = "pkg==1.0\n") -> EngineFamily:
@@ -113,7 +113,7 @@ def test_registry_names_the_adapter_without_importing_it() -> None:
 
 def test_a_release_can_have_its_own_driver(tmp_path: Path, fake_run: list[str]) -> None:
     assert engine_env.get_driver_module("vllm", "0.10.2") == "schedconf.conformance.engines.vllm_v0_driver"
-    assert engine_env.get_driver_module("vllm", "0.33.0") == "schedconf.conformance.vllm_driver"
+    assert engine_env.get_driver_module("vllm", "0.33.0") == "schedconf.conformance.engines.vllm_driver"
     fam = EngineFamily(name="toy", label="Toy", driver_module="other_driver",
                        env_vars=lambda home: {"TOY_HOME": str(home)}, envs_dir=_family(tmp_path).envs_dir,
                        release_drivers={"1.0": "toy_driver"})

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters.stdio import StdioSut
-from schedconf.conformance.examples import EXAMPLES
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.workloads.workload import run_workload
 from tests.harness.faulty_sut import get_start_time
 
 HERE = Path(__file__).resolve().parent

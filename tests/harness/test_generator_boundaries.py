@@ -1,4 +1,4 @@
-"""Configs at the limits of what vLLM (and spec/config.py, spec/profiles.py) accepts.
+"""Configs at the limits of what vLLM (and spec/v1/config.py, spec/v1/profiles.py) accepts.
 
 For every config rule: the config exactly at the limit is accepted and a
 workload that leans on it runs to the end and replays strictly on the
@@ -7,8 +7,8 @@ rule's stable code, by the model, the reference adapter and impl alike.
 
 The seeded generator draws only accepted configs. Refused ones are traces
 whose header expects the refusal: one per rule in the golden corpus
-(``conformance/config_limits.py``), and in campaigns a share of the drawn
-configs taken one step past a limit (``conformance/generate.py``
+(``conformance/workloads/config_limits.py``), and in campaigns a share of the drawn
+configs taken one step past a limit (``conformance/workloads/generate.py``
 ``REFUSED_CONFIG_RATE``, tests/harness/test_refused_generated.py).
 
 The seeded generator puts ``BOUNDARY_RATE`` of its workloads exactly on one of
@@ -24,14 +24,14 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.generate import BOUNDARIES, BOUNDARY_RATE, random_workload
-from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.checking.replay import PASS, render_divergence, replay
 from schedconf.conformance.sut import SutInputError
-from schedconf.conformance.trace import Trace
-from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload
-from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.conformance.traces.trace import Trace
+from schedconf.conformance.workloads.generate import BOUNDARIES, BOUNDARY_RATE, random_workload
+from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, run_workload
 from schedconf.spec.errors import InvalidConfig
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig, cdiv
+from schedconf.spec.v1.scheduler import Scheduler
 
 BASE = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
                        max_model_len=32, enable_prefix_caching=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from schedconf.conformance.config_limits import get_refusal
-from schedconf.conformance.generate import random_workload
+from schedconf.conformance.workloads.config_limits import get_refusal
+from schedconf.conformance.workloads.generate import random_workload
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.32", "vllm-0.11"])

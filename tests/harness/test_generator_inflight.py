@@ -1,6 +1,6 @@
 """Inputs that arrive while a step executes (between ``schedule()`` and its model output).
 
-The seeded generator (conformance/generate.py) places, with a fair probability,
+The seeded generator (conformance/workloads/generate.py) places, with a fair probability,
 ``add_request``, ``abort`` and re-adds of an aborted id between a ``step`` event
 and its ``model_output``; this file measures how often, checks the loop's
 semantics on hand-built workloads, and replays the generated traces strictly
@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, find, settings
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.generate import IN_FLIGHT_RATES, RandomChooser, random_workload, workloads
-from schedconf.conformance.replay import PASS, render_divergence, replay
-from schedconf.conformance.trace import Trace, render_trace
-from schedconf.conformance.workload import (
+from schedconf.conformance.checking.replay import PASS, render_divergence, replay
+from schedconf.conformance.traces.trace import Trace, render_trace
+from schedconf.conformance.workloads.generate import IN_FLIGHT_RATES, RandomChooser, random_workload, workloads
+from schedconf.conformance.workloads.workload import (
     AbortSpec,
     HashOracle,
     InvalidInput,
@@ -30,7 +30,7 @@ from schedconf.conformance.workload import (
     run_workload,
     workload_from_trace,
 )
-from schedconf.spec.config import SchedulerConfig
+from schedconf.spec.v1.config import SchedulerConfig
 
 SEEDS = range(300)
 """The measured sample: fixed seeds, so the shares below are the same on every machine."""

@@ -123,7 +123,7 @@ def test_cycle_finder_finds_a_two_module_cycle_and_nothing_in_a_chain():
 def test_import_graph_sees_function_level_imports_and_parent_packages():
     graph = compute_import_graph("conformance")
     # mutants imports the reference adapter at module level, which runs the registry's __init__ first
-    assert {"schedconf.conformance.adapters", "schedconf.conformance.adapters.reference"} <= graph["schedconf.conformance.mutants"]
+    assert {"schedconf.conformance.adapters", "schedconf.conformance.adapters.reference"} <= graph["schedconf.conformance.checking.mutants"]
     # the registry imports the stdio adapter inside make_sut
     assert "schedconf.conformance.adapters.stdio" in graph["schedconf.conformance.adapters"]
 
@@ -148,7 +148,7 @@ def test_impl_has_modules_to_check():
 
 def test_importing_the_registry_imports_no_adapter_and_no_torch():
     code = ("import sys, schedconf.conformance, schedconf.conformance.adapters\n"
-            "loaded = sorted(m for m in ('torch', 'schedconf.impl', 'schedconf.conformance.mutants',\n"
+            "loaded = sorted(m for m in ('torch', 'schedconf.impl', 'schedconf.conformance.checking.mutants',\n"
             "                            'schedconf.conformance.adapters.impl',\n"
             "                            'schedconf.conformance.adapters.vllm_v1') if m in sys.modules)\n"
             "assert not loaded, loaded\n")
@@ -171,7 +171,7 @@ def test_make_sut_builds_every_kind_of_name():
     from schedconf.conformance.adapters import UnknownSut, make_sut
     from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
     from schedconf.conformance.adapters.vllm_v1 import VllmEnvNotReady, VllmV1Sut
-    from schedconf.conformance.mutants import MutantSut
+    from schedconf.conformance.checking.mutants import MutantSut
 
     assert type(make_sut("impl")) is ImplSchedulerSut
     assert type(make_sut("impl-engine")) is ImplEngineSut

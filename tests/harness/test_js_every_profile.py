@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters import make_sut
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
-from schedconf.conformance.config_limits import make_refused_config_traces, make_v0_refused_config_traces
-from schedconf.conformance.replay import PASS, UNKNOWN, render_divergence, replay
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.vectors import iter_corpus
-from schedconf.conformance.workload import WorkloadError, run_workload
-from schedconf.conformance.workload_v0 import make_random_workload
-from schedconf.spec.profiles import PROFILES
+from schedconf.conformance.checking.replay import PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.traces.vectors import iter_corpus
+from schedconf.conformance.workloads.config_limits import make_refused_config_traces, make_v0_refused_config_traces
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
+from schedconf.conformance.workloads.workload_v0 import make_random_workload
 from schedconf.spec.v0.profiles import V0_PROFILES
+from schedconf.spec.v1.profiles import PROFILES
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "js-scheduler" / "scheduler.js"
 SUT_NAME = f"stdio:node {shlex.quote(str(SCRIPT))}"
@@ -88,7 +88,7 @@ def test_runs_the_0_32_knobs_it_implements(js):
 
 @pytest.mark.parametrize("profile", EVERY_PROFILE)
 def test_refuses_configs_past_each_limit_with_the_rules_code(js, profile):
-    """A config one unit past a start-up limit (conformance/config_limits.py): refused with the rule's code
+    """A config one unit past a start-up limit (conformance/workloads/config_limits.py): refused with the rule's code
     under every v1 profile (each profile's own rules too); the v0 scheduler's answer is unsupported."""
     if profile in V0_PROFILES:
         refused = make_v0_refused_config_traces(profile)
@@ -162,7 +162,7 @@ def test_init_answers_like_the_reference_or_unsupported(js, profile, changes):
 
 
 def test_init_answers_unsupported_for_the_v0_scheduler(js):
-    from schedconf.conformance.config_limits import V0_BASE_CONFIG
+    from schedconf.conformance.workloads.config_limits import V0_BASE_CONFIG
 
     [profile] = V0_PROFILES
     assert _init_outcome(js, dict(V0_BASE_CONFIG), profile) == ("unsupported", None)

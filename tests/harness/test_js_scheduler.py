@@ -16,12 +16,12 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.generate import random_workload
-from schedconf.conformance.replay import PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.checking.replay import PASS, UNKNOWN, render_divergence, replay
 from schedconf.conformance.sut import SutInputError, SutUnsupported
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.vectors import iter_corpus
-from schedconf.conformance.workload import WorkloadError, run_workload
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.traces.vectors import iter_corpus
+from schedconf.conformance.workloads.generate import random_workload
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "examples" / "js-scheduler" / "scheduler.js"

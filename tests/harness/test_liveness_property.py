@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.generate import random_workload
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.safety.properties import RequestRecord, check_liveness
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.workload import WorkloadError, run_workload
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.checking.safety.properties import RequestRecord, check_liveness
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.workloads.generate import random_workload
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
 from schedconf.spec.symbolic.liveness_bound import (
     compute_any_order_bound,
     compute_policy_bound,
@@ -27,7 +27,7 @@ from schedconf.spec.symbolic.liveness_bound import (
     has_distinct_keys,
 )
 
-WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
+WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
 NUM_SEEDS = 300
 
 

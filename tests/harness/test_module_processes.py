@@ -23,10 +23,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
 from schedconf.conformance.adapters.stdio import SutProtocolError
-from schedconf.conformance.diff_machine import make_diff_machine
-from schedconf.conformance.examples import EXAMPLES
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.runs.diff_machine import make_diff_machine
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.workloads.workload import run_workload
 from tests.harness.faulty_sut import record_pid, start_daemon
 from tests.harness.test_fault_injection import REPO, survivors
 

@@ -17,10 +17,10 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.examples import EXAMPLES
+from schedconf.conformance.checking.replay import FAIL, replay
 from schedconf.conformance.protocol import JSON_DEPTH_LIMIT, find_not_json
-from schedconf.conformance.replay import FAIL, replay
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.workloads.workload import run_workload
 from tests.harness.test_fault_injection import REPO
 
 MODULE = "tests.harness.test_module_replies"

@@ -6,8 +6,8 @@ failure shrunk to at most 10 events. The kill runs derandomized (a fixed seed).
 
 import pytest
 
-from schedconf.conformance.mutant_kill import kill_one
-from schedconf.conformance.mutants import MUTANTS, get_mutant_names
+from schedconf.conformance.checking.mutant_kill import kill_one
+from schedconf.conformance.checking.mutants import MUTANTS, get_mutant_names
 
 
 @pytest.mark.parametrize("name", get_mutant_names("v1"))  # the v0 ones: test_mutants_v0.py

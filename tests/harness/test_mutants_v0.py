@@ -15,12 +15,12 @@ kills it directly too.
 import pytest
 
 from schedconf.conformance.adapters import make_sut
-from schedconf.conformance.mutant_kill import kill_one, run_model
-from schedconf.conformance.mutants import MUTANTS, get_mutant_names
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.shrink import shrink_trace
+from schedconf.conformance.checking.mutant_kill import kill_one, run_model
+from schedconf.conformance.checking.mutants import MUTANTS, get_mutant_names
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.checking.shrink import shrink_trace
 from schedconf.conformance.sut import SutUnsupported
-from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
+from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload
 from schedconf.spec.schedulers import make_config
 
 

@@ -60,8 +60,8 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 def test_schedconf_is_the_only_name_installed(installed):
     python, env = installed
-    probe = ("import importlib.util as u, schedconf.spec.scheduler as s, conformance, spec; "
-             "from schedconf.conformance.engine_env import IMPORT_ROOT; "
+    probe = ("import importlib.util as u, schedconf.spec.v1.scheduler as s, conformance, spec; "
+             "from schedconf.conformance.engines.engine_env import IMPORT_ROOT; "
              "print(s.__file__); print(spec.OWNER, conformance.OWNER); "
              "print((IMPORT_ROOT / 'schedconf' / 'conformance' / 'engines').is_dir())")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env, cwd="/", timeout=120)

@@ -1,6 +1,6 @@
 """Traces of configs one unit past a limit: the header expects the refusal, a scheduler must give it.
 
-Every rule of conformance/config_limits.py is checked on the model (the
+Every rule of conformance/workloads/config_limits.py is checked on the model (the
 trace reads, so the model refuses it with that code) and replayed: the
 reference and impl refuse with the code (pass); a scheduler that accepts the
 config, or refuses it with another code, fails at line 1. A header that
@@ -15,11 +15,11 @@ import pytest
 
 from schedconf.conformance.adapters import make_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.config_limits import BASE_CONFIG, PAST_THE_LIMIT, make_refused_config_traces
-from schedconf.conformance.replay import FAIL, PASS, render_divergence, replay
+from schedconf.conformance.checking.replay import FAIL, PASS, render_divergence, replay
 from schedconf.conformance.sut import SutInputError
-from schedconf.conformance.trace import TraceError, make_header, parse_trace_text, render_trace
-from schedconf.conformance.vectors import iter_corpus
+from schedconf.conformance.traces.trace import TraceError, make_header, parse_trace_text, render_trace
+from schedconf.conformance.traces.vectors import iter_corpus
+from schedconf.conformance.workloads.config_limits import BASE_CONFIG, PAST_THE_LIMIT, make_refused_config_traces
 
 
 def test_every_rule_makes_a_trace_where_the_release_refuses_it():
@@ -73,8 +73,8 @@ def test_a_scheduler_that_refuses_with_another_code_fails():
 
 
 def test_a_normal_trace_refused_at_start_is_an_input_error_not_a_crash():
-    from schedconf.conformance.examples import EXAMPLES
-    from schedconf.conformance.workload import run_workload
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.workload import run_workload
 
     trace = run_workload(EXAMPLES["mixed"]())
     result = replay(trace, RefusesWithTheWrongCode())
@@ -110,7 +110,7 @@ def test_the_corpus_holds_them_for_every_profile():
 
 def test_shrinking_a_refused_config_trace_keeps_its_header(tmp_path, capsys):
     from schedconf.conformance.cli import main
-    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.traces.trace import write_trace
 
     _, trace = make_refused_config_traces("vllm-0.33")[0]
     path = tmp_path / "refused.jsonl"

@@ -1,8 +1,8 @@
 """Campaigns carry refused configs: a share of generated workloads is a config one step past a start-up limit.
 
-``conformance/generate.py`` ``choose_refused_config`` replaces about
+``conformance/workloads/generate.py`` ``choose_refused_config`` replaces about
 ``REFUSED_CONFIG_RATE`` (4%) of a campaign's workloads by their own config
-taken one step past one of the rules of ``conformance/config_limits.py``
+taken one step past one of the rules of ``conformance/workloads/config_limits.py``
 (``PAST_THE_LIMIT``, ``V0_PAST_THE_LIMIT``), with the campaign's overrides
 still in force; the trace is the header expecting the rule's code. A
 scheduler that starts on such a config fails them at the header, under every
@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.campaign import CampaignSpec, _apply_overrides, _draw, generate_workloads, run_campaign
-from schedconf.conformance.config_limits import (
+from schedconf.conformance.runs.campaign import CampaignSpec, _apply_overrides, _draw, generate_workloads, run_campaign
+from schedconf.conformance.sut import SutInputError
+from schedconf.conformance.traces.trace import parse_trace_text, render_trace
+from schedconf.conformance.workloads.config_limits import (
     BASE_CONFIG,
     PAST_THE_LIMIT,
     V0_BASE_CONFIG,
@@ -29,10 +31,8 @@ from schedconf.conformance.config_limits import (
     get_refused_variants,
     get_v0_refusal,
 )
-from schedconf.conformance.generate import REFUSED_CONFIG_RATE
-from schedconf.conformance.sut import SutInputError
-from schedconf.conformance.trace import parse_trace_text, render_trace
-from schedconf.conformance.workload import RefusedConfigWorkload, is_v0_profile, run_workload
+from schedconf.conformance.workloads.generate import REFUSED_CONFIG_RATE
+from schedconf.conformance.workloads.workload import RefusedConfigWorkload, is_v0_profile, run_workload
 
 EXAMPLES = 1500
 
@@ -113,7 +113,7 @@ def test_every_rule_of_the_table_can_be_drawn(profile, base, table):
 def test_optional_fields_at_their_defaults_stay_out_of_the_header():
     """A scheduler that predates the optional fields (forced to their defaults) must see none of them: it
     would refuse the config as unknown_config_field, not with the rule's code."""
-    from schedconf.spec.config import OPTIONAL_FIELDS
+    from schedconf.spec.v1.config import OPTIONAL_FIELDS
 
     variants = get_refused_variants(BASE_CONFIG.to_dict(), "vllm-0.33", dict(OPTIONAL_FIELDS))
     assert len(variants) == len(PAST_THE_LIMIT)
@@ -135,7 +135,7 @@ def test_a_forced_config_of_the_scheduler_stays_in_force(tmp_path):
     summary = run_campaign(CampaignSpec(sut="module:test_refused_generated:ForcesFields", examples=400, seed=2,
                                         out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
     assert summary["failed"] == summary["features"]["refused_config"] >= 8
-    from schedconf.conformance.trace import read_trace
+    from schedconf.conformance.traces.trace import read_trace
 
     configs = [read_trace(Path(summary["run_dir"]) / f["trace_file"]).config for f in summary["failures"]]
     assert all(c["long_prefill_token_threshold"] == 0 and c["num_lookahead_tokens"] == 0 for c in configs)
@@ -171,7 +171,7 @@ def test_the_refused_trace_of_a_workload_is_its_header_alone():
 def test_refused_config_passes_alone_are_not_a_passing_run():
     """A scheduler that answers unsupported to every config it would run, and refuses the configs one step past
     a limit, has shown nothing of its schedules: its run is unknown (exit 2), as a run of all-unknown traces is."""
-    from schedconf.conformance.campaign import TraceOutcome, _account, _finish, exit_code
+    from schedconf.conformance.runs.campaign import TraceOutcome, _account, _finish, exit_code
 
     def run(verdicts: list[tuple[str, list[str]]], tmp: Path) -> dict:
         summary = {"examples_run": 0, "passed": 0, "failed": 0, "unknown": 0, "discarded": 0, "interrupted": False,

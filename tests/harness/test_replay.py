@@ -5,13 +5,13 @@ import copy
 import pytest
 
 from schedconf.conformance.adapters import UnknownSut, make_sut
-from schedconf.conformance.compare import BlockRenaming, Comparator
-from schedconf.conformance.examples import example_mixed
-from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.checking.compare import BlockRenaming, Comparator
+from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
 from schedconf.conformance.sut import SutUnsupported
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.vectors import iter_corpus
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.traces.examples import example_mixed
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.traces.vectors import iter_corpus
+from schedconf.conformance.workloads.workload import run_workload
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from markupsafe import escape
 
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
-from schedconf.conformance.report import (
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.runs.report import (
     compute_failure_groups,
     compute_relevant_config,
     render_html,
@@ -297,8 +297,8 @@ def test_the_printed_summary_has_one_line_per_kind_with_what_differed(failing_ru
 
 
 def test_junit_failure_message_carries_what_differed(failing_run):
-    from schedconf.conformance.campaign import TraceOutcome
-    from schedconf.conformance.junit import render_junit
+    from schedconf.conformance.runs.campaign import TraceOutcome
+    from schedconf.conformance.runs.junit import render_junit
 
     run_dir, summary = failing_run
     outcomes = [TraceOutcome(index=f["index"], verdict="fail", steps=1, events=f["events"], report="r")
@@ -366,7 +366,7 @@ def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
 
 
 def test_long_values_are_cut_where_they_differ_and_never_scroll(tmp_path):
-    from schedconf.conformance.report import render_short_pair
+    from schedconf.conformance.runs.report import render_short_pair
 
     # Two 40-number lists differing in the last one: cut alike, each at most 60 characters, both showing it.
     expected, actual = render_short_pair(list(range(40)), list(range(39)) + [99])

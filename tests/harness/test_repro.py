@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from standalone_files import get_imported_top_names
 
-from schedconf.conformance import repro
 from schedconf.conformance.cli import main
-from schedconf.conformance.repro import (
+from schedconf.conformance.engines.vllm_env import REPO_ROOT
+from schedconf.conformance.runs import repro
+from schedconf.conformance.runs.repro import (
     CHECKED_RULES,
     RULES,
     get_outcome,
@@ -28,8 +29,7 @@ from schedconf.conformance.repro import (
     render_no_repro_message,
     render_repro,
 )
-from schedconf.conformance.trace import Trace, read_trace
-from schedconf.conformance.vllm_env import REPO_ROOT
+from schedconf.conformance.traces.trace import Trace, read_trace
 
 FINDINGS = REPO_ROOT / "reports" / "findings"
 F7 = FINDINGS / "F7-same-step-priority-victim-cache-hit.jsonl"
@@ -144,7 +144,7 @@ def test_a_sut_without_an_engine_api_is_refused(sut, capsys, tmp_path):
 def test_an_unknown_release_and_a_missing_environment_are_refused(capsys, monkeypatch):
     assert main(["repro", str(F7), "--sut", "vllm-v1@9.9.9"]) == 2
     assert "no reproduction template for vLLM 9.9.9; supported: vllm-v1@0.11.0" in capsys.readouterr().err
-    monkeypatch.setattr("schedconf.conformance.vllm_env.is_vllm_env_ready", lambda version, root=None: False)
+    monkeypatch.setattr("schedconf.conformance.engines.vllm_env.is_vllm_env_ready", lambda version, root=None: False)
     assert main(["repro", str(F7), "--sut", "vllm-v1@0.33.0"]) == 2
     err = capsys.readouterr().err
     assert "the vLLM 0.33.0 environment is not built" in err and "schedconf env vllm 0.33.0" in err

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters import make_sut
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.checking.safety.properties import PROPERTIES, compute_liveness_bound
 from schedconf.conformance.cli import build_parser
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.safety.properties import PROPERTIES, compute_liveness_bound
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.traces.trace import read_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-CORPUS = sorted(glob.glob("conformance/vectors/v2/**/*.jsonl", recursive=True))
+CORPUS = sorted(glob.glob("conformance/traces/vectors/v2/**/*.jsonl", recursive=True))
 F7 = "reports/findings/F7-same-step-priority-victim-cache-hit.jsonl"
 
 
@@ -111,7 +111,7 @@ def test_broken_scheduler_is_caught_by_its_property_and_shrinks(name: str, prop:
 
 
 def test_liveness_bound_grows_with_the_work_and_the_requests() -> None:
-    from schedconf.conformance.safety.properties import RequestRecord
+    from schedconf.conformance.checking.safety.properties import RequestRecord
 
     def rec(rid: str, prompt: int, max_tokens: int) -> RequestRecord:
         return RequestRecord(rid, [5] * prompt, prompt, max_tokens, 0, None, (), 0)
@@ -134,7 +134,7 @@ def test_max_model_len_catches_a_step_past_the_last_computable_position():
     stop_rules report such a scheduler first: CHECKS.md), so the check itself is held to a step
     that a scheduler with drafts of its own could schedule: 14 computed + 2 new tokens with
     max_model_len 16 puts the next sampled token at position 16, past the last one (15)."""
-    from schedconf.conformance.safety.properties import check_max_model_len
+    from schedconf.conformance.checking.safety.properties import check_max_model_len
 
     def step(computed: int, n: int) -> dict:
         return {"scheduled_new_reqs": [], "num_scheduled_tokens": {"r0": n},

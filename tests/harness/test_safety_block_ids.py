@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
-from schedconf.conformance.replay import FAIL, PASS, replay
-from schedconf.conformance.safety.properties import (
+from schedconf.conformance.checking.replay import FAIL, PASS, replay
+from schedconf.conformance.checking.safety.properties import (
     RequestRecord,
     check_block_ids,
     check_block_tables,
     check_observed_block_ids,
 )
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.traces.trace import read_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -145,7 +145,7 @@ def test_a_broken_scheduler_fails_a_safety_campaign_by_the_property(name, prop, 
 
 
 def test_checks_md_has_a_row_for_every_property():
-    from schedconf.conformance.safety.properties import PROPERTIES
+    from schedconf.conformance.checking.safety.properties import PROPERTIES
 
     text = (Path(__file__).parents[2] / "conformance" / "CHECKS.md").read_text()
     assert [p for p in PROPERTIES if f"| `{p}` |" not in text] == []

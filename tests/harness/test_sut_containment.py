@@ -25,9 +25,9 @@ import pytest
 
 from schedconf.conformance.adapters import UnknownSut, make_sut
 from schedconf.conformance.adapters.stdio import StdioSut
-from schedconf.conformance.examples import EXAMPLES
-from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, replay
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, replay
+from schedconf.conformance.traces.examples import EXAMPLES
+from schedconf.conformance.workloads.workload import run_workload
 from tests.harness.test_fault_injection import REPO, faulty, survivors
 
 MODULE = "tests.harness.faulty_module"
@@ -232,7 +232,7 @@ def test_an_inprocess_exit_or_base_exception_reads_naturally_with_its_traceback(
     result = replay(trace, make_sut(f"inprocess:{MODULE}:{name}"), "strict", step_timeout=5.0)
     assert result.divergence.message == f"step: inprocess:{MODULE}:{name}: {message}"
     assert "faulty_module.py" in result.sut_stderr and words in result.sut_stderr
-    assert "conformance/replay.py" not in result.detail + result.sut_stderr
+    assert "conformance/checking/replay.py" not in result.detail + result.sut_stderr
 
 
 def test_an_inprocess_close_that_raises_is_ignored_as_a_process_shutdown_is():
@@ -244,7 +244,7 @@ def test_an_inprocess_close_that_raises_is_ignored_as_a_process_shutdown_is():
 
 def test_a_trace_with_a_reset_is_unknown_for_a_module_without_reset_prefix_cache():
     """The harness's own unsupported (the optional method is missing) stays unknown in both modes."""
-    from schedconf.conformance.workload import ResetSpec
+    from schedconf.conformance.workloads.workload import ResetSpec
 
     with_reset = run_workload(EXAMPLES["mixed"]().replace(resets=(ResetSpec(False, 2),)))
     assert any(e["kind"] == "reset_prefix_cache" for e in with_reset.events)
@@ -291,7 +291,7 @@ def test_a_campaign_against_a_faulty_module_fails_with_its_report(sut, kind, tmp
 
 
 def test_replay_of_a_module_that_exits_fails(tmp_path, trace, pid_dir):
-    from schedconf.conformance.trace import write_trace
+    from schedconf.conformance.traces.trace import write_trace
 
     path = tmp_path / "t.jsonl"
     write_trace(path, trace)

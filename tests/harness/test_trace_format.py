@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedconf.conformance.examples import example_mixed
-from schedconf.conformance.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.traces.examples import example_mixed
+from schedconf.conformance.traces.trace import TraceError, parse_trace_text, read_trace, render_trace, write_trace
+from schedconf.conformance.workloads.workload import run_workload
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_huge_token_id_in_a_trace_is_a_typed_refusal(valid_text):
     # and refused by the scheduler with invalid_token_id: expect_error passes.
     from schedconf.conformance.adapters.impl import make_scheduler_sut
     from schedconf.conformance.adapters.reference import ReferenceSut
-    from schedconf.conformance.replay import replay
+    from schedconf.conformance.checking.replay import replay
 
     lines = _lines(valid_text)
     event = json.loads(lines[1])

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from schedconf.conformance.campaign import CampaignSpec, generate_workloads, run_campaign
 from schedconf.conformance.cli import main
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.workload_v0 import V0_COVERAGE
+from schedconf.conformance.runs.campaign import CampaignSpec, generate_workloads, run_campaign
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.workloads.workload_v0 import V0_COVERAGE
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.campaign import CampaignSpec, run_campaign
-from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, replay
-from schedconf.conformance.shrink import shrink_trace
-from schedconf.conformance.trace import read_trace
-from schedconf.conformance.workload import AbortSpec, run_workload
-from schedconf.conformance.workload_v0 import example_v0_swap
+from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, replay
+from schedconf.conformance.checking.shrink import shrink_trace
+from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
+from schedconf.conformance.traces.trace import read_trace
+from schedconf.conformance.workloads.workload import AbortSpec, run_workload
+from schedconf.conformance.workloads.workload_v0 import example_v0_swap
 
 HERE = Path(__file__).parent
 
@@ -116,7 +116,7 @@ def test_observable_accepts_renamed_blocks_and_catches_a_wrong_count(swap_trace)
 def test_a_v0_failure_shrinks_to_a_smaller_v0_trace_of_the_same_kind():
     # The swap example plus noise the shrinker should remove: a third request and an abort of it.
     workload = example_v0_swap()
-    from schedconf.conformance.workload import RequestSpec
+    from schedconf.conformance.workloads.workload import RequestSpec
 
     workload = workload.replace(
         requests=(*workload.requests, RequestSpec("r3", tuple(range(40, 45)), max_tokens=3, eos_token_id=0,

@@ -3,9 +3,9 @@
 import json
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.campaign import TraceOutcome, _account, _finish, features_of
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.trace import parse_trace_text
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.runs.campaign import TraceOutcome, _account, _finish, features_of
+from schedconf.conformance.traces.trace import parse_trace_text
 
 CONFIG = {"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": 4, "max_num_batched_tokens": 16,
           "max_num_seqs": 2, "max_model_len": 16, "enable_chunked_prefill": False, "enable_prefix_caching": False,

@@ -1,4 +1,4 @@
-"""The v0 safety property ``prefix_hit_unwritten`` (``conformance/safety/v0.py``) and finding V7.
+"""The v0 safety property ``prefix_hit_unwritten`` (``conformance/checking/safety/v0.py``) and finding V7.
 
 vLLM 0.10.2's v0 block manager counts every full block of a prompt as computed
 at the end of the ``schedule()`` of its first chunk; a prefix hit can then skip
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters import make_sut
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.safety.v0 import (
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.checking.safety.v0 import (
     KNOWN_VIOLATIONS,
     V0_PROPERTIES,
     check_prefix_hit_unwritten,
@@ -26,9 +26,16 @@ from schedconf.conformance.safety.v0 import (
     get_known_violation,
     get_unexpected_violations,
 )
-from schedconf.conformance.trace import read_trace, render_trace
-from schedconf.conformance.workload import AbortSpec, HashOracle, RequestSpec, Workload, WorkloadError, run_v0_workload
-from schedconf.conformance.workload_v0 import V0_PROFILE, make_v0_config, random_v0_workload
+from schedconf.conformance.traces.trace import read_trace, render_trace
+from schedconf.conformance.workloads.workload import (
+    AbortSpec,
+    HashOracle,
+    RequestSpec,
+    Workload,
+    WorkloadError,
+    run_v0_workload,
+)
+from schedconf.conformance.workloads.workload_v0 import V0_PROFILE, make_v0_config, random_v0_workload
 
 V7 = "reports/findings/V7-v0-prefix-hit-on-unwritten-kv.jsonl"
 SHARED = tuple(range(10, 26))  # four full blocks of 4 tokens

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from schedconf.conformance.protocol import validate_reply
-from schedconf.conformance.trace import TraceError, parse_trace_text, render_trace
-from schedconf.conformance.vectors import iter_corpus
-from schedconf.conformance.workload import run_workload, workload_from_trace
-from schedconf.conformance.workload_v0 import example_v0_swap
+from schedconf.conformance.traces.trace import TraceError, parse_trace_text, render_trace
+from schedconf.conformance.traces.vectors import iter_corpus
+from schedconf.conformance.workloads.workload import run_workload, workload_from_trace
+from schedconf.conformance.workloads.workload_v0 import example_v0_swap
 
 V0_CONFIG = {"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": 4, "max_num_batched_tokens": 16,
              "max_num_seqs": 2, "max_model_len": 16, "enable_chunked_prefill": False, "enable_prefix_caching": False,

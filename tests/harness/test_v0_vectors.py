@@ -1,12 +1,12 @@
-"""The committed v0 corpus (conformance/vectors/v0/) is what the v0 model generates, and covers v0's hard cases."""
+"""The committed v0 corpus (conformance/traces/vectors/v0/) is what the v0 model generates, and covers v0's hard cases."""
 
 import json
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.config_limits import V0_PAST_THE_LIMIT, make_v0_refused_config_traces
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.trace import read_trace, render_trace
-from schedconf.conformance.vectors import V0_CORPUS_DIR, build_v0_corpus, iter_corpus, manifest_entry
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.traces.trace import read_trace, render_trace
+from schedconf.conformance.traces.vectors import V0_CORPUS_DIR, build_v0_corpus, iter_corpus, manifest_entry
+from schedconf.conformance.workloads.config_limits import V0_PAST_THE_LIMIT, make_v0_refused_config_traces
 
 
 def test_v0_corpus_matches_the_model():
@@ -18,7 +18,7 @@ def test_v0_corpus_matches_the_model():
             committed = (V0_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the change is deliberate, run "
-                "`python -m schedconf.conformance.vectors --rebuild-v0` and bump V0_CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild-v0` and bump V0_CORPUS_VERSION")
             assert entry == manifest_entry(name, trace)
 
 

@@ -2,8 +2,8 @@
 
 import json
 
-from schedconf.conformance.trace import render_trace
-from schedconf.conformance.vectors import CORPUS_DIR, build_corpus, manifest_entry
+from schedconf.conformance.traces.trace import render_trace
+from schedconf.conformance.traces.vectors import CORPUS_DIR, build_corpus, manifest_entry
 
 
 def test_corpus_matches_the_model():
@@ -16,7 +16,7 @@ def test_corpus_matches_the_model():
             committed = (CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the model change is deliberate, run "
-                "`python -m schedconf.conformance.vectors --rebuild` and bump CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild` and bump CORPUS_VERSION")
             assert entry == manifest_entry(name, trace)
 
 

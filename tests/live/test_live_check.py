@@ -26,7 +26,7 @@ import pytest
 from schedconf.conformance.cli import main
 from schedconf.conformance.live.check import check_recording, render_outcome
 from schedconf.conformance.live.convert import IncompleteRecording, RecordingError, read_recording, recording_to_trace
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.traces.trace import read_trace
 
 DATA = Path(__file__).parent / "data"
 SERVER = "vllm-0.32.0-server.jsonl.gz"

@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import pytest
 
-from schedconf.spec.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import ERROR_CODES, EngineCrash, InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.request import RequestStatus
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.request import RequestStatus
+from schedconf.spec.v1.scheduler import Scheduler
 
 # Codes raised at construction (config) or only by the JSON-lines protocol.
 NOT_API_CODES = {

@@ -14,15 +14,15 @@ import pytest
 
 from schedconf.conformance.adapters.impl import make_scheduler_sut
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.examples import example_mixed
-from schedconf.conformance.replay import replay
-from schedconf.conformance.trace import TraceError, parse_trace_text, render_trace
-from schedconf.conformance.workload import run_workload
+from schedconf.conformance.checking.replay import replay
+from schedconf.conformance.traces.examples import example_mixed
+from schedconf.conformance.traces.trace import TraceError, parse_trace_text, render_trace
+from schedconf.conformance.workloads.workload import run_workload
 from schedconf.impl.scheduler import FastScheduler
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 CFG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=32, max_num_seqs=1,
                       max_model_len=16, policy="priority")

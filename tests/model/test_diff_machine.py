@@ -4,14 +4,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from schedconf.conformance.diff_machine import make_diff_machine
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.runs.diff_machine import make_diff_machine
+from schedconf.conformance.traces.trace import read_trace
 
 TestImplAgrees = make_diff_machine("impl").TestCase
 
 
 def test_a_mutant_is_caught_and_saved_as_a_replayable_trace(tmp_path, monkeypatch):
-    import schedconf.conformance.diff_machine as dm
+    import schedconf.conformance.runs.diff_machine as dm
 
     monkeypatch.setattr(dm, "FAILURE_DIR", tmp_path)
     with pytest.raises(AssertionError) as exc:
@@ -24,7 +24,7 @@ def test_a_mutant_is_caught_and_saved_as_a_replayable_trace(tmp_path, monkeypatc
     saved = sorted(tmp_path.glob("*.jsonl"))
     assert saved
     from schedconf.conformance.adapters import make_sut
-    from schedconf.conformance.replay import replay
+    from schedconf.conformance.checking.replay import replay
 
     trace = read_trace(saved[-1])
     assert replay(trace, make_sut("mutant:fcfs_victim_head"), "strict").verdict == "fail"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.datadriven import run_file
+from schedconf.conformance.workloads.datadriven import run_file
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "conformance" / "testdata" / "scenarios").glob("*.txt"))
 

@@ -24,12 +24,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import InvalidEvent
-from schedconf.spec.invariants import check_invariants
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.profiles import get_profile
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.invariants import check_invariants
+from schedconf.spec.v1.profiles import get_profile
+from schedconf.spec.v1.scheduler import Scheduler
 
 EOS = 1
 STOP = 2

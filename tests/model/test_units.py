@@ -2,14 +2,14 @@
 
 import pytest
 
-from schedconf.spec.block_pool import BlockPool
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.errors import IllegalTransition, InvalidConfig, InvalidEvent
 from schedconf.spec.hashing import NONE_HASH, compute_block_hash, extend_block_hashes
-from schedconf.spec.kv_cache import Allocated, KVCacheManager, NoSpace
-from schedconf.spec.profiles import PROFILES, VLLM_0_32, VLLM_0_33, get_profile
-from schedconf.spec.queues import FCFSRequestQueue, PriorityRequestQueue
-from schedconf.spec.request import LEGAL_TRANSITIONS, Request, RequestStatus, SamplingParams
+from schedconf.spec.v1.block_pool import BlockPool
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.kv_cache import Allocated, KVCacheManager, NoSpace
+from schedconf.spec.v1.profiles import PROFILES, VLLM_0_32, VLLM_0_33, get_profile
+from schedconf.spec.v1.queues import FCFSRequestQueue, PriorityRequestQueue
+from schedconf.spec.v1.request import LEGAL_TRANSITIONS, Request, RequestStatus, SamplingParams
 
 
 def make_request(rid, tokens, block_size=4, priority=0, arrival=0):
@@ -171,7 +171,7 @@ def test_profiles_table_names_and_differences():
 
 
 def test_every_knob_cites_its_source():
-    import schedconf.spec.profiles as p
+    import schedconf.spec.v1.profiles as p
     src = open(p.__file__).read()
     for knob in VLLM_0_33.knob_names():
         doc_start = src.index(f"    {knob}:")
@@ -210,7 +210,7 @@ def test_config_errors(fields, code):
 
 
 def test_invalid_event_leaves_state_unchanged():
-    from schedconf.spec.scheduler import Scheduler
+    from schedconf.spec.v1.scheduler import Scheduler
 
     s = Scheduler(SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16))
     s.add_request("a", [1, 2], max_tokens=2)
@@ -248,7 +248,7 @@ def test_invalid_event_leaves_state_unchanged():
     ],
 )
 def test_profile_dependent_config_checks(fields, code, refused_by):
-    from schedconf.spec.scheduler import Scheduler
+    from schedconf.spec.v1.scheduler import Scheduler
 
     config = SchedulerConfig(**{**dict(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16),
                                 **fields})
@@ -263,7 +263,7 @@ def test_profile_dependent_config_checks(fields, code, refused_by):
 
 def test_optional_config_fields_are_left_out_at_their_defaults():
     """Traces written before these knobs existed keep their bytes: to_dict omits a knob at its default."""
-    from schedconf.spec.config import OPTIONAL_FIELDS
+    from schedconf.spec.v1.config import OPTIONAL_FIELDS
 
     base = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16)
     assert not set(OPTIONAL_FIELDS) & set(base.to_dict())
@@ -276,9 +276,9 @@ def test_optional_config_fields_are_left_out_at_their_defaults():
 def test_allocate_slots_keeps_reserved_blocks_free_but_the_full_sequence_gate_ignores_them():
     """vLLM 0.33 allocate_slots(reserved_blocks=...): the slots gate needs free - reserved blocks; the
     full-sequence gate counts all free blocks (kv_cache_manager.py: it checks get_num_free_blocks())."""
-    from schedconf.spec.block_pool import BlockPool
-    from schedconf.spec.kv_cache import Allocated, KVCacheManager, NoSpace
-    from schedconf.spec.request import Request, SamplingParams
+    from schedconf.spec.v1.block_pool import BlockPool
+    from schedconf.spec.v1.kv_cache import Allocated, KVCacheManager, NoSpace
+    from schedconf.spec.v1.request import Request, SamplingParams
 
     def fresh() -> tuple[KVCacheManager, Request]:
         pool = BlockPool(num_gpu_blocks=6, enable_caching=False, free_uncached_to_front=True)  # 5 usable
@@ -303,7 +303,7 @@ def test_async_empty_draft_lists_keep_the_placeholder_drafts():
     """Under AsyncScheduler the engine core never calls update_draft_token_ids: an empty draft
     list in a model output neither is refused nor clears the [-1]*k drafts the schedule set."""
     from schedconf.spec.output import ModelRunnerOutput
-    from schedconf.spec.scheduler import Scheduler
+    from schedconf.spec.v1.scheduler import Scheduler
 
     sched = Scheduler(SchedulerConfig(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=16, max_num_seqs=4,
                                       max_model_len=32, num_spec_tokens=2, max_concurrent_batches=2),

@@ -6,10 +6,10 @@ import pytest
 
 from schedconf.spec.errors import EngineCrash, InvalidConfig, InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler as V1Scheduler
 from schedconf.spec.schedulers import get_scheduler_kind, make_config, make_scheduler
 from schedconf.spec.v0.config import V0SchedulerConfig
 from schedconf.spec.v0.scheduler import Scheduler
+from schedconf.spec.v1.scheduler import Scheduler as V1Scheduler
 
 CFG = dict(block_size=4, num_gpu_blocks=8, num_cpu_blocks=4, max_num_batched_tokens=32, max_num_seqs=4,
            max_model_len=32, enable_chunked_prefill=False, enable_prefix_caching=True, policy="fcfs",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.datadriven_v0 import run_file
+from schedconf.conformance.workloads.datadriven_v0 import run_file
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "conformance" / "testdata" / "scenarios_v0").glob("*.txt"))
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from schedconf.spec.config import SchedulerConfig
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 NUM_SLOTS = 4
 EOS, STOP = 1, 2

@@ -80,7 +80,7 @@ def _inv_tables_hold_no_cached_block(s: Any, o: Any) -> Any:
 @pytest.mark.symbolic
 def test_a_false_invariant_gives_a_real_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
     """Against an invariant the adoption of a hit breaks, the counterexample holds for the terms, not only their stand-ins."""
-    from schedconf.spec import invariants
+    from schedconf.spec.v1 import invariants
 
     monkeypatch.setattr(invariants, "INVARIANTS",
                         dict(invariants.INVARIANTS, tables_hold_no_cached_block=_inv_tables_hold_no_cached_block))

@@ -1,6 +1,6 @@
 """The two backends of every invariant agree on concrete states.
 
-Each invariant of ``spec/invariants.py`` is evaluated twice on the same scheduler
+Each invariant of ``spec/v1/invariants.py`` is evaluated twice on the same scheduler
 state: with ``ConcreteOps`` on ``ConcreteView`` (what
 ``check_invariants`` does), and with ``Z3Ops`` on a ``SymbolicView`` over
 fresh Z3 constants, whose formula is then evaluated with the constants bound
@@ -27,12 +27,12 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedconf.spec.invariants import INVARIANTS
 from schedconf.spec.ops import ConcreteOps
-from schedconf.spec.scheduler import PreemptionRecord, Scheduler
 from schedconf.spec.symbolic.state import LEMMAS, Shape, SymbolicView, bind, fresh_state, from_scheduler, shape_of
 from schedconf.spec.symbolic.z3ops import Z3Ops, is_z3
-from schedconf.spec.view import ConcreteView
+from schedconf.spec.v1.invariants import INVARIANTS
+from schedconf.spec.v1.scheduler import PreemptionRecord, Scheduler
+from schedconf.spec.v1.view import ConcreteView
 from tests.symbolic.conftest import NUM_SLOTS, configs, drive
 
 SEEN: Counter[tuple[str, bool]] = Counter()
@@ -94,7 +94,7 @@ def corrupt_computed(s: Scheduler) -> bool:
 
 
 def corrupt_status(s: Scheduler) -> bool:
-    from schedconf.spec.request import RequestStatus
+    from schedconf.spec.v1.request import RequestStatus
 
     req = _first(r for r in s.requests.values() if r.status is RequestStatus.RUNNING)
     if req is None:
@@ -200,8 +200,8 @@ def test_backends_agree(data, config, corruption) -> None:
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_corruptions_are_detected(corruption: str) -> None:
     """Every corruption kind makes some invariant false, on both backends alike."""
-    from schedconf.spec.config import SchedulerConfig
     from schedconf.spec.output import ModelRunnerOutput
+    from schedconf.spec.v1.config import SchedulerConfig
 
     cfg = SchedulerConfig(block_size=2, num_gpu_blocks=6, max_num_batched_tokens=8, max_num_seqs=3,
                           max_model_len=9, policy="priority" if corruption == "victim" else "fcfs")

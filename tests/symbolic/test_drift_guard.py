@@ -31,7 +31,6 @@ import z3
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic.drive import (
     EncodingError,
     Evaluator,
@@ -55,6 +54,7 @@ from schedconf.spec.symbolic.state import (
     to_scheduler,
 )
 from schedconf.spec.symbolic.z3ops import count, land
+from schedconf.spec.v1.scheduler import Scheduler
 from tests.symbolic.conftest import NUM_SLOTS, Driven, add_random_request, configs, sample_outputs
 
 Z3_EVALUATOR = Z3Evaluator()
@@ -130,7 +130,7 @@ def test_reachable_states_python(data: st.DataObject, config: Any) -> None:
 @given(data=st.data(), policy=st.sampled_from(["fcfs", "priority"]))
 def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
     """Random programs on one pool shape: every event agrees with the encoding's Z3 formulas."""
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     config = SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=data.draw(st.integers(3, 8)),
                              max_num_seqs=data.draw(st.integers(1, 3)), max_model_len=8, policy=policy,
@@ -215,7 +215,7 @@ def test_injected_states(data: st.DataObject, shape: Shape) -> None:
 @given(data=st.data(), config=configs())
 def test_pool_primitives(data: st.DataObject, config: Any) -> None:
     """get_new_blocks, evict on reuse, touch, cache_full_blocks and free agree with the model's own functions."""
-    from schedconf.spec.request import RequestStatus
+    from schedconf.spec.v1.request import RequestStatus
     from tests.symbolic.conftest import drive
 
     d = drive(data, config, end_pending=False)
@@ -280,7 +280,7 @@ def test_composed_iterations(data: st.DataObject, config: Any) -> None:
 
 DRIFT_KILLS = ("priority_victim_min", "fcfs_victim_head", "computed_not_reset_on_preempt", "budget_not_restored",
                "prefix_hit_uncapped", "free_head_first")
-"""Mutants of ``conformance/mutants.py`` inside the encoding's reach (the 0.33 core without spec decode).
+"""Mutants of ``conformance/checking/mutants.py`` inside the encoding's reach (the 0.33 core without spec decode).
 
 The other three are outside it and are killed by the campaigns only:
 ``skipped_requeue_reversed`` breaks a vllm-0.11 rule, ``drafts_kept_after_preempt``
@@ -293,7 +293,7 @@ these short random programs did not reach in 1,350 examples.
 @pytest.mark.parametrize("name", DRIFT_KILLS)
 def test_drift_guard_catches_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
-    from schedconf.conformance.mutants import MUTANTS
+    from schedconf.conformance.checking.mutants import MUTANTS
 
     mutant = MUTANTS[name]
 

@@ -35,7 +35,7 @@ def _inv_nothing_running(s: Any, o: Any) -> Any:
 
 @pytest.mark.symbolic
 def test_fresh_queries_find_counterexamples(monkeypatch: pytest.MonkeyPatch) -> None:
-    from schedconf.spec import invariants
+    from schedconf.spec.v1 import invariants
 
     monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
     monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS, nothing_running=_inv_nothing_running))

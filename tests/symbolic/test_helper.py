@@ -60,7 +60,7 @@ def _inv_nothing_running(s: Any, o: Any) -> Any:
 def test_a_false_goal_sent_to_the_helper_fails_the_transition(monkeypatch: pytest.MonkeyPatch) -> None:
     """The goal is assumed while the helper checks it; its ``sat`` makes it a counterexample (read here) and the
     transition is not proved, though the goals after it were proved assuming it."""
-    from schedconf.spec import invariants
+    from schedconf.spec.v1 import invariants
 
     monkeypatch.setattr(P, "FRESH_AFTER_S", 1e-4)
     monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS, nothing_running=_inv_nothing_running))

@@ -2,7 +2,7 @@
 
 ``-m symbolic`` proves every in-flight transition at R = 4 request slots,
 D = 2 and 3 steps in flight and ``num_spec_tokens`` any k in 0..2 (a second or
-so each), and shows that each async mutant of ``conformance/mutants.py`` the
+so each), and shows that each async mutant of ``conformance/checking/mutants.py`` the
 encoding expresses breaks a proof.
 
 The drift guard (default run) ties the encoding to the model: seeded random
@@ -26,10 +26,8 @@ from typing import Any
 
 import pytest
 
-from schedconf.spec.config import SchedulerConfig, cdiv
 from schedconf.spec.errors import EngineCrash, InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic import in_flight as F
 from schedconf.spec.symbolic.in_flight import (
     FAILED,
@@ -49,6 +47,8 @@ from schedconf.spec.symbolic.in_flight import (
     python_evaluator,
     run_move,
 )
+from schedconf.spec.v1.config import SchedulerConfig, cdiv
+from schedconf.spec.v1.scheduler import Scheduler
 
 R = 4
 K = 2
@@ -520,7 +520,7 @@ MODEL_MUTANTS = ("stale_output_applied_as_fresh", "placeholders_kept_on_preempt"
 @pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending",))
 def test_drift_guard_catches_model_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
-    from schedconf.conformance.mutants import MUTANTS
+    from schedconf.conformance.checking.mutants import MUTANTS
 
     k = K if name == "async_drafts_with_placeholders_pending" else 0
     exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async",

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.trace import read_trace, render_trace
-from schedconf.conformance.workload import apply_trace_event, run_workload
-from schedconf.spec.config import SchedulerConfig
-from schedconf.spec.scheduler import Scheduler
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.traces.trace import read_trace, render_trace
+from schedconf.conformance.workloads.workload import apply_trace_event, run_workload
 from schedconf.spec.symbolic.lasso import get_fingerprint
 from schedconf.spec.symbolic.liveness_bound import (
     RequestWork,
@@ -31,8 +29,10 @@ from schedconf.spec.symbolic.liveness_bound import (
     compute_work,
     get_trace_tail,
 )
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
-WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
+WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
 
 
 # ------------------------------------------------------------------ the bound
@@ -66,7 +66,7 @@ def test_ordered_and_any_order_bounds_by_hand() -> None:
 def test_trace_tail_reads_the_last_input_and_the_ends() -> None:
     config = SchedulerConfig(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=2,
                              max_model_len=12)
-    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload
+    from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload
 
     workload = Workload(config=config, profile="vllm-0.33", oracle=HashOracle(seed=3, eos_per_mille=0), requests=(
         RequestSpec("a", (10, 11, 12), max_tokens=2), RequestSpec("b", (20, 21, 22, 23, 24), max_tokens=3, at_step=1)))

@@ -26,17 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.workload import HashOracle, respond
-from schedconf.spec.config import SchedulerConfig
+from schedconf.conformance.workloads.workload import HashOracle, respond
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
 from schedconf.spec.symbolic import liveness_0_11 as L
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.scheduler import Scheduler
 
 pytestmark = pytest.mark.symbolic
 
 CI_BOUNDS = L.Bounds(num_slots=2, num_steps=6, block_size=4, max_blocks=2)
 TIMEOUT_S = 120.0
-WITNESS = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses" / "liveness_thrash_0_11.jsonl"
+WITNESS = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses" / "liveness_thrash_0_11.jsonl"
 
 
 def draw_fragment_workload(seed: int, policy: str) -> tuple[SchedulerConfig, L.StepConfig, L.Requests]:

@@ -122,7 +122,7 @@ def _inv_free_blocks_uncached(s, o):  # noqa: ANN001, ANN202
 
 def _false_invariant_counterexample() -> dict:
     """In a fresh process: register the false invariant, prove ``abort`` against it, confirm, trace."""
-    from schedconf.spec import invariants
+    from schedconf.spec.v1 import invariants
 
     invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
@@ -158,8 +158,8 @@ def test_counterexample_is_confirmed_and_traced() -> None:
 
 def _split_false_invariant_counterexamples() -> dict:
     """In a fresh process: the false invariant proved by parts, in two groups and one part per slot; both must fail."""
-    from schedconf.spec import invariants
     from schedconf.spec.symbolic import proofs
+    from schedconf.spec.v1 import invariants
 
     invariants.INVARIANTS = dict(invariants.INVARIANTS, free_blocks_uncached=_inv_free_blocks_uncached)
     got = {}
@@ -279,7 +279,7 @@ def test_pinned_parts_imply_the_goal() -> None:
 
     import z3
 
-    import schedconf.spec.invariants
+    import schedconf.spec.v1.invariants
     from schedconf.spec.symbolic.proofs import pinned_parts
     from schedconf.spec.symbolic.state import SymbolicView, fresh_state
 
@@ -289,7 +289,7 @@ def test_pinned_parts_imply_the_goal() -> None:
     post = transition.apply(pre, transition.inputs(shape, "in")).post
 
     def goal_of(s):  # noqa: ANN001, ANN202
-        return schedconf.spec.invariants.INVARIANTS["victim_order"](SymbolicView(s), Z3Ops())
+        return schedconf.spec.v1.invariants.INVARIANTS["victim_order"](SymbolicView(s), Z3Ops())
 
     n = pre.num_preemptions
     values = range(shape.num_reqs + 1)

@@ -2,7 +2,7 @@
 
 ``-m symbolic`` proves every micro-step of both policies for all R and B, and
 checks the proofs have teeth: a deliberately false rule and each mutant of
-``conformance/mutants.py`` whose broken rule lives in the skeleton make a
+``conformance/checking/mutants.py`` whose broken rule lives in the skeleton make a
 proof fail. The default run ties the skeleton to the model: every transition
 of the drift guard's random programs (encoding checked against the model) must
 be a sequence of enabled micro-steps reaching the abstraction of its result.
@@ -89,8 +89,8 @@ def test_transitions_refine_the_skeleton(data: st.DataObject, config: Any) -> No
 
 def test_refinement_has_teeth() -> None:
     """A transition whose result breaks a skeleton rule (budget not given back) is refused."""
-    from schedconf.spec.scheduler import Scheduler
     from schedconf.spec.symbolic.state import from_scheduler, shape_of
+    from schedconf.spec.v1.scheduler import Scheduler
     from tests.symbolic.conftest import NUM_SLOTS
 
     sched = Scheduler(_tight_config(), "vllm-0.33")
@@ -106,7 +106,7 @@ def test_refinement_has_teeth() -> None:
 
 
 def _tight_config() -> Any:
-    from schedconf.spec.config import SchedulerConfig
+    from schedconf.spec.v1.config import SchedulerConfig
 
     return SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=8,
                            enable_chunked_prefill=True, long_prefill_token_threshold=0, enable_prefix_caching=True,

@@ -1,6 +1,6 @@
 """The v0 witness traces: each replays against the v0 reference and really reaches its corner case.
 
-``conformance/vectors/witnesses/v0/<name>.jsonl`` were produced by
+``conformance/traces/vectors/witnesses/v0/<name>.jsonl`` were produced by
 ``python -m schedconf.spec.symbolic.v0.witnesses --write`` from Z3 witness states. Each
 is (1) replayed against the reference adapter (the v0 model), which must
 pass, and (2) re-driven into a fresh v0 model while checks written here
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.replay import PASS, replay
+from schedconf.conformance.checking.replay import PASS, replay
 from schedconf.conformance.sut import add_request_kwargs
-from schedconf.conformance.trace import Trace, read_trace
+from schedconf.conformance.traces.trace import Trace, read_trace
 from schedconf.spec.output import ModelRunnerOutput
 from schedconf.spec.schedulers import make_scheduler
 
-WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses" / "v0"
+WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses" / "v0"
 NAMES = ("swap_out_under_pressure", "never_prompt", "later_prompt_admitted_later")
 
 
@@ -89,7 +89,7 @@ def test_v0_witness_replays_and_reaches_its_corner(name: str) -> None:
 
 def test_v0_witness_checks_stay_silent_on_a_plain_trace() -> None:
     """No check fires on a plain run: two short requests, a large pool and budget, swap mode on."""
-    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload
+    from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, run_workload
     from schedconf.spec.v0.config import V0SchedulerConfig
 
     config = V0SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=4, max_num_batched_tokens=32,

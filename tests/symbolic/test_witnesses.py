@@ -1,6 +1,6 @@
 """The witness traces: each replays against the reference and really reaches its corner case.
 
-``conformance/vectors/witnesses/<name>.jsonl`` were produced by
+``conformance/traces/vectors/witnesses/<name>.jsonl`` were produced by
 ``python -m schedconf.spec.symbolic.witnesses --write`` from Z3 witness states. Here
 each is (1) replayed against the reference adapter, which must pass, and (2)
 re-driven into a plain model scheduler while a detector written in this file
@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.replay import PASS, replay
-from schedconf.conformance.trace import Trace, read_trace
-from schedconf.conformance.workload import apply_trace_event
-from schedconf.spec.config import SchedulerConfig, cdiv
+from schedconf.conformance.checking.replay import PASS, replay
+from schedconf.conformance.traces.trace import Trace, read_trace
+from schedconf.conformance.workloads.workload import apply_trace_event
 from schedconf.spec.output import SchedulerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig, cdiv
+from schedconf.spec.v1.scheduler import Scheduler
 
-WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "witnesses"
+WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
 NAMES = ("self_preemption", "budget_exhausted_exactly", "full_prompt_prefix_hit", "max_model_len_minus_one",
          "priority_victim_scheduled_earlier", "evictable_hit_blocks_counted")
 
@@ -123,7 +123,7 @@ def test_witness_trace_replays_and_reaches_its_corner(name: str) -> None:
 
 def test_detectors_stay_silent_on_a_plain_trace() -> None:
     """No detector fires on a plain run: two short requests, a large pool and budget, no priorities."""
-    from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, run_workload
+    from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, run_workload
 
     config = SchedulerConfig(block_size=2, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
                              max_model_len=16)
@@ -137,10 +137,10 @@ def test_detectors_stay_silent_on_a_plain_trace() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_z3_still_finds_the_witness(name: str) -> None:
     """Z3 still finds a state for the corner case, and the state satisfies every invariant concretely."""
-    from schedconf.spec.invariants import INVARIANTS
     from schedconf.spec.ops import ConcreteOps
     from schedconf.spec.symbolic.state import LEMMAS, SymbolicView
     from schedconf.spec.symbolic.witnesses import WITNESSES, find_witness
+    from schedconf.spec.v1.invariants import INVARIANTS
 
     found = find_witness(WITNESSES[name], timeout_s=120)
     assert found is not None, f"Z3 finds no state for {name}"

@@ -19,11 +19,11 @@ import pytest
 from vllm_drivers import vllm_sut
 
 from schedconf.conformance.adapters.reference import ReferenceSut
-from schedconf.conformance.vllm_env import driver_env, ensure_vllm_env, vllm_python
-from schedconf.spec.config import SchedulerConfig
+from schedconf.conformance.engines.vllm_env import driver_env, ensure_vllm_env, vllm_python
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.request import RequestStatus
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig
+from schedconf.spec.v1.request import RequestStatus
+from schedconf.spec.v1.scheduler import Scheduler
 
 pytestmark = pytest.mark.vllm
 
@@ -64,7 +64,7 @@ def test_an_empty_output_with_drafts_wedges_the_request_as_in_vllm(version, prof
 
 FINISH_SCRIPT = """
 import json, sys
-from schedconf.conformance.vllm_driver import VllmSchedulerSut
+from schedconf.conformance.engines.vllm_driver import VllmSchedulerSut
 config, status, ids = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 sut = VllmSchedulerSut()
 sut.start(config, sys.argv[4])

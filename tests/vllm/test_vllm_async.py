@@ -26,8 +26,8 @@ import pytest
 from vllm_drivers import vllm_sut
 
 from schedconf.conformance.adapters.vllm_v1 import VllmV1Sut
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
 from schedconf.conformance.sut import SutInputError, SutUnsupported
-from schedconf.conformance.vllm_env import ensure_vllm_env
 
 pytestmark = pytest.mark.vllm
 
@@ -417,7 +417,7 @@ def test_generated_in_flight_traces_pass_strict_on_vllm_0_33(tmp_path, profile: 
     """The issue's CI check: a few hundred generated async traces (2, 3 or 1 steps in flight, aborts and
     re-adds in flight, resets, the 0.32 knobs, scheduler stats) and a plain batch queue of two, strict
     against vLLM 0.33.0's own AsyncScheduler / Scheduler."""
-    from schedconf.conformance.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
 
     n = int(os.environ.get("SCHEDCONF_VLLM_TRACES", "300")) // (1 if batches is None else 3)
     overrides = {} if batches is None else {"max_concurrent_batches": batches}

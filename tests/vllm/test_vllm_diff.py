@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from schedconf.conformance.diff import DiffSpec, run_diff
-from schedconf.conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
+from schedconf.conformance.runs.diff import DiffSpec, run_diff
 
 pytestmark = pytest.mark.vllm
 

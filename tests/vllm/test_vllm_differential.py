@@ -41,12 +41,12 @@ from typing import Any
 import pytest
 from vllm_drivers import vllm_sut
 
-from schedconf.conformance.datadriven import parse_file, parse_tokens
-from schedconf.conformance.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, render_divergence, replay
+from schedconf.conformance.engines.vllm_env import REPO_ROOT
 from schedconf.conformance.sut import add_request_kwargs
-from schedconf.conformance.trace import Trace, make_header, read_trace
-from schedconf.conformance.vllm_env import REPO_ROOT
-from schedconf.conformance.workload import (
+from schedconf.conformance.traces.trace import Trace, make_header, read_trace
+from schedconf.conformance.workloads.datadriven import parse_file, parse_tokens
+from schedconf.conformance.workloads.workload import (
     OBSERVE_MAX_BLOCKS,
     AbortSpec,
     HashOracle,
@@ -57,10 +57,10 @@ from schedconf.conformance.workload import (
     respond,
     run_workload,
 )
-from schedconf.spec.config import SchedulerConfig, cdiv
 from schedconf.spec.errors import InvalidConfig, InvalidEvent
 from schedconf.spec.output import ModelRunnerOutput
-from schedconf.spec.scheduler import Scheduler
+from schedconf.spec.v1.config import SchedulerConfig, cdiv
+from schedconf.spec.v1.scheduler import Scheduler
 
 pytestmark = pytest.mark.vllm
 
@@ -301,10 +301,10 @@ def for_release(workload: Workload) -> Workload:
 
 
 def generated_workload(seed: int, profile: str) -> Workload:
-    """Even seeds: schedconf.conformance.generate's biased generator (if present); odd seeds: :func:`stress_workload`."""
+    """Even seeds: schedconf.conformance.workloads.generate's biased generator (if present); odd seeds: :func:`stress_workload`."""
     if seed % 2 == 0:
         try:
-            from schedconf.conformance import generate
+            from schedconf.conformance.workloads import generate
         except ImportError:  # the richer generator is optional
             generate = None  # type: ignore[assignment]
         if generate is not None and hasattr(generate, "random_workload"):
@@ -535,8 +535,8 @@ def test_generated_traces_replay_on_vllm(version: str) -> None:
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_golden_corpus_replays_on_vllm(version: str) -> None:
-    """Every trace of the release's golden corpus (conformance/vectors/v2), the Z3 witnesses included."""
-    from schedconf.conformance.vectors import iter_corpus
+    """Every trace of the release's golden corpus (conformance/traces/vectors/v2), the Z3 witnesses included."""
+    from schedconf.conformance.traces.vectors import iter_corpus
 
     sut = vllm_sut(version)
     names = []

@@ -4,7 +4,7 @@ The "user's build" is a virtual environment schedconf did not create: a copy
 of the pinned 0.33.0 environment in a temporary folder (hard links, so it
 costs no disk), and a copy whose version says ``0.99.0.dev1`` (a nightly with
 no profile of ours). What the build is comes from the build itself, by
-feature (``python -m schedconf.conformance.vllm_driver --describe``).
+feature (``python -m schedconf.conformance.engines.vllm_driver --describe``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.adapters import UnknownSut
-from schedconf.conformance.vllm_driver import REQUIRED_SCHEDULER_API, get_missing_scheduler_api
-from schedconf.conformance.vllm_env import REPO_ROOT, ensure_vllm_env, venv_dir
+from schedconf.conformance.engines.vllm_driver import REQUIRED_SCHEDULER_API, get_missing_scheduler_api
+from schedconf.conformance.engines.vllm_env import REPO_ROOT, ensure_vllm_env, venv_dir
 
 pytestmark = pytest.mark.vllm
 

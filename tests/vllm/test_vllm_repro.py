@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from schedconf.conformance.cli import main
-from schedconf.conformance.repro import run_repro_file
-from schedconf.conformance.trace import Trace, write_trace
-from schedconf.conformance.vllm_env import REPO_ROOT, ensure_vllm_env
+from schedconf.conformance.engines.vllm_env import REPO_ROOT, ensure_vllm_env
+from schedconf.conformance.runs.repro import run_repro_file
+from schedconf.conformance.traces.trace import Trace, write_trace
 
 pytestmark = pytest.mark.vllm
 

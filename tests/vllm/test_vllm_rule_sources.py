@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from schedconf.conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
 from schedconf.spec.sources import RULES
 
 FIND_PACKAGE = "import importlib.util; print(importlib.util.find_spec('vllm').submodule_search_locations[0])"

@@ -23,7 +23,7 @@ when the token fits in the last block). What is checked:
   the abort of a swapped group with prefix caching (``engine_abort_swapped_prefix_cache``);
 * refusals with the protocol's codes (config, add_request, abort, update, schedule),
   each leaving the scheduler unchanged;
-* the v0 golden corpus (``conformance/vectors/v0/vllm-0.10``, made by the model)
+* the v0 golden corpus (``conformance/traces/vectors/v0/vllm-0.10``, made by the model)
   replays on the real scheduler with the strict comparison.
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
-from schedconf.conformance.replay import PASS, render_divergence, replay
+from schedconf.conformance.checking.replay import PASS, render_divergence, replay
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env
 from schedconf.conformance.sut import SutInputError, SutUnsupported
-from schedconf.conformance.trace import read_trace
+from schedconf.conformance.traces.trace import read_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -341,7 +341,7 @@ def test_a_group_that_can_never_swap_back_in_is_ignored_and_its_cpu_blocks_leak(
 
 def test_the_v0_golden_corpus_passes_on_vllm_0_10_2(sut: VllmV0Sut) -> None:
     """Every trace of the v0 golden corpus (made by the model) replays on the real scheduler, strict."""
-    paths = sorted((REPO_ROOT / "conformance" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
+    paths = sorted((REPO_ROOT / "conformance" / "traces" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
     assert len(paths) >= 50, "the v0 corpus is missing"
     failed = {}
     for path in paths:
@@ -420,7 +420,7 @@ def test_model_output_refusals_change_nothing(sut: VllmV0Sut) -> None:
 # -------------------------------------------------------------------- campaigns
 
 def _run_v0_campaign(tmp_path: Path, examples: int, seed: int, jobs: int) -> dict[str, Any]:
-    from schedconf.conformance.campaign import CampaignSpec, run_campaign
+    from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
 
     ensure_env("vllm", VERSION)
     return run_campaign(CampaignSpec(sut=f"vllm-v0@{VERSION}", profile=PROFILE, examples=examples, seed=seed,

@@ -8,7 +8,7 @@ never skipped, as in ``test_vllm_v0.py``. What is checked:
   faithful to vLLM here);
 * vLLM's own outputs for the trace's inputs (recorded from the driver, not
   read from the trace) break ``prefix_hit_unwritten`` at step 2, and only in
-  the way profile ``vllm-0.10`` is known to (``conformance/safety/v0.py``);
+  the way profile ``vllm-0.10`` is known to (``conformance/checking/safety/v0.py``);
 * the standalone reproduction ``reports/findings/repro_v7_vllm_0_10_2.py``
   (vLLM's API only) fails on 0.10.2 with its plain-words message.
 """
@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from schedconf.conformance.adapters.vllm_v0 import VllmV0Sut, make_vllm_v0_sut
-from schedconf.conformance.engine_env import REPO_ROOT, ensure_env
-from schedconf.conformance.replay import PASS, render_divergence, replay
-from schedconf.conformance.repro import run_repro_file
-from schedconf.conformance.safety.v0 import check_prefix_hit_unwritten, get_unexpected_violations
-from schedconf.conformance.trace import Trace, read_trace
+from schedconf.conformance.checking.replay import PASS, render_divergence, replay
+from schedconf.conformance.checking.safety.v0 import check_prefix_hit_unwritten, get_unexpected_violations
+from schedconf.conformance.engines.engine_env import REPO_ROOT, ensure_env
+from schedconf.conformance.runs.repro import run_repro_file
+from schedconf.conformance.traces.trace import Trace, read_trace
 
 pytestmark = pytest.mark.vllm
 

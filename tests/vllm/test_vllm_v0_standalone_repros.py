@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from standalone_files import get_imported_top_names, run_standalone
 
-from schedconf.conformance.engine_env import REPO_ROOT
-from schedconf.conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.engines.engine_env import REPO_ROOT
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
 
 pytestmark = pytest.mark.vllm
 

@@ -6,7 +6,7 @@ The tests of this folder share them; ``conftest.py`` closes them at the end.
 from __future__ import annotations
 
 from schedconf.conformance.adapters.vllm_v1 import VllmV1Sut, make_vllm_sut
-from schedconf.conformance.vllm_env import ensure_vllm_env
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env
 
 _SUTS: dict[str, VllmV1Sut] = {}
 

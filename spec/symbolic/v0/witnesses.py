@@ -3,10 +3,10 @@
 For each corner case a query asks Z3 for a state that satisfies every v0
 invariant and lemma, enables a transition, and makes it reach the corner (a
 fact of its outcome). The state's configuration and requests then seed a
-small deterministic search over v0 workloads (``schedconf.conformance.workload``,
+small deterministic search over v0 workloads (``schedconf.conformance.workloads.workload``,
 profile ``vllm-0.10``), each run on the v0 model, until a detector that reads
 only the model (not this package) sees the corner. The trace goes to
-``conformance/vectors/witnesses/v0/<name>.jsonl`` (header ``"scheduler":
+``conformance/traces/vectors/witnesses/v0/<name>.jsonl`` (header ``"scheduler":
 "v0"``, ``origin`` ``symbolic-witness``, a description of what it shows).
 
 Witnesses:
@@ -37,8 +37,8 @@ from typing import Any
 
 import z3
 
-from schedconf.conformance.trace import Trace, write_trace
-from schedconf.conformance.workload import HashOracle, RequestSpec, Workload, WorkloadError, run_workload
+from schedconf.conformance.traces.trace import Trace, write_trace
+from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, WorkloadError, run_workload
 from schedconf.spec.errors import SpecError
 from schedconf.spec.symbolic.v0.proofs import dense_tables, premises
 from schedconf.spec.symbolic.v0.state import PROFILE, Shape, State, describe, evaluate, fresh_state
@@ -46,7 +46,7 @@ from schedconf.spec.symbolic.v0.transitions import TRANSITIONS
 from schedconf.spec.symbolic.z3ops import is_z3
 from schedconf.spec.v0.config import V0SchedulerConfig
 
-VECTORS = Path(__file__).resolve().parents[3] / "conformance" / "vectors" / "witnesses" / "v0"
+VECTORS = Path(__file__).resolve().parents[3] / "conformance" / "traces" / "vectors" / "witnesses" / "v0"
 
 
 # ------------------------------------------------------------------ detectors (read the model only)
