@@ -7,6 +7,9 @@ report). Errors are one clear line, never a traceback (``SCHEDCONF_DEBUG=1``
 shows the traceback of an internal error).
 """
 
+# Size: the parser of every subcommand and their short handlers; the help text teaches, and one file
+# keeps the commands' options consistent with each other.
+
 from __future__ import annotations
 
 import argparse

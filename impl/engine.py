@@ -238,17 +238,6 @@ def _init_worker(num_threads: int) -> None:
     torch.set_num_threads(num_threads)
 
 
-def make_engine(config: object, model: LlamaModel, profile: str = "vllm-0.33", **kwargs: object) -> object:
-    """The engine of ``profile``'s scheduler: :class:`Engine` (v1 profiles, a ``SchedulerConfig``) or
-    ``schedconf.impl.v0_engine.V0Engine`` for ``vllm-0.10`` (a config with ``V0SchedulerConfig``'s fields; real
-    swapping between the device and a host KV cache)."""
-    if profile == "vllm-0.10":
-        from schedconf.impl.v0_engine import V0Engine
-
-        return V0Engine(config, model, **kwargs)  # type: ignore[arg-type]
-    return Engine(config, model, profile=profile, **kwargs)  # type: ignore[arg-type]
-
-
 def is_aborted(record: RequestRecord) -> bool:
     """True for a request that ended by abort."""
     return record.req.status == FINISHED_ABORTED

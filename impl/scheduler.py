@@ -65,6 +65,9 @@ Invalid input raises ``schedconf.spec.errors.InvalidEvent`` with the reference's
 codes (the shared vocabulary of the trace format), leaving the state unchanged.
 """
 
+# Size: the fast scheduler is one hot loop over plain lists; splitting it across modules costs
+# attribute lookups on the step path that bench/bench_impl.py measures.
+
 from __future__ import annotations
 
 import hashlib

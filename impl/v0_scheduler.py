@@ -26,6 +26,8 @@ blocks tracker, a swapped prefill with fewer cached than computed tokens, and
 a stale evictor entry.
 """
 
+# Size: the v0 fast scheduler, one class for the same reason as impl/scheduler.py.
+
 from __future__ import annotations
 
 import math

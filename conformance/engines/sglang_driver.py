@@ -200,6 +200,10 @@ Mapping (PROTOCOL.md -> SGLang)
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
+# Size: it runs inside SGLang's environment with only the standard library, SGLang and
+# protocol_server, so the engine adapter and the self-check live in the one file that
+# environment runs.
+
 from __future__ import annotations
 
 import importlib.machinery

@@ -119,6 +119,10 @@ private copy of file descriptor 1 for protocol lines and points fd 1 (and
 ``sys.stdout``) at stderr before importing vLLM.
 """
 
+# Size: it runs inside vLLM's own environment, where it may import only the standard library, vLLM
+# and protocol_server, so the release adapters, the in-flight step queue and the self-check
+# live in this one file that the environment runs.
+
 from __future__ import annotations
 
 import json

@@ -23,6 +23,9 @@ probability; verification accepts the leading drafts that equal what the
 model samples, exactly like greedy speculative decoding.
 """
 
+# Size: the v1 workload generator: every knob of a workload and the config it runs under are drawn
+# together, and the draws share one random stream whose order fixes the seeds' traces.
+
 from __future__ import annotations
 
 import hashlib

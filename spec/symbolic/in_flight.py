@@ -101,6 +101,9 @@ prints the proof table (transition x goal group, seconds) and the mutant
 table.
 """
 
+# Size: the in-flight (async) encoding is one state, its transitions and its proofs; split, each
+# part would import the other two.
+
 from __future__ import annotations
 
 import argparse

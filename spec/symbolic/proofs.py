@@ -51,6 +51,9 @@ prints the table (transition, bounds, result, time); ``--largest`` grows the
 bounds per transition while a proof fits the timeout and reports the largest.
 """
 
+# Size: the proof driver: goals, the inductive step, counterexample realisation and the command line
+# that runs them, which share the goal table.
+
 from __future__ import annotations
 
 import argparse
@@ -69,6 +72,16 @@ import z3
 
 import schedconf.spec.v1.invariants
 from schedconf.spec.symbolic.helper import Helper, check_text, get_fresh_solver, render_query, result_by
+from schedconf.spec.symbolic.premises import (  # noqa: F401  (re-exported: proofs' verdicts)
+    FAILED,
+    PROVED,
+    UNKNOWN,
+    VACUOUS,
+    invariant_formulas,
+    lemma_formulas,
+    premises,
+)
+from schedconf.spec.symbolic.premises import as_bool as _as_bool
 from schedconf.spec.symbolic.state import (
     LEMMAS,
     Shape,
@@ -84,25 +97,8 @@ from schedconf.spec.symbolic.symmetry import canonical_cases, check_equivariance
 from schedconf.spec.symbolic.transitions import COMPOSED, STONE, TRANSITIONS, Outcome
 from schedconf.spec.symbolic.z3ops import Z3Ops, is_z3, value_of
 
-PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuous"
 PENDING = "pending"
 """A goal whose query runs in the helper process (``prove(parallel=True)``); never in a finished result."""
-
-
-def invariant_formulas(s: State) -> list[tuple[str, Any]]:
-    """``(name, formula)`` for every invariant of spec/v1/invariants.py on ``s``."""
-    view = SymbolicView(s)
-    return [(f"inv:{name}", fn(view, Z3Ops())) for name, fn in schedconf.spec.v1.invariants.INVARIANTS.items()]
-
-
-def lemma_formulas(s: State) -> list[tuple[str, Any]]:
-    """``(name, formula)`` for every lemma of the encoding on ``s``."""
-    return [(f"lemma:{name}", fn(s, Z3Ops())) for name, fn in LEMMAS.items()]
-
-
-def premises(s: State) -> list[Any]:
-    """Invariants and lemmas of ``s`` as Z3 Booleans."""
-    return [_as_bool(f) for _, f in invariant_formulas(s) + lemma_formulas(s)]
 
 
 def dense_tables(s: State) -> list[Any]:
@@ -110,10 +106,6 @@ def dense_tables(s: State) -> list[Any]:
     from schedconf.spec.symbolic.z3ops import count
 
     return [count(s.held[r][b] for b in s.shape.blocks) == s.num_blocks[r] for r in s.shape.slots]
-
-
-def _as_bool(f: Any) -> z3.BoolRef:
-    return f if is_z3(f) else z3.BoolVal(bool(f))
 
 
 @dataclass

@@ -79,6 +79,9 @@ the symbolic states (no lemma forbids them); the concrete model's lists have
 none, so counterexamples are asked for without holes first.
 """
 
+# Size: the symbolic state and the lemmas that constrain it are one encoding: each lemma reads the
+# state's fields directly, and the two change together.
+
 from __future__ import annotations
 
 import dataclasses

@@ -55,6 +55,7 @@ from typing import Any
 
 import z3
 
+from schedconf.spec.symbolic.premises import FAILED, PROVED, UNKNOWN, as_bool, premises
 from schedconf.spec.symbolic.state import (
     BLOCK_FIELDS,
     CONFIG_FIELDS,
@@ -156,8 +157,6 @@ def check_equivariance(shape: Shape, transition: Any, timeout_s: float = 60.0) -
     checks hold iff the case's do. With the slots pinned, most leaves on the two sides are the same
     term up to the renaming, and are not sent to Z3.
     """
-    # proofs.py imports this module; its premises and verdicts are read at call time.
-    from schedconf.spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, _as_bool, premises
     from schedconf.spec.symbolic.state import fresh_state
 
     t0 = time.monotonic()
@@ -172,17 +171,17 @@ def check_equivariance(shape: Shape, transition: Any, timeout_s: float = 60.0) -
         canon = {key: pi.get(v, v) for key, v in case.items()}
         moved = transition.apply(permute(pre, pi), {**permute_inputs(inputs, pi), **canon})
         image = permute(out.post, pi)
-        goals = [_as_bool(moved.guard)]
+        goals = [as_bool(moved.guard)]
         for (_, x, _), (_, y, _) in zip(moved.post.leaves(), image.leaves()):
             if not (is_z3(x) and is_z3(y) and x.eq(y)) and not (not is_z3(x) and not is_z3(y) and x == y):
-                goals.append(_as_bool(eq(x, y)))
+                goals.append(as_bool(eq(x, y)))
         assert [n for n, _ in moved.checks] == [n for n, _ in out.checks]
         for (_, c), (_, d) in zip(moved.checks, out.checks):
-            c, d = _as_bool(c), _as_bool(d)
+            c, d = as_bool(c), as_bool(d)
             if not c.eq(d):
                 goals.append(c == d)
         solver.set("timeout", max(1, int((timeout_s - (time.monotonic() - t0)) * 1000)))
-        verdict = solver.check(_as_bool(out.guard), *[_as_bool(p) for p in out.premises], z3.Not(z3.And(*goals)))
+        verdict = solver.check(as_bool(out.guard), *[as_bool(p) for p in out.premises], z3.Not(z3.And(*goals)))
         if verdict == z3.sat:
             status = FAILED
             failures.append(f"{case}")
@@ -198,7 +197,6 @@ def check_premises_symmetric(shape: Shape, timeout_s: float = 60.0) -> tuple[str
     premises of ``s``; a premise over no slot (``victim_order``: the preemption records) is the
     same term after the swap and is not sent.
     """
-    from schedconf.spec.symbolic.proofs import FAILED, PROVED, UNKNOWN, premises
     from schedconf.spec.symbolic.state import fresh_state
 
     t0 = time.monotonic()

@@ -33,6 +33,10 @@ proved like the others and make the later goals cheaper. Those named with
 so that Z3 adds up instead of case-splitting on every block.
 """
 
+# Size: one symbolic transition per scheduler entry point, side by side so the drift guard and a
+# reader compare them with the concrete model in one file; they share the step helpers at the
+# top.
+
 from __future__ import annotations
 
 from collections.abc import Callable

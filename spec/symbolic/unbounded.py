@@ -41,6 +41,9 @@ The same micro-step code runs on Z3 arrays (proofs) and on
 :class:`PyArray` values (refinement), like ``transitions.py``.
 """
 
+# Size: one unbounded encoding (the quantified state, its transitions and proofs), kept whole for
+# the same reason as in_flight.py.
+
 from __future__ import annotations
 
 import argparse

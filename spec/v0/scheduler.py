@@ -20,6 +20,9 @@ two calls.
 Function names are vLLM's, so that the symbolic encoding can cite them.
 """
 
+# Size: one class, as vLLM 0.10.2's core/scheduler.py is: the running, swapped and waiting passes
+# share one budget and their order is the rule.
+
 from __future__ import annotations
 
 from collections import deque
@@ -29,6 +32,7 @@ from typing import Any
 
 from schedconf.spec.errors import EngineCrash, InvalidEvent, require
 from schedconf.spec.output import ModelRunnerOutput, RequestOutput
+from schedconf.spec.tokens import MAX_TOKEN_ID, is_arrival_time, is_token_id
 from schedconf.spec.v0.block_allocator import NoFreeBlocksError
 from schedconf.spec.v0.block_manager import AllocStatus, SelfAttnBlockSpaceManager
 from schedconf.spec.v0.budget import PartialPrefillMetadata, SchedulingBudget
@@ -37,7 +41,6 @@ from schedconf.spec.v0.output import ScheduledSeqGroup, V0SchedulerOutput
 from schedconf.spec.v0.profiles import get_v0_profile
 from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
 from schedconf.spec.v0.stop import maybe_stop_sequence
-from schedconf.spec.v1.request import MAX_TOKEN_ID, is_arrival_time, is_token_id
 
 
 @dataclass

@@ -21,6 +21,10 @@ loop* admits requests from the head of ``waiting`` while budget, seats and
 blocks last. Rules that changed across releases are knobs of ``self.profile``.
 """
 
+# Size: one class, because vLLM's Scheduler is one class: schedule(), update_from_output() and the
+# preemption paths share the step state and their order is the rule; split, a reader would
+# lose the line-by-line correspondence with vllm/v1/core/sched/scheduler.py.
+
 from __future__ import annotations
 
 from collections import deque
@@ -30,12 +34,13 @@ from typing import Any
 
 from schedconf.spec.errors import EngineCrash, InvalidEvent, require
 from schedconf.spec.output import CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput
+from schedconf.spec.tokens import MAX_TOKEN_ID, is_arrival_time, is_token_id
 from schedconf.spec.v1.block_pool import BlockPool, KVCacheBlock
 from schedconf.spec.v1.config import SchedulerConfig
 from schedconf.spec.v1.kv_cache import NO_HIT, Allocated, KVCacheManager, NoSpace
 from schedconf.spec.v1.profiles import DEFAULT_PROFILE, Profile, check_config_for_profile, get_profile
 from schedconf.spec.v1.queues import create_request_queue
-from schedconf.spec.v1.request import MAX_TOKEN_ID, Request, RequestStatus, SamplingParams, is_arrival_time, is_token_id
+from schedconf.spec.v1.request import Request, RequestStatus, SamplingParams
 from schedconf.spec.v1.stats import PrefixCacheStats, SpecDecodingStats, render_scheduler_stats
 from schedconf.spec.v1.stop import compute_stop_status
 

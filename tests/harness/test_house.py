@@ -12,7 +12,12 @@
   own package may have;
 * the models (``spec/``, its Z3 encodings aside) import nothing of ours outside
   ``spec/``, and the engine drivers
-  (which run in the engines' environments) import nothing of ``spec/``.
+  (which run in the engines' environments) import nothing of ``spec/``;
+* the two models stand side by side: ``spec/v1/`` imports nothing of ``spec/v0/`` and back,
+  and ``impl/`` takes from ``spec/`` only the vocabulary (errors, configs, profiles), no model;
+* no import cycle anywhere in the project;
+* every package opens with a docstring, is listed for the wheel, and ``conformance/`` keeps at
+  most a dozen modules at its root; a module past 800 lines says why (a ``# Size:`` comment).
 
 The import graph is read from the source with ``ast``; nothing is imported to
 draw it.
@@ -64,9 +69,9 @@ def get_imported_names(path: Path) -> set[str]:
     return names
 
 
-def compute_import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports, with the parent packages an import runs."""
-    modules = {get_module_name(p): p for p in sorted((ROOT / package).rglob("*.py"))}
+def compute_import_graph(*packages: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports, with the parent packages an import runs."""
+    modules = {get_module_name(p): p for package in packages for p in sorted((ROOT / package).rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
@@ -223,3 +228,78 @@ def test_the_layer_checks_see_a_bare_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from spec.scheduler import Scheduler\n")
     assert "spec.scheduler" in get_imported_names(module)
+
+
+def test_the_v1_and_v0_models_do_not_import_each_other():
+    crossings = []
+    for mine, other in (("v1", "v0"), ("v0", "v1")):
+        for path in sorted((ROOT / "spec" / mine).rglob("*.py")):
+            crossings += [f"{path.relative_to(ROOT)} -> {n}" for n in get_imported_names(path)
+                          if n.startswith(f"schedconf.spec.{other}")]
+    assert crossings == [], crossings
+
+
+IMPL_MAY_USE = {"schedconf.spec", "schedconf.spec.errors", "schedconf.spec.hashing", "schedconf.spec.tokens",
+                "schedconf.spec.v1", "schedconf.spec.v1.config", "schedconf.spec.v1.profiles",
+                "schedconf.spec.v0", "schedconf.spec.v0.config", "schedconf.spec.v0.profiles"}
+
+
+def get_spec_module(name: str) -> str:
+    """``schedconf.spec.v1.config.SchedulerConfig`` -> ``schedconf.spec.v1.config`` (the longest prefix that is a
+    module or package of ``spec/``)."""
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        rel = Path(*parts[2:i]) if i > 2 else Path()
+        if (ROOT / "spec" / rel).with_suffix(".py").is_file() or (ROOT / "spec" / rel / "__init__.py").is_file():
+            return ".".join(parts[:i])
+    return name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "impl").rglob("*.py")), ids=lambda p: p.name)
+def test_impl_takes_only_the_vocabulary_of_the_models(path):
+    used = sorted({get_spec_module(n) for n in get_imported_names(path) if n.startswith("schedconf.spec")} - IMPL_MAY_USE)
+    assert used == [], f"{path.relative_to(ROOT)} imports {used}: impl is checked against the models, not built on them"
+
+
+def test_get_spec_module_finds_the_module_of_an_imported_name():
+    assert get_spec_module("schedconf.spec.v1.config.SchedulerConfig") == "schedconf.spec.v1.config"
+    assert get_spec_module("schedconf.spec.v1.scheduler") == "schedconf.spec.v1.scheduler"
+    assert get_spec_module("schedconf.spec.errors") == "schedconf.spec.errors"
+
+
+def test_no_import_cycle_anywhere():
+    cycles = find_import_cycles(compute_import_graph(*OURS))
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+PACKAGES = sorted(p.parent for top in OURS for p in (ROOT / top).rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_package_opens_with_a_docstring(package):
+    tree = ast.parse((package / "__init__.py").read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree)
+    assert doc and len(doc.split()) >= 8, f"{package.relative_to(ROOT)}/__init__.py: say what the package holds"
+
+
+def test_every_package_is_listed_for_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {get_module_name(p / "__init__.py") for p in PACKAGES}
+    assert found - listed == set(), f"packages missing from [tool.setuptools] packages: {sorted(found - listed)}"
+    assert listed - found - {"schedconf"} == set(), f"listed but not found: {sorted(listed - found)}"
+
+
+def test_conformance_keeps_at_most_a_dozen_modules_at_its_root():
+    modules = sorted(p.name for p in (ROOT / "conformance").glob("*.py"))
+    assert len(modules) <= 12, f"{len(modules)} modules at conformance/'s root: {modules}"
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_long_module_says_why(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if len(lines) > 800:
+        assert any(line.startswith("# Size:") for line in lines), (
+            f"{path.relative_to(ROOT)}: {len(lines)} lines; split it where a reader wants two rooms, or say why "
+            "it is one (a '# Size:' comment)")

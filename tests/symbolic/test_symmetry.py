@@ -92,9 +92,9 @@ def _lemma_slot0_not_running(s, o):  # noqa: ANN001, ANN202
 def test_premise_naming_a_slot_breaks_the_theorem(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lemma that singles out slot 0 makes ``theorem_symmetry`` fail."""
     monkeypatch.setattr(state_module, "LEMMAS", {**state_module.LEMMAS, "slot0": _lemma_slot0_not_running})
-    import schedconf.spec.symbolic.proofs as proofs
+    import schedconf.spec.symbolic.premises as premises_module  # where the premises read the lemmas
 
-    monkeypatch.setattr(proofs, "LEMMAS", state_module.LEMMAS)
+    monkeypatch.setattr(premises_module, "LEMMAS", state_module.LEMMAS)
     status, _ = check_premises_symmetric(Shape(3, 3, 2, "fcfs"), TIMEOUT_S)
     assert status == FAILED
 
