@@ -58,9 +58,16 @@ def make_config(prompts: list[list[int]], output_len: int, batches: int, spec_to
     block_size = 16
     max_len = max(len(p) for p in prompts) + output_len + 2 + 2 * spec_tokens
     blocks_per_req = -(-max_len // block_size)
-    return SchedulerConfig(block_size=block_size, num_gpu_blocks=len(prompts) * blocks_per_req + 1,
-                           max_num_batched_tokens=8192, max_num_seqs=len(prompts), max_model_len=max_len,
-                           enable_prefix_caching=True, max_concurrent_batches=batches, num_spec_tokens=spec_tokens)
+    return SchedulerConfig(
+        block_size=block_size,
+        num_gpu_blocks=len(prompts) * blocks_per_req + 1,
+        max_num_batched_tokens=8192,
+        max_num_seqs=len(prompts),
+        max_model_len=max_len,
+        enable_prefix_caching=True,
+        max_concurrent_batches=batches,
+        num_spec_tokens=spec_tokens,
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -89,13 +96,20 @@ def run_sync(model: LlamaModel, prompts: list[list[int]], output_len: int, spec_
         engine.update(out, result)
         steps += 1
     seconds = time.perf_counter() - t0
-    return {"tokens": [r.output_tokens for r in engine.records], "seconds": seconds, "steps": steps,
-            "forward_s": forward, "host_s": seconds - forward, "cpu_s": time.process_time() - c0,
-            "accepted": engine.stats.num_drafts_accepted}
+    return {
+        "tokens": [r.output_tokens for r in engine.records],
+        "seconds": seconds,
+        "steps": steps,
+        "forward_s": forward,
+        "host_s": seconds - forward,
+        "cpu_s": time.process_time() - c0,
+        "accepted": engine.stats.num_drafts_accepted,
+    }
 
 
-def run_overlapped(model: LlamaModel, prompts: list[list[int]], output_len: int,
-                   spec_tokens: int = 0) -> dict[str, Any]:
+def run_overlapped(
+    model: LlamaModel, prompts: list[list[int]], output_len: int, spec_tokens: int = 0
+) -> dict[str, Any]:
     """The overlapped loop: async profile, two steps in flight, forward on the worker thread."""
     engine = Engine(make_config(prompts, output_len, 2, spec_tokens), model, profile="vllm-0.33-async")
     _sync(model.device)
@@ -106,14 +120,28 @@ def run_overlapped(model: LlamaModel, prompts: list[list[int]], output_len: int,
     engine.run(overlap=True)
     seconds = time.perf_counter() - t0
     engine.close()
-    return {"tokens": [r.output_tokens for r in engine.records], "seconds": seconds,
-            "cpu_s": time.process_time() - c0,
-            "steps": engine.scheduler.current_step, "holes": engine.runner.num_holes_from_runner,
-            "accepted": engine.stats.num_drafts_accepted}
+    return {
+        "tokens": [r.output_tokens for r in engine.records],
+        "seconds": seconds,
+        "cpu_s": time.process_time() - c0,
+        "steps": engine.scheduler.current_step,
+        "holes": engine.runner.num_holes_from_runner,
+        "accepted": engine.stats.num_drafts_accepted,
+    }
 
 
-def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: int, output_len: int,
-          repeats: int = 3, seed: int = 0, require_equal: bool = True, spec_tokens: int = 0) -> dict[str, Any]:
+def bench(
+    model_name: str,
+    device: str,
+    dtype: str,
+    requests: int,
+    prompt_len: int,
+    output_len: int,
+    repeats: int = 3,
+    seed: int = 0,
+    require_equal: bool = True,
+    spec_tokens: int = 0,
+) -> dict[str, Any]:
     """Both loops on one model and device, best of ``repeats``; one row of the table.
 
     ``require_equal``: refuse (SystemExit) when the two loops' tokens differ;
@@ -133,8 +161,9 @@ def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: i
         o = run_overlapped(model, prompts, output_len, spec_tokens)
         equal = equal and s["tokens"] == o["tokens"]
         if not equal and require_equal:
-            raise SystemExit(f"{model_name} on {device}: the two loops generated different tokens; "
-                             "refusing to print figures")
+            raise SystemExit(
+                f"{model_name} on {device}: the two loops generated different tokens; refusing to print figures"
+            )
         if best_sync is None or s["seconds"] < best_sync["seconds"]:
             best_sync = s
         if best_over is None or o["seconds"] < best_over["seconds"]:
@@ -142,16 +171,26 @@ def bench(model_name: str, device: str, dtype: str, requests: int, prompt_len: i
     assert best_sync is not None and best_over is not None
     total = requests * output_len
     return {
-        "model": model_name, "params_m": model.config.num_params / 1e6, "device": device, "dtype": dtype,
-        "sync_tps": total / best_sync["seconds"], "overlapped_tps": total / best_over["seconds"],
-        "sync_cpu_s": best_sync["cpu_s"], "overlapped_cpu_s": best_over["cpu_s"],
+        "model": model_name,
+        "params_m": model.config.num_params / 1e6,
+        "device": device,
+        "dtype": dtype,
+        "sync_tps": total / best_sync["seconds"],
+        "overlapped_tps": total / best_over["seconds"],
+        "sync_cpu_s": best_sync["cpu_s"],
+        "overlapped_cpu_s": best_over["cpu_s"],
         "ratio": best_sync["seconds"] / best_over["seconds"],
         "host_ms": 1000 * best_sync["host_s"] / best_sync["steps"],
         "forward_ms": 1000 * best_sync["forward_s"] / best_sync["steps"],
         "bound": (best_sync["host_s"] + best_sync["forward_s"]) / max(best_sync["host_s"], best_sync["forward_s"]),
-        "steps": (best_sync["steps"], best_over["steps"]), "holes": best_over["holes"], "tokens_equal": equal,
-        "requests": requests, "prompt_len": prompt_len, "output_len": output_len,
-        "spec_tokens": spec_tokens, "accepted": (best_sync["accepted"], best_over["accepted"]),
+        "steps": (best_sync["steps"], best_over["steps"]),
+        "holes": best_over["holes"],
+        "tokens_equal": equal,
+        "requests": requests,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "spec_tokens": spec_tokens,
+        "accepted": (best_sync["accepted"], best_over["accepted"]),
     }
 
 
@@ -173,28 +212,36 @@ def main() -> None:
     if "cuda" in devices and not torch.cuda.is_available():
         devices.remove("cuda")
         print("no CUDA device: CPU only")
-    rows = [bench(m, d, args.dtype, args.requests, args.prompt, args.output, args.repeats, args.seed,
-                  spec_tokens=args.spec)
-            for d in devices for m in args.model.split(",")]
-    print(f"{args.requests} requests x ({args.prompt} prompt + {args.output} output) tokens, {args.dtype}, "
-          + (f"spec decode k={args.spec}, " if args.spec else "")
-          + f"{args.threads} torch thread(s), best of {args.repeats}; identical tokens in both loops")
+    rows = [
+        bench(m, d, args.dtype, args.requests, args.prompt, args.output, args.repeats, args.seed, spec_tokens=args.spec)
+        for d in devices
+        for m in args.model.split(",")
+    ]
+    print(
+        f"{args.requests} requests x ({args.prompt} prompt + {args.output} output) tokens, {args.dtype}, "
+        + (f"spec decode k={args.spec}, " if args.spec else "")
+        + f"{args.threads} torch thread(s), best of {args.repeats}; identical tokens in both loops"
+    )
     print(render_table(rows))
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """The rows of ``bench`` as a markdown table."""
-    lines = ["| model | device | sync tokens/s | overlapped tokens/s | overlapped / sync | host ms/step (sync) "
-             "| forward ms/step (sync) | bound | CPU s sync/overlapped | steps sync/overlapped | placeholder inputs "
-             "| spec k | drafts accepted sync/overlapped |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | device | sync tokens/s | overlapped tokens/s | overlapped / sync | host ms/step (sync) "
+        "| forward ms/step (sync) | bound | CPU s sync/overlapped | steps sync/overlapped | placeholder inputs "
+        "| spec k | drafts accepted sync/overlapped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         accepted = r.get("accepted", (0, 0))
-        lines.append(f"| {r['model']} ({r['params_m']:.2f} M) | {r['device']} | {r['sync_tps']:,.0f} | "
-                     f"{r['overlapped_tps']:,.0f} | {r['ratio']:.2f}x | {r['host_ms']:.2f} | {r['forward_ms']:.2f} | "
-                     f"{r['bound']:.2f}x | {r['sync_cpu_s']:.2f}/{r['overlapped_cpu_s']:.2f} | "
-                     f"{r['steps'][0]}/{r['steps'][1]} | {r['holes']:,} | {r.get('spec_tokens', 0)} | "
-                     f"{accepted[0]:,}/{accepted[1]:,} |")
+        lines.append(
+            f"| {r['model']} ({r['params_m']:.2f} M) | {r['device']} | {r['sync_tps']:,.0f} | "
+            f"{r['overlapped_tps']:,.0f} | {r['ratio']:.2f}x | {r['host_ms']:.2f} | {r['forward_ms']:.2f} | "
+            f"{r['bound']:.2f}x | {r['sync_cpu_s']:.2f}/{r['overlapped_cpu_s']:.2f} | "
+            f"{r['steps'][0]}/{r['steps'][1]} | {r['holes']:,} | {r.get('spec_tokens', 0)} | "
+            f"{accepted[0]:,}/{accepted[1]:,} |"
+        )
     return "\n".join(lines)
 
 

@@ -64,17 +64,23 @@ def main() -> None:
     rates = {
         "engine (paged, batched)": (total / engine_s, total / cpu["engine"]),
         "kv loop (contiguous KV, unbatched)": (total / kv_s, total / cpu["kv"]),
-        f"dense loop (no cache, unbatched; {len(sub)} requests)": (len(sub) * args.output / dense_s,
-                                                                   len(sub) * args.output / cpu["dense"]),
+        f"dense loop (no cache, unbatched; {len(sub)} requests)": (
+            len(sub) * args.output / dense_s,
+            len(sub) * args.output / cpu["dense"],
+        ),
     }
-    print(f"model {args.model} ({model.config.num_params / 1e6:.2f} M parameters, {args.dtype}), "
-          f"{args.requests} requests x ({args.prompt} prompt + {args.output} output) tokens, "
-          f"{threads} thread(s); identical tokens in all three")
+    print(
+        f"model {args.model} ({model.config.num_params / 1e6:.2f} M parameters, {args.dtype}), "
+        f"{args.requests} requests x ({args.prompt} prompt + {args.output} output) tokens, "
+        f"{threads} thread(s); identical tokens in all three"
+    )
     engine_rate, engine_cpu_rate = rates["engine (paged, batched)"]
     print(f"{'loop':<44} | {'tokens/s':>10} | {'engine speedup':>14} | {'tokens/CPU-s':>12} | engine speedup (CPU)")
     for name, (rate, cpu_rate) in rates.items():
-        print(f"{name:<44} | {rate:>10.0f} | {engine_rate / rate:>13.1f}x | {cpu_rate:>12.0f} | "
-              f"{engine_cpu_rate / cpu_rate:>8.1f}x")
+        print(
+            f"{name:<44} | {rate:>10.0f} | {engine_rate / rate:>13.1f}x | {cpu_rate:>12.0f} | "
+            f"{engine_cpu_rate / cpu_rate:>8.1f}x"
+        )
 
 
 if __name__ == "__main__":

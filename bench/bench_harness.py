@@ -48,9 +48,13 @@ def drive_reference(trace: Trace) -> None:
             elif kind == "reset_prefix_cache":
                 sched.reset_prefix_cache(e.get("reset_running_requests", False))
             elif kind == "model_output":
-                sched.update_from_output(pending.pop(e["step"]), ModelRunnerOutput(
-                    {k: tuple(v) for k, v in e["sampled_token_ids"].items()},
-                    {k: tuple(v) for k, v in e["draft_token_ids"].items()}))
+                sched.update_from_output(
+                    pending.pop(e["step"]),
+                    ModelRunnerOutput(
+                        {k: tuple(v) for k, v in e["sampled_token_ids"].items()},
+                        {k: tuple(v) for k, v in e["draft_token_ids"].items()},
+                    ),
+                )
             else:
                 raise ValueError(f"bench_harness: an event kind it does not drive: {kind!r}")
         except InvalidEvent:
@@ -82,8 +86,10 @@ def bench_replay(n: int) -> None:
     print("| run | seconds | per step | vs reference |")
     print("|---|---|---|---|")
     print(f"| reference model alone | {best_ref:.3f} | {1e6 * best_ref / steps:.0f} us | 1.00x |")
-    print(f"| harness replay (strict) | {best_rep:.3f} | {1e6 * best_rep / steps:.0f} us | {best_rep / best_ref:.2f}x "
-          f"(+{100 * (best_rep / best_ref - 1):.0f}%) |")
+    print(
+        f"| harness replay (strict) | {best_rep:.3f} | {1e6 * best_rep / steps:.0f} us | {best_rep / best_ref:.2f}x "
+        f"(+{100 * (best_rep / best_ref - 1):.0f}%) |"
+    )
 
 
 def bench_campaign(n: int) -> None:
@@ -93,8 +99,11 @@ def bench_campaign(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for jobs in (1, 2):
             t0 = time.perf_counter()
-            summary = run_campaign(CampaignSpec(sut="reference", examples=n, seed=11, jobs=jobs, out_dir=tmp,
-                                                run_id=f"j{jobs}", quiet=True))
+            summary = run_campaign(
+                CampaignSpec(
+                    sut="reference", examples=n, seed=11, jobs=jobs, out_dir=tmp, run_id=f"j{jobs}", quiet=True
+                )
+            )
             dt = time.perf_counter() - t0
             assert summary["failed"] == 0
             print(f"| {jobs} | {dt:.2f} | {n / dt:.1f} |")

@@ -47,8 +47,13 @@ def make_config(n: int, decode_steps: int) -> SchedulerConfig:
     """The bench_spec.py config: a pool that holds every request, a budget of max(8192, n)."""
     max_len = PROMPT_LEN + decode_steps + 64
     blocks_per_req = -(-max_len // BLOCK_SIZE)
-    return SchedulerConfig(block_size=BLOCK_SIZE, num_gpu_blocks=n * blocks_per_req + 1,
-                           max_num_batched_tokens=max(8192, n), max_num_seqs=n, max_model_len=max_len)
+    return SchedulerConfig(
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=n * blocks_per_req + 1,
+        max_num_batched_tokens=max(8192, n),
+        max_num_seqs=n,
+        max_model_len=max_len,
+    )
 
 
 def add_requests(sched: Any, n: int, max_tokens: int) -> None:
@@ -120,8 +125,10 @@ def main() -> None:
     parser.add_argument("--vllm-json", type=Path, default=Path("reports/bench_vllm.json"))
     args = parser.parse_args()
     vllm, vllm_label = load_vllm(args.vllm_json)
-    header = (f"{'requests':>8} | {'impl ms/step':>12} | {'spec ms/step':>12} | {'spec/impl':>9} | "
-              f"{'impl CPU ms':>11} | {'spec CPU ms':>11} | {vllm_label} ms/step")
+    header = (
+        f"{'requests':>8} | {'impl ms/step':>12} | {'spec ms/step':>12} | {'spec/impl':>9} | "
+        f"{'impl CPU ms':>11} | {'spec CPU ms':>11} | {vllm_label} ms/step"
+    )
     print(header)
     print("-" * len(header))
     for n in (int(s) for s in args.sizes.split(",")):
@@ -134,8 +141,10 @@ def main() -> None:
         fast_runs = [time_steps(impl_step, fast, args.steps) for _ in range(args.repeats)]
         best_ref, best_fast = min(r[0] for r in ref_runs), min(r[0] for r in fast_runs)
         cpu_ref, cpu_fast = min(r[1] for r in ref_runs), min(r[1] for r in fast_runs)
-        print(f"{n:>8} | {best_fast * 1e3:>12.3f} | {best_ref * 1e3:>12.2f} | {best_ref / best_fast:>8.1f}x | "
-              f"{cpu_fast * 1e3:>11.3f} | {cpu_ref * 1e3:>11.2f} | {vllm.get(n, '-')}")
+        print(
+            f"{n:>8} | {best_fast * 1e3:>12.3f} | {best_ref * 1e3:>12.2f} | {best_ref / best_fast:>8.1f}x | "
+            f"{cpu_fast * 1e3:>11.3f} | {cpu_ref * 1e3:>11.2f} | {vllm.get(n, '-')}"
+        )
 
 
 if __name__ == "__main__":

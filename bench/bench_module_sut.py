@@ -66,8 +66,10 @@ def main() -> None:
     for name in SUTS:
         seconds, built = time_replays(name, traces, args.comparison)
         base = base or seconds
-        print(f"{name:<58} {built:>8.2f} {len(traces) / seconds:>9.1f} {1000 * seconds / len(traces):>9.2f} "
-              f"{seconds / base:>12.2f}x")
+        print(
+            f"{name:<58} {built:>8.2f} {len(traces) / seconds:>9.1f} {1000 * seconds / len(traces):>9.2f} "
+            f"{seconds / base:>12.2f}x"
+        )
 
 
 if __name__ == "__main__":

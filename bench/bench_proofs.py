@@ -51,8 +51,9 @@ def get_method(spec: str) -> tuple[str, bool]:
     return (spec[: -len(SERIAL)], False) if spec.endswith(SERIAL) else (spec, True)
 
 
-def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: list[str],
-                method: str = SYMMETRIC) -> float:
+def run_bounded(
+    r: int, b: int, policies: list[str], timeout_s: float, names: list[str], method: str = SYMMETRIC
+) -> float:
     """Prove every transition at (r, b) per policy; print the table; return the total seconds."""
     print(f"\n| transition | {' | '.join(policies)} |  (R={r}, B={b}, timeout {timeout_s:.0f} s, {method})")
     print("|---|" + "---|" * len(policies))
@@ -68,8 +69,9 @@ def run_bounded(r: int, b: int, policies: list[str], timeout_s: float, names: li
     return total
 
 
-def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: list[str],
-                methods: list[str]) -> dict[str, float]:
+def run_compare(
+    r: int, b: int, policies: list[str], timeout_s: float, names: list[str], methods: list[str]
+) -> dict[str, float]:
     """Prove every transition at (r, b) per policy by each method, rotating the order; print the table; return the totals.
 
     The ``symmetric`` method rests on one theorem per shape (the premises are blind to slot
@@ -77,8 +79,10 @@ def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: li
     in its total as one more row (for each of ``symmetric`` and ``symmetric-serial``).
     """
     first, last = methods[0], methods[-1]
-    print(f"\n| transition | policy | {' | '.join(methods)} | {first} / {last} | load (1 min) |"
-          f"  (R={r}, B={b}, timeout {timeout_s:.0f} s)")
+    print(
+        f"\n| transition | policy | {' | '.join(methods)} | {first} / {last} | load (1 min) |"
+        f"  (R={r}, B={b}, timeout {timeout_s:.0f} s)"
+    )
     print("|---|---|" + "---|" * len(methods) + "---|---|")
     totals = {m: 0.0 for m in methods}
     rows = [(name, policy) for name in names for policy in policies]
@@ -87,7 +91,7 @@ def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: li
     for i, (name, policy) in enumerate(rows):
         shape = Shape(r, b, 2, policy)
         cells = {}
-        for method in methods[i % len(methods):] + methods[:i % len(methods)]:
+        for method in methods[i % len(methods) :] + methods[: i % len(methods)]:
             if name == THEOREM_SYMMETRY:
                 if get_method(method)[0] != SYMMETRIC:
                     cells[method] = (0.0, "-")
@@ -98,10 +102,15 @@ def run_compare(r: int, b: int, policies: list[str], timeout_s: float, names: li
             totals[method] += res.seconds
             cells[method] = (res.seconds, f"{res.seconds:.1f} s" + ("" if res.status == PROVED else f" ({res.status})"))
         ratio = f"{cells[first][0] / cells[last][0]:.2f}" if cells[first][0] and cells[last][0] else "-"
-        print(f"| `{name}` | {policy} | {' | '.join(cells[m][1] for m in methods)} | {ratio} | "
-              f"{os.getloadavg()[0]:.2f} |", flush=True)
-    print(f"| total | | {' | '.join(f'{totals[m]:.1f} s' for m in methods)} | "
-          f"{totals[first] / max(totals[last], 1e-9):.2f} | |")
+        print(
+            f"| `{name}` | {policy} | {' | '.join(cells[m][1] for m in methods)} | {ratio} | "
+            f"{os.getloadavg()[0]:.2f} |",
+            flush=True,
+        )
+    print(
+        f"| total | | {' | '.join(f'{totals[m]:.1f} s' for m in methods)} | "
+        f"{totals[first] / max(totals[last], 1e-9):.2f} | |"
+    )
     return totals
 
 
@@ -128,11 +137,15 @@ def main() -> int:
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--skip-unbounded", action="store_true")
     parser.add_argument("--method", default=SYMMETRIC, choices=METHODS, help="how the bounded proofs query Z3")
-    parser.add_argument("--compare", action="store_true",
-                        help="the table at --bounds by each of --methods, in rotating order")
-    parser.add_argument("--methods", default=f"{PLAIN},{SYMMETRIC}",
-                        help=f"with --compare: comma-separated, among {', '.join(METHODS)}, each may end in {SERIAL} "
-                             "(no helper process); the ratio is first / last")
+    parser.add_argument(
+        "--compare", action="store_true", help="the table at --bounds by each of --methods, in rotating order"
+    )
+    parser.add_argument(
+        "--methods",
+        default=f"{PLAIN},{SYMMETRIC}",
+        help=f"with --compare: comma-separated, among {', '.join(METHODS)}, each may end in {SERIAL} "
+        "(no helper process); the ratio is first / last",
+    )
     parser.add_argument("--transitions", default="", help="comma-separated names (default: all)")
     args = parser.parse_args()
     policies = args.policy.split(",")
@@ -147,8 +160,9 @@ def main() -> int:
             methods = args.methods.split(",")
             unknown = [m for m in methods if get_method(m)[0] not in METHODS]
             if unknown or len(methods) < 2:
-                parser.error(f"--methods: two or more of {', '.join(METHODS)} (each may end in {SERIAL}), "
-                             f"got {args.methods!r}")
+                parser.error(
+                    f"--methods: two or more of {', '.join(METHODS)} (each may end in {SERIAL}), got {args.methods!r}"
+                )
             run_compare(*bounds, policies, args.timeout, names, methods)
         else:
             run_bounded(*bounds, policies, args.timeout, names, args.method)

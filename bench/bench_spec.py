@@ -68,8 +68,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--invariants", action="store_true", help="also time with every invariant checked")
     args = parser.parse_args()
-    print(f"{'requests':>8} | {'ms/step':>8} | {'steps/s':>8} | vLLM 0.32 ms/step (2-core, notes) " +
-          ("| +invariants ms/step | ratio" if args.invariants else ""))
+    print(
+        f"{'requests':>8} | {'ms/step':>8} | {'steps/s':>8} | vLLM 0.32 ms/step (2-core, notes) "
+        + ("| +invariants ms/step | ratio" if args.invariants else "")
+    )
     vllm = {64: "1.0-1.9", 256: "4-8.6", 1024: "22-37"}
     for n in (int(s) for s in args.sizes.split(",")):
         sched = build_decoding(n, 2 * args.steps)

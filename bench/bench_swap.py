@@ -33,10 +33,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = measure_swap("cpu", args.dtype, args.model, tuple(int(b) for b in args.block_sizes.split(",")),
-                        args.blocks, args.repeats)
-    print(f"model {args.model} ({args.dtype}), {args.blocks} blocks per swap, best of {args.repeats}, "
-          f"{args.threads} torch thread(s)")
+    rows = measure_swap(
+        "cpu", args.dtype, args.model, tuple(int(b) for b in args.block_sizes.split(",")), args.blocks, args.repeats
+    )
+    print(
+        f"model {args.model} ({args.dtype}), {args.blocks} blocks per swap, best of {args.repeats}, "
+        f"{args.threads} torch thread(s)"
+    )
     print(render_table(rows))
     if not all(r["round_trip_exact"] for r in rows):
         raise SystemExit("a swap round trip changed the bytes")

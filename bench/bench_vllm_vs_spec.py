@@ -43,8 +43,13 @@ def bench_config(n: int, decode_steps: int) -> SchedulerConfig:
     """A pool big enough that nobody is ever preempted; budget and seats for all N."""
     max_len = PROMPT_LEN + decode_steps + 64
     blocks_per_req = -(-max_len // BLOCK_SIZE)
-    return SchedulerConfig(block_size=BLOCK_SIZE, num_gpu_blocks=n * blocks_per_req + 1,
-                           max_num_batched_tokens=max(8192, n), max_num_seqs=n, max_model_len=max_len)
+    return SchedulerConfig(
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=n * blocks_per_req + 1,
+        max_num_batched_tokens=max(8192, n),
+        max_num_seqs=n,
+        max_model_len=max_len,
+    )
 
 
 def prompt(i: int) -> list[int]:
@@ -53,6 +58,7 @@ def prompt(i: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ reference
+
 
 def reference_ms_per_step(n: int, steps: int) -> float:
     """Milliseconds per decode step of the reference model."""
@@ -77,6 +83,7 @@ def reference_ms_per_step(n: int, steps: int) -> float:
 
 # ----------------------------------------------------------------------- vLLM
 
+
 def _sampling(output: dict[str, Any], lengths: dict[str, int]) -> dict[str, list[int]]:
     """One token for every scheduled request whose tokens reach the end of its sequence."""
     computed = {r["req_id"]: r["num_computed_tokens"] for r in output["scheduled_new_reqs"]}
@@ -96,9 +103,19 @@ def vllm_ms_per_step(sut: VllmV1Sut, n: int, steps: int) -> tuple[float, float]:
     lengths: dict[str, int] = {}
     for i in range(n):
         rid = f"r{i}"
-        sut.add_request({"request_id": rid, "prompt_token_ids": prompt(i), "max_tokens": 2 * steps + 32,
-                         "priority": 0, "arrival_time": 0, "eos_token_id": None, "stop_token_ids": [],
-                         "ignore_eos": False, "min_tokens": 0})
+        sut.add_request(
+            {
+                "request_id": rid,
+                "prompt_token_ids": prompt(i),
+                "max_tokens": 2 * steps + 32,
+                "priority": 0,
+                "arrival_time": 0,
+                "eos_token_id": None,
+                "stop_token_ids": [],
+                "ignore_eos": False,
+                "min_tokens": 0,
+            }
+        )
         lengths[rid] = PROMPT_LEN
     outputs_seen: set[str] = set()
     while len(outputs_seen) < n:  # prefill until every request has sampled once
@@ -134,10 +151,14 @@ def main() -> None:
             rows.append((n, ref, inside, wall))
     finally:
         sut.close()
-    print(f"steady decode, {PROMPT_LEN}-token prompts, {args.steps} timed steps; vLLM {args.version} "
-          "timed inside its process")
-    print(f"{'requests':>8} | {'reference ms/step':>17} | {'vLLM ms/step':>12} | {'ref/vLLM':>8} | "
-          f"{'vLLM via protocol ms/step':>25}")
+    print(
+        f"steady decode, {PROMPT_LEN}-token prompts, {args.steps} timed steps; vLLM {args.version} "
+        "timed inside its process"
+    )
+    print(
+        f"{'requests':>8} | {'reference ms/step':>17} | {'vLLM ms/step':>12} | {'ref/vLLM':>8} | "
+        f"{'vLLM via protocol ms/step':>25}"
+    )
     for n, ref, inside, wall in rows:
         print(f"{n:>8} | {ref:>17.2f} | {inside:>12.2f} | {ref / inside:>7.2f}x | {wall:>25.2f}")
 

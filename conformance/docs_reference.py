@@ -63,10 +63,16 @@ def render_cli_md() -> str:
     from schedconf.conformance.cli import build_parser
 
     parser = build_parser()
-    out = ["# Command line", "", GENERATED_NOTE, "",
-           "Every subcommand of `schedconf`, as `schedconf SUBCOMMAND --help` prints it. Exit codes of",
-           "every subcommand: 0 pass, 1 conformance failure, 2 bad input or harness error (also when no",
-           "verdict is conclusive), 130 interrupted by Ctrl-C, 143 terminated by SIGTERM.", ""]
+    out = [
+        "# Command line",
+        "",
+        GENERATED_NOTE,
+        "",
+        "Every subcommand of `schedconf`, as `schedconf SUBCOMMAND --help` prints it. Exit codes of",
+        "every subcommand: 0 pass, 1 conformance failure, 2 bad input or harness error (also when no",
+        "verdict is conclusive), 130 interrupted by Ctrl-C, 143 terminated by SIGTERM.",
+        "",
+    ]
     top = _option_rows(parser)
     if top:
         out += ["Options of `schedconf` itself:", "", *top, ""]
@@ -103,18 +109,23 @@ def render_error_codes_md() -> str:
     from schedconf.spec.errors import ERROR_CODES
 
     families = _code_families()
-    out = ["# Error codes", "", GENERATED_NOTE, "",
-           "Every refusal and every engine crash the model knows has a stable snake_case code. Traces",
-           "carry it in `expect_error`, the protocol in an `error` reply, reports in their messages. A",
-           "scheduler under test passes a refused input by refusing it with the same code and changing",
-           "nothing.", ""]
+    out = [
+        "# Error codes",
+        "",
+        GENERATED_NOTE,
+        "",
+        "Every refusal and every engine crash the model knows has a stable snake_case code. Traces",
+        "carry it in `expect_error`, the protocol in an `error` reply, reports in their messages. A",
+        "scheduler under test passes a refused input by refusing it with the same code and changing",
+        "nothing.",
+        "",
+    ]
     order: list[str] = []
     for code in ERROR_CODES:
         if families.get(code, "") not in order:
             order.append(families.get(code, ""))
     for family in order:
-        out += [f"## {family[:1].upper() + family[1:] if family else 'Other'}", "",
-                "| code | meaning |", "|---|---|"]
+        out += [f"## {family[:1].upper() + family[1:] if family else 'Other'}", "", "| code | meaning |", "|---|---|"]
         for code, meaning in ERROR_CODES.items():
             if families.get(code, "") == family:
                 out.append(f"| `{code}` | {_escape(meaning)} |")
@@ -128,9 +139,13 @@ def _field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                and isinstance(after.value.value, str):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
@@ -153,23 +168,35 @@ def render_profiles_md() -> str:
     names = list(PROFILES)
     docs = _field_docs(Profile)
     knobs = [f.name for f in dataclasses.fields(Profile) if f.name not in ("name",)]
-    out = ["# Release profiles", "", GENERATED_NOTE, "",
-           "A profile is one release's scheduling rules, knob by knob (`spec/v1/profiles.py`). Every rule",
-           "that changed between vLLM releases is a named knob, so two releases differ exactly where",
-           "their columns differ. `--profile NAME` picks one; the default is "
-           f"`{DEFAULT_PROFILE}`, and a SUT such as `vllm-v1@0.32.0` implies its own.",
-           "The section signs (§) point into the project's notes on vLLM's v1 scheduler.", "",
-           "| knob | " + " | ".join(f"`{n}`" for n in names) + " |",
-           "|---|" + "---|" * len(names)]
+    out = [
+        "# Release profiles",
+        "",
+        GENERATED_NOTE,
+        "",
+        "A profile is one release's scheduling rules, knob by knob (`spec/v1/profiles.py`). Every rule",
+        "that changed between vLLM releases is a named knob, so two releases differ exactly where",
+        "their columns differ. `--profile NAME` picks one; the default is "
+        f"`{DEFAULT_PROFILE}`, and a SUT such as `vllm-v1@0.32.0` implies its own.",
+        "The section signs (§) point into the project's notes on vLLM's v1 scheduler.",
+        "",
+        "| knob | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for knob in knobs:
-        out.append(f"| [`{knob}`](#{knob}) | "
-                   + " | ".join(_render_value(getattr(PROFILES[n], knob)) for n in names) + " |")
+        out.append(
+            f"| [`{knob}`](#{knob}) | " + " | ".join(_render_value(getattr(PROFILES[n], knob)) for n in names) + " |"
+        )
     out += ["", "## The knobs", ""]
     for knob in knobs:
         out += [f"### `{knob}`", "", docs.get(knob, "(no description in spec/v1/profiles.py)"), ""]
-    out += ["## The v0 scheduler", "",
-            "vLLM 0.10.2's legacy scheduler is a second model (`spec/v0/`) with its own profile:", "",
-            "| profile | vLLM release |", "|---|---|"]
+    out += [
+        "## The v0 scheduler",
+        "",
+        "vLLM 0.10.2's legacy scheduler is a second model (`spec/v0/`) with its own profile:",
+        "",
+        "| profile | vLLM release |",
+        "|---|---|",
+    ]
     for name, profile in V0_PROFILES.items():
         out.append(f"| `{name}` | {getattr(profile, 'vllm_version', '')} |")
     return "\n".join(out).rstrip() + "\n"
@@ -179,19 +206,32 @@ def render_rules_md() -> str:
     """Each rule of the two models, the function that states it, and where in vLLM it was read."""
     from schedconf.spec.sources import V0_RULES, V1_RULES
 
-    out = ["# Rules and their sources", "", GENERATED_NOTE, "",
-           "Each rule the models state, the function of `spec/` that states it, and the line of the pinned",
-           "vLLM release it was read from (`spec/sources.py`). A test in the pinned environments checks that",
-           "each cited line still holds the code quoted, so a row cannot drift from its source. Where a rule",
-           "changed between releases, the knob that carries the change is on the",
-           "[profiles](profiles.md) page.", ""]
+    out = [
+        "# Rules and their sources",
+        "",
+        GENERATED_NOTE,
+        "",
+        "Each rule the models state, the function of `spec/` that states it, and the line of the pinned",
+        "vLLM release it was read from (`spec/sources.py`). A test in the pinned environments checks that",
+        "each cited line still holds the code quoted, so a row cannot drift from its source. Where a rule",
+        "changed between releases, the knob that carries the change is on the",
+        "[profiles](profiles.md) page.",
+        "",
+    ]
     for title, rules in (("The v1 scheduler (`spec/`)", V1_RULES), ("The v0 scheduler (`spec/v0/`)", V0_RULES)):
         release = rules[0].release
-        out += [f"## {title}", "", f"Read in vLLM {release}.", "",
-                "| rule | stated by | read in | the line |", "|---|---|---|---|"]
+        out += [
+            f"## {title}",
+            "",
+            f"Read in vLLM {release}.",
+            "",
+            "| rule | stated by | read in | the line |",
+            "|---|---|---|---|",
+        ]
         for r in rules:
-            out.append(f"| {_escape(r.rule)} | `{r.model.replace(':', '.')}` | `{r.path}:{r.line}` | "
-                       f"`{_escape(r.fragment)}` |")
+            out.append(
+                f"| {_escape(r.rule)} | `{r.model.replace(':', '.')}` | `{r.path}:{r.line}` | `{_escape(r.fragment)}` |"
+            )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -206,16 +246,23 @@ PAGES: dict[str, Callable[[], str]] = {
 
 def get_stale_pages(directory: Path = REFERENCE_DIR) -> list[str]:
     """The generated pages whose committed text differs from what the code renders today."""
-    return [name for name, render in PAGES.items()
-            if not (directory / name).is_file() or (directory / name).read_text() != render()]
+    return [
+        name
+        for name, render in PAGES.items()
+        if not (directory / name).is_file() or (directory / name).read_text() != render()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.docs_reference", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.conformance.docs_reference", description=__doc__.split("\n\n")[0]
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the generated pages")
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated page is out of date")
-    parser.add_argument("--dir", type=Path, default=REFERENCE_DIR, help="the folder of the pages (default docs/reference)")
+    parser.add_argument(
+        "--dir", type=Path, default=REFERENCE_DIR, help="the folder of the pages (default docs/reference)"
+    )
     args = parser.parse_args(argv)
     if args.write:
         args.dir.mkdir(parents=True, exist_ok=True)
@@ -224,8 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stale = get_stale_pages(args.dir)
     for name in stale:
-        print(f"{args.dir / name}: out of date; regenerate with python -m schedconf.conformance.docs_reference --write",
-              file=sys.stderr)
+        print(
+            f"{args.dir / name}: out of date; regenerate with python -m schedconf.conformance.docs_reference --write",
+            file=sys.stderr,
+        )
     return 1 if stale else 0
 
 

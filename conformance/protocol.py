@@ -56,9 +56,14 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
 
     ``scheduler`` (``v1`` or ``v0``) picks the result shapes; None: the reply's keys tell.
     """
-    envelope = dict(SCHEMA["envelope"], properties={
-        "id": SCHEMA["envelope"]["properties"]["id"], "result": {}, "error": _resolve_local(SCHEMA["error"]),
-    })
+    envelope = dict(
+        SCHEMA["envelope"],
+        properties={
+            "id": SCHEMA["envelope"]["properties"]["id"],
+            "result": {},
+            "error": _resolve_local(SCHEMA["error"]),
+        },
+    )
     problem = validate_value(reply, envelope, "")
     if problem:
         return _words(problem)
@@ -67,8 +72,10 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
     if "error" in reply:
         code = reply["error"]["code"]
         if code not in ERROR_CODES and code not in PROTOCOL_ONLY_CODES:
-            return (f"error.code: unknown error code {code!r}; expected one of the codes in FORMAT.md's table "
-                    f"or {', '.join(PROTOCOL_ONLY_CODES)}")
+            return (
+                f"error.code: unknown error code {code!r}; expected one of the codes in FORMAT.md's table "
+                f"or {', '.join(PROTOCOL_ONLY_CODES)}"
+            )
         return None
     schema = SCHEMA["results"].get(method)
     if schema is None:

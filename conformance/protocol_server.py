@@ -56,9 +56,11 @@ class ProtocolSession:
             if self.sut is None:
                 self.sut = self.factory()
             self.sut.start(params["config"], params["profile"])
-            caps = {"observe": bool(getattr(self.sut, "supports_observe", True)),
-                    "in_flight": bool(getattr(self.sut, "in_flight", False)),
-                    "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache")}
+            caps = {
+                "observe": bool(getattr(self.sut, "supports_observe", True)),
+                "in_flight": bool(getattr(self.sut, "in_flight", False)),
+                "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache"),
+            }
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":
             self.shut_down = True
@@ -79,8 +81,9 @@ class ProtocolSession:
             # "step" (the step the output answers) only reaches SUTs that run in-flight steps.
             in_flight = getattr(self.sut, "in_flight", False) and params.get("step") is not None
             step = {"step": params["step"]} if in_flight else {}
-            result: dict[str, Any] = {"outputs": self.sut.update_from_output(
-                params["sampled_token_ids"], params["draft_token_ids"], **step)}
+            result: dict[str, Any] = {
+                "outputs": self.sut.update_from_output(params["sampled_token_ids"], params["draft_token_ids"], **step)
+            }
             stats = self.sut.get_scheduler_stats() if hasattr(self.sut, "get_scheduler_stats") else None
             if stats is not None:
                 result["stats"] = stats
@@ -92,8 +95,13 @@ class ProtocolSession:
         raise RuntimeError(f"unknown method {method!r}")
 
 
-def serve(factory: Callable[[], Any] | None, stdin=None, stdout=None, session: ProtocolSession | None = None,  # noqa: ANN001
-          render: Callable[[dict[str, Any]], str] | None = None) -> int:
+def serve(
+    factory: Callable[[], Any] | None,
+    stdin=None,
+    stdout=None,
+    session: ProtocolSession | None = None,  # noqa: ANN001
+    render: Callable[[dict[str, Any]], str] | None = None,
+) -> int:
     """Answer protocol requests on ``stdin`` with a SUT built by ``factory`` (or with ``session``'s).
 
     ``render`` turns a reply into its line (default: :func:`render_reply_line`).
@@ -144,9 +152,17 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS
 """What a driver without its own settings needs: no model hub, quiet transformers."""
 
 
-def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: str,
-               default_env: dict[str, str], self_check: Callable[[str | None], int],
-               serve_stdio: Callable[[], int], describe: Callable[[], int] | None = None) -> NoReturn:
+def run_driver(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    engine: str,
+    default_env: dict[str, str],
+    self_check: Callable[[str | None], int],
+    serve_stdio: Callable[[], int],
+    describe: Callable[[], int] | None = None,
+) -> NoReturn:
     """The command line every engine driver shares, then exit without the interpreter's teardown.
 
     ``--self-check [--expect-version V]`` builds one scheduler and runs two steps
@@ -161,8 +177,11 @@ def run_driver(argv: list[str] | None, *, prog: str, description: str, engine: s
     parser.add_argument("--self-check", action="store_true", help="build one scheduler, run two steps, exit")
     parser.add_argument("--expect-version", default=None, help=f"with --self-check: the {engine} version required")
     if describe is not None:
-        parser.add_argument("--describe", action="store_true",
-                            help=f"print what this environment's {engine} is (one JSON line) and exit")
+        parser.add_argument(
+            "--describe",
+            action="store_true",
+            help=f"print what this environment's {engine} is (one JSON line) and exit",
+        )
     args = parser.parse_args(argv)
     if describe is not None and args.describe:
         code = describe()

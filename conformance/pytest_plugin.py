@@ -33,21 +33,37 @@ from schedconf.conformance.cli import int_at_least
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("schedconf", "scheduler conformance (schedconf)")
-    group.addoption("--schedconf-sut", default=None, metavar="SUT",
-                    help="run conformance items against this scheduler (same names as `schedconf run --sut`)")
+    group.addoption(
+        "--schedconf-sut",
+        default=None,
+        metavar="SUT",
+        help="run conformance items against this scheduler (same names as `schedconf run --sut`)",
+    )
     group.addoption("--schedconf-profile", default="vllm-0.33", help="release profile (default vllm-0.33)")
     group.addoption("--schedconf-comparison", default="strict", choices=["strict", "observable", "safety"])
-    group.addoption("--schedconf-examples", type=int_at_least(0), default=100,
-                    help="generated traces (default 100; 0: corpus only)")
+    group.addoption(
+        "--schedconf-examples", type=int_at_least(0), default=100, help="generated traces (default 100; 0: corpus only)"
+    )
     group.addoption("--schedconf-seed", type=int, default=0)
-    group.addoption("--schedconf-shard-size", type=int, default=None,
-                    help="deprecated, ignored: there is one item per generated trace now, so every failure shows")
+    group.addoption(
+        "--schedconf-shard-size",
+        type=int,
+        default=None,
+        help="deprecated, ignored: there is one item per generated trace now, so every failure shows",
+    )
     group.addoption("--schedconf-no-corpus", action="store_true", help="skip the golden corpus items")
-    group.addoption("--schedconf-corpus-filter", default=None, metavar="K=V,...",
-                    help="only corpus traces whose manifest entry matches, e.g. prefix_caching=false")
-    group.addoption("--schedconf-out", default="reports/pytest",
-                    help="where failing traces are saved: each session in a folder of its own under it, "
-                         "session-<time>-<pid>/ (default reports/pytest)")
+    group.addoption(
+        "--schedconf-corpus-filter",
+        default=None,
+        metavar="K=V,...",
+        help="only corpus traces whose manifest entry matches, e.g. prefix_caching=false",
+    )
+    group.addoption(
+        "--schedconf-out",
+        default="reports/pytest",
+        help="where failing traces are saved: each session in a folder of its own under it, "
+        "session-<time>-<pid>/ (default reports/pytest)",
+    )
 
 
 def _matches(entry: dict[str, Any], spec: str | None) -> bool:
@@ -119,9 +135,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistSessionDir(), "schedconf-xdist-session-dir")
     if config.getoption("--schedconf-shard-size", None) is not None:
-        config.issue_config_time_warning(pytest.PytestWarning(
-            "--schedconf-shard-size is deprecated and ignored: schedconf adds one item per generated trace"),
-            stacklevel=2)
+        config.issue_config_time_warning(
+            pytest.PytestWarning(
+                "--schedconf-shard-size is deprecated and ignored: schedconf adds one item per generated trace"
+            ),
+            stacklevel=2,
+        )
 
 
 class _SchedconfItem(pytest.Item):

@@ -70,8 +70,17 @@ class SchedulerUnderTest(Protocol):
     def close(self) -> None: ...
 
 
-ADD_REQUEST_FIELDS = ("request_id", "prompt_token_ids", "max_tokens", "priority", "arrival_time",
-                      "eos_token_id", "ignore_eos", "stop_token_ids", "min_tokens")
+ADD_REQUEST_FIELDS = (
+    "request_id",
+    "prompt_token_ids",
+    "max_tokens",
+    "priority",
+    "arrival_time",
+    "eos_token_id",
+    "ignore_eos",
+    "stop_token_ids",
+    "min_tokens",
+)
 
 
 def add_request_kwargs(event: dict[str, Any]) -> dict[str, Any]:

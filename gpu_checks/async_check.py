@@ -54,7 +54,10 @@ from schedconf.gpu_checks.device import get_check_device, get_device_info
 REPORT_NAME = "async_check.json"
 
 VARIANTS: tuple[tuple[str, int], ...] = (
-    ("vllm-0.33-async", 2), ("vllm-0.32-async", 2), ("vllm-0.33-async", 3), ("vllm-0.33", 2),
+    ("vllm-0.33-async", 2),
+    ("vllm-0.32-async", 2),
+    ("vllm-0.33-async", 3),
+    ("vllm-0.33", 2),
 )
 """(profile, max_concurrent_batches) of the token stage, each run with the overlapped loop (the
 first also once more with a ``reset_prefix_cache(True)`` midway)."""
@@ -62,8 +65,12 @@ first also once more with a ``reset_prefix_cache(True)`` midway)."""
 SPEC_VARIANTS: tuple[tuple[str, int, int], ...] = (("vllm-0.33-async", 2, 2), ("vllm-0.32-async", 3, 3))
 """(profile, max_concurrent_batches, num_spec_tokens): async scheduling with spec decode in the token stage."""
 
-REPLAY_PROFILES: tuple[tuple[str, int], ...] = (("vllm-0.33-async", 0), ("vllm-0.33", 0), ("vllm-0.33-async", 2),
-                                                ("vllm-0.32-async", 3))
+REPLAY_PROFILES: tuple[tuple[str, int], ...] = (
+    ("vllm-0.33-async", 0),
+    ("vllm-0.33", 0),
+    ("vllm-0.33-async", 2),
+    ("vllm-0.32-async", 3),
+)
 """(profile, num_spec_tokens forced; 0: as generated) of the replay stage."""
 
 MAX_MODEL_LEN = 40
@@ -79,22 +86,45 @@ def random_async_workload(seed: int) -> tuple[dict[str, Any], list[Arrival]]:
     (prefix hits), EOS 5 on some requests, priorities for the priority policy.
     """
     rng = random.Random(seed)
-    config = dict(block_size=4, num_gpu_blocks=rng.choice([11, 12, 14, 20]),
-                  max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([2, 4, 8]),
-                  max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True,
-                  long_prefill_token_threshold=rng.choice([0, 6]), policy=rng.choice(["fcfs", "priority"]))
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=rng.choice([11, 12, 14, 20]),
+        max_num_batched_tokens=rng.choice([8, 16, 64]),
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=True,
+        long_prefill_token_threshold=rng.choice([0, 6]),
+        policy=rng.choice(["fcfs", "priority"]),
+    )
     base = [rng.randrange(200) for _ in range(8)]
     arrivals = []
     for i in range(rng.randint(3, 7)):
-        prompt = base[:rng.randint(0, 8)] + [rng.randrange(200) for _ in range(rng.randint(1, 14))]
-        arrivals.append((rng.randint(0, 6), f"r{i}", prompt,
-                         dict(max_tokens=rng.randint(1, 12), eos_token_id=rng.choice([None, 5]),
-                              priority=rng.randint(0, 2), arrival_time=i)))
+        prompt = base[: rng.randint(0, 8)] + [rng.randrange(200) for _ in range(rng.randint(1, 14))]
+        arrivals.append(
+            (
+                rng.randint(0, 6),
+                f"r{i}",
+                prompt,
+                dict(
+                    max_tokens=rng.randint(1, 12),
+                    eos_token_id=rng.choice([None, 5]),
+                    priority=rng.randint(0, 2),
+                    arrival_time=i,
+                ),
+            )
+        )
     return config, sorted(arrivals, key=lambda a: a[0])
 
 
-def run_overlapped_workload(model: Any, config: dict[str, Any], arrivals: list[Arrival], profile: str,
-                            overlap: bool = True, reset_at: int | None = None, drafter: Any = None) -> Any:
+def run_overlapped_workload(
+    model: Any,
+    config: dict[str, Any],
+    arrivals: list[Arrival],
+    profile: str,
+    overlap: bool = True,
+    reset_at: int | None = None,
+    drafter: Any = None,
+) -> Any:
     """Drive an Engine through ``arrivals`` (added at their loop call) until done; returns the engine.
 
     ``reset_at``: at that loop call, ``reset_prefix_cache(reset_running_requests=True)``
@@ -134,9 +164,18 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
 
     model = LlamaModel(MODEL_CONFIGS[model_name], device=device, dtype=torch.float64)
     failures: list[str] = []
-    counts = {"workloads": 0, "requests": 0, "generated_tokens": 0, "preemptions": 0, "stale_outputs": 0,
-              "placeholder_inputs_from_runner": 0, "near_tie_mismatches": 0, "spec_workloads": 0,
-              "drafts_accepted": 0, "segments_moved_back": 0}
+    counts = {
+        "workloads": 0,
+        "requests": 0,
+        "generated_tokens": 0,
+        "preemptions": 0,
+        "stale_outputs": 0,
+        "placeholder_inputs_from_runner": 0,
+        "near_tie_mismatches": 0,
+        "spec_workloads": 0,
+        "drafts_accepted": 0,
+        "segments_moved_back": 0,
+    }
     near_ties: list[dict[str, Any]] = []
     skipped = 0
     for seed in seeds:
@@ -144,11 +183,19 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
             skipped += 1
             continue
         config, arrivals = random_async_workload(seed)
-        runs = ([(profile, batches, None, 0) for profile, batches in VARIANTS] + [("vllm-0.33-async", 2, 5, 0)]
-                + [(profile, batches, None, k) for profile, batches, k in SPEC_VARIANTS])
+        runs = (
+            [(profile, batches, None, 0) for profile, batches in VARIANTS]
+            + [("vllm-0.33-async", 2, 5, 0)]
+            + [(profile, batches, None, k) for profile, batches, k in SPEC_VARIANTS]
+        )
         for profile, batches, reset_at, k in runs:
-            engine = run_overlapped_workload(model, {**config, "max_concurrent_batches": batches, "num_spec_tokens": k},
-                                             arrivals, profile, reset_at=reset_at)
+            engine = run_overlapped_workload(
+                model,
+                {**config, "max_concurrent_batches": batches, "num_spec_tokens": k},
+                arrivals,
+                profile,
+                reset_at=reset_at,
+            )
             counts["workloads"] += 1
             counts["spec_workloads"] += k > 0
             counts["drafts_accepted"] += engine.stats.num_drafts_accepted
@@ -157,8 +204,14 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
             counts["stale_outputs"] += engine.scheduler.num_stale_outputs
             counts["placeholder_inputs_from_runner"] += engine.runner.num_holes_from_runner
             for record in engine.records:
-                dense = dense_generate(model, record.prompt, record.max_tokens, max_model_len=MAX_MODEL_LEN,
-                                       eos_token_id=record.eos_token_id, req_id=record.req_id)
+                dense = dense_generate(
+                    model,
+                    record.prompt,
+                    record.max_tokens,
+                    max_model_len=MAX_MODEL_LEN,
+                    eos_token_id=record.eos_token_id,
+                    req_id=record.req_id,
+                )
                 counts["requests"] += 1
                 counts["generated_tokens"] += len(record.output_tokens)
                 near_ties.extend(vars(t) for t in dense.near_ties)
@@ -166,10 +219,19 @@ def stage_tokens(device: torch.device, seeds: range, model_name: str, deadline: 
                     if dense.near_ties:
                         counts["near_tie_mismatches"] += 1
                     elif len(failures) < 20:
-                        failures.append(f"seed {seed} {profile} x{batches} {record.req_id}: engine "
-                                        f"{record.output_tokens} != dense {dense.tokens}")
-    return {**counts, "model": model_name, "failed": len(failures), "failures": failures,
-            "near_ties": near_ties[:20], "skipped_for_time": skipped, "ok": not failures}
+                        failures.append(
+                            f"seed {seed} {profile} x{batches} {record.req_id}: engine "
+                            f"{record.output_tokens} != dense {dense.tokens}"
+                        )
+    return {
+        **counts,
+        "model": model_name,
+        "failed": len(failures),
+        "failures": failures,
+        "near_ties": near_ties[:20],
+        "skipped_for_time": skipped,
+        "ok": not failures,
+    }
 
 
 def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: float) -> dict[str, Any]:
@@ -199,13 +261,20 @@ def stage_replay(device: torch.device, seeds: range, model_name: str, deadline: 
             result = replay(trace, sut, "strict")
             verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
             if (result.verdict == "fail" or sut.failures) and len(failures) < 20:
-                failures.append(render_divergence(trace, result)[:2000] if result.verdict == "fail"
-                                else sut.failures[0])
+                failures.append(
+                    render_divergence(trace, result)[:2000] if result.verdict == "fail" else sut.failures[0]
+                )
             checked += sut.num_checked_positions
             max_diff = max(max_diff, sut.max_abs_diff)
-    return {"traces": sum(verdicts.values()), "verdicts": verdicts, "checked_positions": checked,
-            "max_abs_logit_diff": max_diff, "failures": failures, "skipped_for_time": skipped,
-            "ok": not failures and verdicts.get("fail", 0) == 0}
+    return {
+        "traces": sum(verdicts.values()),
+        "verdicts": verdicts,
+        "checked_positions": checked,
+        "max_abs_logit_diff": max_diff,
+        "failures": failures,
+        "skipped_for_time": skipped,
+        "ok": not failures and verdicts.get("fail", 0) == 0,
+    }
 
 
 def _with_spec_tokens(workload: Any, profile: str, k: int) -> Any:
@@ -223,8 +292,16 @@ def _with_spec_tokens(workload: Any, profile: str, k: int) -> Any:
     return workload.replace(config=config)
 
 
-def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: int, output_len: int,
-                     model_name: str, dtype: str, repeats: int, deadline: float) -> dict[str, Any]:
+def stage_throughput(
+    device: torch.device,
+    batch_sizes: list[int],
+    prompt_len: int,
+    output_len: int,
+    model_name: str,
+    dtype: str,
+    repeats: int,
+    deadline: float,
+) -> dict[str, Any]:
     """``bench/bench_async.py``'s sync and overlapped loops per batch size."""
     from bench.bench_async import bench, render_table
 
@@ -234,10 +311,16 @@ def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: i
         if time.monotonic() > deadline:
             skipped.append(batch)
             continue
-        rows.append(bench(model_name, str(device), dtype, batch, prompt_len, output_len, repeats,
-                          require_equal=False))
-    return {"model": model_name, "dtype": dtype, "prompt_len": prompt_len, "output_len": output_len,
-            "rows": rows, "table": render_table(rows) if rows else "", "skipped_for_time": skipped}
+        rows.append(bench(model_name, str(device), dtype, batch, prompt_len, output_len, repeats, require_equal=False))
+    return {
+        "model": model_name,
+        "dtype": dtype,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "rows": rows,
+        "table": render_table(rows) if rows else "",
+        "skipped_for_time": skipped,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,22 +347,29 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"info": info}
     report["tokens"] = stage_tokens(device, seeds, model_name, began + 0.4 * args.budget_s)
     t = report["tokens"]
-    print(f"tokens: {t['workloads']} workload runs, {t['requests']} requests, {t['failed']} failed, "
-          f"{t['preemptions']} preemptions, {t['stale_outputs']} stale outputs, "
-          f"{t['placeholder_inputs_from_runner']} placeholder inputs from the runner")
+    print(
+        f"tokens: {t['workloads']} workload runs, {t['requests']} requests, {t['failed']} failed, "
+        f"{t['preemptions']} preemptions, {t['stale_outputs']} stale outputs, "
+        f"{t['placeholder_inputs_from_runner']} placeholder inputs from the runner"
+    )
     report["replay"] = stage_replay(device, seeds, model_name, began + 0.6 * args.budget_s)
     print(f"replay: {report['replay']['verdicts']}, max logit diff {report['replay']['max_abs_logit_diff']:.3g}")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if dry_run:
-        report["throughput"] = stage_throughput(device, [b for b in batch_sizes if b <= 16] or [4], 16, 8, "tiny",
-                                                "float64", 1, began + args.budget_s)
+        report["throughput"] = stage_throughput(
+            device, [b for b in batch_sizes if b <= 16] or [4], 16, 8, "tiny", "float64", 1, began + args.budget_s
+        )
     else:
-        report["throughput"] = stage_throughput(device, batch_sizes, 128, 128, "bench-250m", "bfloat16",
-                                                args.repeats, began + args.budget_s)
+        report["throughput"] = stage_throughput(
+            device, batch_sizes, 128, 128, "bench-250m", "bfloat16", args.repeats, began + args.budget_s
+        )
     print(report["throughput"]["table"])
     ok = report["tokens"]["ok"] and report["replay"]["ok"]
-    complete = not (report["tokens"]["skipped_for_time"] or report["replay"]["skipped_for_time"]
-                    or report["throughput"]["skipped_for_time"])
+    complete = not (
+        report["tokens"]["skipped_for_time"]
+        or report["replay"]["skipped_for_time"]
+        or report["throughput"]["skipped_for_time"]
+    )
     report["verdict"] = ("pass" if complete else "partial") if ok else "fail"
     report["seconds"] = round(time.monotonic() - began, 1)
     report_path.write_text(json.dumps(report, indent=1) + "\n")

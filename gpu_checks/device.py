@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 
-def get_check_device(device_name: str, allow_cpu: bool, report_path: Path, check: str) -> tuple[torch.device, bool] | int:
+def get_check_device(
+    device_name: str, allow_cpu: bool, report_path: Path, check: str
+) -> tuple[torch.device, bool] | int:
     """``(device, dry_run)`` for a check to run on, or the exit code when it must not run.
 
     Without CUDA the check writes a ``skipped`` report (it needs a GPU) and
@@ -34,10 +36,15 @@ def get_check_device(device_name: str, allow_cpu: bool, report_path: Path, check
 
 def get_device_info(device: torch.device, dry_run: bool) -> dict[str, Any]:
     """What a check's report says about the machine: versions, the device, and the GPU's name and memory."""
-    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-                            "dry_run_on_cpu": dry_run}
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "dry_run_on_cpu": dry_run,
+    }
     if not dry_run:
         props = torch.cuda.get_device_properties(device)
-        info.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                     "cuda": torch.version.cuda})
+        info.update(
+            {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda}
+        )
     return info

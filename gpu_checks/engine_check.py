@@ -82,12 +82,18 @@ class EngineCheckReport:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "name": self.name, "ok": self.ok, "steps": self.steps, "divergence": self.divergence,
+            "name": self.name,
+            "ok": self.ok,
+            "steps": self.steps,
+            "divergence": self.divergence,
             "token_mismatches": self.token_mismatches,
             "near_ties": [t.__dict__ for t in self.near_ties],
-            "num_requests": self.num_requests, "num_generated_tokens": self.num_generated_tokens,
-            "num_preemptions": self.num_preemptions, "num_drafts_proposed": self.num_drafts_proposed,
-            "num_drafts_accepted": self.num_drafts_accepted, "num_repaired_tokens": self.num_repaired_tokens,
+            "num_requests": self.num_requests,
+            "num_generated_tokens": self.num_generated_tokens,
+            "num_preemptions": self.num_preemptions,
+            "num_drafts_proposed": self.num_drafts_proposed,
+            "num_drafts_accepted": self.num_drafts_accepted,
+            "num_repaired_tokens": self.num_repaired_tokens,
             "min_margin": self.min_margin if self.min_margin != float("inf") else None,
             "seconds": round(self.seconds, 3),
         }
@@ -109,10 +115,17 @@ def _apply(engine: Engine, ref: Scheduler, item: object) -> tuple[dict[str, Any]
     """Apply one input to both; return its trace event and a divergence message, if any."""
     if isinstance(item, RequestSpec):
         for target in (ref, engine):
-            target.add_request(item.request_id, item.prompt_token_ids, item.max_tokens, priority=item.priority,
-                               arrival_time=item.arrival_time, eos_token_id=item.eos_token_id,
-                               ignore_eos=item.ignore_eos, stop_token_ids=item.stop_token_ids,
-                               min_tokens=item.min_tokens)
+            target.add_request(
+                item.request_id,
+                item.prompt_token_ids,
+                item.max_tokens,
+                priority=item.priority,
+                arrival_time=item.arrival_time,
+                eos_token_id=item.eos_token_id,
+                ignore_eos=item.ignore_eos,
+                stop_token_ids=item.stop_token_ids,
+                min_tokens=item.min_tokens,
+            )
         return item.to_event(), None
     if isinstance(item, AbortSpec):
         ref.abort(item.request_id)
@@ -139,8 +152,9 @@ def _apply(engine: Engine, ref: Scheduler, item: object) -> tuple[dict[str, Any]
     return event, None
 
 
-def check_engine(workload: Workload, model: LlamaModel, *, name: str = "", max_steps: int = 10_000,
-                 record_trace: bool = True) -> EngineCheckReport:
+def check_engine(
+    workload: Workload, model: LlamaModel, *, name: str = "", max_steps: int = 10_000, record_trace: bool = True
+) -> EngineCheckReport:
     """Run ``workload`` on the engine and the reference in lockstep (see the module docstring)."""
     t0 = time.perf_counter()
     report = EngineCheckReport(name=name or workload.description or f"seed {workload.seed}")
@@ -210,14 +224,19 @@ def check_engine(workload: Workload, model: LlamaModel, *, name: str = "", max_s
             break
         eng_outputs = canonical_request_outputs(engine.update(out, result))
         expect_outputs = [o.to_canonical() for o in ref_outputs]
-        events.append({
-            "kind": "model_output", "step": ref_out.step,
-            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
-            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
-            "expect": {"outputs": expect_outputs},
-        })
+        events.append(
+            {
+                "kind": "model_output",
+                "step": ref_out.step,
+                "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+                "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
+                "expect": {"outputs": expect_outputs},
+            }
+        )
         if eng_outputs != expect_outputs:
-            report.divergence = f"step {ref_out.step}: request outputs differ: expected {expect_outputs}, engine {eng_outputs}"
+            report.divergence = (
+                f"step {ref_out.step}: request outputs differ: expected {expect_outputs}, engine {eng_outputs}"
+            )
         now += 1
     if report.divergence is None and next_input < len(inputs):
         report.divergence = "inputs left over"
@@ -243,19 +262,34 @@ def _check_dense(engine: Engine, model: LlamaModel, max_model_len: int, report: 
     for record in engine.records:
         tokens = record.output_tokens
         finished = record.finish_reason in ("stop", "length")
-        dense = dense_generate(model, record.prompt, record.max_tokens, max_model_len=max_model_len,
-                               eos_token_id=record.eos_token_id, ignore_eos=record.ignore_eos,
-                               stop_token_ids=record.stop_token_ids, min_tokens=record.min_tokens,
-                               limit=None if finished else len(tokens), req_id=record.req_id)
+        dense = dense_generate(
+            model,
+            record.prompt,
+            record.max_tokens,
+            max_model_len=max_model_len,
+            eos_token_id=record.eos_token_id,
+            ignore_eos=record.ignore_eos,
+            stop_token_ids=record.stop_token_ids,
+            min_tokens=record.min_tokens,
+            limit=None if finished else len(tokens),
+            req_id=record.req_id,
+        )
         report.near_ties.extend(dense.near_ties)
         report.min_margin = min([report.min_margin, *dense.margins])
         if dense.tokens != tokens or (finished and dense.finish_reason != record.finish_reason):
-            i = next((i for i, (a, b) in enumerate(zip(tokens, dense.tokens)) if a != b), min(len(tokens), len(dense.tokens)))
+            i = next(
+                (i for i, (a, b) in enumerate(zip(tokens, dense.tokens)) if a != b), min(len(tokens), len(dense.tokens))
+            )
             tie = any(t.req_id == record.req_id and t.output_index == i for t in report.near_ties)
             report.token_mismatches.append(
-                f"{record.req_id}: first difference at output {i}: engine {tokens[i:i + 4]}, dense {dense.tokens[i:i + 4]}"
+                f"{record.req_id}: first difference at output {i}: engine {tokens[i : i + 4]}, dense {dense.tokens[i : i + 4]}"
                 f" (finish {record.finish_reason} vs {dense.finish_reason})"
-                + (" at a near tie" if tie else f"; dense margin there {dense.margins[i] if i < len(dense.margins) else None}"))
+                + (
+                    " at a near tie"
+                    if tie
+                    else f"; dense margin there {dense.margins[i] if i < len(dense.margins) else None}"
+                )
+            )
 
 
 def corpus_workloads(corpus: Path) -> list[tuple[str, Workload]]:
@@ -277,16 +311,26 @@ def _parse_seeds(text: str) -> range:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0:20", help="generated workloads, seeds LO:HI; '' for none")
-    parser.add_argument("--generator", choices=("conformance", "tight"), default="conformance",
-                        help="conformance/workloads/generate.py (default) or conformance/workloads/tight_workloads.py")
-    parser.add_argument("--corpus", type=Path, default=None, help="a folder of JSONL traces (e.g. conformance/traces/vectors)")
-    parser.add_argument("--examples", action="store_true", help="also the built-in examples (conformance/traces/examples.py)")
+    parser.add_argument(
+        "--generator",
+        choices=("conformance", "tight"),
+        default="conformance",
+        help="conformance/workloads/generate.py (default) or conformance/workloads/tight_workloads.py",
+    )
+    parser.add_argument(
+        "--corpus", type=Path, default=None, help="a folder of JSONL traces (e.g. conformance/traces/vectors)"
+    )
+    parser.add_argument(
+        "--examples", action="store_true", help="also the built-in examples (conformance/traces/examples.py)"
+    )
     parser.add_argument("--model", default="tiny", choices=sorted(MODEL_CONFIGS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float64", choices=sorted(DTYPES))
     parser.add_argument("--traces", type=Path, default=None, help="write each lockstep trace here")
     parser.add_argument("--json", type=Path, default=None, help="write the reports as JSON here")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the tiny model gains nothing from more)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (the tiny model gains nothing from more)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from schedconf.conformance.traces.examples import EXAMPLES
@@ -299,21 +343,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.examples:
         workloads += [(f"example-{k}", f()) for k, f in sorted(EXAMPLES.items())]
     if args.seeds and args.generator == "tight":
-        workloads += [(f"tight-seed-{s}", make_tight_workload(s, vocab_size=model.config.vocab_size))
-                      for s in _parse_seeds(args.seeds)]
+        workloads += [
+            (f"tight-seed-{s}", make_tight_workload(s, vocab_size=model.config.vocab_size))
+            for s in _parse_seeds(args.seeds)
+        ]
     elif args.seeds:
         from schedconf.conformance.workloads.generate import random_workload as generate_workload
 
-        workloads += [(f"seed-{s}-{p}", generate_workload(s, p)) for s in _parse_seeds(args.seeds)
-                      for p in ("vllm-0.33", "vllm-0.32")]
+        workloads += [
+            (f"seed-{s}-{p}", generate_workload(s, p))
+            for s in _parse_seeds(args.seeds)
+            for p in ("vllm-0.33", "vllm-0.32")
+        ]
     reports = []
     for name, workload in workloads:
         report = check_engine(workload, model, name=name)
         reports.append(report)
         status = "ok" if report.ok else "FAIL"
-        print(f"{status:4} {name}: {report.steps} steps, {report.num_generated_tokens} tokens, "
-              f"{report.num_preemptions} preemptions, drafts {report.num_drafts_accepted}/{report.num_drafts_proposed}, "
-              f"{report.num_repaired_tokens} repaired, {len(report.near_ties)} near ties, {report.seconds:.2f} s")
+        print(
+            f"{status:4} {name}: {report.steps} steps, {report.num_generated_tokens} tokens, "
+            f"{report.num_preemptions} preemptions, drafts {report.num_drafts_accepted}/{report.num_drafts_proposed}, "
+            f"{report.num_repaired_tokens} repaired, {len(report.near_ties)} near ties, {report.seconds:.2f} s"
+        )
         for line in ([report.divergence] if report.divergence else []) + report.token_mismatches:
             print("     " + line[:400])
         if args.traces and report.trace is not None:
@@ -323,11 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([r.summary() for r in reports], indent=1))
     bad = sum(not r.ok for r in reports)
     margins = [r.min_margin for r in reports if r.min_margin != float("inf")]
-    print(f"totals: {sum(r.steps for r in reports)} steps, {sum(r.num_generated_tokens for r in reports)} tokens, "
-          f"{sum(r.num_preemptions for r in reports)} preemptions, "
-          f"drafts {sum(r.num_drafts_accepted for r in reports)}/{sum(r.num_drafts_proposed for r in reports)}, "
-          f"{sum(r.num_repaired_tokens for r in reports)} repaired, {sum(len(r.near_ties) for r in reports)} near ties, "
-          f"smallest greedy margin {min(margins) if margins else float('nan'):.3g}")
+    print(
+        f"totals: {sum(r.steps for r in reports)} steps, {sum(r.num_generated_tokens for r in reports)} tokens, "
+        f"{sum(r.num_preemptions for r in reports)} preemptions, "
+        f"drafts {sum(r.num_drafts_accepted for r in reports)}/{sum(r.num_drafts_proposed for r in reports)}, "
+        f"{sum(r.num_repaired_tokens for r in reports)} repaired, {sum(len(r.near_ties) for r in reports)} near ties, "
+        f"smallest greedy margin {min(margins) if margins else float('nan'):.3g}"
+    )
     print(f"{len(reports) - bad} passed, {bad} failed")
     return 1 if bad else 0
 

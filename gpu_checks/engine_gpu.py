@@ -74,8 +74,11 @@ def stage_conformance(device: torch.device, seeds: range, corpus: Path, deadline
         results.append(report.summary())
     failed = [r for r in results if not r["ok"]]
     return {
-        "model": config.to_dict(), "dtype": "float64",
-        "workloads": len(results), "failed": len(failed), "skipped_for_time": skipped,
+        "model": config.to_dict(),
+        "dtype": "float64",
+        "workloads": len(results),
+        "failed": len(failed),
+        "skipped_for_time": skipped,
         "steps": sum(r["steps"] for r in results),
         "generated_tokens": sum(r["num_generated_tokens"] for r in results),
         "preemptions": sum(r["num_preemptions"] for r in results),
@@ -116,15 +119,26 @@ def stage_replay(device: torch.device, corpus: Path, seeds: range, deadline: flo
             d = result.divergence
             failures.append({"trace": trace.path, "step": d.step if d else None, "message": d.message if d else ""})
     return {
-        "traces": sum(verdicts.values()), "verdicts": verdicts, "skipped_for_time": skipped,
-        "checked_positions": sut.num_checked_positions, "max_abs_logit_diff": sut.max_abs_diff,
-        "near_ties": [t.__dict__ for t in sut.near_ties], "failures": failures + sut.failures,
+        "traces": sum(verdicts.values()),
+        "verdicts": verdicts,
+        "skipped_for_time": skipped,
+        "checked_positions": sut.num_checked_positions,
+        "max_abs_logit_diff": sut.max_abs_diff,
+        "near_ties": [t.__dict__ for t in sut.near_ties],
+        "failures": failures + sut.failures,
         "ok": not failures and not sut.failures and verdicts.get("fail", 0) == 0,
     }
 
 
-def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: int, output_len: int,
-                     model_name: str, dtype: torch.dtype, deadline: float) -> dict[str, Any]:
+def stage_throughput(
+    device: torch.device,
+    batch_sizes: list[int],
+    prompt_len: int,
+    output_len: int,
+    model_name: str,
+    dtype: torch.dtype,
+    deadline: float,
+) -> dict[str, Any]:
     """Tokens/s and decode-step latency per batch size."""
     import random
 
@@ -144,12 +158,21 @@ def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: i
         block_size = 16
         max_len = prompt_len + output_len + 1
         blocks = -(-max_len // block_size)
-        config = SchedulerConfig(block_size=block_size, num_gpu_blocks=n * blocks + 1, max_num_batched_tokens=8192,
-                                 max_num_seqs=n, max_model_len=max_len)
+        config = SchedulerConfig(
+            block_size=block_size,
+            num_gpu_blocks=n * blocks + 1,
+            max_num_batched_tokens=8192,
+            max_num_seqs=n,
+            max_model_len=max_len,
+        )
         engine = Engine(config, model)
         for i in range(n):
-            engine.add_request(f"r{i}", [rng.randrange(model.config.vocab_size) for _ in range(prompt_len)],
-                               output_len, ignore_eos=True)
+            engine.add_request(
+                f"r{i}",
+                [rng.randrange(model.config.vocab_size) for _ in range(prompt_len)],
+                output_len,
+                ignore_eos=True,
+            )
         _sync(device)
         start = time.perf_counter()
         decode_ms: list[float] = []
@@ -170,19 +193,30 @@ def stage_throughput(device: torch.device, batch_sizes: list[int], prompt_len: i
         total_s = time.perf_counter() - start
         generated = engine.stats.num_generated_tokens
         decode_sorted = sorted(decode_ms)
-        rows.append({
-            "batch_size": n,
-            "generated_tokens": generated,
-            "seconds": round(total_s, 3),
-            "tokens_per_s": round(generated / total_s, 1),
-            "decode_steps": len(decode_ms),
-            "decode_step_ms_median": round(statistics.median(decode_ms), 3) if decode_ms else None,
-            "decode_step_ms_p90": round(decode_sorted[int(0.9 * (len(decode_sorted) - 1))], 3) if decode_ms else None,
-            "decode_tokens_per_s": round(n * len(decode_ms) / (sum(decode_ms) / 1e3), 1) if decode_ms else None,
-            "scheduler_ms_median": round(statistics.median(sched_ms), 3) if sched_ms else None,
-        })
-    return {"model": model_name, "params_millions": round(model.config.num_params / 1e6, 1), "dtype": str(dtype),
-            "prompt_len": prompt_len, "output_len": output_len, "model_load_s": round(load_s, 2), "rows": rows}
+        rows.append(
+            {
+                "batch_size": n,
+                "generated_tokens": generated,
+                "seconds": round(total_s, 3),
+                "tokens_per_s": round(generated / total_s, 1),
+                "decode_steps": len(decode_ms),
+                "decode_step_ms_median": round(statistics.median(decode_ms), 3) if decode_ms else None,
+                "decode_step_ms_p90": round(decode_sorted[int(0.9 * (len(decode_sorted) - 1))], 3)
+                if decode_ms
+                else None,
+                "decode_tokens_per_s": round(n * len(decode_ms) / (sum(decode_ms) / 1e3), 1) if decode_ms else None,
+                "scheduler_ms_median": round(statistics.median(sched_ms), 3) if sched_ms else None,
+            }
+        )
+    return {
+        "model": model_name,
+        "params_millions": round(model.config.num_params / 1e6, 1),
+        "dtype": str(dtype),
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "model_load_s": round(load_s, 2),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replay: {report['replay']['verdicts']}, max logit diff {report['replay']['max_abs_logit_diff']:.3g}")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if dry_run:
-        report["throughput"] = stage_throughput(device, [b for b in batch_sizes if b <= 16] or [1], 16, 8, "tiny",
-                                                torch.float64, deadline)
+        report["throughput"] = stage_throughput(
+            device, [b for b in batch_sizes if b <= 16] or [1], 16, 8, "tiny", torch.float64, deadline
+        )
     else:
         report["throughput"] = stage_throughput(device, batch_sizes, 128, 128, "bench-250m", torch.bfloat16, deadline)
     for row in report["throughput"]["rows"]:

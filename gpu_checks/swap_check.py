@@ -54,9 +54,15 @@ def _best(fn, device: torch.device, repeats: int) -> float:
     return best
 
 
-def measure_swap(device: str = "cpu", dtype: str = "bfloat16", model: str = "bench-250m",
-                 block_sizes: tuple[int, ...] = (16, 32, 64), num_blocks: int = 256, repeats: int = 5,
-                 seed: int = 0) -> list[dict[str, Any]]:
+def measure_swap(
+    device: str = "cpu",
+    dtype: str = "bfloat16",
+    model: str = "bench-250m",
+    block_sizes: tuple[int, ...] = (16, 32, 64),
+    num_blocks: int = 256,
+    repeats: int = 5,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """One row per block size: swap-out / swap-in seconds, blocks/s, GB/s, and the baseline copy's."""
     from schedconf.impl.model import DTYPES, MODEL_CONFIGS
     from schedconf.impl.v0_runner import V0ModelRunner
@@ -94,19 +100,33 @@ def measure_swap(device: str = "cpu", dtype: str = "bfloat16", model: str = "ben
         h = torch.empty(flat, dtype=dt, pin_memory=dev.type == "cuda")
         t_base_out = _best(lambda: h.copy_(a, non_blocking=True), dev, repeats)
         t_base_in = _best(lambda: a.copy_(h, non_blocking=True), dev, repeats)
-        rows.append({
-            "block_size": bs, "blocks": num_blocks, "block_bytes": block_bytes, "bytes": total,
-            "swap_out_s": t_out, "swap_in_s": t_in, "baseline_out_s": t_base_out, "baseline_in_s": t_base_in,
-            "swap_out_blocks_per_s": num_blocks / t_out, "swap_in_blocks_per_s": num_blocks / t_in,
-            "swap_out_gb_per_s": total / t_out / 1e9, "swap_in_gb_per_s": total / t_in / 1e9,
-            "baseline_out_gb_per_s": total / t_base_out / 1e9, "baseline_in_gb_per_s": total / t_base_in / 1e9,
-            "ratio_out": t_base_out / t_out, "ratio_in": t_base_in / t_in, "round_trip_exact": exact,
-        })
+        rows.append(
+            {
+                "block_size": bs,
+                "blocks": num_blocks,
+                "block_bytes": block_bytes,
+                "bytes": total,
+                "swap_out_s": t_out,
+                "swap_in_s": t_in,
+                "baseline_out_s": t_base_out,
+                "baseline_in_s": t_base_in,
+                "swap_out_blocks_per_s": num_blocks / t_out,
+                "swap_in_blocks_per_s": num_blocks / t_in,
+                "swap_out_gb_per_s": total / t_out / 1e9,
+                "swap_in_gb_per_s": total / t_in / 1e9,
+                "baseline_out_gb_per_s": total / t_base_out / 1e9,
+                "baseline_in_gb_per_s": total / t_base_in / 1e9,
+                "ratio_out": t_base_out / t_out,
+                "ratio_in": t_base_in / t_in,
+                "round_trip_exact": exact,
+            }
+        )
     return rows
 
 
-def check_swap_tokens(device: str = "cuda", model: str = "small", dtype: str = "float64",
-                      seeds: int = 4) -> dict[str, Any]:
+def check_swap_tokens(
+    device: str = "cuda", model: str = "small", dtype: str = "float64", seeds: int = 4
+) -> dict[str, Any]:
     """The v0 engine on ``device`` with swapping: every request's tokens equal the dense greedy forward.
 
     Runs the hand-made swap workload of ``tests/engine/test_impl_v0_engine.py``
@@ -121,21 +141,45 @@ def check_swap_tokens(device: str = "cuda", model: str = "small", dtype: str = "
     from schedconf.spec.schedulers import make_config
 
     lm = LlamaModel(MODEL_CONFIGS[model], device=device, dtype=DTYPES[dtype])
-    base = dict(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=4,
-                max_model_len=16, enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-                preemption_mode="swap", max_num_partial_prefills=1, max_long_partial_prefills=1,
-                long_prefill_token_threshold=0)
+    base = dict(
+        block_size=4,
+        num_gpu_blocks=4,
+        num_cpu_blocks=8,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        max_model_len=16,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        preemption_mode="swap",
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
     workloads = [(base, [("a", [11, 12, 13, 14, 15, 16, 17], 6), ("b", [21, 22, 23, 24, 25, 26, 27], 6)])]
     for seed in range(seeds):
         rng = random.Random(seed)
-        cfg = dict(base, num_gpu_blocks=12, num_cpu_blocks=64, max_model_len=24, max_num_seqs=5,
-                   max_num_batched_tokens=12 if seed % 2 else 24, enable_chunked_prefill=seed % 2 == 1,
-                   enable_prefix_caching=seed % 4 >= 2)
+        cfg = dict(
+            base,
+            num_gpu_blocks=12,
+            num_cpu_blocks=64,
+            max_model_len=24,
+            max_num_seqs=5,
+            max_num_batched_tokens=12 if seed % 2 else 24,
+            enable_chunked_prefill=seed % 2 == 1,
+            enable_prefix_caching=seed % 4 >= 2,
+        )
         system = [rng.randrange(512) for _ in range(8)]
         # prompts of at most 12 tokens: a swapped chunked prefill always fits the 12-token budget again
         # (vLLM 0.10.2 never chunks a swap-in, so a longer one would never come back)
-        reqs = [(f"r{i}", system[:rng.choice([0, 4, 8])] + [rng.randrange(512) for _ in range(rng.randrange(1, 5))],
-                 rng.randrange(4, 14)) for i in range(7)]
+        reqs = [
+            (
+                f"r{i}",
+                system[: rng.choice([0, 4, 8])] + [rng.randrange(512) for _ in range(rng.randrange(1, 5))],
+                rng.randrange(4, 14),
+            )
+            for i in range(7)
+        ]
         workloads.append((cfg, reqs))
     counts = {"workloads": 0, "requests": 0, "swapped_in_blocks": 0, "swapped_out_blocks": 0, "mismatches": []}
     for cfg, reqs in workloads:
@@ -148,8 +192,14 @@ def check_swap_tokens(device: str = "cuda", model: str = "small", dtype: str = "
         counts["swapped_out_blocks"] += engine.num_swapped_out_blocks
         for record in engine.records:
             counts["requests"] += 1
-            dense = dense_generate(lm, record.prompt, record.max_tokens, max_model_len=cfg["max_model_len"],
-                                   ignore_eos=True, defer_length_to_min_tokens=True)
+            dense = dense_generate(
+                lm,
+                record.prompt,
+                record.max_tokens,
+                max_model_len=cfg["max_model_len"],
+                ignore_eos=True,
+                defer_length_to_min_tokens=True,
+            )
             if record.output_tokens != dense.tokens:
                 counts["mismatches"].append({"config": cfg, "request": record.req_id})
     return counts
@@ -157,15 +207,18 @@ def check_swap_tokens(device: str = "cuda", model: str = "small", dtype: str = "
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of ``measure_swap`` rows."""
-    lines = ["| block size | KiB/block | out blocks/s | out GB/s | copy GB/s | out/copy | in blocks/s | in GB/s "
-             "| copy GB/s | in/copy | exact |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| block size | KiB/block | out blocks/s | out GB/s | copy GB/s | out/copy | in blocks/s | in GB/s "
+        "| copy GB/s | in/copy | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['block_size']} | {r['block_bytes'] / 1024:.0f} | {r['swap_out_blocks_per_s']:,.0f} "
             f"| {r['swap_out_gb_per_s']:.2f} | {r['baseline_out_gb_per_s']:.2f} | {r['ratio_out']:.2f} "
             f"| {r['swap_in_blocks_per_s']:,.0f} | {r['swap_in_gb_per_s']:.2f} | {r['baseline_in_gb_per_s']:.2f} "
-            f"| {r['ratio_in']:.2f} | {'yes' if r['round_trip_exact'] else 'NO'} |")
+            f"| {r['ratio_in']:.2f} | {'yes' if r['round_trip_exact'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -193,18 +246,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and not args.allow_cpu:
         print("swap_check: --device cpu needs --allow-cpu (a dry run)")
         return 2
-    rows = measure_swap(args.device, args.dtype, args.model, tuple(int(b) for b in args.block_sizes.split(",")),
-                        args.blocks, args.repeats)
+    rows = measure_swap(
+        args.device,
+        args.dtype,
+        args.model,
+        tuple(int(b) for b in args.block_sizes.split(",")),
+        args.blocks,
+        args.repeats,
+    )
     tokens = check_swap_tokens(args.device, args.tokens_model, seeds=args.token_seeds)
     verdict = "pass" if all(r["round_trip_exact"] for r in rows) and not tokens["mismatches"] else "fail"
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    report = {"verdict": verdict, "device": device_name, "model": args.model, "dtype": args.dtype, "rows": rows,
-              "tokens": tokens}
+    report = {
+        "verdict": verdict,
+        "device": device_name,
+        "model": args.model,
+        "dtype": args.dtype,
+        "rows": rows,
+        "tokens": tokens,
+    }
     (out / "swap_check.json").write_text(json.dumps(report, indent=2) + "\n")
     print(render_table(rows))
-    print(f"tokens: {tokens['requests']} requests in {tokens['workloads']} workloads, "
-          f"{tokens['swapped_out_blocks']} blocks swapped out, {tokens['swapped_in_blocks']} in, "
-          f"{len(tokens['mismatches'])} differ from the dense forward")
+    print(
+        f"tokens: {tokens['requests']} requests in {tokens['workloads']} workloads, "
+        f"{tokens['swapped_out_blocks']} blocks swapped out, {tokens['swapped_in_blocks']} in, "
+        f"{len(tokens['mismatches'])} differ from the dense forward"
+    )
     print(f"swap_check: {verdict} on {device_name}")
     return 0 if verdict == "pass" else 1
 

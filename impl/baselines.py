@@ -35,8 +35,13 @@ def engine_generate(model: LlamaModel, prompts: list[list[int]], output_len: int
     block_size = 16
     max_len = max(len(p) for p in prompts) + output_len + 1
     blocks_per_req = -(-max_len // block_size)
-    config = SchedulerConfig(block_size=block_size, num_gpu_blocks=len(prompts) * blocks_per_req + 1,
-                             max_num_batched_tokens=8192, max_num_seqs=len(prompts), max_model_len=max_len)
+    config = SchedulerConfig(
+        block_size=block_size,
+        num_gpu_blocks=len(prompts) * blocks_per_req + 1,
+        max_num_batched_tokens=8192,
+        max_num_seqs=len(prompts),
+        max_model_len=max_len,
+    )
     engine = Engine(config, model)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
@@ -55,7 +60,7 @@ def dense_loop(model: LlamaModel, prompts: list[list[int]], output_len: int) -> 
         seq = list(p)
         for _ in range(output_len):
             seq.append(int(model.forward_dense(seq)[-1].argmax()))
-        outs.append(seq[len(p):])
+        outs.append(seq[len(p) :])
     return outs, time.perf_counter() - t0
 
 
@@ -68,10 +73,12 @@ def kv_loop(model: LlamaModel, prompts: list[list[int]], output_len: int) -> tup
     outs = []
     for p in prompts:
         max_len = len(p) + output_len
-        k_cache = [torch.zeros(c.num_kv_heads, max_len, c.head_dim, dtype=model.dtype, device=dev)
-                   for _ in range(c.num_layers)]
-        v_cache = [torch.zeros(c.num_kv_heads, max_len, c.head_dim, dtype=model.dtype, device=dev)
-                   for _ in range(c.num_layers)]
+        k_cache = [
+            torch.zeros(c.num_kv_heads, max_len, c.head_dim, dtype=model.dtype, device=dev) for _ in range(c.num_layers)
+        ]
+        v_cache = [
+            torch.zeros(c.num_kv_heads, max_len, c.head_dim, dtype=model.dtype, device=dev) for _ in range(c.num_layers)
+        ]
         seq = list(p)
         new = list(p)
         while len(seq) < max_len:
@@ -82,14 +89,19 @@ def kv_loop(model: LlamaModel, prompts: list[list[int]], output_len: int) -> tup
             mask = torch.arange(len(seq), device=dev)[None, :] <= positions[:, None]
             for layer in range(c.num_layers):
                 q, k, v = model.qkv(layer, hidden, rope)
-                k_cache[layer][:, start:len(seq)] = k.transpose(0, 1)
-                v_cache[layer][:, start:len(seq)] = v.transpose(0, 1)
-                attn = F.scaled_dot_product_attention(q.transpose(0, 1), k_cache[layer][:, :len(seq)],
-                                                      v_cache[layer][:, :len(seq)], attn_mask=mask,
-                                                      scale=model.scale, enable_gqa=True)
+                k_cache[layer][:, start : len(seq)] = k.transpose(0, 1)
+                v_cache[layer][:, start : len(seq)] = v.transpose(0, 1)
+                attn = F.scaled_dot_product_attention(
+                    q.transpose(0, 1),
+                    k_cache[layer][:, : len(seq)],
+                    v_cache[layer][:, : len(seq)],
+                    attn_mask=mask,
+                    scale=model.scale,
+                    enable_gqa=True,
+                )
                 hidden = model.finish_layer(layer, hidden, attn.transpose(0, 1).reshape(len(new), -1))
             token = int(model.logits(hidden[-1:]).argmax())
             seq.append(token)
             new = [token]
-        outs.append(seq[len(p):])
+        outs.append(seq[len(p) :])
     return outs, time.perf_counter() - t0

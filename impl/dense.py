@@ -32,10 +32,20 @@ class DenseResult:
     margins: list[float] = field(default_factory=list)
 
 
-def dense_generate(model: LlamaModel, prompt: Sequence[int], max_tokens: int, *, max_model_len: int,
-                   eos_token_id: int | None = None, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
-                   min_tokens: int = 0, limit: int | None = None, req_id: str = "",
-                   defer_length_to_min_tokens: bool = False) -> DenseResult:
+def dense_generate(
+    model: LlamaModel,
+    prompt: Sequence[int],
+    max_tokens: int,
+    *,
+    max_model_len: int,
+    eos_token_id: int | None = None,
+    ignore_eos: bool = False,
+    stop_token_ids: Sequence[int] = (),
+    min_tokens: int = 0,
+    limit: int | None = None,
+    req_id: str = "",
+    defer_length_to_min_tokens: bool = False,
+) -> DenseResult:
     """Generate greedily until a stop rule fires or ``limit`` tokens exist (see the module docstring).
 
     ``defer_length_to_min_tokens``: vLLM v0's ``StopChecker`` checks nothing, not even

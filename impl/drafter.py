@@ -56,15 +56,15 @@ class NgramDrafter:
         for e in range(ctx.indexed_end + 1, end + 1):
             for n in range(self.n_min, self.n_max + 1):
                 if e - n >= 0:
-                    index[tuple(seq[e - n:e])] = e - n
+                    index[tuple(seq[e - n : e])] = e - n
         ctx.indexed_end = max(ctx.indexed_end, end)
         limit = min(limit, self.k)
         if limit <= 0:
             return []
         for n in range(min(self.n_max, len(seq)), self.n_min - 1, -1):
-            start = index.get(tuple(seq[len(seq) - n:]))
+            start = index.get(tuple(seq[len(seq) - n :]))
             if start is not None:
-                drafts = seq[start + n: start + n + limit]
+                drafts = seq[start + n : start + n + limit]
                 self.num_proposed += len(drafts)
                 return drafts
         return []

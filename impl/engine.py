@@ -89,16 +89,31 @@ class EngineStats:
 class Engine:
     """A paged-KV greedy inference engine over one :class:`LlamaModel`."""
 
-    def __init__(self, config: SchedulerConfig, model: LlamaModel, *, profile: str = "vllm-0.33",
-                 drafter: NgramDrafter | None = None, use_drafter: bool = True, repair_prefix_hits: bool = True) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        model: LlamaModel,
+        *,
+        profile: str = "vllm-0.33",
+        drafter: NgramDrafter | None = None,
+        use_drafter: bool = True,
+        repair_prefix_hits: bool = True,
+    ) -> None:
         self.config = config
         self.model = model
         self.scheduler = FastScheduler(config, profile)
         if drafter is None and use_drafter and config.num_spec_tokens > 0:
             drafter = NgramDrafter(config.num_spec_tokens)
-        self.runner = ModelRunner(model, self.scheduler.pool, config.block_size, config.max_model_len,
-                                  config.num_spec_tokens, drafter, repair_prefix_hits,
-                                  async_scheduling=self.scheduler.async_scheduling)
+        self.runner = ModelRunner(
+            model,
+            self.scheduler.pool,
+            config.block_size,
+            config.max_model_len,
+            config.num_spec_tokens,
+            drafter,
+            repair_prefix_hits,
+            async_scheduling=self.scheduler.async_scheduling,
+        )
         self.records: list[RequestRecord] = []
         self._live: dict[str, RequestRecord] = {}
         self.stats = EngineStats()
@@ -106,17 +121,43 @@ class Engine:
         """Steps scheduled by ``step_overlapped`` whose output is not applied yet, oldest first."""
         self._worker: ThreadPoolExecutor | None = None
 
-    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
-                    arrival_time: int = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
-                    stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: int = 0,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+    ) -> None:
         """Queue a request (the scheduler validates it; InvalidEvent leaves everything unchanged)."""
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
-        self.scheduler.add_request(request_id, prompt, max_tokens, priority=priority, arrival_time=arrival_time,
-                                   eos_token_id=eos_token_id, ignore_eos=ignore_eos, stop_token_ids=stops,
-                                   min_tokens=min_tokens)
-        record = RequestRecord(request_id, prompt, max_tokens, eos_token_id, bool(ignore_eos), stops, min_tokens,
-                               self.scheduler.requests[request_id])
+        self.scheduler.add_request(
+            request_id,
+            prompt,
+            max_tokens,
+            priority=priority,
+            arrival_time=arrival_time,
+            eos_token_id=eos_token_id,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stops,
+            min_tokens=min_tokens,
+        )
+        record = RequestRecord(
+            request_id,
+            prompt,
+            max_tokens,
+            eos_token_id,
+            bool(ignore_eos),
+            stops,
+            min_tokens,
+            self.scheduler.requests[request_id],
+        )
         self.records.append(record)
         self._live[request_id] = record
 
@@ -183,11 +224,16 @@ class Engine:
             out = self.schedule()
             prepared = self.runner.prepare(out)
             if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="impl-forward",
-                                                  initializer=_init_worker, initargs=(torch.get_num_threads(),))
+                self._worker = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="impl-forward",
+                    initializer=_init_worker,
+                    initargs=(torch.get_num_threads(),),
+                )
             queue.append((out, prepared, self._worker.submit(self.runner.run, prepared)))
-            if len(queue) < self.max_concurrent_batches and (out.total_num_scheduled_tokens > 0
-                                                              or self.scheduler.has_requests()):
+            if len(queue) < self.max_concurrent_batches and (
+                out.total_num_scheduled_tokens > 0 or self.scheduler.has_requests()
+            ):
                 return None
         elif not queue:
             return None

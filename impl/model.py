@@ -67,12 +67,28 @@ class ModelConfig:
 TINY = ModelConfig()
 """CPU tests and the CPU bench: 2 layers, hidden 64, vocab 512 (about 0.14 M parameters)."""
 
-SMALL = ModelConfig(vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=32,
-                    intermediate_size=688, seed=1)
+SMALL = ModelConfig(
+    vocab_size=2048,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=688,
+    seed=1,
+)
 """The GPU corpus check: about 3.8 M parameters, still cheap in float64."""
 
-BENCH_250M = ModelConfig(vocab_size=32000, hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=4,
-                         head_dim=64, intermediate_size=2816, seed=2)
+BENCH_250M = ModelConfig(
+    vocab_size=32000,
+    hidden_size=1024,
+    num_layers=16,
+    num_heads=16,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=2816,
+    seed=2,
+)
 """The GPU throughput bench: about 246 M parameters."""
 
 MODEL_CONFIGS = {"tiny": TINY, "small": SMALL, "bench-250m": BENCH_250M}
@@ -83,7 +99,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 class LlamaModel:
     """The decoder's weights on one device in one dtype, and its building blocks."""
 
-    def __init__(self, config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self, config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -104,14 +122,16 @@ class LlamaModel:
         self.embedding = draw(c.vocab_size, h, 1.0)
         self.layers: list[dict[str, torch.Tensor]] = []
         for _ in range(c.num_layers):
-            self.layers.append({
-                "attn_norm": norm_weight(h),
-                "qkv": draw(self.q_size + 2 * self.kv_size, h, 1.0 / math.sqrt(h)),
-                "o": draw(h, self.q_size, 1.0 / math.sqrt(self.q_size)),
-                "mlp_norm": norm_weight(h),
-                "gate_up": draw(2 * c.intermediate_size, h, 1.0 / math.sqrt(h)),
-                "down": draw(h, c.intermediate_size, 1.0 / math.sqrt(c.intermediate_size)),
-            })
+            self.layers.append(
+                {
+                    "attn_norm": norm_weight(h),
+                    "qkv": draw(self.q_size + 2 * self.kv_size, h, 1.0 / math.sqrt(h)),
+                    "o": draw(h, self.q_size, 1.0 / math.sqrt(self.q_size)),
+                    "mlp_norm": norm_weight(h),
+                    "gate_up": draw(2 * c.intermediate_size, h, 1.0 / math.sqrt(h)),
+                    "down": draw(h, c.intermediate_size, 1.0 / math.sqrt(c.intermediate_size)),
+                }
+            )
         self.final_norm = norm_weight(h)
         self.lm_head = draw(c.vocab_size, h, 2.0 / math.sqrt(h))
         # Rotary tables, computed in float64 and cast once: angle = pos * theta^(-2i/d).
@@ -145,16 +165,20 @@ class LlamaModel:
         """Hidden states [T, hidden] of ids already reduced to ``[0, vocab_size)``."""
         return self.embedding[token_ids]
 
-    def qkv(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self,
+        layer: int,
+        hidden: torch.Tensor,
+        positions: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, H, d] and keys [T, KVH, d] (rotated), values [T, KVH, d] of one layer."""
         w = self.layers[layer]
         c = self.config
         x = self.rms_norm(hidden, w["attn_norm"])
         qkv = x @ w["qkv"].T
         q = qkv[:, : self.q_size].view(-1, c.num_heads, c.head_dim)
-        k = qkv[:, self.q_size: self.q_size + self.kv_size].view(-1, c.num_kv_heads, c.head_dim)
-        v = qkv[:, self.q_size + self.kv_size:].view(-1, c.num_kv_heads, c.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, c.num_kv_heads, c.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, c.num_kv_heads, c.head_dim)
         return self.rotary(q, positions), self.rotary(k, positions), v
 
     def finish_layer(self, layer: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

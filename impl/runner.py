@@ -160,9 +160,17 @@ class ExecuteResult:
 class ModelRunner:
     """Owns the paged KV cache of one model; executes StepOutputs of one FastScheduler."""
 
-    def __init__(self, model: LlamaModel, pool: BlockPool, block_size: int, max_model_len: int,
-                 num_spec_tokens: int = 0, drafter: NgramDrafter | None = None, repair_prefix_hits: bool = True,
-                 async_scheduling: bool = False) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: BlockPool,
+        block_size: int,
+        max_model_len: int,
+        num_spec_tokens: int = 0,
+        drafter: NgramDrafter | None = None,
+        repair_prefix_hits: bool = True,
+        async_scheduling: bool = False,
+    ) -> None:
         """``repair_prefix_hits=False`` trusts every prefix hit; it exists only to demonstrate the hazard.
 
         ``async_scheduling``: steps may be scheduled with output placeholders;
@@ -232,7 +240,7 @@ class ModelRunner:
                         break
                 if seg_start < start:
                     repaired += start - seg_start
-                    completing.update(table[seg_start // bs: start // bs])
+                    completing.update(table[seg_start // bs : start // bs])
             end = start + n
             drafts = list(out.spec_tokens.get(req.req_id, ())) if end > ntok else []
             real_end = min(end, ntok)
@@ -251,12 +259,13 @@ class ModelRunner:
                 seg.sources = [s for s in self._open.get(req, ()) if s.incarnation == seg.incarnation]
                 max_shift = sum(s.num_scheduled_drafts for s in seg.sources)
             seg.commit_first = max(seg_start - max_shift, 0) // bs
-            seg.commit_blocks = [(b, gen[b]) for b in table[seg.commit_first: (end + bs - 1) // bs]]
+            seg.commit_blocks = [(b, gen[b]) for b in table[seg.commit_first : (end + bs - 1) // bs]]
             # blocks this step fills with the sequence's tokens whatever the
             # shift (placeholders are tokens; drafts are not, until verified):
             # later steps may read them
-            seg.marked = seg.commit_blocks[seg_start // bs - seg.commit_first:
-                                           max(real_end - max_shift, 0) // bs - seg.commit_first]
+            seg.marked = seg.commit_blocks[
+                seg_start // bs - seg.commit_first : max(real_end - max_shift, 0) // bs - seg.commit_first
+            ]
             segments.append(seg)
         return segments, repaired
 
@@ -314,8 +323,9 @@ class ModelRunner:
         return step
 
     @torch.inference_mode()
-    def run(self, step: PreparedStep, *, keep_logits: bool = False,
-            drafts: dict[str, list[int]] | None = None) -> ExecuteResult:
+    def run(
+        self, step: PreparedStep, *, keep_logits: bool = False, drafts: dict[str, list[int]] | None = None
+    ) -> ExecuteResult:
         """The forward pass and greedy sampling of a prepared step (steps run in schedule order).
 
         Touches no scheduler state but the tokens of the requests with holes
@@ -328,8 +338,9 @@ class ModelRunner:
         out, segments = step.out, step.segments
         self.num_repaired_tokens += step.repaired
         sampled: list[list[int]] = [[] for _ in out.entries]
-        result = ExecuteResult(sampled=sampled, drafts={}, near_ties=[], segments=segments,
-                               num_repaired_tokens=step.repaired)
+        result = ExecuteResult(
+            sampled=sampled, drafts={}, near_ties=[], segments=segments, num_repaired_tokens=step.repaired
+        )
         if not segments:
             return result
         model, dev = self.model, self.model.device
@@ -372,8 +383,9 @@ class ModelRunner:
             self._propose_ahead(result)
         return result
 
-    def _settle(self, step: PreparedStep, ids: list[int], given: dict[str, list[int]] | None
-                ) -> tuple[list[int], list[int], list[int], list[_Attention]]:
+    def _settle(
+        self, step: PreparedStep, ids: list[int], given: dict[str, list[int]] | None
+    ) -> tuple[list[int], list[int], list[int], list[_Attention]]:
         """Async + spec, at run time: move segments back over their sources' rejected drafts, fill inputs.
 
         A segment's real tokens come from the request (applied) or from the
@@ -397,8 +409,8 @@ class ModelRunner:
                 seg.end -= shift
                 seg.num_tokens -= shift
                 n = seg.end - seg.start
-                positions[seg.row: seg.row + n] = range(seg.start, seg.end)
-                slots[seg.row: seg.row + n] = self._slots(seg.table, seg.start, seg.end)
+                positions[seg.row : seg.row + n] = range(seg.start, seg.end)
+                slots[seg.row : seg.row + n] = self._slots(seg.table, seg.start, seg.end)
                 self.num_shifted_segments += 1
             tokens = req.tokens
             ahead = self.sampled_ahead.get(req, {})
@@ -421,7 +433,7 @@ class ModelRunner:
                 d += [0] * (m - len(d))
                 seg.drafts = d
                 first = seg.row + seg.num_tokens - seg.start
-                ids[first: first + m] = d
+                ids[first : first + m] = d
         plans = self._attention_plans(step.segments) if moved else step.plans
         return ids, positions, slots, plans
 
@@ -475,8 +487,15 @@ class ModelRunner:
                 plans.append(_Attention(self, [seg]))
         return plans
 
-    def _sample(self, out: StepOutput, segments: list[Segment], logits: torch.Tensor, result: ExecuteResult,
-                *, keep_logits: bool) -> None:
+    def _sample(
+        self,
+        out: StepOutput,
+        segments: list[Segment],
+        logits: torch.Tensor,
+        result: ExecuteResult,
+        *,
+        keep_logits: bool,
+    ) -> None:
         """Greedy choice per sampled position, draft verification, near ties."""
         masks: list[tuple[int, frozenset[int]]] = []
         for seg in segments:
@@ -500,17 +519,18 @@ class ModelRunner:
             accepted = 0
             while accepted < m and seg.drafts[accepted] == tokens[row + accepted]:
                 accepted += 1
-            chosen = tokens[row: row + accepted + 1]
+            chosen = tokens[row : row + accepted + 1]
             result.sampled[seg.entry_index] = chosen
             result.num_drafts_accepted += accepted
             seg.rejected = m - accepted
             num_out = seg.num_tokens - req.num_prompt
             for i in range(accepted + 1):
                 if margins[row + i] < self.tie_eps:
-                    result.near_ties.append(NearTie(req.req_id, num_out + i, tokens[row + i], runner_up[row + i],
-                                                    float(margins[row + i])))
+                    result.near_ties.append(
+                        NearTie(req.req_id, num_out + i, tokens[row + i], runner_up[row + i], float(margins[row + i]))
+                    )
             if keep_logits:
-                result.logits[seg.entry_index] = cpu[row: row + m + 1]
+                result.logits[seg.entry_index] = cpu[row : row + m + 1]
             if self.async_scheduling:  # a later step in flight may consume these tokens
                 known = {p: t for p, t in ahead.get(req, {}).items() if p >= seg.start}
                 for i, t in enumerate(chosen):
@@ -529,8 +549,9 @@ class ModelRunner:
             chosen = result.sampled[seg.entry_index]
             if seg.sample_row < 0 or not chosen:
                 continue
-            drafts = self.drafter.propose(seg.req.req_id, seg.req.tokens, chosen,
-                                          limit_base - (seg.num_tokens + len(chosen)))
+            drafts = self.drafter.propose(
+                seg.req.req_id, seg.req.tokens, chosen, limit_base - (seg.num_tokens + len(chosen))
+            )
             if drafts:
                 result.drafts[seg.req.req_id] = drafts
 
@@ -574,7 +595,7 @@ class ModelRunner:
                     else:
                         break
             first = seg.start // bs - seg.commit_first
-            for b, g in seg.commit_blocks[first: max(valid_end // bs - seg.commit_first, first)]:
+            for b, g in seg.commit_blocks[first : max(valid_end // bs - seg.commit_first, first)]:
                 written[b] = g
             if self.drafter is not None and seg.req.is_finished:
                 if self.async_spec:
@@ -621,8 +642,10 @@ class _Attention:
         self.q_rows = torch.tensor(q_rows, dtype=torch.long, device=dev)  # [R, Qmax]
         qp = torch.tensor(q_pos, dtype=torch.long, device=dev)
         self.mask = (kpos[None, None, :] <= qp[:, :, None])[:, None]  # [R, 1, Qmax, Lmax]
-        self.valid = (torch.arange(qmax, device=dev)[None, :] < torch.tensor(
-            [s.end - s.start for s in segments], device=dev)[:, None])  # [R, Qmax]
+        self.valid = (
+            torch.arange(qmax, device=dev)[None, :]
+            < torch.tensor([s.end - s.start for s in segments], device=dev)[:, None]
+        )  # [R, Qmax]
         self.valid_rows = torch.tensor(valid_rows, dtype=torch.long, device=dev)
         self.qmax, self.lmax = qmax, lmax
 
@@ -638,10 +661,19 @@ class _Attention:
         if step >= qmax:
             o = F.scaled_dot_product_attention(qg, k, v, attn_mask=self.mask, scale=scale, enable_gqa=True)
         else:
-            o = torch.cat([
-                F.scaled_dot_product_attention(qg[:, :, i:i + step], k, v, attn_mask=self.mask[:, :, i:i + step],
-                                               scale=scale, enable_gqa=True)
-                for i in range(0, qmax, step)
-            ], dim=2)
+            o = torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        qg[:, :, i : i + step],
+                        k,
+                        v,
+                        attn_mask=self.mask[:, :, i : i + step],
+                        scale=scale,
+                        enable_gqa=True,
+                    )
+                    for i in range(0, qmax, step)
+                ],
+                dim=2,
+            )
         o = o.transpose(1, 2)  # [R, Qmax, H, d]
         out.index_copy_(0, self.valid_rows, o[self.valid])

@@ -112,14 +112,45 @@ class Req:
     """
 
     __slots__ = (
-        "req_id", "prompt", "tokens", "num_prompt", "num_computed", "spec", "hashes", "status",
-        "priority", "arrival", "eos", "stop_ids", "stopset", "max_tokens", "min_tokens",
-        "length_cap", "is_prefill_chunk", "stop_reason", "blocks", "num_cached", "num_preemptions",
-        "placeholders", "in_flight", "stale", "drop_stale",
+        "req_id",
+        "prompt",
+        "tokens",
+        "num_prompt",
+        "num_computed",
+        "spec",
+        "hashes",
+        "status",
+        "priority",
+        "arrival",
+        "eos",
+        "stop_ids",
+        "stopset",
+        "max_tokens",
+        "min_tokens",
+        "length_cap",
+        "is_prefill_chunk",
+        "stop_reason",
+        "blocks",
+        "num_cached",
+        "num_preemptions",
+        "placeholders",
+        "in_flight",
+        "stale",
+        "drop_stale",
     )
 
-    def __init__(self, req_id: str, prompt: tuple[int, ...], max_tokens: int, min_tokens: int, priority: int,
-                 arrival: int | float, eos: int | None, stop_ids: tuple[int, ...], length_cap: int) -> None:
+    def __init__(
+        self,
+        req_id: str,
+        prompt: tuple[int, ...],
+        max_tokens: int,
+        min_tokens: int,
+        priority: int,
+        arrival: int | float,
+        eos: int | None,
+        stop_ids: tuple[int, ...],
+        length_cap: int,
+    ) -> None:
         self.req_id = req_id
         self.prompt = prompt
         self.tokens: list[int] = list(prompt)
@@ -163,7 +194,7 @@ class Req:
     @property
     def output_token_ids(self) -> list[int]:
         """The sampled tokens, in order."""
-        return self.tokens[self.num_prompt:]
+        return self.tokens[self.num_prompt :]
 
     @property
     def is_finished(self) -> bool:
@@ -184,7 +215,19 @@ class BlockPool:
     points to was ever computed (see ``impl/runner.py``).
     """
 
-    __slots__ = ("num_blocks", "ref", "block_hash", "nxt", "prv", "head", "tail", "num_free", "cached", "caching", "gen")
+    __slots__ = (
+        "num_blocks",
+        "ref",
+        "block_hash",
+        "nxt",
+        "prv",
+        "head",
+        "tail",
+        "num_free",
+        "cached",
+        "caching",
+        "gen",
+    )
 
     def __init__(self, num_blocks: int, caching: bool) -> None:
         self.num_blocks = num_blocks
@@ -308,12 +351,29 @@ class StepOutput:
     request *samples* iff ``before + n >= num_tokens_at_schedule``.
     """
 
-    __slots__ = ("step", "entries", "num_running", "kinds", "spec_tokens", "finished_req_ids",
-                 "preempted_req_ids", "total_num_scheduled_tokens", "v2_layout")
+    __slots__ = (
+        "step",
+        "entries",
+        "num_running",
+        "kinds",
+        "spec_tokens",
+        "finished_req_ids",
+        "preempted_req_ids",
+        "total_num_scheduled_tokens",
+        "v2_layout",
+    )
 
-    def __init__(self, step: int, entries: list[tuple[Req, int, int, int, Sequence[int]]], num_running: int,
-                 kinds: list[int], spec_tokens: dict[str, list[int]], finished_req_ids: set[str],
-                 preempted_req_ids: set[str], total: int) -> None:
+    def __init__(
+        self,
+        step: int,
+        entries: list[tuple[Req, int, int, int, Sequence[int]]],
+        num_running: int,
+        kinds: list[int],
+        spec_tokens: dict[str, list[int]],
+        finished_req_ids: set[str],
+        preempted_req_ids: set[str],
+        total: int,
+    ) -> None:
         self.step = step
         self.entries = entries
         self.num_running = num_running
@@ -347,15 +407,18 @@ class StepOutput:
             kind = KIND_RUNNING if index < self.num_running else self.kinds[index - self.num_running]
             if kind == KIND_NEW or (kind == KIND_RESUMED and self.v2_layout):
                 (new if kind == KIND_NEW else resumed_as_new).append(
-                    {"req_id": req.req_id, "block_ids": list(blocks), "num_computed_tokens": before})
+                    {"req_id": req.req_id, "block_ids": list(blocks), "num_computed_tokens": before}
+                )
             else:
-                (running if kind == KIND_RUNNING else resumed).append({
-                    "req_id": req.req_id,
-                    "resumed": kind == KIND_RESUMED,
-                    "new_block_ids": list(blocks),
-                    "num_computed_tokens": before,
-                    "num_output_tokens": ntok - req.num_prompt,
-                })
+                (running if kind == KIND_RUNNING else resumed).append(
+                    {
+                        "req_id": req.req_id,
+                        "resumed": kind == KIND_RESUMED,
+                        "new_block_ids": list(blocks),
+                        "num_computed_tokens": before,
+                        "num_output_tokens": ntok - req.num_prompt,
+                    }
+                )
         return {
             "scheduled_new_reqs": new + resumed_as_new,
             "scheduled_cached_reqs": running + resumed,
@@ -522,28 +585,49 @@ class FastScheduler:
         """
         self._require_alive()
         if not _is_int(step) or not 1 <= step <= self.current_step:
-            raise InvalidEvent("unscheduled_step", f"model output for step {step!r}, which was never scheduled "
-                               f"(last step: {self.current_step})", step=step)
+            raise InvalidEvent(
+                "unscheduled_step",
+                f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
+                step=step,
+            )
         oldest = self.in_flight[0].step if self.in_flight else self.current_step + 1
         if step < oldest:
-            raise InvalidEvent("duplicate_model_output", f"model output for step {step}, whose output was already "
-                               "applied", step=step)
+            raise InvalidEvent(
+                "duplicate_model_output", f"model output for step {step}, whose output was already applied", step=step
+            )
         if step > oldest:
-            raise InvalidEvent("model_output_out_of_order", f"model output for step {step} while step {oldest} is "
-                               "still in flight (outputs are applied in schedule order)", step=step)
+            raise InvalidEvent(
+                "model_output_out_of_order",
+                f"model output for step {step} while step {oldest} is "
+                "still in flight (outputs are applied in schedule order)",
+                step=step,
+            )
         return self.in_flight[0]
 
     def _require_alive(self) -> None:
         """After an engine crash every call is refused (``engine_dead``)."""
         if self.crashed is not None:
-            raise EngineCrash("engine_dead", f"the engine core died in step {self.current_step} ({self.crashed})",
-                              step=self.current_step)
+            raise EngineCrash(
+                "engine_dead",
+                f"the engine core died in step {self.current_step} ({self.crashed})",
+                step=self.current_step,
+            )
 
     # ------------------------------------------------------------------ inputs
 
-    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
-                    arrival_time: int | float = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
-                    stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: int | float = 0,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+    ) -> None:
         """Queue a new request at the tail of ``waiting``; refuse invalid ones unchanged.
 
         Rules, checked in this order (first failure wins): list-like prompt and
@@ -570,8 +654,9 @@ class FastScheduler:
         if not prompt:
             raise InvalidEvent("empty_prompt", "the prompt has no tokens", request_id=request_id)
         if len(prompt) >= self.mml:
-            raise InvalidEvent("prompt_too_long", f"prompt of {len(prompt)} tokens leaves no room to generate",
-                               request_id=request_id)
+            raise InvalidEvent(
+                "prompt_too_long", f"prompt of {len(prompt)} tokens leaves no room to generate", request_id=request_id
+            )
         for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             if not _is_int(value):
                 raise InvalidEvent("invalid_field_type", f"{name} must be an integer", request_id=request_id)
@@ -583,14 +668,27 @@ class FastScheduler:
             raise InvalidEvent("invalid_min_tokens", "min_tokens must be in [0, max_tokens]", request_id=request_id)
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
             if not _is_token(token):
-                raise InvalidEvent("invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
-                                   request_id=request_id)
+                raise InvalidEvent(
+                    "invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id
+                )
         if request_id in self.seen_ids and self.is_scheduled_in_flight(request_id):
-            raise InvalidEvent("request_id_in_flight", f"request {request_id!r} was aborted while a step that "
-                               "scheduled it is in flight", request_id=request_id)
+            raise InvalidEvent(
+                "request_id_in_flight",
+                f"request {request_id!r} was aborted while a step that scheduled it is in flight",
+                request_id=request_id,
+            )
         eos = None if ignore_eos else eos_token_id
-        req = Req(request_id, prompt, max_tokens, min_tokens, priority, arrival_time, eos, stops,
-                  min(self.mml, len(prompt) + max_tokens))
+        req = Req(
+            request_id,
+            prompt,
+            max_tokens,
+            min_tokens,
+            priority,
+            arrival_time,
+            eos,
+            stops,
+            min(self.mml, len(prompt) + max_tokens),
+        )
         if self.priority:
             heapq.heappush(self._heap, (priority, arrival_time, request_id, req))
         else:
@@ -606,8 +704,9 @@ class FastScheduler:
         """
         self._require_alive()
         if request_id not in self.seen_ids:
-            raise InvalidEvent("unknown_request_id", f"abort of request {request_id!r}, which was never added",
-                               request_id=request_id)
+            raise InvalidEvent(
+                "unknown_request_id", f"abort of request {request_id!r}, which was never added", request_id=request_id
+            )
         req = self.requests.get(request_id)
         if req is None or req.status >= FINISHED_STOPPED:
             return []
@@ -650,7 +749,7 @@ class FastScheduler:
             bs, tokens = self.bs, req.tokens
             parent = hashes[-1] if hashes else _HASH_SEED
             for i in range(len(hashes), upto):
-                parent = _block_hash(parent, tokens[i * bs:(i + 1) * bs])
+                parent = _block_hash(parent, tokens[i * bs : (i + 1) * bs])
                 hashes.append(parent)
         return hashes
 
@@ -715,9 +814,12 @@ class FastScheduler:
         """Decide this step's batch: the running loop, then (without preemption) the waiting loop."""
         self._require_alive()
         if len(self.in_flight) >= self.max_concurrent_batches:
-            raise InvalidEvent("output_not_processed", f"schedule() called while {len(self.in_flight)} step(s) await "
-                               f"their model output (max_concurrent_batches={self.max_concurrent_batches})",
-                               step=self.current_step)
+            raise InvalidEvent(
+                "output_not_processed",
+                f"schedule() called while {len(self.in_flight)} step(s) await "
+                f"their model output (max_concurrent_batches={self.max_concurrent_batches})",
+                step=self.current_step,
+            )
         self.current_step += 1
         running = self.running
         threshold = self.threshold
@@ -840,16 +942,31 @@ class FastScheduler:
         if not preempted and budget > 0 and self._waiting_len():
             budget = self._schedule_waiting(entries, kinds, spec_out, budget, threshold, prefill_scheduled, num_running)
 
-        out = StepOutput(self.current_step, entries, num_running, kinds, spec_out, self.finished_req_ids,
-                         self.preempted_req_ids, self.budget - budget)
+        out = StepOutput(
+            self.current_step,
+            entries,
+            num_running,
+            kinds,
+            spec_out,
+            self.finished_req_ids,
+            self.preempted_req_ids,
+            self.budget - budget,
+        )
         out.v2_layout = self.v2_layout
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
         self.in_flight.append(out)
         return out
 
-    def _preempt_until_fits(self, req: Req, need: int, i: int, entries: list[tuple[Req, int, int, int, Sequence[int]]],
-                            spec_out: dict[str, list[int]], budget: int) -> tuple[int, int, bool]:
+    def _preempt_until_fits(
+        self,
+        req: Req,
+        need: int,
+        i: int,
+        entries: list[tuple[Req, int, int, int, Sequence[int]]],
+        spec_out: dict[str, list[int]],
+        budget: int,
+    ) -> tuple[int, int, bool]:
         """Preempt victims until ``req`` gets ``need`` more blocks (or preempts itself).
 
         Returns the moved cursor, the repaired budget, and whether ``req`` fits.
@@ -880,9 +997,16 @@ class FastScheduler:
                 return i, budget, False
         return i, budget, True
 
-    def _schedule_waiting(self, entries: list[tuple[Req, int, int, int, Sequence[int]]], kinds: list[int],
-                          spec_out: dict[str, list[int]], budget: int, threshold: int, prefill_scheduled: bool,
-                          num_running: int) -> int:
+    def _schedule_waiting(
+        self,
+        entries: list[tuple[Req, int, int, int, Sequence[int]]],
+        kinds: list[int],
+        spec_out: dict[str, list[int]],
+        budget: int,
+        threshold: int,
+        prefill_scheduled: bool,
+        num_running: int,
+    ) -> int:
         """The waiting loop: admit from the head while budget, seats and blocks last. Returns the budget left."""
         pool = self.pool
         bs, mml = self.bs, self.mml
@@ -965,9 +1089,12 @@ class FastScheduler:
                         # tokens; the threshold cut it, so their engine core dies
                         # here (a vLLM bug the reference models; reports/findings.md 3).
                         self.crashed = "engine_assertion_padded_admission"
-                        raise EngineCrash("engine_assertion_padded_admission",
-                                          f"step {self.current_step}: {req.req_id!r} padded to {1 + k} tokens, "
-                                          f"cut to {n} by long_prefill_token_threshold", request_id=req.req_id)
+                        raise EngineCrash(
+                            "engine_assertion_padded_admission",
+                            f"step {self.current_step}: {req.req_id!r} padded to {1 + k} tokens, "
+                            f"cut to {n} by long_prefill_token_threshold",
+                            request_id=req.req_id,
+                        )
                     spec_out[req.req_id] = [-1] * k
                 req.in_flight += n
                 if self.async_scheduling and not req.is_prefill_chunk:
@@ -985,8 +1112,9 @@ class FastScheduler:
 
     # ------------------------------------------------------------------ update
 
-    def validate_model_output(self, out: StepOutput, sampled: Mapping[str, Sequence[int]],
-                              drafts: Mapping[str, Sequence[int]]) -> None:
+    def validate_model_output(
+        self, out: StepOutput, sampled: Mapping[str, Sequence[int]], drafts: Mapping[str, Sequence[int]]
+    ) -> None:
         """Refuse model output no model could have produced for ``out`` (the reference's rules).
 
         Sampled ids must be scheduled and tokens non-negative integers; a live
@@ -1016,16 +1144,19 @@ class FastScheduler:
                 # as the reference does.
                 num_drafts = len(out.spec_tokens.get(rid, ()))
                 if got > 1 + num_drafts or (got == 0 and self.async_scheduling):
-                    raise InvalidEvent("bad_num_sampled_tokens",
-                                       f"request {rid!r} must sample 0 (not async) to 1 + drafts tokens")
+                    raise InvalidEvent(
+                        "bad_num_sampled_tokens", f"request {rid!r} must sample 0 (not async) to 1 + drafts tokens"
+                    )
             elif got != 0:
                 raise InvalidEvent("bad_num_sampled_tokens", f"request {rid!r} ran a prefill chunk and samples nothing")
         for rid, d in drafts.items():
             if self.k <= 0:
                 raise InvalidEvent("drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
             if d and self.async_scheduling:
-                raise InvalidEvent("drafts_under_async_scheduling", f"draft tokens for {rid!r} under {self.profile}: "
-                                   "AsyncScheduler's drafts stay in the worker")
+                raise InvalidEvent(
+                    "drafts_under_async_scheduling",
+                    f"draft tokens for {rid!r} under {self.profile}: AsyncScheduler's drafts stay in the worker",
+                )
             if rid not in scheduled:
                 raise InvalidEvent("unscheduled_draft_tokens", f"draft tokens for unscheduled {rid!r}")
             if len(d) > self.k:
@@ -1034,8 +1165,9 @@ class FastScheduler:
                 if not _is_token(t):
                     raise InvalidEvent("invalid_token_id", f"draft token ids must be integers in [0, {MAX_TOKEN_ID}]")
 
-    def update_from_output(self, out: StepOutput, sampled: Sequence[Sequence[int]],
-                           drafts: Mapping[str, Sequence[int]] | None = None) -> list[RequestOutputTuple]:
+    def update_from_output(
+        self, out: StepOutput, sampled: Sequence[Sequence[int]], drafts: Mapping[str, Sequence[int]] | None = None
+    ) -> list[RequestOutputTuple]:
         """Apply the model output of the oldest step in flight; ``sampled[i]`` belongs to ``out.entries[i]``.
 
         Per scheduled request, in batch order: settle its in-flight (and stale)
@@ -1087,8 +1219,9 @@ class FastScheduler:
                     if had_placeholders:
                         req.placeholders -= 1
                     if cache_after:
-                        self._cache_upto(req, req.num_computed - (req.placeholders if minus_placeholders
-                                                                  else req.in_flight))
+                        self._cache_upto(
+                            req, req.num_computed - (req.placeholders if minus_placeholders else req.in_flight)
+                        )
                     results.append((req.req_id, toks, None, None))
                     continue
                 tokens.pop()

@@ -42,16 +42,42 @@ class V0Engine:
         self.num_swapped_in_blocks = 0
         self.num_swapped_out_blocks = 0
 
-    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
-                    arrival_time: int = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
-                    stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: int = 0,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+    ) -> None:
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
-        self.scheduler.add_request(request_id, prompt, max_tokens, priority=priority, arrival_time=arrival_time,
-                                   eos_token_id=eos_token_id, ignore_eos=ignore_eos, stop_token_ids=stops,
-                                   min_tokens=min_tokens)
-        record = RequestRecord(request_id, prompt, max_tokens, eos_token_id, bool(ignore_eos), stops, min_tokens,
-                               self.scheduler.requests[request_id])  # type: ignore[arg-type]
+        self.scheduler.add_request(
+            request_id,
+            prompt,
+            max_tokens,
+            priority=priority,
+            arrival_time=arrival_time,
+            eos_token_id=eos_token_id,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stops,
+            min_tokens=min_tokens,
+        )
+        record = RequestRecord(
+            request_id,
+            prompt,
+            max_tokens,
+            eos_token_id,
+            bool(ignore_eos),
+            stops,
+            min_tokens,
+            self.scheduler.requests[request_id],
+        )  # type: ignore[arg-type]
         self.records.append(record)
         self._live[request_id] = record
 

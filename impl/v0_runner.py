@@ -75,8 +75,9 @@ class V0ModelRunner:
         # cache is a contiguous slice, as the forward needs). Host: block-major ([blocks, 2 * layers,
         # ...]), so a host block is one contiguous run of bytes (every layer's keys and values).
         self.kv = torch.zeros((2 * layers, *dev_shape), dtype=model.dtype, device=model.device)
-        self.kv_host = torch.zeros((host_shape[0], 2 * layers, *host_shape[1:]), dtype=model.dtype,
-                                   pin_memory=self.pinned)
+        self.kv_host = torch.zeros(
+            (host_shape[0], 2 * layers, *host_shape[1:]), dtype=model.dtype, pin_memory=self.pinned
+        )
         self.k_cache = [self.kv[i] for i in range(layers)]
         self.v_cache = [self.kv[layers + i] for i in range(layers)]
         self.k_host = [self.kv_host[:, i] for i in range(layers)]
@@ -194,9 +195,13 @@ class V0ModelRunner:
         self.copy_blocks(out.blocks_to_copy)
         segments, repaired = self._segments(out)
         self.num_repaired_tokens += repaired
-        result = V0ExecuteResult(sampled=[None] * len(out.entries), near_ties=[], segments=segments,
-                                 num_repaired_tokens=repaired,
-                                 num_swapped_blocks=len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))
+        result = V0ExecuteResult(
+            sampled=[None] * len(out.entries),
+            near_ties=[],
+            segments=segments,
+            num_repaired_tokens=repaired,
+            num_swapped_blocks=len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+        )
         if not segments:
             return result
         model, dev = self.model, self.model.device
@@ -251,8 +256,9 @@ class V0ModelRunner:
             for j in range(seg.start // bs, -(-seg.end // bs)):
                 self._set_gpu_valid(seg.table[j], min(bs, seg.end - j * bs))
 
-    def _sample(self, sampling: list[Segment], logits: torch.Tensor, result: V0ExecuteResult,
-                keep_logits: bool) -> None:
+    def _sample(
+        self, sampling: list[Segment], logits: torch.Tensor, result: V0ExecuteResult, keep_logits: bool
+    ) -> None:
         masks = []
         for seg in sampling:
             req = seg.req
@@ -267,7 +273,10 @@ class V0ModelRunner:
             result.sampled[seg.entry_index] = tokens[row]
             if margins[row] < self.tie_eps:
                 req = seg.req
-                result.near_ties.append(NearTie(req.req_id, len(req.tokens) - req.num_prompt, tokens[row],
-                                                runner_up[row], float(margins[row])))
+                result.near_ties.append(
+                    NearTie(
+                        req.req_id, len(req.tokens) - req.num_prompt, tokens[row], runner_up[row], float(margins[row])
+                    )
+                )
             if keep_logits:
                 result.logits[seg.entry_index] = cpu[row]

@@ -46,8 +46,12 @@ from schedconf.impl.v0_blocks import (
 from schedconf.spec.errors import EngineCrash, InvalidEvent
 
 WAITING, RUNNING, SWAPPED, FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED, FINISHED_IGNORED = range(7)
-FINISH_REASONS = {FINISHED_STOPPED: "stop", FINISHED_LENGTH_CAPPED: "length", FINISHED_ABORTED: "abort",
-                  FINISHED_IGNORED: "length"}
+FINISH_REASONS = {
+    FINISHED_STOPPED: "stop",
+    FINISHED_LENGTH_CAPPED: "length",
+    FINISHED_ABORTED: "abort",
+    FINISHED_IGNORED: "length",
+}
 OK, LATER, NEVER = 0, 1, 2
 MAX_TOKEN_ID = 2**31 - 1
 WATERMARK = 0.01
@@ -64,12 +68,40 @@ def _is_token(value: object) -> bool:
 class V0Req:
     """One request (a single-sequence group): tokens, progress, and its block table."""
 
-    __slots__ = ("req_id", "num_prompt", "tokens", "max_tokens", "min_tokens", "priority", "arrival_time", "eos",
-                 "stops", "stopset", "status", "num_computed", "prefill", "blocks", "nfull", "on_cpu", "last_access",
-                 "chain", "ct_cached", "stop_reason")
+    __slots__ = (
+        "req_id",
+        "num_prompt",
+        "tokens",
+        "max_tokens",
+        "min_tokens",
+        "priority",
+        "arrival_time",
+        "eos",
+        "stops",
+        "stopset",
+        "status",
+        "num_computed",
+        "prefill",
+        "blocks",
+        "nfull",
+        "on_cpu",
+        "last_access",
+        "chain",
+        "ct_cached",
+        "stop_reason",
+    )
 
-    def __init__(self, req_id: str, prompt: tuple[int, ...], max_tokens: int, min_tokens: int, priority: int,
-                 arrival_time: Any, eos: int | None, stops: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        req_id: str,
+        prompt: tuple[int, ...],
+        max_tokens: int,
+        min_tokens: int,
+        priority: int,
+        arrival_time: Any,
+        eos: int | None,
+        stops: tuple[int, ...],
+    ) -> None:
         self.req_id = req_id
         self.num_prompt = len(prompt)
         self.tokens = list(prompt)
@@ -97,7 +129,7 @@ class V0Req:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.tokens[self.num_prompt:]
+        return self.tokens[self.num_prompt :]
 
     @property
     def is_finished(self) -> bool:
@@ -175,8 +207,9 @@ class _PartialPrefills:
         self.long_prefills = longs
 
     def can_schedule(self, r: V0Req) -> bool:
-        return not (_num_new_tokens(r) > self.threshold and self.long_prefills >= self.max_long
-                    and self.max_partial > 1)
+        return not (
+            _num_new_tokens(r) > self.threshold and self.long_prefills >= self.max_long and self.max_partial > 1
+        )
 
     def maybe_increment(self, r: V0Req) -> None:
         if _num_new_tokens(r) > self.threshold:
@@ -196,9 +229,19 @@ class V0StepOutput:
     block had when it was freed (for the model runner, not part of the canonical form).
     """
 
-    __slots__ = ("entries", "num_prefill_groups", "num_batched_tokens", "blocks_to_swap_in", "blocks_to_swap_out",
-                 "blocks_to_copy", "ignored", "running_queue_size", "preempted", "finished_requests_ids",
-                 "swap_out_gens")
+    __slots__ = (
+        "entries",
+        "num_prefill_groups",
+        "num_batched_tokens",
+        "blocks_to_swap_in",
+        "blocks_to_swap_out",
+        "blocks_to_copy",
+        "ignored",
+        "running_queue_size",
+        "preempted",
+        "finished_requests_ids",
+        "swap_out_gens",
+    )
 
     def __init__(self) -> None:
         self.entries: list[tuple[V0Req, int, bool, bool, list[int], list[int], int]] = []
@@ -231,8 +274,14 @@ class V0StepOutput:
             "preempted": self.preempted,
             "running_queue_size": self.running_queue_size,
             "scheduled_seq_groups": [
-                {"block_table": list(table), "computed_block_nums": list(computed), "do_sample": do_sample,
-                 "is_prompt": is_prompt, "request_id": req.req_id, "token_chunk_size": chunk}
+                {
+                    "block_table": list(table),
+                    "computed_block_nums": list(computed),
+                    "do_sample": do_sample,
+                    "is_prompt": is_prompt,
+                    "request_id": req.req_id,
+                    "token_chunk_size": chunk,
+                }
                 for req, chunk, is_prompt, do_sample, table, computed, _ in self.entries
             ],
         }
@@ -280,9 +329,19 @@ class FastV0Scheduler:
         if self.crashed is not None:
             raise EngineCrash("engine_dead", f"the engine died in step {self.clock} ({self.crashed})")
 
-    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int, *, priority: int = 0,
-                    arrival_time: Any = 0, eos_token_id: int | None = None, ignore_eos: bool = False,
-                    stop_token_ids: Iterable[int] = (), min_tokens: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: Any = 0,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+    ) -> None:
         """Append a request to ``waiting``; refuse invalid ones unchanged (a too-long prompt is not refused)."""
         self._require_alive()
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
@@ -299,16 +358,23 @@ class FastV0Scheduler:
         if not prompt:
             raise InvalidEvent("empty_prompt", "the prompt has no tokens", request_id=request_id)
         if len(prompt) > self.mml:  # LLMEngine._validate_model_input refuses only longer prompts
-            raise InvalidEvent("prompt_too_long", f"prompt of {len(prompt)} tokens is longer than max_model_len",
-                               request_id=request_id)
+            raise InvalidEvent(
+                "prompt_too_long", f"prompt of {len(prompt)} tokens is longer than max_model_len", request_id=request_id
+            )
         for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             if not _is_int(value):
                 raise InvalidEvent("invalid_field_type", f"{name} must be an integer", request_id=request_id)
         if priority != 0 and not self.priority_policy:  # LLMEngine.add_request refuses it
-            raise InvalidEvent("priority_without_priority_policy", "a priority other than 0 needs policy 'priority'",
-                               request_id=request_id)
-        if isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or (
-                isinstance(arrival_time, float) and not math.isfinite(arrival_time)):
+            raise InvalidEvent(
+                "priority_without_priority_policy",
+                "a priority other than 0 needs policy 'priority'",
+                request_id=request_id,
+            )
+        if (
+            isinstance(arrival_time, bool)
+            or not isinstance(arrival_time, (int, float))
+            or (isinstance(arrival_time, float) and not math.isfinite(arrival_time))
+        ):
             raise InvalidEvent("invalid_field_type", "arrival_time must be a finite number", request_id=request_id)
         if max_tokens < 1:
             raise InvalidEvent("invalid_max_tokens", "max_tokens must be >= 1", request_id=request_id)
@@ -316,10 +382,19 @@ class FastV0Scheduler:
             raise InvalidEvent("invalid_min_tokens", "min_tokens must be in [0, max_tokens]", request_id=request_id)
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
             if not _is_token(token):
-                raise InvalidEvent("invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
-                                   request_id=request_id)
-        req = V0Req(request_id, prompt, max_tokens, min_tokens, priority, arrival_time,
-                    None if ignore_eos else eos_token_id, stops)
+                raise InvalidEvent(
+                    "invalid_token_id", f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id
+                )
+        req = V0Req(
+            request_id,
+            prompt,
+            max_tokens,
+            min_tokens,
+            priority,
+            arrival_time,
+            None if ignore_eos else eos_token_id,
+            stops,
+        )
         self.requests[request_id] = req
         self.seen_ids.add(request_id)
         self.waiting.append(req)
@@ -328,8 +403,9 @@ class FastV0Scheduler:
         """``abort_seq_group``: remove the request from its queue, free it, report it in the next step."""
         self._require_alive()
         if request_id not in self.seen_ids:
-            raise InvalidEvent("unknown_request_id", f"abort of request {request_id!r}, which was never added",
-                               request_id=request_id)
+            raise InvalidEvent(
+                "unknown_request_id", f"abort of request {request_id!r}, which was never added", request_id=request_id
+            )
         req = self.requests.get(request_id)
         if req is None:
             return []
@@ -354,7 +430,7 @@ class FastV0Scheduler:
             bs, tokens = self.bs, req.tokens
             parent = chain[-1] if chain else FIRST_BLOCK
             for j in range(len(chain), num_blocks):
-                parent = compute_block_hash(parent, tokens[j * bs:(j + 1) * bs])
+                parent = compute_block_hash(parent, tokens[j * bs : (j + 1) * bs])
                 chain.append(parent)
         return chain
 
@@ -428,9 +504,13 @@ class FastV0Scheduler:
         if self.caching and req.last_access is not None:
             if req.on_cpu:
                 # vLLM marks the CPU block ids as accessed in the GPU allocator: KeyError.
-                raise self._crash(EngineCrash("engine_abort_swapped_prefix_cache",
-                                              "freeing a swapped sequence under prefix caching (vLLM: KeyError)",
-                                              request_id=req.req_id))
+                raise self._crash(
+                    EngineCrash(
+                        "engine_abort_swapped_prefix_cache",
+                        "freeing a swapped sequence under prefix caching (vLLM: KeyError)",
+                        request_id=req.req_id,
+                    )
+                )
             alloc.mark_accessed(blocks, req.last_access)
         self._untrack(req)
         self._release(alloc, req, blocks)
@@ -446,9 +526,13 @@ class FastV0Scheduler:
         """``ComputedBlocksTracker.remove_seq``, which asserts the sequence is tracked."""
         if self.caching:
             if req.ct_cached is None:
-                raise self._crash(EngineCrash("engine_computed_blocks_tracker_assertion",
-                                              "vLLM's ComputedBlocksTracker.remove_seq asserts on an untracked "
-                                              "sequence", request_id=req.req_id))
+                raise self._crash(
+                    EngineCrash(
+                        "engine_computed_blocks_tracker_assertion",
+                        "vLLM's ComputedBlocksTracker.remove_seq asserts on an untracked sequence",
+                        request_id=req.req_id,
+                    )
+                )
             req.ct_cached = None
 
     def _release(self, alloc: NaiveAllocator, req: V0Req, blocks: list[int]) -> None:
@@ -504,9 +588,13 @@ class FastV0Scheduler:
                 if cached < computed and not (req.status == RUNNING and self.chunked):
                     # vLLM asserts this never happens; a swapped chunked prefill whose tracker entry
                     # was dropped (not scheduled) comes back with fewer cached than computed tokens.
-                    raise self._crash(EngineCrash("engine_cached_below_computed",
-                                                  "fewer cached than computed tokens for a prefill that is not "
-                                                  "running", request_id=req.req_id))
+                    raise self._crash(
+                        EngineCrash(
+                            "engine_cached_below_computed",
+                            "fewer cached than computed tokens for a prefill that is not running",
+                            request_id=req.req_id,
+                        )
+                    )
                 cached = max(0, cached - computed)
                 uncached = all_new - cached
             else:
@@ -531,9 +619,13 @@ class FastV0Scheduler:
             req.prefill = True
             return False
         if self._can_swap(req, self.cpu, 0) != OK:
-            raise self._crash(EngineCrash("engine_swap_space_exhausted",
-                                          "Aborted due to the lack of CPU swap space (vLLM raises RuntimeError)",
-                                          request_id=req.req_id))
+            raise self._crash(
+                EngineCrash(
+                    "engine_swap_space_exhausted",
+                    "Aborted due to the lack of CPU swap space (vLLM raises RuntimeError)",
+                    request_id=req.req_id,
+                )
+            )
         gens = self.gpu.gen
         old_gens = {b: gens[b] for b in req.blocks or ()}
         pairs = self._move(req, self.gpu, self.cpu)
@@ -544,8 +636,9 @@ class FastV0Scheduler:
             out.swap_out_gens.extend(old_gens[g] for g, _ in pairs)
         return True
 
-    def _schedule_running(self, budget: _Budget, chunking: bool, ppm: _PartialPrefills | None,
-                          out: V0StepOutput) -> tuple[list, list, list, list]:
+    def _schedule_running(
+        self, budget: _Budget, chunking: bool, ppm: _PartialPrefills | None, out: V0StepOutput
+    ) -> tuple[list, list, list, list]:
         """``_schedule_running``: head first; preempt victims from the tail (or the head itself) until it fits."""
         running = self.running
         prefills: list[tuple[V0Req, int]] = []
@@ -617,8 +710,7 @@ class FastV0Scheduler:
             budget.add_seqs(req.req_id, 1)
         return prefills, decodes, infeasible
 
-    def _schedule_prefills(self, budget: _Budget, chunking: bool,
-                           ppm: _PartialPrefills | None) -> tuple[list, list]:
+    def _schedule_prefills(self, budget: _Budget, chunking: bool, ppm: _PartialPrefills | None) -> tuple[list, list]:
         """``_schedule_prefills``: admit from the head of ``waiting`` while the prompt fits."""
         if budget.token_budget - budget.batched == 0:
             return [], []
@@ -631,9 +723,13 @@ class FastV0Scheduler:
             if req.status != WAITING:
                 # vLLM asserts exactly one WAITING sequence here; a swap-mode victim of priority
                 # preemption sits in ``waiting`` with status SWAPPED and kills the engine.
-                raise self._crash(EngineCrash("engine_swapped_group_in_waiting",
-                                              "a swapped group sits in the waiting queue (vLLM's assertion fails)",
-                                              request_id=req.req_id))
+                raise self._crash(
+                    EngineCrash(
+                        "engine_swapped_group_in_waiting",
+                        "a swapped group sits in the waiting queue (vLLM's assertion fails)",
+                        request_id=req.req_id,
+                    )
+                )
             if ppm is not None and not ppm.can_schedule(req):
                 leftover.appendleft(req)
                 waiting.popleft()
@@ -685,9 +781,13 @@ class FastV0Scheduler:
             u = self._tokens(req, False, budget, None)[0] if is_waiting else 0
             while running and key(running[-1]) > key(req):
                 if not is_waiting:
-                    raise self._crash(EngineCrash("engine_swapped_group_in_waiting",
-                                                  "can_allocate of a swapped group in waiting (vLLM: IndexError)",
-                                                  request_id=req.req_id))
+                    raise self._crash(
+                        EngineCrash(
+                            "engine_swapped_group_in_waiting",
+                            "can_allocate of a swapped group in waiting (vLLM: IndexError)",
+                            request_id=req.req_id,
+                        )
+                    )
                 if u > 0 and self._can_allocate(req) == OK and budget.can_schedule(u, 1):
                     break
                 victim = running.pop()
@@ -782,7 +882,7 @@ class FastV0Scheduler:
             assert blocks is not None
             if caching:
                 req.last_access = now
-                computed = blocks[:self._num_cached_tokens(req) // bs]
+                computed = blocks[: self._num_cached_tokens(req) // bs]
             else:
                 computed = []
             is_prompt = req.prefill
@@ -795,8 +895,9 @@ class FastV0Scheduler:
         self.pending = out
         return out
 
-    def validate_model_output(self, out: V0StepOutput, sampled: Mapping[str, Sequence[int]],
-                              drafts: Mapping[str, Sequence[int]]) -> None:
+    def validate_model_output(
+        self, out: V0StepOutput, sampled: Mapping[str, Sequence[int]], drafts: Mapping[str, Sequence[int]]
+    ) -> None:
         """Refuse model output no model could have produced for ``out``."""
         self._require_alive()
         if out is not self.pending:
@@ -883,7 +984,9 @@ class FastV0Scheduler:
             for r in queue:
                 if r.blocks is not None:
                     (cpu_tables if r.on_cpu else gpu_tables)[r.req_id] = list(r.blocks)
-        return {"num_free_gpu_blocks": self.gpu.get_num_free_blocks(),
-                "num_free_cpu_blocks": self.cpu.get_num_free_blocks(),
-                "block_tables": dict(sorted(gpu_tables.items())),
-                "cpu_block_tables": dict(sorted(cpu_tables.items()))}
+        return {
+            "num_free_gpu_blocks": self.gpu.get_num_free_blocks(),
+            "num_free_cpu_blocks": self.cpu.get_num_free_blocks(),
+            "block_tables": dict(sorted(gpu_tables.items())),
+            "cpu_block_tables": dict(sorted(cpu_tables.items())),
+        }

@@ -32,5 +32,5 @@ def extend_block_hashes(block_hashes: list[bytes], token_ids: list[int], block_s
     start = len(block_hashes)
     parent = block_hashes[-1] if block_hashes else NONE_HASH
     for i in range(start, len(token_ids) // block_size):
-        parent = compute_block_hash(parent, token_ids[i * block_size:(i + 1) * block_size])
+        parent = compute_block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
         block_hashes.append(parent)

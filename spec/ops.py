@@ -28,8 +28,9 @@ class Ops(Protocol):
     def lt(self, a: Any, b: Any) -> Any: ...
     def sum(self, xs: Iterable[Any]) -> Any: ...
     def count(self, xs: Iterable[Any]) -> Any: ...
-    def forall(self, domain: Iterable[Any], predicate: Callable[[Any], Any],
-               describe: Callable[[Any], str] | None = None) -> Any: ...
+    def forall(
+        self, domain: Iterable[Any], predicate: Callable[[Any], Any], describe: Callable[[Any], str] | None = None
+    ) -> Any: ...
     def lex_le(self, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any: ...
     def lex_lt(self, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any: ...
 
@@ -41,8 +42,10 @@ class LexMixin:
         """``a < b`` in lexicographic order."""
         if not a:
             return self.or_()  # type: ignore[attr-defined]  # false
-        return self.or_(self.lt(a[0], b[0]),  # type: ignore[attr-defined]
-                        self.and_(self.eq(a[0], b[0]), self.lex_lt(a[1:], b[1:])))  # type: ignore[attr-defined]
+        return self.or_(
+            self.lt(a[0], b[0]),  # type: ignore[attr-defined]
+            self.and_(self.eq(a[0], b[0]), self.lex_lt(a[1:], b[1:])),
+        )  # type: ignore[attr-defined]
 
     def lex_le(self, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
         """``a <= b`` in lexicographic order."""
@@ -85,8 +88,9 @@ class ConcreteOps(LexMixin):
     def count(self, xs: Iterable[Any]) -> int:
         return sum(1 for x in xs if x)
 
-    def forall(self, domain: Iterable[Any], predicate: Callable[[Any], Any],
-               describe: Callable[[Any], str] | None = None) -> bool:
+    def forall(
+        self, domain: Iterable[Any], predicate: Callable[[Any], Any], describe: Callable[[Any], str] | None = None
+    ) -> bool:
         """True if ``predicate`` holds for every element; records the first that fails."""
         for x in domain:
             if not predicate(x):

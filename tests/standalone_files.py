@@ -38,21 +38,38 @@ def get_imported_top_names(text: str) -> set[str]:
     return names
 
 
-def run_standalone(python: str | os.PathLike[str], source: Path, folder: Path,
-                   timeout_s: float) -> subprocess.CompletedProcess[str]:
+def run_standalone(
+    python: str | os.PathLike[str], source: Path, folder: Path, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
     """Run ``python FILE`` on a copy of ``source`` in ``folder`` (outside the checkout), without ``PYTHONPATH``:
     nothing of this project can be imported. Standard output and error together."""
     copy = folder / source.name
     shutil.copy(source, copy)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([str(python), copy.name], cwd=folder, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout_s, check=False)
+    return subprocess.run(
+        [str(python), copy.name],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def copy_checkout(target: Path) -> Path:
     """The checkout's tracked files and the untracked ones git does not ignore, copied into ``target``."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = REPO_ROOT / name
         if source.is_file():

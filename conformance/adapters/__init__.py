@@ -87,8 +87,10 @@ def make_stdio_sut(name: str) -> SchedulerUnderTest:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise UnknownSut(f"--sut {name!r}: the command does not parse as shell words ({exc}); "
-                         "quote it as one argument: --sut stdio:'./my-scheduler --serve'") from None
+        raise UnknownSut(
+            f"--sut {name!r}: the command does not parse as shell words ({exc}); "
+            "quote it as one argument: --sut stdio:'./my-scheduler --serve'"
+        ) from None
     if not argv:
         raise UnknownSut(f"--sut {name!r}: expected stdio:'COMMAND ARGS', the command that starts your scheduler")
     program = argv[0]

@@ -57,8 +57,13 @@ class AphroditeSut(StdioSut):
         self.version = version
         python = env_python(FAMILY, version, root)
         command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.aphrodite_driver"
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
-                         name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
+        super().__init__(
+            command,
+            timeout_s=timeout_s,
+            env=driver_env(FAMILY, version, root),
+            name=f"{PREFIX}{version}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Seconds spent inside Aphrodite's ``schedule()`` + ``update_from_output()`` since ``init``."""
@@ -72,8 +77,10 @@ def make_aphrodite_sut(name: str, root: Path | None = None) -> SchedulerUnderTes
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.24.1 (pinned: {pinned})")
     if version not in supported_versions(FAMILY):
-        raise UnknownSut(f"--sut {name!r}: no pinned environment for Aphrodite {version}; "
-                         f"pinned releases: {pinned} (conformance/engines/envs/)")
+        raise UnknownSut(
+            f"--sut {name!r}: no pinned environment for Aphrodite {version}; "
+            f"pinned releases: {pinned} (conformance/engines/envs/)"
+        )
     if not is_env_ready(FAMILY, version, root):
         raise AphroditeEnvNotReady(f"--sut {name!r}: {not_ready_message(FAMILY, version)}")
     return AphroditeSut(version, root=root)

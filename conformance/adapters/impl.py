@@ -108,8 +108,9 @@ class ImplSchedulerSut(InProcessSut):
                     raise SutUnsupported(str(exc)) from None
         self.pending = None
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
-                           step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         """Apply the model output of ``step`` (None: the oldest step in flight); refusals change nothing."""
         sched = self._sched()
         if self.v0:
@@ -133,8 +134,9 @@ class ImplSchedulerSut(InProcessSut):
         with refused_as_input_error():
             return sched.get_in_flight_output(step)
 
-    def _apply(self, out: Any, sampled_token_ids: dict[str, list[int]],
-               draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def _apply(
+        self, out: Any, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         """Apply a validated model output of the oldest step in flight."""
         sched = self._sched()
         aligned = [sampled_token_ids.get(e[0].req_id, ()) for e in out.entries]
@@ -149,8 +151,9 @@ class ImplSchedulerSut(InProcessSut):
         with refused_as_input_error():
             return bool(self._sched().reset_prefix_cache(reset_running_requests))
 
-    def _update_v0(self, sched: FastV0Scheduler, sampled_token_ids: dict[str, list[int]],
-                   draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def _update_v0(
+        self, sched: FastV0Scheduler, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         pending: V0StepOutput = self.pending
         with refused_as_input_error():
             sched.validate_model_output(pending, sampled_token_ids, draft_token_ids)
@@ -167,8 +170,10 @@ class ImplSchedulerSut(InProcessSut):
         sched = self._sched()
         if self.v0:
             return sched.observe()
-        return {**sched.observe(), "block_tables": {rid: list(req.blocks) for rid, req in sorted(sched.requests.items())
-                                                    if req.blocks}}
+        return {
+            **sched.observe(),
+            "block_tables": {rid: list(req.blocks) for rid, req in sorted(sched.requests.items()) if req.blocks},
+        }
 
 
 def make_scheduler_sut() -> ImplSchedulerSut:
@@ -199,8 +204,14 @@ class ImplEngineSut(ImplSchedulerSut):
 
     name = "impl-engine"
 
-    def __init__(self, model: str = "tiny", device: str = "cpu", dtype: str = "float64",
-                 tolerance: float | None = None, cpu_threads: int | None = 1) -> None:
+    def __init__(
+        self,
+        model: str = "tiny",
+        device: str = "cpu",
+        dtype: str = "float64",
+        tolerance: float | None = None,
+        cpu_threads: int | None = 1,
+    ) -> None:
         """``cpu_threads`` sets torch's CPU threads (process-wide) on a CPU device; None leaves them."""
         super().__init__()
         self.cpu_threads = cpu_threads
@@ -240,8 +251,15 @@ class ImplEngineSut(ImplSchedulerSut):
 
             self.runner = V0ModelRunner(self.model, sched)
         else:
-            self.runner = ModelRunner(self.model, sched.pool, sched.bs, sched.mml, sched.k, drafter=None,
-                                      async_scheduling=sched.async_scheduling)
+            self.runner = ModelRunner(
+                self.model,
+                sched.pool,
+                sched.bs,
+                sched.mml,
+                sched.k,
+                drafter=None,
+                async_scheduling=sched.async_scheduling,
+            )
         self._positions = {}
         self._prepared = deque()
 
@@ -267,8 +285,9 @@ class ImplEngineSut(ImplSchedulerSut):
         if req is not None and req.is_finished:
             self._verify(req)
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
-                           step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         if self.v0:
             pending, result = self.pending, self.result
             outputs = super().update_from_output(sampled_token_ids, draft_token_ids, step)
@@ -282,8 +301,7 @@ class ImplEngineSut(ImplSchedulerSut):
         assert prepared.out is pending
         # Async + spec decode: the scheduled drafts are -1s the worker fills;
         # teacher forced, they are the trace's accepted tokens (the rest: the runner's filler).
-        drafts_in = ({rid: list(t[:-1]) for rid, t in sampled_token_ids.items()} if self.runner.async_spec
-                     else None)
+        drafts_in = {rid: list(t[:-1]) for rid, t in sampled_token_ids.items()} if self.runner.async_spec else None
         result = self.runner.run(prepared, keep_logits=True, drafts=drafts_in)
         outputs = self._apply(pending, sampled_token_ids, draft_token_ids)
         # the trace's tokens decide the drafts rejected (async + spec: later steps' positions)
@@ -340,15 +358,20 @@ class ImplEngineSut(ImplSchedulerSut):
             top = ref.topk(2)
             margin = float(top.values[0] - top.values[1])
             if diff > (self.tolerance or 0.0):
-                raise EngineMismatch(f"request {req.req_id!r} position {pos}: engine logits differ from the dense "
-                                     f"forward by {diff:.3g} (tolerance {self.tolerance:g})")
+                raise EngineMismatch(
+                    f"request {req.req_id!r} position {pos}: engine logits differ from the dense "
+                    f"forward by {diff:.3g} (tolerance {self.tolerance:g})"
+                )
             if int(row.argmax()) != int(ref.argmax()):
                 if margin >= tie_eps:
-                    raise EngineMismatch(f"request {req.req_id!r} position {pos}: greedy token {int(row.argmax())} "
-                                         f"!= dense {int(ref.argmax())} with margin {margin:.3g}")
+                    raise EngineMismatch(
+                        f"request {req.req_id!r} position {pos}: greedy token {int(row.argmax())} "
+                        f"!= dense {int(ref.argmax())} with margin {margin:.3g}"
+                    )
             if margin < tie_eps:
-                self.near_ties.append(NearTie(req.req_id, pos - req.num_prompt + 1, int(ref.argmax()),
-                                              int(top.indices[1]), margin))
+                self.near_ties.append(
+                    NearTie(req.req_id, pos - req.num_prompt + 1, int(ref.argmax()), int(top.indices[1]), margin)
+                )
 
     def close(self) -> None:
         """Check what is left of unfinished requests; a mismatch is kept in ``failures``, not raised."""

@@ -63,8 +63,13 @@ class LmdeploySut(StdioSut):
         self.version = version
         python = env_python(FAMILY, version, root)
         command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.lmdeploy_driver"
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
-                         name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
+        super().__init__(
+            command,
+            timeout_s=timeout_s,
+            env=driver_env(FAMILY, version, root),
+            name=f"{PREFIX}{version}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
 
 def make_lmdeploy_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
@@ -74,8 +79,10 @@ def make_lmdeploy_sut(name: str, root: Path | None = None) -> SchedulerUnderTest
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.18.0 (pinned: {pinned})")
     if version not in supported_versions(FAMILY):
-        raise UnknownSut(f"--sut {name!r}: no pinned environment for LMDeploy {version}; "
-                         f"pinned releases: {pinned} (conformance/engines/envs/)")
+        raise UnknownSut(
+            f"--sut {name!r}: no pinned environment for LMDeploy {version}; "
+            f"pinned releases: {pinned} (conformance/engines/envs/)"
+        )
     if not is_env_ready(FAMILY, version, root):
         raise LmdeployEnvNotReady(f"--sut {name!r}: {not_ready_message(FAMILY, version)}")
     return LmdeploySut(version, root=root)

@@ -53,8 +53,13 @@ class ModuleSut(StdioSut):
         folder = folder or os.getcwd()
         argv = [sys.executable, "-m", "schedconf.conformance.adapters.module_host", "--path", folder, target]
         env = {"PYTHONPATH": get_child_path()}
-        super().__init__(shlex.join(argv), timeout_s=timeout_s, env=env, name=f"module:{target}",
-                         startup_timeout_s=DESCRIBE_TIMEOUT_S)
+        super().__init__(
+            shlex.join(argv),
+            timeout_s=timeout_s,
+            env=env,
+            name=f"module:{target}",
+            startup_timeout_s=DESCRIBE_TIMEOUT_S,
+        )
         self.target = target
         self.description = self._describe()
         self.forced_config: dict[str, Any] = self.description["forced_config"]
@@ -72,8 +77,9 @@ class ModuleSut(StdioSut):
             stderr = getattr(exc, "stderr", "")
             tail = f"; its stderr ends: {stderr.splitlines()[-1]}" if stderr.strip() else ""
             what = getattr(exc, "plain_message", str(exc)).removeprefix(self.name + ": ")
-            raise UnknownSut(f"--sut {self.name!r}: while importing the module and building the scheduler, "
-                             f"{what}{tail}") from None
+            raise UnknownSut(
+                f"--sut {self.name!r}: while importing the module and building the scheduler, {what}{tail}"
+            ) from None
         problem = _check_description(answer)
         if problem:
             self.kill()
@@ -124,6 +130,7 @@ def make_module_sut(name: str) -> ModuleSut:
 
 
 # ------------------------------------------------------------------ in-process
+
 
 class SutCallExited(Exception):
     """The scheduler raised SystemExit in a call (kind ``sut_exited``)."""
@@ -200,8 +207,10 @@ class GuardedSut:
         if code == "unsupported" and what == "start":
             return exc if isinstance(exc, SutUnsupported) else SutUnsupported(str(exc))
         if code == "unsupported":
-            return SutReplyError(f"{self.name}: {what} raised {type(exc).__name__} ({exc}): unsupported is an "
-                                 "answer to init only; once a trace has started, the scheduler answers every call")
+            return SutReplyError(
+                f"{self.name}: {what} raised {type(exc).__name__} ({exc}): unsupported is an "
+                "answer to init only; once a trace has started, the scheduler answers every call"
+            )
         if code == "internal":
             return SutCallError(f"{self.name}: internal error in {what}: {exc}")
         return exc if isinstance(exc, SutInputError) else SutInputError(code, str(exc))
@@ -233,8 +242,9 @@ class GuardedSut:
     def schedule(self) -> dict[str, Any]:
         return self._checked("schedule", self._call("schedule", self.inner.schedule))
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
-                           step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         kwargs = {"step": step} if self.in_flight else {}
         outputs = self._call("update", self.inner.update_from_output, sampled_token_ids, draft_token_ids, **kwargs)
         return self._checked("update", {"outputs": outputs})["outputs"]

@@ -59,10 +59,13 @@ def import_factory(target: str, folder: str) -> Callable[[], Any]:
     except ImportError as exc:
         raise SetUpError(f"cannot import {target}: {exc} {searched}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while imported
-        raise SetUpError(f"cannot import {target}: importing {module_name} raised "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise SetUpError(
+            f"cannot import {target}: importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from None
     except SystemExit as exc:
-        raise SetUpError(f"cannot import {target}: the module exited while imported (SystemExit {exc.code!r})") from None
+        raise SetUpError(
+            f"cannot import {target}: the module exited while imported (SystemExit {exc.code!r})"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError as exc:
@@ -117,9 +120,11 @@ class ModuleSession(ProtocolSession):
             "name": str(getattr(sut, "name", "python-sut")),
             "in_flight": bool(getattr(sut, "in_flight", False)),
             "forced_config": dict(forced),
-            "capabilities": {"observe": bool(getattr(sut, "supports_observe", True)),
-                             "reset_prefix_cache": hasattr(sut, "reset_prefix_cache"),
-                             "stats": hasattr(sut, "get_scheduler_stats")},
+            "capabilities": {
+                "observe": bool(getattr(sut, "supports_observe", True)),
+                "reset_prefix_cache": hasattr(sut, "reset_prefix_cache"),
+                "stats": hasattr(sut, "get_scheduler_stats"),
+            },
         }
 
 

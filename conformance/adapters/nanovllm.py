@@ -60,8 +60,13 @@ class NanoVllmSut(StdioSut):
         self.version = version
         python = env_python(FAMILY, version, root)
         command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.nanovllm_driver"
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root),
-                         name=f"{PREFIX}{version}", startup_timeout_s=IMPORT_TIMEOUT_S)
+        super().__init__(
+            command,
+            timeout_s=timeout_s,
+            env=driver_env(FAMILY, version, root),
+            name=f"{PREFIX}{version}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
 
 def make_nanovllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
@@ -71,8 +76,10 @@ def make_nanovllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}20260210 (pinned: {pinned})")
     if version not in supported_versions(FAMILY):
-        raise UnknownSut(f"--sut {name!r}: no pinned environment for nano-vllm {version}; "
-                         f"pinned releases: {pinned} (conformance/engines/envs/)")
+        raise UnknownSut(
+            f"--sut {name!r}: no pinned environment for nano-vllm {version}; "
+            f"pinned releases: {pinned} (conformance/engines/envs/)"
+        )
     if not is_env_ready(FAMILY, version, root):
         raise NanoVllmEnvNotReady(f"--sut {name!r}: {not_ready_message(FAMILY, version)}")
     return NanoVllmSut(version, root=root)

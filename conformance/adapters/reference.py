@@ -39,8 +39,9 @@ class ReferenceSut(InProcessSut):
         """True while the scheduler is a v0 one."""
         return self.scheduler is not None and not isinstance(self.scheduler, Scheduler)
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
-                           step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         """Apply the output of ``step`` (None: the oldest step in flight)."""
         output = ModelRunnerOutput(
             sampled_token_ids={k: tuple(v) for k, v in sampled_token_ids.items()},
@@ -84,6 +85,9 @@ class ReferenceSut(InProcessSut):
         return {
             "free_block_queue": [b.block_id for b in pool.free_block_queue],
             "num_free_blocks": pool.get_num_free_blocks(),
-            "block_tables": {rid: [b.block_id for b in blocks]
-                             for rid, blocks in sorted(sched.kv_cache_manager.req_to_blocks.items()) if blocks},
+            "block_tables": {
+                rid: [b.block_id for b in blocks]
+                for rid, blocks in sorted(sched.kv_cache_manager.req_to_blocks.items())
+                if blocks
+            },
         }

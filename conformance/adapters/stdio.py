@@ -173,8 +173,14 @@ class StdioSut:
     up wherever it would fail); True only in this repository's engine adapters, whose drivers answer it
     for inputs their fake model runner cannot produce (a class attribute: no process can claim it)."""
 
-    def __init__(self, command: str, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
-                 name: str | None = None, startup_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+        startup_timeout_s: float | None = None,
+    ) -> None:
         self.command = command
         self.argv = shlex.split(command)
         self.timeout_s = timeout_s
@@ -199,8 +205,14 @@ class StdioSut:
             env.update(self.env)
         argv = [sys.executable, "-I", "-S", SUPERVISOR, str(os.getpid()), "--", *self.argv]
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise SutExited(f"{self.name}: cannot start {self.command!r}: {exc.strerror or exc}") from None
         _LIVE.add(proc.pid)
@@ -282,8 +294,9 @@ class StdioSut:
         try:
             _write_all(child.proc, (line + "\n").encode(), started + wait_s)
         except TimeoutError:
-            raise self._broken(SutTimeout, f"no answer to {method} within {limit_words}: it stopped reading "
-                                           "its stdin (process killed)") from None
+            raise self._broken(
+                SutTimeout, f"no answer to {method} within {limit_words}: it stopped reading its stdin (process killed)"
+            ) from None
         except (BrokenPipeError, OSError):
             raise self._exited(method) from None
         try:
@@ -297,25 +310,31 @@ class StdioSut:
         if len(raw) > MAX_REPLY_BYTES:
             raise self._broken(SutProtocolError, f"{where}: longer than {MAX_REPLY_BYTES} bytes")
         try:
-            reply = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
-                               object_pairs_hook=_refuse_duplicate_keys)
+            reply = json.loads(
+                raw.decode("utf-8"), parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicate_keys
+            )
         except DuplicateKey as exc:
-            raise self._broken(SutProtocolError, f"{where}: key {str(exc)!r} twice in one object "
-                                                 "(each key once)") from None
+            raise self._broken(
+                SutProtocolError, f"{where}: key {str(exc)!r} twice in one object (each key once)"
+            ) from None
         except RecursionError:
             raise self._broken(SutProtocolError, f"{where}: JSON nested too deeply to read") from None
         except (UnicodeDecodeError, ValueError):
             shown = raw[:200].decode("utf-8", "replace").rstrip("\n")
-            raise self._broken(SutProtocolError, f"{where}: not JSON (stdout carries only protocol lines; "
-                                                 f"write logs to stderr): {shown!r}") from None
+            raise self._broken(
+                SutProtocolError,
+                f"{where}: not JSON (stdout carries only protocol lines; write logs to stderr): {shown!r}",
+            ) from None
         if not isinstance(reply, dict):
-            raise self._broken(SutProtocolError, f"{where}: expected a JSON object with id {msg_id}, "
-                                                 f"found {json.dumps(reply)[:80]}")
+            raise self._broken(
+                SutProtocolError, f"{where}: expected a JSON object with id {msg_id}, found {json.dumps(reply)[:80]}"
+            )
         if "id" not in reply:
             raise self._broken(SutProtocolError, f"{where}: the reply has no id (expected id {msg_id})")
         if reply["id"] != msg_id:
-            raise self._broken(SutProtocolError, f"{where}: wrong id: expected {msg_id}, "
-                                                 f"found {json.dumps(reply['id'])[:80]}")
+            raise self._broken(
+                SutProtocolError, f"{where}: wrong id: expected {msg_id}, found {json.dumps(reply['id'])[:80]}"
+            )
         problem = self.check_reply(method, reply)
         if problem:
             raise self._broken(SutProtocolError, f"{where}: {problem}")
@@ -325,13 +344,17 @@ class StdioSut:
             if code == "unsupported" and (method == "init" or self.honours_late_unsupported):
                 raise SutUnsupported(message or "unsupported")
             if code == "unsupported":
-                raise self._broken(SutProtocolError, f"{where}: answered unsupported ({message or 'no reason'}): "
-                                                     "unsupported is an answer to init only; once a trace has "
-                                                     "started, the scheduler answers every call (PROTOCOL.md)")
+                raise self._broken(
+                    SutProtocolError,
+                    f"{where}: answered unsupported ({message or 'no reason'}): "
+                    "unsupported is an answer to init only; once a trace has "
+                    "started, the scheduler answers every call (PROTOCOL.md)",
+                )
             if code == "internal":
                 self._wait_for_stderr()
-                raise SutInternalError(f"{self.name}: internal error in {method}: {message}", self.stderr_tail(),
-                                       reason=message)
+                raise SutInternalError(
+                    f"{self.name}: internal error in {method}: {message}", self.stderr_tail(), reason=message
+                )
             raise SutInputError(code, message)
         return reply["result"]
 
@@ -348,8 +371,9 @@ class StdioSut:
             self.kill()
             self._spawn()
             timeout_s = self.startup_timeout_s
-        result = self.call("init", {"protocol_version": PROTOCOL_VERSION, "config": config, "profile": profile},
-                           timeout_s=timeout_s)
+        result = self.call(
+            "init", {"protocol_version": PROTOCOL_VERSION, "config": config, "profile": profile}, timeout_s=timeout_s
+        )
         self.capabilities = (result or {}).get("capabilities", {})
 
     def add_request(self, event: dict[str, Any]) -> None:
@@ -372,8 +396,9 @@ class StdioSut:
         """Does the scheduler run steps in flight? Its ``init`` reply says so (``capabilities.in_flight``)."""
         return bool(self.capabilities.get("in_flight"))
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]], step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"sampled_token_ids": sampled_token_ids, "draft_token_ids": draft_token_ids}
         if step is not None:
             params["step"] = step

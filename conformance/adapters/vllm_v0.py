@@ -60,8 +60,13 @@ class VllmV0Sut(StdioSut):
         self.version = version
         python = env_python(FAMILY, version, root)
         command = f"{shlex.quote(str(python))} -m {DRIVER_MODULE}"
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(FAMILY, version, root), name=f"{PREFIX}{version}",
-                         startup_timeout_s=IMPORT_TIMEOUT_S)
+        super().__init__(
+            command,
+            timeout_s=timeout_s,
+            env=driver_env(FAMILY, version, root),
+            name=f"{PREFIX}{version}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
 
 def make_vllm_v0_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
@@ -71,8 +76,10 @@ def make_vllm_v0_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
     if not version:
         raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.10.2 (v0 releases: {pinned})")
     if version not in v0_versions():
-        raise UnknownSut(f"--sut {name!r}: vLLM {version} has no v0 scheduler environment; v0 releases: {pinned} "
-                         f"(the legacy scheduler was removed in 0.11.0)")
+        raise UnknownSut(
+            f"--sut {name!r}: vLLM {version} has no v0 scheduler environment; v0 releases: {pinned} "
+            f"(the legacy scheduler was removed in 0.11.0)"
+        )
     if not is_env_ready(FAMILY, version, root):
         raise VllmV0EnvNotReady(f"--sut {name!r}: {not_ready_message(FAMILY, version)}")
     return VllmV0Sut(version, root=root)

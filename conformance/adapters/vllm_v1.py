@@ -73,8 +73,13 @@ class VllmV1Sut(StdioSut):
         python = vllm_python(version, root)
         command = f"{shlex.quote(str(python))} -m schedconf.conformance.engines.vllm_driver"
         # importing vLLM takes a while: the first init of a new process gets IMPORT_TIMEOUT_S
-        super().__init__(command, timeout_s=timeout_s, env=driver_env(version, root), name=f"{PREFIX}{version}",
-                         startup_timeout_s=IMPORT_TIMEOUT_S)
+        super().__init__(
+            command,
+            timeout_s=timeout_s,
+            env=driver_env(version, root),
+            name=f"{PREFIX}{version}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Seconds spent inside vLLM's ``schedule()`` + ``update_from_output()`` since ``init``.
@@ -110,8 +115,10 @@ def resolve_build_python(spec: str) -> Path:
     if path.is_dir():
         path = path / "bin" / "python"
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise UnknownSut(f"--sut {PREFIX}{spec}: expected a virtual environment or a Python interpreter "
-                         f"in which vLLM is installed; {path} is not an executable file")
+        raise UnknownSut(
+            f"--sut {PREFIX}{spec}: expected a virtual environment or a Python interpreter "
+            f"in which vLLM is installed; {path} is not an executable file"
+        )
     return path
 
 
@@ -128,8 +135,13 @@ def get_vllm_build(spec: str) -> VllmBuild:
         return _BUILDS[python]
     env = {**os.environ, **get_build_env(python)}
     try:
-        proc = subprocess.run([str(python), "-m", "schedconf.conformance.engines.vllm_driver", "--describe"], env=env,
-                              capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+        proc = subprocess.run(
+            [str(python), "-m", "schedconf.conformance.engines.vllm_driver", "--describe"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UnknownSut(f"--sut {PREFIX}{spec}: cannot ask {python} what vLLM it has: {exc}") from None
     lines = proc.stdout.strip().splitlines()
@@ -138,8 +150,10 @@ def get_vllm_build(spec: str) -> VllmBuild:
         raise UnknownSut(f"--sut {PREFIX}{spec}: {python} cannot import vLLM's scheduler: {tail[0]}")
     described = json.loads(lines[-1])
     if described["missing"]:
-        raise UnknownSut(f"--sut {PREFIX}{spec}: vLLM {described['version']} at {described['location']}: its "
-                         f"scheduler API moved beyond what the driver knows: no {', '.join(described['missing'])}")
+        raise UnknownSut(
+            f"--sut {PREFIX}{spec}: vLLM {described['version']} at {described['location']}: its "
+            f"scheduler API moved beyond what the driver knows: no {', '.join(described['missing'])}"
+        )
     from schedconf.spec.v1.profiles import PROFILES
 
     profile = described["profile"] if described["profile"] in PROFILES else None
@@ -158,8 +172,14 @@ class VllmBuildSut(VllmV1Sut):
         if build.profile is None:
             # a version we have no profile of: the driver answers for the profile the run names (--profile)
             env["SCHEDCONF_VLLM_ANY_PROFILE"] = "1"
-        StdioSut.__init__(self, f"{shlex.quote(str(build.python))} -m schedconf.conformance.engines.vllm_driver", timeout_s=timeout_s,
-                          env=env, name=f"{PREFIX}{build.location}", startup_timeout_s=IMPORT_TIMEOUT_S)
+        StdioSut.__init__(
+            self,
+            f"{shlex.quote(str(build.python))} -m schedconf.conformance.engines.vllm_driver",
+            timeout_s=timeout_s,
+            env=env,
+            name=f"{PREFIX}{build.location}",
+            startup_timeout_s=IMPORT_TIMEOUT_S,
+        )
 
 
 def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
@@ -168,15 +188,22 @@ def make_vllm_sut(name: str, root: Path | None = None) -> SchedulerUnderTest:
     if is_build_path(version):
         return VllmBuildSut(get_vllm_build(version))
     if not version:
-        raise UnknownSut(f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 "
-                         f"(pinned: {', '.join(supported_versions())})")
-    v1_releases = [v for v in supported_versions() if get_driver_module("vllm", v) == "schedconf.conformance.engines.vllm_driver"]
+        raise UnknownSut(
+            f"--sut {name!r}: expected {PREFIX}VERSION, e.g. {PREFIX}0.33.0 (pinned: {', '.join(supported_versions())})"
+        )
+    v1_releases = [
+        v for v in supported_versions() if get_driver_module("vllm", v) == "schedconf.conformance.engines.vllm_driver"
+    ]
     if version in supported_versions() and version not in v1_releases:
-        raise UnknownSut(f"--sut {name!r}: vLLM {version} ships the legacy v0 scheduler, not v1: "
-                         f"use vllm-v0@{version} (v1 releases: {', '.join(v1_releases)})")
+        raise UnknownSut(
+            f"--sut {name!r}: vLLM {version} ships the legacy v0 scheduler, not v1: "
+            f"use vllm-v0@{version} (v1 releases: {', '.join(v1_releases)})"
+        )
     if version not in supported_versions():
-        raise UnknownSut(f"--sut {name!r}: no pinned environment for vLLM {version}; "
-                         f"pinned releases: {', '.join(supported_versions())} (conformance/engines/envs/)")
+        raise UnknownSut(
+            f"--sut {name!r}: no pinned environment for vLLM {version}; "
+            f"pinned releases: {', '.join(supported_versions())} (conformance/engines/envs/)"
+        )
     if not is_vllm_env_ready(version, root):
         raise VllmEnvNotReady(f"--sut {name!r}: {not_ready_message(version)}")
     return VllmV1Sut(version, root=root)
@@ -187,8 +214,16 @@ def driver_env_for_home(home: Path) -> dict[str, str]:
     return dict(get_family("vllm").env_vars(home))
 
 
-__all__ = ["PREFIX", "VllmBuild", "VllmBuildSut", "VllmEnvNotReady", "VllmV1Sut", "get_vllm_build", "make_vllm_sut",
-           "REPO_ROOT"]
+__all__ = [
+    "PREFIX",
+    "VllmBuild",
+    "VllmBuildSut",
+    "VllmEnvNotReady",
+    "VllmV1Sut",
+    "get_vllm_build",
+    "make_vllm_sut",
+    "REPO_ROOT",
+]
 
 if __name__ == "__main__":  # pragma: no cover - a quick manual check
     print(make_vllm_sut(sys.argv[1] if len(sys.argv) > 1 else f"{PREFIX}0.33.0").name)

@@ -199,8 +199,12 @@ def _diff_values(path: str, expected: Any, actual: Any, out: list[FieldDiff]) ->
                 out.append(FieldDiff(sub, "<missing>", actual[key]))
             else:
                 _diff_values(sub, expected[key], actual[key], out)
-    elif (isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual)
-          and any(isinstance(x, dict) for x in expected)):
+    elif (
+        isinstance(expected, list)
+        and isinstance(actual, list)
+        and len(expected) == len(actual)
+        and any(isinstance(x, dict) for x in expected)
+    ):
         for i, (e, a) in enumerate(zip(expected, actual)):
             _diff_values(f"{path}[{i}]", e, a, out)
     elif expected != actual:
@@ -272,8 +276,13 @@ class Comparator:
     def _compare_v0_observable(self, expected: dict[str, Any], actual: dict[str, Any]) -> list[FieldDiff]:
         """The observable comparison of a v0 output (see the module docstring)."""
         diffs: list[FieldDiff] = []
-        for key in ("num_prefill_groups", "num_batched_tokens", "preempted", "running_queue_size",
-                    "num_lookahead_slots"):
+        for key in (
+            "num_prefill_groups",
+            "num_batched_tokens",
+            "preempted",
+            "running_queue_size",
+            "num_lookahead_slots",
+        ):
             if expected.get(key) != actual.get(key):
                 diffs.append(FieldDiff(key, expected.get(key), actual.get(key)))
         for key in ("ignored_seq_groups", "finished_requests_ids"):
@@ -295,8 +304,13 @@ class Comparator:
                 if e.get(f) != a.get(f):
                     diffs.append(FieldDiff(f"scheduled_seq_groups.{f}.<{rid}>", e.get(f), a.get(f)))
             if len(e["computed_block_nums"]) != len(a.get("computed_block_nums") or []):
-                diffs.append(FieldDiff(f"scheduled_seq_groups.num_computed_blocks.<{rid}>",
-                                       len(e["computed_block_nums"]), len(a.get("computed_block_nums") or [])))
+                diffs.append(
+                    FieldDiff(
+                        f"scheduled_seq_groups.num_computed_blocks.<{rid}>",
+                        len(e["computed_block_nums"]),
+                        len(a.get("computed_block_nums") or []),
+                    )
+                )
             table = a.get("block_table") or []
             if len(e["block_table"]) != len(table):
                 diffs.append(FieldDiff(f"scheduled_seq_groups.num_blocks.<{rid}>", len(e["block_table"]), len(table)))
@@ -317,10 +331,15 @@ class Comparator:
             _diff_values("observe", expected, actual, diffs)
             return diffs
         if "num_free_gpu_blocks" in expected:  # v0: the free GPU and CPU block counts
-            return [FieldDiff(f"observe.{key}", expected.get(key), actual.get(key))
-                    for key in ("num_free_gpu_blocks", "num_free_cpu_blocks") if expected.get(key) != actual.get(key)]
+            return [
+                FieldDiff(f"observe.{key}", expected.get(key), actual.get(key))
+                for key in ("num_free_gpu_blocks", "num_free_cpu_blocks")
+                if expected.get(key) != actual.get(key)
+            ]
         if expected.get("num_free_blocks") != actual.get("num_free_blocks"):
-            return [FieldDiff("observe.num_free_blocks", expected.get("num_free_blocks"), actual.get("num_free_blocks"))]
+            return [
+                FieldDiff("observe.num_free_blocks", expected.get("num_free_blocks"), actual.get("num_free_blocks"))
+            ]
         return []
 
     def compare_request_outputs(self, expected: list[dict[str, Any]], actual: Any) -> list[FieldDiff]:

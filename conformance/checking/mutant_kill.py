@@ -36,8 +36,9 @@ from schedconf.spec.errors import InvariantViolation
 from schedconf.spec.v1.scheduler import Scheduler
 
 
-def run_model(workload: Workload, scheduler_class: type[Any] | None = None, check: bool = False,
-              max_steps: int = 10_000) -> Trace:
+def run_model(
+    workload: Workload, scheduler_class: type[Any] | None = None, check: bool = False, max_steps: int = 10_000
+) -> Trace:
     """Run the workload on one model, the reference (None) or a mutant's class, and record the trace.
 
     With ``check`` every invariant of the model's kind is checked after each
@@ -111,8 +112,9 @@ def invariant_probe(mutant: Mutant, invariant: str):  # noqa: ANN201
                     steps += 1
                 if steps >= exc.step and e["kind"] == "step":
                     break
-            div = Divergence(event_index=len(events) - 1, line=len(events) + 1, step=exc.step,
-                             kind="invariant", message=exc.message)
+            div = Divergence(
+                event_index=len(events) - 1, line=len(events) + 1, step=exc.step, kind="invariant", message=exc.message
+            )
             return Trace(header=dict(trace.header), events=events), div
         except Exception:  # noqa: BLE001 - any other crash is not this kill
             return None
@@ -200,8 +202,13 @@ def _reference_keeps_invariants(workload: Workload) -> bool:
     return True
 
 
-def kill_all(examples: int = 2000, shrink_budget_s: float = 20.0, names: list[str] | None = None,
-             seed: int = 0, on_progress: Callable[[str], None] | None = None) -> list[KillRow]:
+def kill_all(
+    examples: int = 2000,
+    shrink_budget_s: float = 20.0,
+    names: list[str] | None = None,
+    seed: int = 0,
+    on_progress: Callable[[str], None] | None = None,
+) -> list[KillRow]:
     """Run :func:`kill_one` on each mutant (all, or ``names``), saying each result through ``on_progress``."""
     chosen = names or list(MUTANTS)
     rows = []
@@ -220,17 +227,18 @@ def render_mutant_list(names: list[str] | None = None) -> str:
     chosen = names or list(MUTANTS)
     width = max(len(n) for n in chosen)
     profile_width = max(len(MUTANTS[n].profile) for n in chosen)
-    return "\n".join(f"{n.ljust(width)}  {MUTANTS[n].profile.ljust(profile_width)}  {MUTANTS[n].bug}"
-                     for n in chosen)
+    return "\n".join(f"{n.ljust(width)}  {MUTANTS[n].profile.ljust(profile_width)}  {MUTANTS[n].bug}" for n in chosen)
 
 
 def render_kill_table(rows: list[KillRow]) -> str:
-    lines = ["| mutant | real bug | killed by | time to kill | traces to kill | shrunk trace (events) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| mutant | real bug | killed by | time to kill | traces to kill | shrunk trace (events) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         t = f"{r.seconds_to_kill:.2f} s" if r.seconds_to_kill is not None else "SURVIVED"
-        lines.append(f"| `{r.mutant}` | {r.bug} | {r.killed_by} | {t} | {r.traces_to_kill or r.traces_tried} "
-                     f"| {r.shrunk_events or '-'} |")
+        lines.append(
+            f"| `{r.mutant}` | {r.bug} | {r.killed_by} | {t} | {r.traces_to_kill or r.traces_tried} "
+            f"| {r.shrunk_events or '-'} |"
+        )
     return "\n".join(lines)
-
-

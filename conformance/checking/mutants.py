@@ -93,8 +93,10 @@ def _with_kv(kv_class: type[KVCacheManager]) -> type[Scheduler]:
     class _Mutant(Scheduler):
         def __init__(self, config: SchedulerConfig, profile: object = "vllm-0.33") -> None:
             super().__init__(config, profile)  # type: ignore[arg-type]
-            self.kv_cache_manager = kv_class(self.block_pool, config.block_size, config.max_model_len,
-                                             config.enable_prefix_caching)
+            self.kv_cache_manager = kv_class(
+                self.block_pool, config.block_size, config.max_model_len, config.enable_prefix_caching
+            )
+
     return _Mutant
 
 
@@ -103,6 +105,7 @@ def _with_knobs(**knobs: object) -> type[Scheduler]:
         def __init__(self, config: SchedulerConfig, profile: object = "vllm-0.33") -> None:
             super().__init__(config, profile)  # type: ignore[arg-type]
             self.profile = replace(self.profile, **knobs)  # type: ignore[arg-type]
+
     return _Mutant
 
 
@@ -123,6 +126,7 @@ class _SkippedRequeueFlipped(Scheduler):
 # Bugs of vLLM's legacy scheduler (vllm/core/scheduler.py, block_manager.py),
 # each a small edit of the v0 model in spec/v0/.
 
+
 class _V0RecomputeKeepsComputed(V0Scheduler):
     """Recompute preemption frees the blocks but keeps the sequence's computed-token state."""
 
@@ -137,7 +141,10 @@ class _V0SwappedBeforeRunning(V0Scheduler):
     """Swapped groups are resumed before the running groups are scheduled (both policies), even in a step that preempts."""
 
     def _schedule_running_then_swapped(
-        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None,
+        self,
+        budget: SchedulingBudget,
+        enable_chunking: bool,
+        ppm: PartialPrefillMetadata | None = None,
     ) -> tuple[SchedulerRunningOutputs, SchedulerSwappedInOutputs]:
         swapped_in = self._schedule_swapped(budget)
         running_scheduled = self._schedule_running(budget, enable_chunking=enable_chunking, ppm=ppm)
@@ -156,8 +163,9 @@ class _V0IgnoredPrefillCharged(V0Scheduler):
 
     _prefill_budget: SchedulingBudget | None = None
 
-    def _schedule_prefills(self, budget: SchedulingBudget, enable_chunking: bool,
-                           ppm: PartialPrefillMetadata | None = None) -> SchedulerPrefillOutputs:
+    def _schedule_prefills(
+        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None
+    ) -> SchedulerPrefillOutputs:
         self._prefill_budget = budget
         try:
             return super()._schedule_prefills(budget, enable_chunking, ppm)
@@ -185,8 +193,13 @@ class _SwapInIgnoresUnseenTokens(SelfAttnBlockSpaceManager):
         # (last sampled) token needs, which takes a new block when the last one is full.
         seqs = seq_group.get_seqs(SequenceStatus.SWAPPED)
         num_blocks = sum(len(self.block_tables[seq.seq_id].blocks) for seq in seqs)
-        return self._decide(self.num_total_gpu_blocks, self.gpu_allocator.get_num_free_blocks(), num_blocks,
-                            self.watermark_blocks, never_if_below=False)
+        return self._decide(
+            self.num_total_gpu_blocks,
+            self.gpu_allocator.get_num_free_blocks(),
+            num_blocks,
+            self.watermark_blocks,
+            never_if_below=False,
+        )
 
 
 class _V0SwapInIgnoresUnseenTokens(V0Scheduler):
@@ -195,8 +208,9 @@ class _V0SwapInIgnoresUnseenTokens(V0Scheduler):
     def __init__(self, config: Any, profile: str = "vllm-0.10") -> None:
         super().__init__(config, profile)
         bm = self.block_manager
-        self.block_manager = _SwapInIgnoresUnseenTokens(bm.block_size, bm.num_total_gpu_blocks, bm.num_total_cpu_blocks,
-                                                        bm.watermark_blocks, bm.enable_caching)
+        self.block_manager = _SwapInIgnoresUnseenTokens(
+            bm.block_size, bm.num_total_gpu_blocks, bm.num_total_cpu_blocks, bm.watermark_blocks, bm.enable_caching
+        )
 
 
 class _V0RunningTokensPrecharged(V0Scheduler):
@@ -277,69 +291,133 @@ class Mutant:
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
-        Mutant("priority_victim_min", _PriorityVictimMin,
-               "vLLM #41951 family: priority victim chosen with min instead of max"),
-        Mutant("fcfs_victim_head", _FcfsVictimHead,
-               "FCFS victim taken from the head of running instead of the tail"),
-        Mutant("computed_not_reset_on_preempt", _ComputedNotReset,
-               "vLLM #5349 family: num_computed_tokens not reset on preemption"),
-        Mutant("budget_not_restored", _BudgetNotRestored,
-               "vLLM #49097 family: budget not given back when a scheduled victim is preempted"),
-        Mutant("prefix_hit_uncapped", _with_kv(_UncappedHitKV),
-               "vLLM #11186/#17999: prefix hit not capped below num_tokens"),
-        Mutant("skipped_requeue_reversed", _SkippedRequeueFlipped,
-               "vLLM #32173: skipped waiting requests re-queued in the other order", profile="vllm-0.11"),
-        Mutant("free_head_first", _with_kv(_HeadFirstFreeKV),
-               "a request's blocks freed head first instead of tail first"),
-        Mutant("no_full_sequence_gate", _NoFullSequenceGate,
-               "the full-sequence admission gate missing"),
-        Mutant("drafts_kept_after_preempt", _with_knobs(clear_drafts_on_preempt=False),
-               "vLLM #31944: draft tokens kept after preemption"),
-        Mutant("async_max_tokens_skip_missing", _MaxTokensSkipMissing,
-               "async scheduling, placeholders not counted against max_tokens (the skip rule of vLLM's "
-               "AsyncScheduler path): an extra step scheduled for a request its in-flight steps finish",
-               profile="vllm-0.33-async"),
-        Mutant("stale_output_applied_as_fresh", _StaleOutputAppliedAsFresh,
-               "async / PP: output of a step from before a preemption applied as fresh output (the stale-output "
-               "handling of vLLM 0.33's _preempt_request missing)", profile="vllm-0.33-async"),
-        Mutant("stale_request_resumed_early", _StaleRequestResumedEarly,
-               "async / PP: a preempted request resumed while its stale output is in flight, so that output "
-               "lands on the resumed request (vLLM 0.33's waiting-loop skip missing)", profile="vllm-0.33-async"),
-        Mutant("placeholders_kept_on_preempt", _PlaceholdersKeptOnPreempt,
-               "async: output placeholders not released when a request leaves running with a step in flight "
-               "(preempted): the resumed request is given tokens for outputs that never come",
-               profile="vllm-0.33-async"),
-        Mutant("async_drafts_with_placeholders_pending", _DraftsWithPlaceholdersPending,
-               "async + spec decode: drafts scheduled for a request that has placeholders pending (the "
-               "'- num_output_placeholders' term of vLLM's scheduled-draft count missing): a decode cut by the "
-               "budget or the threshold is handed drafts its tokens do not reach", profile="vllm-0.33-async"),
-        Mutant("in_flight_id_reused", _InFlightIdReused,
-               "async / PP: an id aborted while a step of it is in flight re-added at once; vLLM looks outputs "
-               "up by id, so the new request would get the old one's tokens (refused by the model)",
-               profile="vllm-0.33-async"),
-        Mutant("v0_recompute_keeps_computed", _V0RecomputeKeepsComputed,
-               "vLLM #5349 (fixes #3032) family, v0: recompute preemption leaves the computed-token state "
-               "(num_computed_tokens, stage) as it was", profile="vllm-0.10"),
-        Mutant("v0_swapped_before_running", _V0SwappedBeforeRunning,
-               "v0 step order (vLLM #3853 set it: running, swapped, new; #7874 reordered the running queue): "
-               "swapped groups resumed before the running decodes, taking their blocks and budget",
-               profile="vllm-0.10"),
-        Mutant("v0_prefill_while_swapped", _V0PrefillWhileSwapped,
-               "vLLM #5578 family, v0: new prefills admitted while groups are swapped out, filling the swap "
-               "space (#5578 reports it of the chunked policy, which 0.10.2 keeps); here the default policy's "
-               "guard dropped", profile="vllm-0.10"),
-        Mutant("v0_ignored_prefill_charged", _V0IgnoredPrefillCharged,
-               "v0, ignored groups leaving state behind (cf. vLLM #18957): the token budget of a prefill "
-               "ignored over the prompt limit not released", profile="vllm-0.10"),
-        Mutant("v0_running_tokens_precharged", _V0RunningTokensPrecharged,
-               "vLLM #3550 regression, fixed by #3853, v0: running decodes' tokens charged before prefills are "
-               "admitted", profile="vllm-0.10"),
-        Mutant("v0_swap_in_ignores_unseen_tokens", _V0SwapInIgnoresUnseenTokens,
-               "vLLM #8824, v0: can_swap_in ignores the unseen token's block, the swap-in then runs out of "
-               "blocks", profile="vllm-0.10"),
-        Mutant("v0_watermark_ignored", _V0WatermarkIgnored,
-               "v0 watermark ignored (the rule of vLLM #255: new admissions and swap-ins keep watermark_blocks "
-               "free); the generator never reaches it", profile="vllm-0.10"),
+        Mutant(
+            "priority_victim_min",
+            _PriorityVictimMin,
+            "vLLM #41951 family: priority victim chosen with min instead of max",
+        ),
+        Mutant("fcfs_victim_head", _FcfsVictimHead, "FCFS victim taken from the head of running instead of the tail"),
+        Mutant(
+            "computed_not_reset_on_preempt",
+            _ComputedNotReset,
+            "vLLM #5349 family: num_computed_tokens not reset on preemption",
+        ),
+        Mutant(
+            "budget_not_restored",
+            _BudgetNotRestored,
+            "vLLM #49097 family: budget not given back when a scheduled victim is preempted",
+        ),
+        Mutant(
+            "prefix_hit_uncapped",
+            _with_kv(_UncappedHitKV),
+            "vLLM #11186/#17999: prefix hit not capped below num_tokens",
+        ),
+        Mutant(
+            "skipped_requeue_reversed",
+            _SkippedRequeueFlipped,
+            "vLLM #32173: skipped waiting requests re-queued in the other order",
+            profile="vllm-0.11",
+        ),
+        Mutant(
+            "free_head_first", _with_kv(_HeadFirstFreeKV), "a request's blocks freed head first instead of tail first"
+        ),
+        Mutant("no_full_sequence_gate", _NoFullSequenceGate, "the full-sequence admission gate missing"),
+        Mutant(
+            "drafts_kept_after_preempt",
+            _with_knobs(clear_drafts_on_preempt=False),
+            "vLLM #31944: draft tokens kept after preemption",
+        ),
+        Mutant(
+            "async_max_tokens_skip_missing",
+            _MaxTokensSkipMissing,
+            "async scheduling, placeholders not counted against max_tokens (the skip rule of vLLM's "
+            "AsyncScheduler path): an extra step scheduled for a request its in-flight steps finish",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "stale_output_applied_as_fresh",
+            _StaleOutputAppliedAsFresh,
+            "async / PP: output of a step from before a preemption applied as fresh output (the stale-output "
+            "handling of vLLM 0.33's _preempt_request missing)",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "stale_request_resumed_early",
+            _StaleRequestResumedEarly,
+            "async / PP: a preempted request resumed while its stale output is in flight, so that output "
+            "lands on the resumed request (vLLM 0.33's waiting-loop skip missing)",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "placeholders_kept_on_preempt",
+            _PlaceholdersKeptOnPreempt,
+            "async: output placeholders not released when a request leaves running with a step in flight "
+            "(preempted): the resumed request is given tokens for outputs that never come",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "async_drafts_with_placeholders_pending",
+            _DraftsWithPlaceholdersPending,
+            "async + spec decode: drafts scheduled for a request that has placeholders pending (the "
+            "'- num_output_placeholders' term of vLLM's scheduled-draft count missing): a decode cut by the "
+            "budget or the threshold is handed drafts its tokens do not reach",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "in_flight_id_reused",
+            _InFlightIdReused,
+            "async / PP: an id aborted while a step of it is in flight re-added at once; vLLM looks outputs "
+            "up by id, so the new request would get the old one's tokens (refused by the model)",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "v0_recompute_keeps_computed",
+            _V0RecomputeKeepsComputed,
+            "vLLM #5349 (fixes #3032) family, v0: recompute preemption leaves the computed-token state "
+            "(num_computed_tokens, stage) as it was",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_swapped_before_running",
+            _V0SwappedBeforeRunning,
+            "v0 step order (vLLM #3853 set it: running, swapped, new; #7874 reordered the running queue): "
+            "swapped groups resumed before the running decodes, taking their blocks and budget",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_prefill_while_swapped",
+            _V0PrefillWhileSwapped,
+            "vLLM #5578 family, v0: new prefills admitted while groups are swapped out, filling the swap "
+            "space (#5578 reports it of the chunked policy, which 0.10.2 keeps); here the default policy's "
+            "guard dropped",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_ignored_prefill_charged",
+            _V0IgnoredPrefillCharged,
+            "v0, ignored groups leaving state behind (cf. vLLM #18957): the token budget of a prefill "
+            "ignored over the prompt limit not released",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_running_tokens_precharged",
+            _V0RunningTokensPrecharged,
+            "vLLM #3550 regression, fixed by #3853, v0: running decodes' tokens charged before prefills are admitted",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_swap_in_ignores_unseen_tokens",
+            _V0SwapInIgnoresUnseenTokens,
+            "vLLM #8824, v0: can_swap_in ignores the unseen token's block, the swap-in then runs out of blocks",
+            profile="vllm-0.10",
+        ),
+        Mutant(
+            "v0_watermark_ignored",
+            _V0WatermarkIgnored,
+            "v0 watermark ignored (the rule of vLLM #255: new admissions and swap-ins keep watermark_blocks "
+            "free); the generator never reaches it",
+            profile="vllm-0.10",
+        ),
     )
 }
 
@@ -366,8 +444,10 @@ class MutantSut(ReferenceSut):
         with refused_as_input_error():
             kind = get_scheduler_kind(profile)
         if kind != get_scheduler_kind(self.mutant.profile):
-            raise SutUnsupported(f"mutant {self.mutant.name} is a {get_scheduler_kind(self.mutant.profile)} model; "
-                                 f"profile {profile} runs the {kind} scheduler")
+            raise SutUnsupported(
+                f"mutant {self.mutant.name} is a {get_scheduler_kind(self.mutant.profile)} model; "
+                f"profile {profile} runs the {kind} scheduler"
+            )
         super().start(config, profile)
         assert self.scheduler is not None
         self.scheduler = self.mutant.scheduler_class(self.scheduler.config, profile)

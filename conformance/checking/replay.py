@@ -77,8 +77,14 @@ def _failure_of(exc: BaseException) -> tuple[str, str]:
     return kind, message
 
 
-def replay(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
-           step_timeout: float | None = None, start: bool = True, deadline: float | None = None) -> ReplayResult:
+def replay(
+    trace: Trace,
+    sut: SchedulerUnderTest,
+    comparison: str = "strict",
+    step_timeout: float | None = None,
+    start: bool = True,
+    deadline: float | None = None,
+) -> ReplayResult:
     """Run every event of ``trace`` on ``sut``; stop at the first divergence.
 
     ``deadline`` (a ``time.monotonic()`` value) bounds the whole replay:
@@ -104,19 +110,31 @@ def _alarm_s(seconds: float | None, deadline: float | None) -> float | None:
     return min(seconds, left) if seconds else left
 
 
-def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout: float | None, start: bool,
-            deadline: float | None, enforced: bool) -> ReplayResult:
+def _replay(
+    trace: Trace,
+    sut: SchedulerUnderTest,
+    comparison: str,
+    step_timeout: float | None,
+    start: bool,
+    deadline: float | None,
+    enforced: bool,
+) -> ReplayResult:
     comparator = Comparator(comparison) if comparison != "safety" else None
     events = trace.events
     step: int | None = None
     steps_run = 0
 
-    def fail(index: int, kind: str, diffs: list[FieldDiff] | tuple[FieldDiff, ...] = (), message: str = "", detail: str = "") -> ReplayResult:
+    def fail(
+        index: int, kind: str, diffs: list[FieldDiff] | tuple[FieldDiff, ...] = (), message: str = "", detail: str = ""
+    ) -> ReplayResult:
         return ReplayResult(
             verdict=FAIL,
-            divergence=Divergence(event_index=index, line=trace.line_of(index), step=step, kind=kind,
-                                  diffs=tuple(diffs), message=message),
-            events_run=index, steps_run=steps_run, detail=detail,
+            divergence=Divergence(
+                event_index=index, line=trace.line_of(index), step=step, kind=kind, diffs=tuple(diffs), message=message
+            ),
+            events_run=index,
+            steps_run=steps_run,
+            detail=detail,
             sut_stderr=_stderr_of(sut),
         )
 
@@ -137,9 +155,18 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         """The verdict of ``start`` on a trace whose header expects (or not) a refused config."""
         if code == refused_config:
             return ReplayResult(verdict=PASS)
-        return ReplayResult(verdict=FAIL, sut_stderr=_stderr_of(sut), divergence=Divergence(
-            event_index=0, line=1, step=None, kind="input_error",
-            diffs=(FieldDiff("error", refused_config, code),), message=message))
+        return ReplayResult(
+            verdict=FAIL,
+            sut_stderr=_stderr_of(sut),
+            divergence=Divergence(
+                event_index=0,
+                line=1,
+                step=None,
+                kind="input_error",
+                diffs=(FieldDiff("error", refused_config, code),),
+                message=message,
+            ),
+        )
 
     try:
         if start:
@@ -151,8 +178,10 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
     except SutInputError as exc:
         if trace.is_in_flight and not getattr(sut, "in_flight", False) and not refused_config:
             # A scheduler that does not run steps in flight may not know max_concurrent_batches at all.
-            return ReplayResult(verdict=UNKNOWN, detail=f"unsupported: the trace runs steps in flight and the "
-                                                        f"scheduler refused its config ({exc})")
+            return ReplayResult(
+                verdict=UNKNOWN,
+                detail=f"unsupported: the trace runs steps in flight and the scheduler refused its config ({exc})",
+            )
         expected = f"expected error {refused_config}" if refused_config else "a valid config"
         return config_verdict(exc.code, f"init: {expected}, the scheduler refused the config with {exc}")
     except Exception as exc:  # noqa: BLE001
@@ -164,16 +193,25 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         return config_verdict(None, f"init: expected error {refused_config}, the scheduler accepted the config")
     in_flight = bool(getattr(sut, "in_flight", False))
     if comparison == "safety" and trace.is_in_flight:
-        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison drives the scheduler one "
-                                                    "step at a time; replay a trace with steps in flight with "
-                                                    "--comparison strict or observable")
+        return ReplayResult(
+            verdict=UNKNOWN,
+            detail="unsupported: the safety comparison drives the scheduler one "
+            "step at a time; replay a trace with steps in flight with "
+            "--comparison strict or observable",
+        )
     if trace.is_in_flight and not in_flight:
-        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the trace runs steps in flight (max_concurrent_batches "
-                                                    "> 1 or an -async profile) and the scheduler does not declare "
-                                                    "in_flight support")
+        return ReplayResult(
+            verdict=UNKNOWN,
+            detail="unsupported: the trace runs steps in flight (max_concurrent_batches "
+            "> 1 or an -async profile) and the scheduler does not declare "
+            "in_flight support",
+        )
     if comparison == "safety" and trace.scheduler == "v0":
-        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety comparison checks v1 schedulers; "
-                                                    "replay a v0 trace with --comparison strict or observable")
+        return ReplayResult(
+            verdict=UNKNOWN,
+            detail="unsupported: the safety comparison checks v1 schedulers; "
+            "replay a v0 trace with --comparison strict or observable",
+        )
     if comparison == "safety":
         from schedconf.conformance.checking.safety.drive import run_safety
 
@@ -213,15 +251,23 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
         except SutInputError as exc:
             if expect_error == exc.code:
                 continue
-            return fail(index, "input_error", [FieldDiff("error", expect_error, exc.code)],
-                        message=f"{kind}: {'expected error ' + expect_error if expect_error else 'no error expected'}, got {exc}")
+            return fail(
+                index,
+                "input_error",
+                [FieldDiff("error", expect_error, exc.code)],
+                message=f"{kind}: {'expected error ' + expect_error if expect_error else 'no error expected'}, got {exc}",
+            )
         except SutUnsupported as exc:
             return ReplayResult(verdict=UNKNOWN, events_run=index, steps_run=steps_run, detail=f"unsupported: {exc}")
         except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
             return raised(index, kind, exc)
         if expect_error is not None:
-            return fail(index, "input_error", [FieldDiff("error", expect_error, None)],
-                        message=f"{kind}: expected error {expect_error}, the scheduler accepted it")
+            return fail(
+                index,
+                "input_error",
+                [FieldDiff("error", expect_error, None)],
+                message=f"{kind}: expected error {expect_error}, the scheduler accepted it",
+            )
         if kind == "step":
             diffs = comparator.compare_scheduler_output(event["expect"], actual)
             if diffs:
@@ -237,9 +283,12 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
                     return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")
         elif kind == "reset_prefix_cache":
             if actual != event["expect"]:
-                return fail(index, "reset_prefix_cache", [FieldDiff("success", event["expect"]["success"],
-                                                                    actual["success"])],
-                            message="reset_prefix_cache() differs")
+                return fail(
+                    index,
+                    "reset_prefix_cache",
+                    [FieldDiff("success", event["expect"]["success"], actual["success"])],
+                    message="reset_prefix_cache() differs",
+                )
         elif kind == "model_output":
             diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
             if diffs:
@@ -249,8 +298,12 @@ def _replay(trace: Trace, sut: SchedulerUnderTest, comparison: str, step_timeout
             if expected_stats is not None and comparison == "strict" and get_stats is not None:
                 actual_stats = get_stats()
                 if actual_stats is not None and actual_stats != expected_stats:
-                    return fail(index, "scheduler_stats", compare_stats(expected_stats, actual_stats),
-                                message=f"step {event['step']}: the scheduler stats after update_from_output() differ")
+                    return fail(
+                        index,
+                        "scheduler_stats",
+                        compare_stats(expected_stats, actual_stats),
+                        message=f"step {event['step']}: the scheduler stats after update_from_output() differ",
+                    )
     return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
 
 

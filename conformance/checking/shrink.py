@@ -87,8 +87,13 @@ Probe = Callable[[Workload], "tuple[Trace, Divergence] | None"]
 """Runs a workload; returns the (cut) failing trace and its divergence, or None."""
 
 
-def differential_probe(sut: SchedulerUnderTest, comparison: str, section: str,
-                       step_timeout: float | None = None, deadline: float | None = None) -> Probe:
+def differential_probe(
+    sut: SchedulerUnderTest,
+    comparison: str,
+    section: str,
+    step_timeout: float | None = None,
+    deadline: float | None = None,
+) -> Probe:
     """Fails when the SUT's first divergence on the workload's trace has ``section``.
 
     A replay still running at ``deadline`` is cut short (``ReplayDeadline``
@@ -111,8 +116,9 @@ def differential_probe(sut: SchedulerUnderTest, comparison: str, section: str,
 class Shrinker:
     """Greedy reduction of a workload while a probe keeps failing."""
 
-    def __init__(self, probe: Probe, time_budget_s: float = 120.0,
-                 on_progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, probe: Probe, time_budget_s: float = 120.0, on_progress: Callable[[str], None] | None = None
+    ) -> None:
         self.probe = probe
         self.deadline = time.monotonic() + time_budget_s
         self.on_progress = on_progress
@@ -180,8 +186,9 @@ class Shrinker:
         return None
 
 
-def shrink_workload(workload: Workload, probe: Probe, time_budget_s: float = 60.0,
-                    on_progress: Callable[[str], None] | None = None) -> ShrinkResult:
+def shrink_workload(
+    workload: Workload, probe: Probe, time_budget_s: float = 60.0, on_progress: Callable[[str], None] | None = None
+) -> ShrinkResult:
     """Shrink a failing workload under any probe (differential or invariant)."""
     t0 = time.monotonic()
     shrinker = Shrinker(probe, time_budget_s, on_progress)
@@ -189,27 +196,45 @@ def shrink_workload(workload: Workload, probe: Probe, time_budget_s: float = 60.
     assert shrinker.best is not None
     trace, divergence = shrinker.best
     trace.header["origin"] = "shrink"
-    return ShrinkResult(trace=trace, divergence=divergence, original_events=-1, attempts=shrinker.attempts,
-                        accepted=shrinker.accepted, seconds=time.monotonic() - t0)
+    return ShrinkResult(
+        trace=trace,
+        divergence=divergence,
+        original_events=-1,
+        attempts=shrinker.attempts,
+        accepted=shrinker.accepted,
+        seconds=time.monotonic() - t0,
+    )
 
 
-def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "strict",
-                 step_timeout: float | None = None, time_budget_s: float = 120.0,
-                 on_progress: Callable[[str], None] | None = None) -> ShrinkResult:
+def shrink_trace(
+    trace: Trace,
+    sut: SchedulerUnderTest,
+    comparison: str = "strict",
+    step_timeout: float | None = None,
+    time_budget_s: float = 120.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> ShrinkResult:
     """Shrink a failing trace against ``sut`` (see the module docstring)."""
     t0 = time.monotonic()
     deadline = t0 + time_budget_s
     try:
         original = replay(trace, sut, comparison, step_timeout=step_timeout, deadline=deadline)
     except ReplayDeadline:
-        raise NothingToShrink(f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once",
-                              None) from None
+        raise NothingToShrink(
+            f"the time budget ({time_budget_s:g} s) ran out before the trace replayed once", None
+        ) from None
     if original.verdict != FAIL or original.divergence is None:
         detail = f" ({original.detail})" if original.detail else ""
         raise NothingToShrink(f"the trace's verdict is {original.verdict}{detail}", original.verdict)
     if "expect_error" in trace.header:  # a refused config: the header alone is already minimal
-        return ShrinkResult(trace=trace, divergence=original.divergence, original_events=0, attempts=0, accepted=0,
-                            seconds=time.monotonic() - t0)
+        return ShrinkResult(
+            trace=trace,
+            divergence=original.divergence,
+            original_events=0,
+            attempts=0,
+            accepted=0,
+            seconds=time.monotonic() - t0,
+        )
     probe = differential_probe(sut, comparison, original.divergence.section(), step_timeout, deadline)
     shrinker = Shrinker(probe, time_budget_s - (time.monotonic() - t0), on_progress)
     workload = workload_from_trace(trace)
@@ -226,8 +251,12 @@ def shrink_trace(trace: Trace, sut: SchedulerUnderTest, comparison: str = "stric
         best_trace, best_div = cut_after_divergence(trace, original.divergence), original.divergence
     best_trace.header["origin"] = "shrink"
     return ShrinkResult(
-        trace=best_trace, divergence=best_div, original_events=len(trace.events),
-        attempts=shrinker.attempts, accepted=shrinker.accepted, seconds=time.monotonic() - t0,
+        trace=best_trace,
+        divergence=best_div,
+        original_events=len(trace.events),
+        attempts=shrinker.attempts,
+        accepted=shrinker.accepted,
+        seconds=time.monotonic() - t0,
     )
 
 
@@ -237,13 +266,21 @@ def _get_partial(trace: Trace, divergence: Divergence, shrinker: Shrinker, t0: f
     if len(best_trace.events) > divergence.event_index + 1:
         best_trace, best_div = cut_after_divergence(trace, divergence), divergence
     best_trace.header["origin"] = "shrink-partial"
-    best_trace.header["description"] = ("the smallest failing trace found before the shrink was interrupted; "
-                                        "not minimal: shrink it again to finish")
-    return ShrinkResult(trace=best_trace, divergence=best_div, original_events=len(trace.events),
-                        attempts=shrinker.attempts, accepted=shrinker.accepted, seconds=time.monotonic() - t0)
+    best_trace.header["description"] = (
+        "the smallest failing trace found before the shrink was interrupted; not minimal: shrink it again to finish"
+    )
+    return ShrinkResult(
+        trace=best_trace,
+        divergence=best_div,
+        original_events=len(trace.events),
+        attempts=shrinker.attempts,
+        accepted=shrinker.accepted,
+        seconds=time.monotonic() - t0,
+    )
 
 
 # ------------------------------------------------------------- reductions
+
 
 def _valid_config(**fields: object) -> SchedulerConfig | None:
     """The config, or None when the model refuses it or it is past schedconf's bounds (``schedconf.conformance.bounds``)."""
@@ -265,16 +302,16 @@ def _candidates(w: Workload) -> Iterator[Workload]:
     chunk = n // 2
     while chunk >= 1:
         for start in range(0, n, chunk):
-            keep = reqs[:start] + reqs[start + chunk:]
+            keep = reqs[:start] + reqs[start + chunk :]
             if keep:
                 yield _with_requests(w, keep)
         chunk //= 2
     for i in range(len(w.aborts)):
-        yield replace(w, aborts=w.aborts[:i] + w.aborts[i + 1:])
+        yield replace(w, aborts=w.aborts[:i] + w.aborts[i + 1 :])
     for i in range(len(w.invalid_inputs)):
-        yield replace(w, invalid_inputs=w.invalid_inputs[:i] + w.invalid_inputs[i + 1:])
+        yield replace(w, invalid_inputs=w.invalid_inputs[:i] + w.invalid_inputs[i + 1 :])
     for i in range(len(w.resets)):
-        yield replace(w, resets=w.resets[:i] + w.resets[i + 1:])
+        yield replace(w, resets=w.resets[:i] + w.resets[i + 1 :])
     # Earlier arrivals (fewer idle steps before an input).
     for i, r in enumerate(reqs):
         if r.at_step > 0:

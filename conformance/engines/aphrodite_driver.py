@@ -100,8 +100,11 @@ def _is_padded_admission_assert(exc: BaseException) -> bool:
     if not frames:
         return False
     last = frames[-1]
-    return (last.name == "schedule" and last.filename.replace(os.sep, "/").endswith(SCHEDULER_FILE)
-            and (last.line or "").strip() == PADDED_ADMISSION_ASSERT)
+    return (
+        last.name == "schedule"
+        and last.filename.replace(os.sep, "/").endswith(SCHEDULER_FILE)
+        and (last.line or "").strip() == PADDED_ADMISSION_ASSERT
+    )
 
 
 def _scheduler_factory(scheduler_cls: Any) -> Any:
@@ -196,8 +199,10 @@ class AphroditeSchedulerSut(VllmSchedulerSut):
         # aphrodite-0.24 (spec/v1/profiles.py) is vllm-0.32 plus Aphrodite's one rule (the long-prefill
         # cap applies to a lone request too); under vllm-0.32 traces diverge there by design.
         if profile not in (TRACKED_PROFILE, OWN_PROFILE):
-            raise SutUnsupported(f"Aphrodite {self.v.version}'s scheduler tracks vLLM 0.32 (profiles {OWN_PROFILE}, "
-                                 f"{TRACKED_PROFILE}); it cannot answer for profile {profile!r}")
+            raise SutUnsupported(
+                f"Aphrodite {self.v.version}'s scheduler tracks vLLM 0.32 (profiles {OWN_PROFILE}, "
+                f"{TRACKED_PROFILE}); it cannot answer for profile {profile!r}"
+            )
         super().start(config, TRACKED_PROFILE)
 
     def _check_knobs(self, s: Any, cfg: dict[str, Any]) -> None:
@@ -210,12 +215,16 @@ class AphroditeSchedulerSut(VllmSchedulerSut):
         except AssertionError as exc:
             if self.crashed == "internal" and _is_padded_admission_assert(exc):
                 self.crashed = "engine_assertion_padded_admission"
-                raise DriverError(self.crashed, f"Aphrodite's schedule() failed its assertion {PADDED_ADMISSION_ASSERT!r} "
-                                  "(a padded admission cut by long_prefill_token_threshold)") from exc
+                raise DriverError(
+                    self.crashed,
+                    f"Aphrodite's schedule() failed its assertion {PADDED_ADMISSION_ASSERT!r} "
+                    "(a padded admission cut by long_prefill_token_threshold)",
+                ) from exc
             raise
 
 
 # -------------------------------------------------------------------- serve
+
 
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
@@ -232,10 +241,20 @@ def serve_stdio() -> int:
     return serve(factory, stdin=_with_extensions(sys.stdin, proto_out, holder), stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-                     "max_model_len": 32, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-                     "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 2,
-                     "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}
+SELF_CHECK_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 16,
+    "max_num_batched_tokens": 16,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 2,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 
 
 def self_check(expect_version: str | None) -> int:
@@ -244,13 +263,26 @@ def self_check(expect_version: str | None) -> int:
     started = time.monotonic()
     api = _Aphrodite()
     if expect_version and api.version.split("+")[0] != expect_version:
-        print(f"self-check failed: expected Aphrodite {expect_version}, this environment has {api.version}",
-              file=proto_out)
+        print(
+            f"self-check failed: expected Aphrodite {expect_version}, this environment has {api.version}",
+            file=proto_out,
+        )
         return 1
     sut = AphroditeSchedulerSut(api)
     sut.start(dict(SELF_CHECK_CONFIG), TRACKED_PROFILE)
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     sut.update_from_output({"a": [5]}, {"a": [6, 7]})
     second = sut.schedule()
@@ -258,15 +290,24 @@ def self_check(expect_version: str | None) -> int:
     if not ok:
         print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
         return 1
-    print(f"self-check ok: aphrodite {api.version} (profile {TRACKED_PROFILE}), torch {api.torch.__version__}, "
-          f"{time.monotonic() - started:.1f} s", file=proto_out)
+    print(
+        f"self-check ok: aphrodite {api.version} (profile {TRACKED_PROFILE}), torch {api.torch.__version__}, "
+        f"{time.monotonic() - started:.1f} s",
+        file=proto_out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.aphrodite_driver", engine="Aphrodite", default_env=DEFAULT_ENV,
-               description="Serve Aphrodite Engine's v1 scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.aphrodite_driver",
+        engine="Aphrodite",
+        default_env=DEFAULT_ENV,
+        description="Serve Aphrodite Engine's v1 scheduler over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+    )
 
 
 if __name__ == "__main__":

@@ -95,26 +95,51 @@ def _nanovllm_env_vars(home: Path) -> dict[str, str]:
 
 def _lmdeploy_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.lmdeploy_driver`` needs (offline, quiet, deterministic)."""
-    return {"PYTHONPATH": str(IMPORT_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(home / "hf-home"), "DO_NOT_TRACK": "1",
-            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    return {
+        "PYTHONPATH": str(IMPORT_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HOME": str(home / "hf-home"),
+        "DO_NOT_TRACK": "1",
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _sglang_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.sglang_driver`` needs (a config.json-only model folder, offline, quiet)."""
-    return {"PYTHONPATH": str(IMPORT_ROOT), "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-            "HF_HOME": str(home / "hf-home"), "SGLANG_LOGGING_LEVEL": "error", "DO_NOT_TRACK": "1",
-            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    return {
+        "PYTHONPATH": str(IMPORT_ROOT),
+        "SCHEDCONF_SGLANG_MODEL_DIR": str(home / "tiny-model-config"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HOME": str(home / "hf-home"),
+        "SGLANG_LOGGING_LEVEL": "error",
+        "DO_NOT_TRACK": "1",
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _aphrodite_env_vars(home: Path) -> dict[str, str]:
     """What ``schedconf.conformance.engines.aphrodite_driver`` needs (Aphrodite's CPU platform, V1 runner layout, offline)."""
-    return {"PYTHONPATH": str(IMPORT_ROOT), "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
-            "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "HF_HOME": str(home / "hf-home"), "APHRODITE_USE_V2_MODEL_RUNNER": "0", "APHRODITE_TARGET_DEVICE": "cpu",
-            "APHRODITE_LOGGING_LEVEL": "ERROR", "APHRODITE_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    return {
+        "PYTHONPATH": str(IMPORT_ROOT),
+        "APHRODITE_CACHE_ROOT": str(home / "aphrodite-cache"),
+        "SCHEDCONF_VLLM_MODEL_DIR": str(home / "tiny-model"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(home / "hf-home"),
+        "APHRODITE_USE_V2_MODEL_RUNNER": "0",
+        "APHRODITE_TARGET_DEVICE": "cpu",
+        "APHRODITE_LOGGING_LEVEL": "ERROR",
+        "APHRODITE_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 @dataclass(frozen=True)
@@ -140,31 +165,47 @@ class EngineFamily:
 
 FAMILIES: dict[str, EngineFamily] = {
     "vllm": EngineFamily(
-        name="vllm", label="vLLM", driver_module="schedconf.conformance.engines.vllm_driver", env_vars=_vllm_env_vars,
+        name="vllm",
+        label="vLLM",
+        driver_module="schedconf.conformance.engines.vllm_driver",
+        env_vars=_vllm_env_vars,
         # 0.10.2 is the last release with the legacy v0 scheduler (vllm/core/scheduler.py), its own driver
         release_drivers={"0.10.2": "schedconf.conformance.engines.vllm_v0_driver"},
         self_check_step="self-check (import vLLM, build one scheduler)",
-        install_note=" (downloads ~1 GB on a cold pip cache)"),
+        install_note=" (downloads ~1 GB on a cold pip cache)",
+    ),
     "nano-vllm": EngineFamily(
-        name="nano-vllm", label="nano-vllm", driver_module="schedconf.conformance.engines.nanovllm_driver",
+        name="nano-vllm",
+        label="nano-vllm",
+        driver_module="schedconf.conformance.engines.nanovllm_driver",
         env_vars=_nanovllm_env_vars,
         self_check_step="self-check (import nano-vllm's scheduler, run two steps)",
-        install_note=" (~35 MB of wheels, no torch)"),
+        install_note=" (~35 MB of wheels, no torch)",
+    ),
     "aphrodite": EngineFamily(
-        name="aphrodite", label="Aphrodite", driver_module="schedconf.conformance.engines.aphrodite_driver",
+        name="aphrodite",
+        label="Aphrodite",
+        driver_module="schedconf.conformance.engines.aphrodite_driver",
         env_vars=_aphrodite_env_vars,
         self_check_step="self-check (import Aphrodite's scheduler, run two steps)",
-        install_note=" (the 336 MB aphrodite-engine wheel on a cold pip cache)"),
+        install_note=" (the 336 MB aphrodite-engine wheel on a cold pip cache)",
+    ),
     "lmdeploy": EngineFamily(
-        name="lmdeploy", label="LMDeploy", driver_module="schedconf.conformance.engines.lmdeploy_driver",
+        name="lmdeploy",
+        label="LMDeploy",
+        driver_module="schedconf.conformance.engines.lmdeploy_driver",
         env_vars=_lmdeploy_env_vars,
         self_check_step="self-check (import LMDeploy's PyTorch-engine scheduler, run two steps)",
-        install_note=" (the 107 MB lmdeploy wheel and the 190 MB CPU torch on a cold pip cache)"),
+        install_note=" (the 107 MB lmdeploy wheel and the 190 MB CPU torch on a cold pip cache)",
+    ),
     "sglang": EngineFamily(
-        name="sglang", label="SGLang", driver_module="schedconf.conformance.engines.sglang_driver",
+        name="sglang",
+        label="SGLang",
+        driver_module="schedconf.conformance.engines.sglang_driver",
         env_vars=_sglang_env_vars,
         self_check_step="self-check (import SGLang's scheduling classes, run two steps)",
-        install_note=" (the 39 MB sglang wheel, triton ~1 GB, CPU torch; 2.5 GB on disk)"),
+        install_note=" (the 39 MB sglang wheel, triton ~1 GB, CPU torch; 2.5 GB on disk)",
+    ),
 }
 """Engine family name -> its description; ``schedconf env NAME VERSION`` for each."""
 
@@ -187,6 +228,7 @@ def get_family(family: EngineFamily | str) -> EngineFamily:
 
 # ------------------------------------------------------------------ locations
 
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
 
@@ -195,7 +237,7 @@ def supported_versions(family: EngineFamily | str) -> list[str]:
     """The releases of ``family`` that have a pinned list, oldest first."""
     fam = get_family(family)
     prefix = f"{fam.name}-"
-    versions = [p.stem[len(prefix):] for p in fam.envs_dir.glob(f"{fam.name}-*.txt") if p.stem.startswith(prefix)]
+    versions = [p.stem[len(prefix) :] for p in fam.envs_dir.glob(f"{fam.name}-*.txt") if p.stem.startswith(prefix)]
     return sorted(versions, key=_version_key)
 
 
@@ -205,8 +247,10 @@ def requirements_file(family: EngineFamily | str, version: str) -> Path:
     path = fam.envs_dir / f"{fam.name}-{version}.txt"
     if not path.is_file():
         known = ", ".join(supported_versions(fam)) or "none"
-        raise EngineEnvError(f"no pinned environment for {fam.label} {version!r} (conformance/engines/envs/{path.name}); "
-                             f"known releases: {known}")
+        raise EngineEnvError(
+            f"no pinned environment for {fam.label} {version!r} (conformance/engines/envs/{path.name}); "
+            f"known releases: {known}"
+        )
     return path
 
 
@@ -233,8 +277,9 @@ def is_env_ready(family: EngineFamily | str, version: str, root: Path | None = N
     """True if the environment was built from the current pinned list and passed its self-check (reads one file)."""
     marker = venv_dir(family, version, root) / READY_MARKER
     try:
-        return (env_python(family, version, root).exists()
-                and marker.read_text().strip() == _requirements_digest(family, version))
+        return env_python(family, version, root).exists() and marker.read_text().strip() == _requirements_digest(
+            family, version
+        )
     except (OSError, EngineEnvError):
         return False
 
@@ -242,30 +287,47 @@ def is_env_ready(family: EngineFamily | str, version: str, root: Path | None = N
 def not_ready_message(family: EngineFamily | str, version: str) -> str:
     """What to tell a user whose environment for ``version`` is missing."""
     fam = get_family(family)
-    return (f"the {fam.label} {version} environment is not built ({venv_dir(fam, version)} is missing or incomplete); "
-            f"build it with:  schedconf env {fam.name} {version}")
+    return (
+        f"the {fam.label} {version} environment is not built ({venv_dir(fam, version)} is missing or incomplete); "
+        f"build it with:  schedconf env {fam.name} {version}"
+    )
 
 
 # ---------------------------------------------------------------------- build
+
 
 def _log(family: EngineFamily, message: str) -> None:
     print(f"[schedconf env {family.name}] {message}", file=sys.stderr, flush=True)
 
 
-def _run(step: str, argv: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None,
-         family: EngineFamily | None = None) -> str:
+def _run(
+    step: str,
+    argv: Sequence[str],
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    family: EngineFamily | None = None,
+) -> str:
     """Run one build command; raise EngineEnvError with its output tail if it fails."""
     started = time.monotonic()
     try:
-        proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env, timeout=timeout, check=False)
+        proc = subprocess.run(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise EngineEnvError(f"{step}: timed out after {timeout:.0f} s: {' '.join(argv)}") from exc
     except OSError as exc:
         raise EngineEnvError(f"{step}: cannot run {argv[0]}: {exc}") from exc
     tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
     if proc.returncode != 0:
-        raise EngineEnvError(f"{step} failed (exit {proc.returncode}): {' '.join(argv)}\n--- output (last lines) ---\n{tail}")
+        raise EngineEnvError(
+            f"{step} failed (exit {proc.returncode}): {' '.join(argv)}\n--- output (last lines) ---\n{tail}"
+        )
     _log(family or FAMILIES["vllm"], f"{step}: done in {time.monotonic() - started:.1f} s")
     return proc.stdout
 
@@ -287,9 +349,13 @@ def check_env(family: EngineFamily | str, version: str, root: Path | None = None
     if not python.exists():
         raise EngineEnvError(not_ready_message(fam, version))
     env = {**os.environ, **driver_env(fam, version, root)}
-    out = _run(fam.self_check_step, [str(python), "-m", get_driver_module(fam, version), "--self-check",
-                                     "--expect-version", version],
-               env=env, timeout=SELF_CHECK_TIMEOUT_S, family=fam)
+    out = _run(
+        fam.self_check_step,
+        [str(python), "-m", get_driver_module(fam, version), "--self-check", "--expect-version", version],
+        env=env,
+        timeout=SELF_CHECK_TIMEOUT_S,
+        family=fam,
+    )
     lines = [ln for ln in out.splitlines() if ln.startswith("self-check ok")]
     if not lines:
         raise EngineEnvError(f"self-check of {fam.label} {version} printed no 'self-check ok' line:\n{out[-2000:]}")
@@ -305,8 +371,9 @@ def _lock(path: Path):  # noqa: ANN202 - a file object held open for the lock's 
     return handle
 
 
-def build_env(family: EngineFamily | str, version: str, root: Path | None = None, force: bool = False,
-              python: str | None = None) -> Path:
+def build_env(
+    family: EngineFamily | str, version: str, root: Path | None = None, force: bool = False, python: str | None = None
+) -> Path:
     """Build (or find) the environment of ``family`` ``version``; return its interpreter.
 
     See the module docstring for the steps and rules. ``python`` is the base
@@ -336,8 +403,12 @@ def build_env(family: EngineFamily | str, version: str, root: Path | None = None
         _run("upgrade pip", [py, "-m", "pip", "install", "-q", "-U", "pip"], env=pip_env, family=fam)
         count = sum(1 for ln in requirements.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
         _log(fam, f"{fam.label} {version}: installing {count} pinned packages with --no-deps{fam.install_note}")
-        _run("pip install --no-deps", [py, "-m", "pip", "install", "-q", "--no-deps", "-r", str(requirements),
-                                       *_pip_source_args()], env=pip_env, family=fam)
+        _run(
+            "pip install --no-deps",
+            [py, "-m", "pip", "install", "-q", "--no-deps", "-r", str(requirements), *_pip_source_args()],
+            env=pip_env,
+            family=fam,
+        )
         report = check_env(fam, version, root)
         (home / READY_MARKER).write_text(_requirements_digest(fam, version) + "\n")
         _log(fam, f"{fam.label} {version}: {report}")
@@ -362,6 +433,7 @@ def ensure_env(family: EngineFamily | str, version: str, root: Path | None = Non
 
 # ----------------------------------------------------------------------- CLI
 
+
 def add_env_arguments(parser: argparse.ArgumentParser, family: EngineFamily | str) -> None:
     """Add the arguments of ``schedconf env FAMILY`` to ``parser`` (and remember the family)."""
     fam = get_family(family)
@@ -378,8 +450,10 @@ def run_env(args: argparse.Namespace, family: EngineFamily | str | None = None) 
     try:
         if args.check:
             ready = is_env_ready(fam, args.version, args.root)
-            print(f"{fam.label} {args.version}: {'ready' if ready else 'not built'} "
-                  f"({venv_dir(fam, args.version, args.root)})")
+            print(
+                f"{fam.label} {args.version}: {'ready' if ready else 'not built'} "
+                f"({venv_dir(fam, args.version, args.root)})"
+            )
             return 0 if ready else 1
         python = build_env(fam, args.version, args.root, force=args.force)
     except EngineEnvError as exc:
@@ -391,8 +465,10 @@ def run_env(args: argparse.Namespace, family: EngineFamily | str | None = None) 
 
 def main_env(argv: Sequence[str] | None = None) -> int:
     """``python -m schedconf.conformance.engines.engine_env FAMILY VERSION [--force] [--check] [--root DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.engines.engine_env",
-                                     description="Build the virtual environment that runs an engine release's scheduler.")
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.conformance.engines.engine_env",
+        description="Build the virtual environment that runs an engine release's scheduler.",
+    )
     sub = parser.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for name in FAMILIES:
         add_env_arguments(sub.add_parser(name, help=f"build .venvs/{name}-VERSION"), name)

@@ -138,6 +138,10 @@ Mapping (PROTOCOL.md -> LMDeploy):
 builds one scheduler, runs two steps and prints ``self-check ok: ...``.
 """
 
+# Size: it runs inside LMDeploy's environment with only the standard library, LMDeploy and
+# protocol_server, so the engine adapter and the self-check live in the one file that
+# environment runs.
+
 from __future__ import annotations
 
 import importlib
@@ -173,6 +177,7 @@ reports/findings/repro_lmdeploy_0_18_0_prealloc_liveness.py)."""
 
 
 # ----------------------------------------------------------------- LMDeploy
+
 
 def _bare_package(name: str) -> None:
     """Register package ``name`` with its real ``__path__`` without running its ``__init__``."""
@@ -247,6 +252,7 @@ class _NoSampling:
 
 # ------------------------------------------------------------------- config
 
+
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why LMDeploy cannot run ``cfg`` (the verdict is then unknown), or None."""
     if cfg["policy"] != "fcfs":
@@ -261,6 +267,7 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
 
 
 # -------------------------------------------------------------------- SUT
+
 
 class LmdeploySchedulerSut:
     """One LMDeploy ``Scheduler`` + ``InputsMakerAsync`` behind the protocol's methods."""
@@ -287,35 +294,63 @@ class LmdeploySchedulerSut:
         interval = min(PREFILL_INTERVAL, cfg["block_size"])
         if os.environ.get("SCHEDCONF_LMDEPLOY_PREFILL_INTERVAL"):  # e.g. 16: LMDeploy's default, any block size
             interval = int(os.environ["SCHEDCONF_LMDEPLOY_PREFILL_INTERVAL"])
-        cache_config = m.CacheConfig(max_batches=cfg["max_num_seqs"], block_size=cfg["block_size"], num_cpu_blocks=0,
-                                     num_gpu_blocks=cfg["num_gpu_blocks"] - 1,
-                                     max_prefill_token_num=cfg["max_num_batched_tokens"],
-                                     enable_prefix_caching=cfg["enable_prefix_caching"], device_type="cpu")
-        scheduler_config = m.SchedulerConfig(max_batches=cfg["max_num_seqs"], max_session_len=cfg["max_model_len"],
-                                             eviction_type="recompute", prefill_interval=interval)
+        cache_config = m.CacheConfig(
+            max_batches=cfg["max_num_seqs"],
+            block_size=cfg["block_size"],
+            num_cpu_blocks=0,
+            num_gpu_blocks=cfg["num_gpu_blocks"] - 1,
+            max_prefill_token_num=cfg["max_num_batched_tokens"],
+            enable_prefix_caching=cfg["enable_prefix_caching"],
+            device_type="cpu",
+        )
+        scheduler_config = m.SchedulerConfig(
+            max_batches=cfg["max_num_seqs"],
+            max_session_len=cfg["max_model_len"],
+            eviction_type="recompute",
+            prefill_interval=interval,
+        )
         # Engine._get_max_session_len (engine.py:328-341): min(session_len, pool tokens - one block)
         self.session_len = m.Engine._get_max_session_len(
-            types.SimpleNamespace(scheduler_config=scheduler_config, cache_config=cache_config))
+            types.SimpleNamespace(scheduler_config=scheduler_config, cache_config=cache_config)
+        )
         # Engine._add_message (engine.py:467-518) runs on this stand-in for the Engine object
         self.engine_view = types.SimpleNamespace(
-            max_session_len=self.session_len, engine_config=types.SimpleNamespace(role=m.EngineRole.Hybrid),
-            migration_event=types.SimpleNamespace(set=lambda: None), _response=self._engine_response)
+            max_session_len=self.session_len,
+            engine_config=types.SimpleNamespace(role=m.EngineRole.Hybrid),
+            migration_event=types.SimpleNamespace(set=lambda: None),
+            _response=self._engine_response,
+        )
         self.seq_strategy = m.ARSequenceStrategy()
         seq_meta = m.SequenceMeta(cfg["block_size"], strategy=self.seq_strategy, sampling_strategy=None)
         self.scheduler = m.Scheduler(scheduler_config, cache_config, seq_meta=seq_meta)
         self.engine_view.scheduler = self.scheduler
         self.agent_strategy = m.ARModelAgentStrategy()
         maker_config = m.InputsMakerConfig(
-            max_batches=cfg["max_num_seqs"], max_prefill_token_num=cfg["max_num_batched_tokens"],
-            role=cache_config.role, block_size=cfg["block_size"], kernel_block_size=cache_config.kernel_block_size,
-            window_size=-1, enable_prefix_caching=cache_config.enable_prefix_caching,
-            prefix_cache_decode_state_interval=0, is_ssm=False, dp=1, spec_decoding=False,
-            enable_chunked_prefill=cfg["enable_chunked_prefill"], use_mrope=False, prefill_interval=interval)
+            max_batches=cfg["max_num_seqs"],
+            max_prefill_token_num=cfg["max_num_batched_tokens"],
+            role=cache_config.role,
+            block_size=cfg["block_size"],
+            kernel_block_size=cache_config.kernel_block_size,
+            window_size=-1,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+            prefix_cache_decode_state_interval=0,
+            is_ssm=False,
+            dp=1,
+            spec_decoding=False,
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            use_mrope=False,
+            prefill_interval=interval,
+        )
         self.maker = m.InputsMakerAsync(
-            executor=types.SimpleNamespace(device_type="cpu"), scheduler=self.scheduler,
-            state_checkpoints=self.scheduler.state_checkpoints, adapter_manager=_NoAdapters(),
+            executor=types.SimpleNamespace(device_type="cpu"),
+            scheduler=self.scheduler,
+            state_checkpoints=self.scheduler.state_checkpoints,
+            adapter_manager=_NoAdapters(),
             engine_strategy=m.AREngineStrategy(scheduler_config, cache_config),
-            sampling_strategy=_NoSampling(), model_agent_strategy=self.agent_strategy, config=maker_config)
+            sampling_strategy=_NoSampling(),
+            model_agent_strategy=self.agent_strategy,
+            config=maker_config,
+        )
         self.config = cfg
         self.profile = profile
         self.dead = None
@@ -333,8 +368,10 @@ class LmdeploySchedulerSut:
 
     def _session_len_why(self) -> str:
         cc = self.scheduler.cache_config
-        return (f"Engine._get_max_session_len, engine.py:328-341: the pool's {cc.num_gpu_blocks} blocks of "
-                f"{cc.block_size} tokens minus one block")
+        return (
+            f"Engine._get_max_session_len, engine.py:328-341: the pool's {cc.num_gpu_blocks} blocks of "
+            f"{cc.block_size} tokens minus one block"
+        )
 
     def _engine_response(self, resp: Any, resp_type: Any, data: Any = None, err_msg: str = "") -> None:
         self.engine_response_error = f"{resp_type} {err_msg}".strip()
@@ -342,17 +379,24 @@ class LmdeploySchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        require(self.dead is None, "engine_dead",
-                 f"LMDeploy's scheduler failed ({self.dead}); it is dead until the next init")
+        require(
+            self.dead is None,
+            "engine_dead",
+            f"LMDeploy's scheduler failed ({self.dead}); it is dead until the next init",
+        )
         return self.scheduler
 
     def _die(self, what: str, exc: BaseException) -> RuntimeError:
         import traceback
 
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if "lmdeploy" in f.filename] or \
-            traceback.extract_tb(exc.__traceback__)
-        where = (f"{frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno} {frames[-1].line!r}"
-                 if frames else "?")
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if "lmdeploy" in f.filename
+        ] or traceback.extract_tb(exc.__traceback__)
+        where = (
+            f"{frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno} {frames[-1].line!r}"
+            if frames
+            else "?"
+        )
         self.dead = f"{type(exc).__name__} at {where}"
         return RuntimeError(f"LMDeploy's {what} raised {type(exc).__name__}: {exc} at {where}")
 
@@ -361,42 +405,65 @@ class LmdeploySchedulerSut:
     def add_request(self, event: dict[str, Any]) -> None:
         s = self._sched()
         fields = validate_add_request(event, self.seqs, self.aborted_in_pending, self.config["max_model_len"])
-        rid, prompt, stops, eos = (fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids",
-                                                         "eos_token_id"))
+        rid, prompt, stops, eos = (
+            fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids", "eos_token_id")
+        )
         max_tokens, min_tokens, priority, arrival, ignore_eos = (
-            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
+            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos")
+        )
         if len(prompt) >= self.session_len:
             # Engine._add_message would cap max_new_tokens at session_len - len(prompt) <= 0: no token at all
             raise SutUnsupported(
                 f"request {rid!r} has a prompt of {len(prompt)} tokens but LMDeploy caps a session at "
-                f"{self.session_len} ({self._session_len_why()}): it would not generate")
+                f"{self.session_len} ({self._session_len_why()}): it would not generate"
+            )
         m = self.m
         stop_ids = ([] if eos is None else [eos]) + [t for t in stops if t != eos]
-        gen = m.GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=min_tokens, ignore_eos=ignore_eos,
-                                 stop_token_ids=stop_ids)
+        gen = m.GenerationConfig(
+            max_new_tokens=max_tokens, min_new_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_ids
+        )
         param = m.SamplingParam.from_gen_config(gen)
         session_id = self.next_session
         self.next_session += 1
         s.add_session(session_id)  # Engine._on_add_session
         self.engine_response_error = None
-        req = types.SimpleNamespace(resp=None, data={
-            "session_id": session_id, "sampling_param": param, "token_ids": m.np.array(prompt, dtype=m.np.int64),
-            "adapter_name": None, "input_multimodals": None, "input_embeddings": None, "migration_request": None,
-            "with_cache": False, "preserve_cache": False})
+        req = types.SimpleNamespace(
+            resp=None,
+            data={
+                "session_id": session_id,
+                "sampling_param": param,
+                "token_ids": m.np.array(prompt, dtype=m.np.int64),
+                "adapter_name": None,
+                "input_multimodals": None,
+                "input_embeddings": None,
+                "migration_request": None,
+                "with_cache": False,
+                "preserve_cache": False,
+            },
+        )
         m.Engine._add_message(self.engine_view, [req])  # the engine's own insertion (caps max_new_tokens too)
         if self.engine_response_error is not None:
             raise RuntimeError(f"LMDeploy's Engine._add_message answered {self.engine_response_error}")
         seq = next(iter(s.get_session(session_id).sequences.values()))
         self.seqs[rid] = seq
         self.session_of[rid] = session_id
-        self.meta[session_id] = {"req_id": rid, "eos": eos, "stops": set(stops), "ignore_eos": ignore_eos,
-                                 "max_tokens": max_tokens, "num_prompt": len(prompt)}
+        self.meta[session_id] = {
+            "req_id": rid,
+            "eos": eos,
+            "stops": set(stops),
+            "ignore_eos": ignore_eos,
+            "max_tokens": max_tokens,
+            "num_prompt": len(prompt),
+        }
         self.seen.add(rid)
 
     def abort(self, request_id: str) -> None:
         s = self._sched()
-        require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
-                 f"abort of request {request_id!r}, which was never added")
+        require(
+            isinstance(request_id, str) and request_id in self.seen,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+        )
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return  # already finished
@@ -422,9 +489,12 @@ class LmdeploySchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         s = self._sched()
-        require(len(self.in_flight_steps) < MAX_STEPS_IN_FLIGHT, "output_not_processed",
-                 f"schedule() called while {len(self.in_flight_steps)} steps await their output (LMDeploy's engine "
-                 f"loop has at most {MAX_STEPS_IN_FLIGHT}: the step running and the one prefetched)")
+        require(
+            len(self.in_flight_steps) < MAX_STEPS_IN_FLIGHT,
+            "output_not_processed",
+            f"schedule() called while {len(self.in_flight_steps)} steps await their output (LMDeploy's engine "
+            f"loop has at most {MAX_STEPS_IN_FLIGHT}: the step running and the one prefetched)",
+        )
         prefetch = bool(self.in_flight_steps)
         running_status = self.m.MessageStatus.RUNNING
         running_before = [seq for seq in self.seqs.values() if seq.status == running_status]
@@ -465,8 +535,9 @@ class LmdeploySchedulerSut:
             computed = [int(x) for x in inputs.history_lengths.tolist()]
         else:
             counts = [1] * len(running)
-            computed = [int(seq.num_all_ids if id(seq) in sampling_in_flight else seq.num_history_ids)
-                        for seq in running]
+            computed = [
+                int(seq.num_all_ids if id(seq) in sampling_in_flight else seq.num_history_ids) for seq in running
+            ]
         samples = inputs is None or not (inputs.is_chunk and not inputs.is_last_chunk)
         for seq, n, c in zip(running, counts, computed):
             outputs_so_far = int(seq.num_new_tokens) + (1 if id(seq) in sampling_in_flight else 0)
@@ -477,23 +548,47 @@ class LmdeploySchedulerSut:
             if rid not in self.admitted:
                 new_reqs.append({"req_id": rid, "block_ids": table, "num_computed_tokens": c})
                 self.admitted.add(rid)
-            elif before is not None and table[:len(before)] == before:
-                cached.append({"req_id": rid, "resumed": False, "new_block_ids": table[len(before):],
-                               "num_computed_tokens": c, "num_output_tokens": outputs_so_far})
+            elif before is not None and table[: len(before)] == before:
+                cached.append(
+                    {
+                        "req_id": rid,
+                        "resumed": False,
+                        "new_block_ids": table[len(before) :],
+                        "num_computed_tokens": c,
+                        "num_output_tokens": outputs_so_far,
+                    }
+                )
             else:
-                cached.append({"req_id": rid, "resumed": True, "new_block_ids": table,
-                               "num_computed_tokens": c, "num_output_tokens": outputs_so_far})
+                cached.append(
+                    {
+                        "req_id": rid,
+                        "resumed": True,
+                        "new_block_ids": table,
+                        "num_computed_tokens": c,
+                        "num_output_tokens": outputs_so_far,
+                    }
+                )
             self.reported[rid] = table
         scheduled_ids = {self._rid(seq) for seq in running}
-        preempted = sorted(self._rid(seq) for seq in running_before
-                           if seq.status != running_status and self._rid(seq) in self.seqs)
+        preempted = sorted(
+            self._rid(seq) for seq in running_before if seq.status != running_status and self._rid(seq) in self.seqs
+        )
         for rid in preempted:
             if rid not in scheduled_ids:
                 self.reported.pop(rid, None)
         finished, self.finished_since = sorted(self.finished_since), set()
         self.current_step += 1
-        self.in_flight_steps.append({"step": self.current_step, "running": running, "inputs": inputs, "delta": delta,
-                                     "samples": samples, "ids": scheduled_ids, "dispatched": not prefetch})
+        self.in_flight_steps.append(
+            {
+                "step": self.current_step,
+                "running": running,
+                "inputs": inputs,
+                "delta": delta,
+                "samples": samples,
+                "ids": scheduled_ids,
+                "dispatched": not prefetch,
+            }
+        )
         return {
             "scheduled_new_reqs": new_reqs,
             "scheduled_cached_reqs": cached,
@@ -513,48 +608,74 @@ class LmdeploySchedulerSut:
         if inputs is not None or delta is not None:
             self.maker.update_running_seqs(running, inputs)
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]], step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         self._sched()
         sampled, drafts = sampled_token_ids, draft_token_ids
         if step is not None:
-            require(is_token_id(step) and 0 < step <= self.current_step, "unscheduled_step",
-                    f"model output for step {step}, which was never scheduled")
+            require(
+                is_token_id(step) and 0 < step <= self.current_step,
+                "unscheduled_step",
+                f"model output for step {step}, which was never scheduled",
+            )
             in_flight = [st["step"] for st in self.in_flight_steps]
             require(step in in_flight, "duplicate_model_output", f"the output of step {step} was already applied")
-            require(step == in_flight[0], "model_output_out_of_order",
-                    f"model output for step {step} while step {in_flight[0]} is still in flight")
+            require(
+                step == in_flight[0],
+                "model_output_out_of_order",
+                f"model output for step {step} while step {in_flight[0]} is still in flight",
+            )
         require(bool(self.in_flight_steps), "unexpected_model_output", "update without a pending step")
-        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
-                 "sampled_token_ids and draft_token_ids must be objects")
+        require(
+            isinstance(sampled, dict) and isinstance(drafts, dict),
+            "invalid_field_type",
+            "sampled_token_ids and draft_token_ids must be objects",
+        )
         pending = self.in_flight_steps[0]
         for rid, tokens in sampled.items():
-            require(rid in pending["ids"], "unscheduled_model_output",
-                     f"sampled tokens for {rid!r}, which was not scheduled")
+            require(
+                rid in pending["ids"],
+                "unscheduled_model_output",
+                f"sampled tokens for {rid!r}, which was not scheduled",
+            )
             require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
-            require(len(tokens) <= 1, "bad_num_sampled_tokens",
-                     f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
-            require(pending["samples"] or not tokens, "bad_num_sampled_tokens",
-                     f"request {rid!r}: a prefill chunk samples no token")
+            require(
+                len(tokens) <= 1,
+                "bad_num_sampled_tokens",
+                f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}",
+            )
+            require(
+                pending["samples"] or not tokens,
+                "bad_num_sampled_tokens",
+                f"request {rid!r}: a prefill chunk samples no token",
+            )
         for _rid in drafts:
             require(False, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         running = pending["running"]
         live_ids = [self._rid(seq) for seq in running]
-        live = [(rid, seq) for rid, seq in zip(live_ids, running)
-                if rid not in self.aborted_in_pending and self.seqs.get(rid) is seq]
+        live = [
+            (rid, seq)
+            for rid, seq in zip(live_ids, running)
+            if rid not in self.aborted_in_pending and self.seqs.get(rid) is seq
+        ]
         if pending["samples"]:
             for rid, seq in live:
                 tokens = sampled.get(rid, [])
                 if not tokens:
-                    raise SutUnsupported(f"request {rid!r} sampled no token: LMDeploy's model agent samples one "
-                                         "token for every sequence of a prefill or decode forward")
+                    raise SutUnsupported(
+                        f"request {rid!r} sampled no token: LMDeploy's model agent samples one "
+                        "token for every sequence of a prefill or decode forward"
+                    )
                 meta = self.meta[seq.session_id]
                 if meta["ignore_eos"] and tokens[0] in meta["stops"]:
-                    raise SutUnsupported(f"request {rid!r} sampled its stop token {tokens[0]} under ignore_eos: "
-                                         "LMDeploy's ignore_eos turns every stop word into a bad word "
-                                         "(messages.py SamplingParam.from_gen_config), so it cannot be sampled")
+                    raise SutUnsupported(
+                        f"request {rid!r} sampled its stop token {tokens[0]} under ignore_eos: "
+                        "LMDeploy's ignore_eos turns every stop word into a bad word "
+                        "(messages.py SamplingParam.from_gen_config), so it cannot be sampled"
+                    )
         self.in_flight_steps.pop(0)
         still = {rid for st in self.in_flight_steps for rid in st["ids"]}
         self.aborted_in_pending &= still
@@ -570,8 +691,9 @@ class LmdeploySchedulerSut:
             raise self._die("engine loop (preempt_invalid_decode_seqs / activate_seqs)", exc) from exc
         return result
 
-    def _apply_output(self, pending: dict[str, Any], sampled: dict[str, list[int]],
-                      live: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    def _apply_output(
+        self, pending: dict[str, Any], sampled: dict[str, list[int]], live: list[tuple[str, Any]]
+    ) -> list[dict[str, Any]]:
         """``EngineLoop._finish_forward_output`` (engine_loop.py:465-482) for one step's sampled tokens."""
         s = self.scheduler
         running = pending["running"]
@@ -589,12 +711,14 @@ class LmdeploySchedulerSut:
                 for i, seq in enumerate(running):
                     sw = seq.sampling_param.stop_words
                     if sw:
-                        stop_words[i, :len(sw)] = torch.tensor(sw, dtype=torch.long)
+                        stop_words[i, : len(sw)] = torch.tensor(sw, dtype=torch.long)
             stopped, _stop_pos, _ = criteria.step(next_token_ids, stop_words)
-            outputs = types.SimpleNamespace(next_token_ids=next_token_ids, stopped=stopped, model_metas=None,
-                                            all_routed_experts=None)
-            self.seq_strategy.update_running(running=running, batched_outputs=outputs,
-                                             model_inputs=pending["inputs"], delta=pending["delta"])
+            outputs = types.SimpleNamespace(
+                next_token_ids=next_token_ids, stopped=stopped, model_metas=None, all_routed_experts=None
+            )
+            self.seq_strategy.update_running(
+                running=running, batched_outputs=outputs, model_inputs=pending["inputs"], delta=pending["delta"]
+            )
             s.release_completed_prefill_reservations(running)
         except Exception as exc:
             raise self._die("output update (ARSequenceStrategy.update_running)", exc) from exc
@@ -611,12 +735,15 @@ class LmdeploySchedulerSut:
                 else:
                     reason = "length"
                     outputs_done = int(seq.num_new_tokens)
-                    if outputs_done < meta["max_tokens"] and \
-                            meta["num_prompt"] + outputs_done < self.config["max_model_len"]:
+                    if (
+                        outputs_done < meta["max_tokens"]
+                        and meta["num_prompt"] + outputs_done < self.config["max_model_len"]
+                    ):
                         raise SutUnsupported(
                             f"LMDeploy ended request {rid!r} at its session length {self.session_len} "
                             f"({self._session_len_why()}; Engine._add_message caps max_new_tokens, engine.py:469-480)"
-                            f"after {outputs_done} of its {meta['max_tokens']} tokens")
+                            f"after {outputs_done} of its {meta['max_tokens']} tokens"
+                        )
                 sid = self.session_of.pop(rid)
                 try:
                     s.end_session(sid)  # END_SESSION after a finished non-interactive request
@@ -626,8 +753,9 @@ class LmdeploySchedulerSut:
                 self.reported.pop(rid, None)
                 self.admitted.discard(rid)
                 self.finished_since.add(rid)
-            result.append({"req_id": rid, "new_token_ids": [token], "finish_reason": reason,
-                           "stop_reason": stop_reason})
+            result.append(
+                {"req_id": rid, "new_token_ids": [token], "finish_reason": reason, "stop_reason": stop_reason}
+            )
         return result
 
     # -------------------------------------------------------------- observe
@@ -668,6 +796,7 @@ class LmdeploySchedulerSut:
 
 # -------------------------------------------------------------------- serve
 
+
 def serve_stdio() -> int:
     from schedconf.conformance.protocol_server import serve
 
@@ -676,10 +805,20 @@ def serve_stdio() -> int:
     return serve(lambda: LmdeploySchedulerSut(lmd), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-                     "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
-                     "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0,
-                     "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}
+SELF_CHECK_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 16,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 
 
 def self_check(expect_version: str | None) -> int:
@@ -688,31 +827,54 @@ def self_check(expect_version: str | None) -> int:
     started = time.monotonic()
     lmd = _Lmd()
     if expect_version and lmd.version != expect_version:
-        print(f"self-check failed: expected lmdeploy {expect_version}, this environment has {lmd.version}",
-              file=proto_out)
+        print(
+            f"self-check failed: expected lmdeploy {expect_version}, this environment has {lmd.version}", file=proto_out
+        )
         return 1
     sut = LmdeploySchedulerSut(lmd)
     sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     sut.update_from_output({"a": [5]}, {})
     second = sut.schedule()
-    ok = (first["num_scheduled_tokens"] == {"a": 10} and first["scheduled_new_reqs"][0]["num_computed_tokens"] == 0
-          and second["num_scheduled_tokens"] == {"a": 1}
-          and second["scheduled_cached_reqs"][0]["num_computed_tokens"] == 10)
+    ok = (
+        first["num_scheduled_tokens"] == {"a": 10}
+        and first["scheduled_new_reqs"][0]["num_computed_tokens"] == 0
+        and second["num_scheduled_tokens"] == {"a": 1}
+        and second["scheduled_cached_reqs"][0]["num_computed_tokens"] == 10
+    )
     if not ok:
         print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
         return 1
-    print(f"self-check ok: lmdeploy {lmd.version} (PyTorch engine Scheduler), {time.monotonic() - started:.1f} s",
-          file=proto_out)
+    print(
+        f"self-check ok: lmdeploy {lmd.version} (PyTorch engine Scheduler), {time.monotonic() - started:.1f} s",
+        file=proto_out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.lmdeploy_driver", engine="lmdeploy", default_env=OFFLINE_ENV,
-               description="Serve LMDeploy's scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.lmdeploy_driver",
+        engine="lmdeploy",
+        default_env=OFFLINE_ENV,
+        description="Serve LMDeploy's scheduler over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+    )
 
 
 if __name__ == "__main__":

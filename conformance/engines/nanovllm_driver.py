@@ -166,6 +166,7 @@ class CfgPairViolation(RuntimeError):
 
 # ---------------------------------------------------------------- nano-vllm
 
+
 class _Nano:
     """nano-vllm's scheduler modules, imported without ``nanovllm/__init__.py`` (see the module docstring)."""
 
@@ -197,11 +198,14 @@ class _Nano:
 
 # ------------------------------------------------------------------- config
 
+
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why nano-vllm cannot run ``cfg`` (None if it can)."""
     if cfg["block_size"] < 2:
-        return ("nano-vllm's block arithmetic needs block_size >= 2 (may_append detects a new block by "
-                "len % block_size == 1; its Config requires multiples of 256)")
+        return (
+            "nano-vllm's block arithmetic needs block_size >= 2 (may_append detects a new block by "
+            "len % block_size == 1; its Config requires multiples of 256)"
+        )
     if cfg["policy"] != "fcfs":
         return "nano-vllm schedules FCFS only (no priority policy)"
     if cfg["num_spec_tokens"]:
@@ -218,6 +222,7 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
 
 
 # ---------------------------------------------------------------------- SUT
+
 
 class NanoVllmSchedulerSut:
     """One nano-vllm scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
@@ -241,8 +246,12 @@ class NanoVllmSchedulerSut:
             raise SutUnsupported(reason)
         self.n.Sequence.block_size = cfg["block_size"]  # a class attribute (256 in nano-vllm)
         fields = types.SimpleNamespace(  # exactly what Scheduler.__init__ reads from its Config
-            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"], eos=-1,
-            num_kvcache_blocks=cfg["num_gpu_blocks"] - 1, kvcache_block_size=cfg["block_size"])
+            max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            eos=-1,
+            num_kvcache_blocks=cfg["num_gpu_blocks"] - 1,
+            kvcache_block_size=cfg["block_size"],
+        )
         self.scheduler = self.n.Scheduler(fields)
         self.config = cfg
         self.profile = profile
@@ -260,8 +269,11 @@ class NanoVllmSchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        require(self.dead is None, "engine_dead",
-                 f"nano-vllm's scheduler failed ({self.dead}); it is dead until the next init")
+        require(
+            self.dead is None,
+            "engine_dead",
+            f"nano-vllm's scheduler failed ({self.dead}); it is dead until the next init",
+        )
         return self.scheduler
 
     # --------------------------------------------------------------- inputs
@@ -269,19 +281,23 @@ class NanoVllmSchedulerSut:
     def add_request(self, event: dict[str, Any]) -> None:
         s = self._sched()
         fields = validate_add_request(event, self.seqs, self.aborted_in_pending, self.config["max_model_len"])
-        rid, prompt, stops, eos = (fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids",
-                                                         "eos_token_id"))
+        rid, prompt, stops, eos = (
+            fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids", "eos_token_id")
+        )
         max_tokens, min_tokens, priority, arrival, ignore_eos = (
-            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
+            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos")
+        )
         capped = min(max_tokens, self.config["max_model_len"] - len(prompt))
         meta = {"req_id": rid, "eos": -1 if eos is None else eos, "stops": set(stops), "min_tokens": min_tokens}
         if self.cfg_scale > 1.0:
             bs = self.config["block_size"]
             pair_blocks = 2 * cdiv(len(prompt) + capped, bs)
             if pair_blocks > self.config["num_gpu_blocks"] - 1:
-                raise SutUnsupported(f"request {rid!r} as a guidance pair may need {pair_blocks} blocks; the pool has "
-                                     f"{self.config['num_gpu_blocks'] - 1} (nano-vllm admits a pair only with blocks "
-                                     "for both, scheduler.py:48-52)")
+                raise SutUnsupported(
+                    f"request {rid!r} as a guidance pair may need {pair_blocks} blocks; the pool has "
+                    f"{self.config['num_gpu_blocks'] - 1} (nano-vllm admits a pair only with blocks "
+                    "for both, scheduler.py:48-52)"
+                )
             params = self.n.SamplingParams(max_tokens=capped, ignore_eos=ignore_eos, cfg_scale=self.cfg_scale)
             # LLMEngine.add_request (llm_engine.py:50-69): without an unconditional prompt the twin gets the
             # prompt itself; the twin is built first, linked both ways, and added right after its request
@@ -301,8 +317,11 @@ class NanoVllmSchedulerSut:
 
     def abort(self, request_id: str) -> None:
         s = self._sched()
-        require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
-                 f"abort of request {request_id!r}, which was never added")
+        require(
+            isinstance(request_id, str) and request_id in self.seen,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+        )
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return  # already finished
@@ -325,10 +344,16 @@ class NanoVllmSchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         s = self._sched()
-        require(self.pending is None, "output_not_processed",
-                 "schedule() called before update_from_output() for the previous step")
-        running_before = {seq.seq_id: seq for seq in s.running
-                          if seq.status == self.n.SequenceStatus.RUNNING and not seq.is_unconditional}
+        require(
+            self.pending is None,
+            "output_not_processed",
+            "schedule() called before update_from_output() for the previous step",
+        )
+        running_before = {
+            seq.seq_id: seq
+            for seq in s.running
+            if seq.status == self.n.SequenceStatus.RUNNING and not seq.is_unconditional
+        }
         blocks_before = {seq.seq_id: len(seq.block_table) for seq in running_before.values()}
         if s.is_finished():
             seqs, is_prefill = [], False
@@ -339,16 +364,23 @@ class NanoVllmSchedulerSut:
                 import traceback
 
                 frames = traceback.extract_tb(exc.__traceback__)
-                where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line!r}" if frames else "?"
+                where = (
+                    f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line!r}"
+                    if frames
+                    else "?"
+                )
                 self.dead = f"{type(exc).__name__} at {where}"
-                raise RuntimeError(f"nano-vllm's Scheduler.schedule() raised {type(exc).__name__}: {exc} "
-                                   f"at {where}") from exc
+                raise RuntimeError(
+                    f"nano-vllm's Scheduler.schedule() raised {type(exc).__name__}: {exc} at {where}"
+                ) from exc
         ids = [seq.seq_id for seq in seqs]
         if len(set(ids)) != len(ids):
             dup = sorted({self._rid(q) for q in seqs if ids.count(q.seq_id) > 1})
             self.dead = f"scheduled {dup} twice in one step"
-            raise RuntimeError(f"nano-vllm's Scheduler.schedule() returned {dup} twice in one step "
-                               "(a sequence listed twice in Scheduler.running)")
+            raise RuntimeError(
+                f"nano-vllm's Scheduler.schedule() returned {dup} twice in one step "
+                "(a sequence listed twice in Scheduler.running)"
+            )
         if self.cfg_scale > 1.0:
             self._check_cfg_batch(seqs, is_prefill)
         batch = seqs
@@ -362,20 +394,32 @@ class NanoVllmSchedulerSut:
             if is_prefill:
                 num_scheduled[rid] = len(seq) - seq.num_cached_tokens
                 if seq.seq_id in self.admitted:
-                    cached.append({"req_id": rid, "resumed": True, "new_block_ids": blocks,
-                                   "num_computed_tokens": seq.num_cached_tokens,
-                                   "num_output_tokens": seq.num_completion_tokens})
+                    cached.append(
+                        {
+                            "req_id": rid,
+                            "resumed": True,
+                            "new_block_ids": blocks,
+                            "num_computed_tokens": seq.num_cached_tokens,
+                            "num_output_tokens": seq.num_completion_tokens,
+                        }
+                    )
                 else:
                     new_reqs.append({"req_id": rid, "block_ids": blocks, "num_computed_tokens": seq.num_cached_tokens})
                     self.admitted.add(seq.seq_id)
             else:
                 num_scheduled[rid] = 1
-                cached.append({"req_id": rid, "resumed": False,
-                               "new_block_ids": blocks[blocks_before.get(seq.seq_id, len(blocks)):],
-                               "num_computed_tokens": len(seq) - 1,
-                               "num_output_tokens": seq.num_completion_tokens})
-        preempted = sorted(self._rid(seq) for sid, seq in running_before.items()
-                           if seq.status == self.n.SequenceStatus.WAITING)
+                cached.append(
+                    {
+                        "req_id": rid,
+                        "resumed": False,
+                        "new_block_ids": blocks[blocks_before.get(seq.seq_id, len(blocks)) :],
+                        "num_computed_tokens": len(seq) - 1,
+                        "num_output_tokens": seq.num_completion_tokens,
+                    }
+                )
+        preempted = sorted(
+            self._rid(seq) for sid, seq in running_before.items() if seq.status == self.n.SequenceStatus.WAITING
+        )
         finished, self.finished_since = sorted(self.finished_since), set()
         self.pending = [(self._rid(seq), seq) for seq in seqs]
         self.pending_batch = batch
@@ -392,29 +436,43 @@ class NanoVllmSchedulerSut:
 
     # --------------------------------------------------------------- update
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         s = self._sched()
         require(self.pending is not None, "unexpected_model_output", "update without a pending step")
         sampled, drafts = sampled_token_ids, draft_token_ids
-        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
-                 "sampled_token_ids and draft_token_ids must be objects")
+        require(
+            isinstance(sampled, dict) and isinstance(drafts, dict),
+            "invalid_field_type",
+            "sampled_token_ids and draft_token_ids must be objects",
+        )
         scheduled = dict(self.pending or [])
         for rid, tokens in sampled.items():
-            require(rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled")
+            require(
+                rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled"
+            )
             require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
-            require(len(tokens) <= 1, "bad_num_sampled_tokens",
-                     f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
+            require(
+                len(tokens) <= 1,
+                "bad_num_sampled_tokens",
+                f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}",
+            )
         require(not drafts, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
-        live = [(rid, seq) for rid, seq in self.pending or [] if rid not in self.aborted_in_pending
-                and self.seqs.get(rid) is seq]
+        live = [
+            (rid, seq)
+            for rid, seq in self.pending or []
+            if rid not in self.aborted_in_pending and self.seqs.get(rid) is seq
+        ]
         for rid, seq in live:
             tokens = sampled.get(rid, [])
             if not tokens:
-                raise SutUnsupported(f"request {rid!r} sampled no token: nano-vllm's model runner samples exactly one "
-                                     "token per scheduled sequence and its block accounting assumes it")
+                raise SutUnsupported(
+                    f"request {rid!r} sampled no token: nano-vllm's model runner samples exactly one "
+                    "token per scheduled sequence and its block accounting assumes it"
+                )
             m = self.meta[seq.seq_id]
             token = tokens[0]
             k = seq.num_completion_tokens + 1
@@ -422,13 +480,16 @@ class NanoVllmSchedulerSut:
             if token in m["stops"] and k < seq.max_tokens and not eos_stops and k >= m["min_tokens"]:
                 raise SutUnsupported(f"request {rid!r} sampled its stop token {token}: nano-vllm has no stop_token_ids")
             if k < m["min_tokens"] and eos_stops:
-                raise SutUnsupported(f"request {rid!r} sampled EOS before min_tokens={m['min_tokens']}: "
-                                     "nano-vllm has no min_tokens")
+                raise SutUnsupported(
+                    f"request {rid!r} sampled EOS before min_tokens={m['min_tokens']}: nano-vllm has no min_tokens"
+                )
         if self.cfg_scale > 1.0:
             eos_ids = {self.meta[seq.seq_id]["eos"] for _, seq in live}
             if len(eos_ids) > 1:
-                raise SutUnsupported(f"a guidance batch mixes EOS ids {sorted(eos_ids)}: nano-vllm's EOS is "
-                                     "engine-wide and its guidance batch is post-processed in one call")
+                raise SutUnsupported(
+                    f"a guidance batch mixes EOS ids {sorted(eos_ids)}: nano-vllm's EOS is "
+                    "engine-wide and its guidance batch is post-processed in one call"
+                )
         self.pending = None
         self.aborted_in_pending = set()
         outputs: list[dict[str, Any]] = []
@@ -467,51 +528,71 @@ class NanoVllmSchedulerSut:
         return {
             "free_block_queue": [b + 1 for b in bm.free_block_ids],
             "num_free_blocks": len(bm.free_block_ids),
-            "block_tables": {rid: [b + 1 for b in seq.block_table]
-                             for rid, seq in sorted(self.seqs.items()) if seq.block_table},
+            "block_tables": {
+                rid: [b + 1 for b in seq.block_table] for rid, seq in sorted(self.seqs.items()) if seq.block_table
+            },
         }
 
     # ------------------------------------------------------- guidance pairs
 
     def _violation(self, prop: str, message: str) -> CfgPairViolation:
         self.dead = f"guidance-pair property {prop} failed"
-        return CfgPairViolation(f"guidance-pair safety property {prop} (conformance/CHECKS.md, over the whole "
-                                f"batch, unconditional twins included): {message}")
+        return CfgPairViolation(
+            f"guidance-pair safety property {prop} (conformance/CHECKS.md, over the whole "
+            f"batch, unconditional twins included): {message}"
+        )
 
     def _check_cfg_batch(self, batch: list[Any], is_prefill: bool) -> None:
         """The batch properties over every sequence nano-vllm scheduled, twins included."""
         cfg = self.config
         name = [self._rid(q) if not q.is_unconditional else f"{self.meta[q.seq_id]['twin_of']}~uncond" for q in batch]
         if len(batch) > cfg["max_num_seqs"]:
-            raise self._violation("seats", f"{len(batch)} sequences {name} scheduled in one "
-                                  f"{'prefill' if is_prefill else 'decode'} step, max_num_seqs={cfg['max_num_seqs']} "
-                                  "(the model runner's buffers hold max_num_seqs rows, model_runner.py:118-147)")
+            raise self._violation(
+                "seats",
+                f"{len(batch)} sequences {name} scheduled in one "
+                f"{'prefill' if is_prefill else 'decode'} step, max_num_seqs={cfg['max_num_seqs']} "
+                "(the model runner's buffers hold max_num_seqs rows, model_runner.py:118-147)",
+            )
         tokens = sum(len(q) - q.num_cached_tokens for q in batch) if is_prefill else len(batch)
         if tokens > cfg["max_num_batched_tokens"]:
-            raise self._violation("token_budget", f"{tokens} tokens scheduled for {name}, "
-                                  f"max_num_batched_tokens={cfg['max_num_batched_tokens']}")
+            raise self._violation(
+                "token_budget",
+                f"{tokens} tokens scheduled for {name}, max_num_batched_tokens={cfg['max_num_batched_tokens']}",
+            )
         conds = [q for q in batch if not q.is_unconditional]
         twins = [q for q in batch if q.is_unconditional]
         # Scheduler.postprocess and ModelRunner.run pair batch[i] with batch[len // 2 + i] (scheduler.py:196-203)
         half = len(batch) // 2
         if len(conds) != len(twins) or any(batch[half + i] is not q.paired_seq for i, q in enumerate(batch[:half])):
-            raise self._violation("guidance_pairs", f"batch {name}: a request and its twin must be scheduled "
-                                  "together, requests first and twins in the same order")
+            raise self._violation(
+                "guidance_pairs",
+                f"batch {name}: a request and its twin must be scheduled "
+                "together, requests first and twins in the same order",
+            )
 
     def _check_cfg_blocks(self) -> None:
         bm = self.scheduler.block_manager
-        held = {b for rid, q in self.seqs.items() for one in (q, self.twins.get(rid)) if one is not None
-                for b in one.block_table}
+        held = {
+            b
+            for rid, q in self.seqs.items()
+            for one in (q, self.twins.get(rid))
+            if one is not None
+            for b in one.block_table
+        }
         usable = self.config["num_gpu_blocks"] - 1
         if len(held) + len(bm.free_block_ids) != usable:
-            raise self._violation("block_conservation", f"{len(bm.free_block_ids)} free + {len(held)} held by live "
-                                  f"requests and twins != {usable} usable blocks")
+            raise self._violation(
+                "block_conservation",
+                f"{len(bm.free_block_ids)} free + {len(held)} held by live "
+                f"requests and twins != {usable} usable blocks",
+            )
 
     def close(self) -> None:
         self.scheduler = None
 
 
 # -------------------------------------------------------------------- serve
+
 
 def serve_stdio() -> int:
     from schedconf.conformance.protocol_server import serve
@@ -521,10 +602,20 @@ def serve_stdio() -> int:
     return serve(lambda: NanoVllmSchedulerSut(nano), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-                     "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
-                     "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0,
-                     "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}
+SELF_CHECK_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 16,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 
 
 def self_check(expect_version: str | None) -> int:
@@ -533,28 +624,53 @@ def self_check(expect_version: str | None) -> int:
     started = time.monotonic()
     nano = _Nano()
     if expect_version and nano.version != expect_version:
-        print(f"self-check failed: expected nano-vllm {expect_version}, this environment has {nano.version}", file=proto_out)
+        print(
+            f"self-check failed: expected nano-vllm {expect_version}, this environment has {nano.version}",
+            file=proto_out,
+        )
         return 1
     sut = NanoVllmSchedulerSut(nano)
     sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     sut.update_from_output({"a": [5]}, {})
     second = sut.schedule()
-    ok = (first["num_scheduled_tokens"] == {"a": 10} and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
-          and second["num_scheduled_tokens"] == {"a": 1})
+    ok = (
+        first["num_scheduled_tokens"] == {"a": 10}
+        and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
+        and second["num_scheduled_tokens"] == {"a": 1}
+    )
     if not ok:
         print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
         return 1
-    print(f"self-check ok: nano-vllm {nano.version} (nano-vllm-fork), {time.monotonic() - started:.1f} s", file=proto_out)
+    print(
+        f"self-check ok: nano-vllm {nano.version} (nano-vllm-fork), {time.monotonic() - started:.1f} s", file=proto_out
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.nanovllm_driver", engine="nano-vllm", default_env=OFFLINE_ENV,
-               description="Serve nano-vllm's scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.nanovllm_driver",
+        engine="nano-vllm",
+        default_env=OFFLINE_ENV,
+        description="Serve nano-vllm's scheduler over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+    )
 
 
 if __name__ == "__main__":

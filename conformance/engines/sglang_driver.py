@@ -232,6 +232,7 @@ NO_PREEMPTED_FIELD_PROFILES = ("vllm-0.11",)
 
 # ------------------------------------------------------------------- SGLang
 
+
 class _AbsentAttr:
     """A name of a placeholder module: usable at import time, fails loudly if ever called."""
 
@@ -253,14 +254,21 @@ def _install_torchvision_placeholder() -> None:
         module.__path__ = []  # type: ignore[attr-defined]
         module.__file__ = f"<schedconf placeholder for {name}>"
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        module.__getattr__ = (lambda n: (lambda attr: _AbsentAttr(f"{n}.{attr}")))(name)  # type: ignore[attr-defined]
+        module.__getattr__ = (lambda n: lambda attr: _AbsentAttr(f"{n}.{attr}"))(name)  # type: ignore[attr-defined]
         sys.modules[name] = module
 
 
 TINY_MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1, "vocab_size": 32000,
-    "max_position_embeddings": 4096, "torch_dtype": "float16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float16",
 }
 """A model folder holding only ``config.json`` (no weights): publishing SGLang's ServerArgs reads the model's
 HF config (``arg_groups/muse_spark_hook.py`` calls ``get_config(model_path)``); nothing loads weights."""
@@ -337,7 +345,11 @@ class _Sgl:
         set_global_server_args_for_scheduler(self.server_args)
         self.torch = torch
         self.Req, self.ScheduleBatch = Req, ScheduleBatch
-        self.FINISH_ABORT, self.FINISH_LENGTH, self.FINISH_MATCHED_TOKEN = FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN
+        self.FINISH_ABORT, self.FINISH_LENGTH, self.FINISH_MATCHED_TOKEN = (
+            FINISH_ABORT,
+            FINISH_LENGTH,
+            FINISH_MATCHED_TOKEN,
+        )
         self.AddReqResult, self.PrefillAdder, self.SchedulePolicy = AddReqResult, PrefillAdder, SchedulePolicy
         self.NewTokenRatioTracker = NewTokenRatioTracker
         self.TokenToKVPoolAllocator, self.ReqToTokenPool = TokenToKVPoolAllocator, ReqToTokenPool
@@ -355,6 +367,7 @@ class _Sgl:
 
 # ------------------------------------------------------------------- config
 
+
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why this driver cannot run ``cfg`` on SGLang (None if it can)."""
     if cfg["num_spec_tokens"]:
@@ -363,15 +376,20 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
         return "SGLang has no lookahead slots (num_lookahead_tokens must be 0)"
     threshold = cfg["long_prefill_token_threshold"]
     if threshold > cfg["max_model_len"]:
-        return ("long_prefill_token_threshold > max_model_len is a vLLM start-up refusal; SGLang has no such knob "
-                "to refuse")
+        return (
+            "long_prefill_token_threshold > max_model_len is a vLLM start-up refusal; SGLang has no such knob to refuse"
+        )
     if 0 < threshold < cfg["max_num_batched_tokens"]:
-        return ("SGLang has no per-request long-prefill threshold: its chunk limit (chunked_prefill_size, "
-                "PrefillAdder.rem_chunk_tokens) caps a prefill batch as a whole, so long_prefill_token_threshold "
-                "must be 0 or at least max_num_batched_tokens (where it cuts nothing)")
+        return (
+            "SGLang has no per-request long-prefill threshold: its chunk limit (chunked_prefill_size, "
+            "PrefillAdder.rem_chunk_tokens) caps a prefill batch as a whole, so long_prefill_token_threshold "
+            "must be 0 or at least max_num_batched_tokens (where it cuts nothing)"
+        )
     if cfg["enable_chunked_prefill"] and cfg["max_num_batched_tokens"] % cfg["block_size"]:
-        return ("SGLang's server refuses a chunked_prefill_size (max_num_batched_tokens) that page_size (block_size) "
-                "does not divide (arg_groups/validation_hook.py:244)")
+        return (
+            "SGLang's server refuses a chunked_prefill_size (max_num_batched_tokens) that page_size (block_size) "
+            "does not divide (arg_groups/validation_hook.py:244)"
+        )
     return None
 
 
@@ -381,6 +399,7 @@ def chunked_prefill_size(cfg: dict[str, Any]) -> int | None:
 
 
 # ---------------------------------------------------------------------- SUT
+
 
 class SglangSchedulerSut:
     """One SGLang scheduling state at a time, rebuilt on every ``start`` (protocol ``init``)."""
@@ -403,8 +422,10 @@ class SglangSchedulerSut:
         g = self.g
         page_size = cfg["block_size"]
         if page_size > 1 and not g.paged_alloc_is_torch:
-            raise SutUnsupported("block_size > 1 needs PagedTokenToKVPoolAllocator's Triton kernels "
-                                 "(alloc_extend_kernel / alloc_decode_kernel) on this platform")
+            raise SutUnsupported(
+                "block_size > 1 needs PagedTokenToKVPoolAllocator's Triton kernels "
+                "(alloc_extend_kernel / alloc_decode_kernel) on this platform"
+            )
         self.config, self.profile = cfg, profile
         self.page_size = page_size
         self.max_running = cfg["max_num_seqs"]
@@ -417,34 +438,53 @@ class SglangSchedulerSut:
         # --schedule-low-priority-values-first (the protocol's lower = more important); preemption by priority
         # is on by default with it (Scheduler.init_schedule_policy, scheduler.py:1469), at SGLang's default
         # --priority-scheduling-preemption-threshold
-        self._enter_schedule_args(page_size=page_size, chunked_prefill_size=self.chunked_prefill_size or -1,
-                                  max_prefill_tokens=self.max_prefill_tokens,
-                                  enable_priority_scheduling=self.priority_scheduling,
-                                  schedule_low_priority_values_first=self.priority_scheduling)
+        self._enter_schedule_args(
+            page_size=page_size,
+            chunked_prefill_size=self.chunked_prefill_size or -1,
+            max_prefill_tokens=self.max_prefill_tokens,
+            enable_priority_scheduling=self.priority_scheduling,
+            schedule_low_priority_values_first=self.priority_scheduling,
+        )
         sched = g.get_schedule()
         self.priority_preemption = self.priority_scheduling and not sched.disable_priority_preemption
         self.preemption_threshold = sched.priority_scheduling_preemption_threshold
-        self.req_to_token_pool = g.ReqToTokenPool(size=cfg["max_num_seqs"],
-                                                  max_context_len=cfg["max_model_len"] + 4 + page_size,
-                                                  device="cpu", enable_memory_saver=False)
+        self.req_to_token_pool = g.ReqToTokenPool(
+            size=cfg["max_num_seqs"],
+            max_context_len=cfg["max_model_len"] + 4 + page_size,
+            device="cpu",
+            enable_memory_saver=False,
+        )
         # KV pool: num_gpu_blocks - 1 pages of page_size slots (page 0 is SGLang's padding page, the protocol's
         # null block); page ids 1..num_gpu_blocks-1 are the protocol's block ids
         if page_size == 1:
-            self.allocator = g.TokenToKVPoolAllocator(size=cfg["num_gpu_blocks"] - 1, dtype=g.torch.float16,
-                                                      device="cpu", kvcache=None, need_sort=False)
+            self.allocator = g.TokenToKVPoolAllocator(
+                size=cfg["num_gpu_blocks"] - 1, dtype=g.torch.float16, device="cpu", kvcache=None, need_sort=False
+            )
         else:
-            self.allocator = g.PagedTokenToKVPoolAllocator(size=(cfg["num_gpu_blocks"] - 1) * page_size,
-                                                           page_size=page_size, dtype=g.torch.float16,
-                                                           device="cpu", kvcache=None, need_sort=False)
-        self.tree_cache = g.RadixCache(g.CacheInitParams(
-            disable=not cfg["enable_prefix_caching"], req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=self.allocator, page_size=page_size))
-        self.policy = g.SchedulePolicy("fcfs", self.tree_cache, False, self.priority_scheduling,
-                                       self.priority_scheduling)
+            self.allocator = g.PagedTokenToKVPoolAllocator(
+                size=(cfg["num_gpu_blocks"] - 1) * page_size,
+                page_size=page_size,
+                dtype=g.torch.float16,
+                device="cpu",
+                kvcache=None,
+                need_sort=False,
+            )
+        self.tree_cache = g.RadixCache(
+            g.CacheInitParams(
+                disable=not cfg["enable_prefix_caching"],
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=page_size,
+            )
+        )
+        self.policy = g.SchedulePolicy(
+            "fcfs", self.tree_cache, False, self.priority_scheduling, self.priority_scheduling
+        )
         self.ratio = g.NewTokenRatioTracker.from_config()
         # what ScheduleBatch reads of ModelConfig for a decoder-only text model
-        self.model_config = types.SimpleNamespace(vocab_size=VOCAB_SIZE, is_encoder_decoder=False,
-                                                  is_multimodal=False, hf_config=None, is_hybrid_swa=False)
+        self.model_config = types.SimpleNamespace(
+            vocab_size=VOCAB_SIZE, is_encoder_decoder=False, is_multimodal=False, hf_config=None, is_hybrid_swa=False
+        )
         self.waiting: list[Any] = []
         self.queue_clock = 0
         self.running_batch = g.ScheduleBatch(reqs=[], batch_is_full=False)
@@ -498,10 +538,12 @@ class SglangSchedulerSut:
         self._check()
         g = self.g
         fields = validate_add_request(event, self.reqs, self.aborted_in_pending, self.config["max_model_len"])
-        rid, prompt, stops, eos = (fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids",
-                                                         "eos_token_id"))
+        rid, prompt, stops, eos = (
+            fields[k] for k in ("request_id", "prompt_token_ids", "stop_token_ids", "eos_token_id")
+        )
         max_tokens, min_tokens, priority, arrival, ignore_eos = (
-            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos"))
+            fields[k] for k in ("max_tokens", "min_tokens", "priority", "arrival_time", "ignore_eos")
+        )
         from array import array
 
         # SGLang's request limits (TpModelWorker, tp_worker.py:568-572): max_req_len = min(context_len - 1,
@@ -515,31 +557,55 @@ class SglangSchedulerSut:
         max_req_len = min(self.config["max_model_len"] + 2 - 1, self.allocator.size - 1)
         for token in (*prompt, *stops, *(() if eos is None else (eos,))):
             if token >= VOCAB_SIZE:
-                raise SutUnsupported(f"request {rid!r}: token id {token} >= the driver's vocab_size {VOCAB_SIZE} "
-                                     "(SGLang's sampler penalizers allocate batch x vocab tensors)")
+                raise SutUnsupported(
+                    f"request {rid!r}: token id {token} >= the driver's vocab_size {VOCAB_SIZE} "
+                    "(SGLang's sampler penalizers allocate batch x vocab tensors)"
+                )
         capped = min(max_tokens, self.config["max_model_len"] - len(prompt))
         # Scheduler.init_req_max_new_tokens (scheduler.py:2693-2740) clips max_new_tokens at intake:
         # to max_req_len - input_len - 1, then to the empty pool's budget (the allocator's own method)
         clipped = max(0, min(capped, max_req_len - len(prompt) - 1))
-        clipped = self.allocator.max_new_tokens_for_memory(len(prompt), clipped, token_capacity=self.allocator.size,
-                                                           sliding_window_size=None, chunk_size=None)
+        clipped = self.allocator.max_new_tokens_for_memory(
+            len(prompt), clipped, token_capacity=self.allocator.size, sliding_window_size=None, chunk_size=None
+        )
         if not clipped:
-            raise SutUnsupported(f"request {rid!r}: SGLang would abort it at intake (no room to generate in its "
-                                 "pool: Scheduler.init_req_max_new_tokens, scheduler.py:2730)")
-        params = g.SamplingParams(max_new_tokens=clipped, min_new_tokens=min(min_tokens, clipped),
-                                  stop_token_ids=list(stops) or None, ignore_eos=ignore_eos)
+            raise SutUnsupported(
+                f"request {rid!r}: SGLang would abort it at intake (no room to generate in its "
+                "pool: Scheduler.init_req_max_new_tokens, scheduler.py:2730)"
+            )
+        params = g.SamplingParams(
+            max_new_tokens=clipped,
+            min_new_tokens=min(min_tokens, clipped),
+            stop_token_ids=list(stops) or None,
+            ignore_eos=ignore_eos,
+        )
         # normalize() needs a tokenizer only to encode stop strings (none here); without one it refuses
         # min_new_tokens (sampling_params.py:463), which the tokenizer manager would have accepted
         params.normalize(_NO_STOP_STRINGS_TOKENIZER)
         # the priority reaches the scheduler only with priority scheduling on (without it, SGLang's server
         # ignores or refuses a priority: Scheduler._set_or_validate_priority, scheduler.py:3520)
-        req = g.Req(rid, "", array("q", prompt), params, eos_token_ids=None if eos is None else {eos}, vocab_size=None,
-                    priority=int(priority) if self.priority_scheduling else None)
-        req.tokenizer = _NO_STOP_STRINGS_TOKENIZER  # the Scheduler sets its tokenizer here (the sampler's penalizers read it)
+        req = g.Req(
+            rid,
+            "",
+            array("q", prompt),
+            params,
+            eos_token_ids=None if eos is None else {eos},
+            vocab_size=None,
+            priority=int(priority) if self.priority_scheduling else None,
+        )
+        req.tokenizer = (
+            _NO_STOP_STRINGS_TOKENIZER  # the Scheduler sets its tokenizer here (the sampler's penalizers read it)
+        )
         self._enqueue(req)
         self.reqs[rid] = req
-        self.meta[rid] = {"eos": eos, "stops": set(stops), "min_tokens": min_tokens, "ignore_eos": ignore_eos,
-                          "cap": capped, "clipped": clipped}
+        self.meta[rid] = {
+            "eos": eos,
+            "stops": set(stops),
+            "min_tokens": min_tokens,
+            "ignore_eos": ignore_eos,
+            "cap": capped,
+            "clipped": clipped,
+        }
         self.seen.add(rid)
 
     def _release(self, req: Any) -> None:
@@ -548,8 +614,11 @@ class SglangSchedulerSut:
 
     def abort(self, request_id: str) -> None:
         self._check()
-        require(isinstance(request_id, str) and request_id in self.seen, "unknown_request_id",
-                 f"abort of request {request_id!r}, which was never added")
+        require(
+            isinstance(request_id, str) and request_id in self.seen,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+        )
         req = self.reqs.pop(request_id, None)
         if req is None:
             return  # already finished
@@ -573,8 +642,8 @@ class SglangSchedulerSut:
         """The request's block table: the pages of its ``req_to_token`` row up to ``kv_allocated_len``."""
         if not req.kv.holds_kv:
             return []
-        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_allocated_len]
-        return [int(x) // self.page_size for x in slots[::self.page_size]]
+        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
+        return [int(x) // self.page_size for x in slots[:: self.page_size]]
 
     def _num_allocatable(self, running_bs: int, num_held_rows: int = 0) -> int:
         # Scheduler.get_num_allocatable_reqs (scheduler.py:4026): the micro-batch size
@@ -595,15 +664,29 @@ class SglangSchedulerSut:
             running_batch.batch_is_full = True
             return None
         self.policy.calc_priority(self.waiting, running_batch)
-        adder = g.PrefillAdder(self.page_size, self.tree_cache, self.allocator, running_batch, self.ratio.current,
-                               self.max_prefill_tokens, self.chunked_prefill_size, 0, self.preemption_threshold,
-                               max_prefill_bs=0, max_running_requests=self.max_running, prefill_max_requests=None,
-                               prefill_delayer_single_pass=None, dllm_config=None,
-                               waiting_queue_len=len(self.waiting), prefill_tile_block_m=64)
+        adder = g.PrefillAdder(
+            self.page_size,
+            self.tree_cache,
+            self.allocator,
+            running_batch,
+            self.ratio.current,
+            self.max_prefill_tokens,
+            self.chunked_prefill_size,
+            0,
+            self.preemption_threshold,
+            max_prefill_bs=0,
+            max_running_requests=self.max_running,
+            prefill_max_requests=None,
+            prefill_delayer_single_pass=None,
+            dllm_config=None,
+            waiting_queue_len=len(self.waiting),
+            prefill_tile_block_m=64,
+        )
         if self.chunked_req is not None:  # scheduler.py:4176-4184: the chunked request's next chunk first
             self.chunked_req.init_next_round_input()
             adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
-                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, self.page_size)
+                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, self.page_size
+            )
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting:  # scheduler.py:4203-4295
             if adder.budget_state() == g.AddReqResult.OTHER:
@@ -636,8 +719,16 @@ class SglangSchedulerSut:
             self.chunked_req = adder.new_chunked_req
         if self.chunked_req is not None:
             self.chunked_req.inflight_middle_chunks += 1
-        batch = g.ScheduleBatch.init_new(can_run_list, self.req_to_token_pool, self.allocator, self.tree_cache,
-                                         self.model_config, False, g.SPEC_NONE, chunked_req=self.chunked_req)
+        batch = g.ScheduleBatch.init_new(
+            can_run_list,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.model_config,
+            False,
+            g.SPEC_NONE,
+            chunked_req=self.chunked_req,
+        )
         batch.prepare_for_extend()
         return batch
 
@@ -703,16 +794,24 @@ class SglangSchedulerSut:
 
     def schedule(self) -> dict[str, Any]:
         self._check()
-        require(self.pending is None, "output_not_processed",
-                 "schedule() called before update_from_output() for the previous step")
+        require(
+            self.pending is None,
+            "output_not_processed",
+            "schedule() called before update_from_output() for the previous step",
+        )
         try:
             batch, retracted = self._next_batch()
         except Exception as exc:
             import traceback
 
-            frames = [f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename] or \
-                traceback.extract_tb(exc.__traceback__)
-            where = f"{frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno} {frames[-1].line!r}" if frames else "?"
+            frames = [
+                f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename
+            ] or traceback.extract_tb(exc.__traceback__)
+            where = (
+                f"{frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno} {frames[-1].line!r}"
+                if frames
+                else "?"
+            )
             self.dead = f"{type(exc).__name__} at {where}"
             raise RuntimeError(f"SGLang's scheduling code raised {type(exc).__name__}: {exc} at {where}") from exc
         self.last_batch = batch
@@ -732,18 +831,30 @@ class SglangSchedulerSut:
                 if rid not in self.admitted:
                     new_reqs.append({"req_id": rid, "block_ids": row, "num_computed_tokens": int(req.prefix_len)})
                     self.admitted.add(rid)
-                elif rid in self.mid_chunk and rid not in self.replaced and row[:len(before)] == before:
+                elif rid in self.mid_chunk and rid not in self.replaced and row[: len(before)] == before:
                     # the next chunk of a chunked prefill: it continues from where its last chunk ended (the
                     # stash, checkpoint_kv_cache, moved prefix_len to that chunk's extend_end)
-                    cached.append({"req_id": rid, "resumed": False, "new_block_ids": row[len(before):],
-                                   "num_computed_tokens": int(req.prefix_len),
-                                   "num_output_tokens": len(req.output_ids)})
+                    cached.append(
+                        {
+                            "req_id": rid,
+                            "resumed": False,
+                            "new_block_ids": row[len(before) :],
+                            "num_computed_tokens": int(req.prefix_len),
+                            "num_output_tokens": len(req.output_ids),
+                        }
+                    )
                 else:
                     # re-admitted after a retraction or a preemption, or a chunk whose table the stash
                     # repointed (RadixCache.checkpoint, as below): the whole table, from its prefix hit
-                    cached.append({"req_id": rid, "resumed": True, "new_block_ids": row,
-                                   "num_computed_tokens": int(req.prefix_len),
-                                   "num_output_tokens": len(req.output_ids)})
+                    cached.append(
+                        {
+                            "req_id": rid,
+                            "resumed": True,
+                            "new_block_ids": row,
+                            "num_computed_tokens": int(req.prefix_len),
+                            "num_output_tokens": len(req.output_ids),
+                        }
+                    )
                 self.replaced.discard(rid)
                 if req is batch.chunked_req:
                     self.mid_chunk.add(rid)
@@ -757,19 +868,30 @@ class SglangSchedulerSut:
                 # tree's copy of KV that another request computed for the same tokens (and frees its own
                 # duplicate slots): the table changed below what was reported, so it is handed over whole,
                 # the protocol's only way to replace a table (a cached entry with resumed: true)
-                replaced = row[:len(before)] != before or rid in self.replaced
+                replaced = row[: len(before)] != before or rid in self.replaced
                 self.replaced.discard(rid)
-                cached.append({"req_id": rid, "resumed": replaced,
-                               "new_block_ids": row if replaced else row[len(before):],
-                               "num_computed_tokens": seqlen - 1, "num_output_tokens": len(req.output_ids)})
+                cached.append(
+                    {
+                        "req_id": rid,
+                        "resumed": replaced,
+                        "new_block_ids": row if replaced else row[len(before) :],
+                        "num_computed_tokens": seqlen - 1,
+                        "num_output_tokens": len(req.output_ids),
+                    }
+                )
             self.tables[rid] = row
         # A live request outside this batch whose row RadixCache.checkpoint repointed (see above) has freed the
         # slots it reported, and they may be handed out in this very step: the protocol can replace a table only
         # through preemption and resumption, so it is reported preempted now and resumed (whole table, nothing
         # recomputed) when it is next scheduled
         in_batch = {r.rid for r in reqs}
-        moved = [rid for rid, req in self.reqs.items() if rid not in in_batch and rid in self.tables
-                 and self._row(req)[:len(self.tables[rid])] != self.tables[rid]]
+        moved = [
+            rid
+            for rid, req in self.reqs.items()
+            if rid not in in_batch
+            and rid in self.tables
+            and self._row(req)[: len(self.tables[rid])] != self.tables[rid]
+        ]
         for rid in moved:
             self.tables[rid] = []
             self.replaced.add(rid)
@@ -794,43 +916,59 @@ class SglangSchedulerSut:
 
     # --------------------------------------------------------------- update
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         self._check()
         require(self.pending is not None, "unexpected_model_output", "update without a pending step")
         sampled, drafts = sampled_token_ids, draft_token_ids
-        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
-                 "sampled_token_ids and draft_token_ids must be objects")
+        require(
+            isinstance(sampled, dict) and isinstance(drafts, dict),
+            "invalid_field_type",
+            "sampled_token_ids and draft_token_ids must be objects",
+        )
         batch = self.pending
         scheduled = {r.rid: r for r in batch.reqs}
         for rid, tokens in sampled.items():
-            require(rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled")
+            require(
+                rid in scheduled, "unscheduled_model_output", f"sampled tokens for {rid!r}, which was not scheduled"
+            )
             require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
-            require(len(tokens) <= 1, "bad_num_sampled_tokens",
-                     f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}")
+            require(
+                len(tokens) <= 1,
+                "bad_num_sampled_tokens",
+                f"request {rid!r} may sample at most 1 token (no drafts), got {len(tokens)}",
+            )
         require(not drafts, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
         live: list[Any] = [r for r in batch.reqs if r.rid not in self.aborted_in_pending and self.reqs.get(r.rid) is r]
         # process_batch_result_prefill (batch_result_processor.py:306-430): a request with a chunk in flight
         # (inflight_middle_chunks > 0) commits no token; its chunk count goes down
         middle = [r for r in live if self.pending_extend and r.inflight_middle_chunks > 0]
         for req in middle:
-            require(not sampled.get(req.rid), "bad_num_sampled_tokens",
-                     f"request {req.rid!r} ran a prefill chunk that is not its last: a prefill chunk samples none")
+            require(
+                not sampled.get(req.rid),
+                "bad_num_sampled_tokens",
+                f"request {req.rid!r} ran a prefill chunk that is not its last: a prefill chunk samples none",
+            )
         live = [r for r in live if not any(r is m for m in middle)]
         for req in live:
             tokens = sampled.get(req.rid, [])
             if not tokens:
-                raise SutUnsupported(f"request {req.rid!r} sampled no token: SGLang's model runner samples one token "
-                                     "per request whose prefill completes, and per decoding request")
+                raise SutUnsupported(
+                    f"request {req.rid!r} sampled no token: SGLang's model runner samples one token "
+                    "per request whose prefill completes, and per decoding request"
+                )
             m = self.meta[req.rid]
             token = tokens[0]
             k = len(req.output_ids) + 1
             stops_here = not m["ignore_eos"] and (token == m["eos"] or token in m["stops"])
             if stops_here and k < m["min_tokens"]:
-                raise SutUnsupported(f"request {req.rid!r} sampled a stop/EOS token before min_tokens="
-                                     f"{m['min_tokens']}: SGLang's sampler (MinNewTokensPenalizer) never samples it")
+                raise SutUnsupported(
+                    f"request {req.rid!r} sampled a stop/EOS token before min_tokens="
+                    f"{m['min_tokens']}: SGLang's sampler (MinNewTokensPenalizer) never samples it"
+                )
         g = self.g
         for req in middle:
             req.inflight_middle_chunks -= 1
@@ -853,15 +991,17 @@ class SglangSchedulerSut:
                         raise SutUnsupported(
                             f"request {req.rid!r} ended by length after {len(req.output_ids)} tokens: SGLang clipped its "
                             f"max_new_tokens {m['cap']} -> {m['clipped']} at intake to fit its pool "
-                            "(Scheduler.init_req_max_new_tokens, scheduler.py:2710-2735); the protocol's stop rules have no such clip")
+                            "(Scheduler.init_req_max_new_tokens, scheduler.py:2710-2735); the protocol's stop rules have no such clip"
+                        )
                 else:
                     raise RuntimeError(f"request {req.rid!r} finished with {fr!r}")
                 self.reqs.pop(req.rid, None)
                 self.finished_since.add(req.rid)
             elif self.pending_extend:
                 g.checkpoint_kv_cache(req, self.tree_cache)  # process_batch_result_prefill, b_r_p.py:394
-            outputs.append({"req_id": req.rid, "new_token_ids": [token], "finish_reason": reason,
-                            "stop_reason": stop_reason})
+            outputs.append(
+                {"req_id": req.rid, "new_token_ids": [token], "finish_reason": reason, "stop_reason": stop_reason}
+            )
         for req in batch.reqs:
             if req.rid in self.aborted_in_pending:
                 self._release(req)
@@ -879,7 +1019,7 @@ class SglangSchedulerSut:
             node = stack.pop()
             stack.extend(node.children.values())
             if node is not self.tree_cache.root_node and node.lock_ref == 0 and node.value is not None:
-                out.extend(int(x) // self.page_size for x in node.value[::self.page_size])
+                out.extend(int(x) // self.page_size for x in node.value[:: self.page_size])
         return out
 
     def observe(self) -> dict[str, Any]:
@@ -894,8 +1034,9 @@ class SglangSchedulerSut:
         # A table RadixCache.checkpoint repointed during an update is handed over by the next step (see
         # ``schedule``); until then no SchedulerOutput can carry it, so the tables are left out (the
         # table checks skip this observation) rather than shown ahead of the output that reports them.
-        if not any(rid in self.tables and row[:len(self.tables[rid])] != self.tables[rid]
-                   for rid, row in tables.items()):
+        if not any(
+            rid in self.tables and row[: len(self.tables[rid])] != self.tables[rid] for rid, row in tables.items()
+        ):
             observation["block_tables"] = {rid: t for rid, t in tables.items() if t}
         return observation
 
@@ -906,6 +1047,7 @@ class SglangSchedulerSut:
 
 # -------------------------------------------------------------------- serve
 
+
 def serve_stdio() -> int:
     from schedconf.conformance.protocol_server import serve
 
@@ -914,10 +1056,20 @@ def serve_stdio() -> int:
     return serve(lambda: SglangSchedulerSut(sgl), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {"block_size": 1, "num_gpu_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-                     "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
-                     "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0,
-                     "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}
+SELF_CHECK_CONFIG = {
+    "block_size": 1,
+    "num_gpu_blocks": 64,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 
 
 def self_check(expect_version: str | None) -> int:
@@ -926,17 +1078,34 @@ def self_check(expect_version: str | None) -> int:
     started = time.monotonic()
     sgl = _Sgl()
     if expect_version and sgl.version != expect_version:
-        print(f"self-check failed: expected sglang {expect_version}, this environment has {sgl.version}", file=proto_out)
+        print(
+            f"self-check failed: expected sglang {expect_version}, this environment has {sgl.version}", file=proto_out
+        )
         return 1
     sut = SglangSchedulerSut(sgl)
     sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10, 20)), "max_tokens": 3, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10, 20)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     sut.update_from_output({"a": [5]}, {})
     second = sut.schedule()
-    ok = (first["num_scheduled_tokens"] == {"a": 10} and first["scheduled_new_reqs"][0]["block_ids"] == list(range(1, 11))
-          and second["num_scheduled_tokens"] == {"a": 1} and second["scheduled_cached_reqs"][0]["new_block_ids"] == [11])
+    ok = (
+        first["num_scheduled_tokens"] == {"a": 10}
+        and first["scheduled_new_reqs"][0]["block_ids"] == list(range(1, 11))
+        and second["num_scheduled_tokens"] == {"a": 1}
+        and second["scheduled_cached_reqs"][0]["new_block_ids"] == [11]
+    )
     if not ok:
         print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
         return 1
@@ -945,9 +1114,15 @@ def self_check(expect_version: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.sglang_driver", engine="SGLang", default_env=OFFLINE_ENV,
-               description="Serve SGLang's scheduling classes over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.sglang_driver",
+        engine="SGLang",
+        default_env=OFFLINE_ENV,
+        description="Serve SGLang's scheduling classes over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+    )
 
 
 if __name__ == "__main__":

@@ -168,12 +168,23 @@ VLLM_CONFIG_CACHE_SIZE = 64
 """VllmConfigs kept for reuse across ``init`` (building one with spec decode takes ~0.15 s)."""
 
 CONFIG_FIELDS = (
-    "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-    "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
-    "num_spec_tokens", "num_lookahead_tokens", "scheduler_reserve_full_isl",
+    "block_size",
+    "num_gpu_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+    "enable_prefix_caching",
+    "policy",
+    "num_spec_tokens",
+    "num_lookahead_tokens",
+    "scheduler_reserve_full_isl",
 )
 OPTIONAL_CONFIG_FIELDS: dict[str, Any] = {
-    "max_concurrent_batches": 1, "max_num_active_seqs": None, "long_prefill_token_threshold_adaptive": False,
+    "max_concurrent_batches": 1,
+    "max_num_active_seqs": None,
+    "long_prefill_token_threshold_adaptive": False,
     "use_v2_model_runner": False,
 }
 """Config fields a trace header may leave out, with their default (spec/v1/config.py OPTIONAL_FIELDS)."""
@@ -255,9 +266,11 @@ def _is_padded_admission_assert(exc: BaseException) -> bool:
     if not frames:
         return False
     last = frames[-1]
-    return (last.name == "schedule"
-            and last.filename.replace(os.sep, "/").endswith("vllm/v1/core/sched/scheduler.py")
-            and (last.line or "").strip() == PADDED_ADMISSION_ASSERT)
+    return (
+        last.name == "schedule"
+        and last.filename.replace(os.sep, "/").endswith("vllm/v1/core/sched/scheduler.py")
+        and (last.line or "").strip() == PADDED_ADMISSION_ASSERT
+    )
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -265,6 +278,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # --------------------------------------------------------------------- vLLM
+
 
 class _Vllm:
     """The vLLM names the driver uses, imported once (the import takes ~10 s)."""
@@ -374,8 +388,14 @@ class _Vllm:
         return self._hasher_cache[block_size]
 
 
-REQUIRED_SCHEDULER_API = ("add_request", "schedule", "update_from_output", "finish_requests",
-                          "reset_prefix_cache", "kv_cache_manager")
+REQUIRED_SCHEDULER_API = (
+    "add_request",
+    "schedule",
+    "update_from_output",
+    "finish_requests",
+    "reset_prefix_cache",
+    "kv_cache_manager",
+)
 """The scheduler methods and attributes the driver calls (``kv_cache_manager``: set by ``__init__``)."""
 
 
@@ -388,8 +408,9 @@ def get_missing_scheduler_api(scheduler: Any) -> list[str]:
     """
     init = getattr(scheduler, "__init__", None)
     assigned = set(init.__code__.co_names) if hasattr(init, "__code__") else set()
-    return [f"Scheduler.{name}" for name in REQUIRED_SCHEDULER_API
-            if not hasattr(scheduler, name) and name not in assigned]
+    return [
+        f"Scheduler.{name}" for name in REQUIRED_SCHEDULER_API if not hasattr(scheduler, name) and name not in assigned
+    ]
 
 
 def describe_build() -> int:
@@ -404,8 +425,13 @@ def describe_build() -> int:
     except (ImportError, AttributeError) as exc:  # the driver cannot even read the API
         version, profile = getattr(vllm, "__version__", "?"), None
         missing = [f"{type(exc).__name__}: {exc}"]
-    print(json.dumps({"version": version, "profile": profile, "location": os.path.dirname(vllm.__file__),
-                      "missing": missing}, sort_keys=True), file=proto_out)
+    print(
+        json.dumps(
+            {"version": version, "profile": profile, "location": os.path.dirname(vllm.__file__), "missing": missing},
+            sort_keys=True,
+        ),
+        file=proto_out,
+    )
     return 0
 
 
@@ -470,6 +496,7 @@ def _model_dir() -> str:
 
 # ------------------------------------------------------------------- config
 
+
 def validate_config(config: Any) -> dict[str, Any]:
     """Refuse a config with the protocol's codes; return it (every field present).
 
@@ -484,34 +511,50 @@ def validate_config(config: Any) -> dict[str, Any]:
     config = {**OPTIONAL_CONFIG_FIELDS, **config}
     for name in (*CONFIG_FIELDS, *OPTIONAL_CONFIG_FIELDS):
         value = config[name]
-        if name in ("enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold_adaptive",
-                    "use_v2_model_runner"):
+        if name in (
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+            "long_prefill_token_threshold_adaptive",
+            "use_v2_model_runner",
+        ):
             _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
         elif name == "max_num_active_seqs":
             _require(value is None or _is_int(value), "invalid_config_type", f"{name} must be an integer or null")
         elif name == "scheduler_reserve_full_isl":
-            _require(value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null")
+            _require(
+                value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null"
+            )
         elif name == "policy":
             _require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
         else:
             _require(_is_int(value), "invalid_config_type", f"{name} must be an integer")
     c = config
     _require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    _require(c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)")
+    _require(
+        c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)"
+    )
     _require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
     _require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
     _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
     _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
     _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
-    _require(c["max_num_active_seqs"] is None or 1 <= c["max_num_active_seqs"] <= c["max_num_seqs"],
-             "invalid_max_num_active_seqs", "max_num_active_seqs must be null or in [1, max_num_seqs]")
-    _require(c["max_concurrent_batches"] >= 1, "invalid_max_concurrent_batches",
-             "max_concurrent_batches must be >= 1 (1 = synchronous)")
+    _require(
+        c["max_num_active_seqs"] is None or 1 <= c["max_num_active_seqs"] <= c["max_num_seqs"],
+        "invalid_max_num_active_seqs",
+        "max_num_active_seqs must be null or in [1, max_num_seqs]",
+    )
+    _require(
+        c["max_concurrent_batches"] >= 1,
+        "invalid_max_concurrent_batches",
+        "max_concurrent_batches must be >= 1 (1 = synchronous)",
+    )
     _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
     # vLLM SchedulerConfig.verify_max_model_len.
-    _require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
-             "budget_below_max_model_len",
-             "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len")
+    _require(
+        c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
+        "budget_below_max_model_len",
+        "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
+    )
     # The pool check (pool_below_max_model_len) is vLLM's own: see VllmSchedulerSut._check_pool.
     return dict(config)
 
@@ -521,6 +564,7 @@ def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
 
 
 # ---------------------------------------------------------------------- SUT
+
 
 class _InFlightStep:
     """One scheduled step whose model output is not applied yet (a slot of EngineCore's batch queue)."""
@@ -563,30 +607,39 @@ class VllmSchedulerSut:
     def start(self, config: dict[str, Any], profile: str) -> None:
         """Build a fresh scheduler for ``config``; the profile must be this vLLM's release (or its -async)."""
         if not self.v.answers_for(profile):
-            raise SutUnsupported(f"this process runs vLLM {self.v.version} (profile {self.v.profile_name()}); "
-                                 f"it cannot answer for profile {profile!r}")
+            raise SutUnsupported(
+                f"this process runs vLLM {self.v.version} (profile {self.v.profile_name()}); "
+                f"it cannot answer for profile {profile!r}"
+            )
         is_async = profile.endswith(ASYNC_SUFFIX)
         cfg = validate_config(config)
-        if cfg["max_concurrent_batches"] > 1 and ((cfg["num_spec_tokens"] and not is_async)
-                                                  or not self.v.has_stale_output):
+        if cfg["max_concurrent_batches"] > 1 and (
+            (cfg["num_spec_tokens"] and not is_async) or not self.v.has_stale_output
+        ):
             # The model refuses these too (in_flight_not_modelled). vLLM runs
             # them (0.11 without any stale-output tracking), but a verdict
             # against a model that does not cover them would mean nothing.
-            raise SutUnsupported("steps in flight with spec decode on the plain scheduler, or on a release "
-                                 "without stale-output tracking (num_stale_output_tokens), are not modelled")
-        missing_knobs = [k for k in KNOBS_0_32
-                         if cfg[k] != OPTIONAL_CONFIG_FIELDS[k] and k not in self.v.scheduler_config_fields]
+            raise SutUnsupported(
+                "steps in flight with spec decode on the plain scheduler, or on a release "
+                "without stale-output tracking (num_stale_output_tokens), are not modelled"
+            )
+        missing_knobs = [
+            k for k in KNOBS_0_32 if cfg[k] != OPTIONAL_CONFIG_FIELDS[k] and k not in self.v.scheduler_config_fields
+        ]
         if cfg["use_v2_model_runner"] and "use_v2_model_runner" not in self.v.scheduler_attrs:
             missing_knobs.append("V2 model runner layout (use_v2_model_runner)")
         if missing_knobs:
             raise SutUnsupported(f"vLLM {self.v.version} has no {', '.join(missing_knobs)}")
         if cfg["num_lookahead_tokens"]:
-            raise SutUnsupported("num_lookahead_tokens > 0 is not reachable in vLLM without an EAGLE or draft "
-                                 "model (lookahead is derived from the spec-decode method)")
+            raise SutUnsupported(
+                "num_lookahead_tokens > 0 is not reachable in vLLM without an EAGLE or draft "
+                "model (lookahead is derived from the spec-decode method)"
+            )
         has_reserve = "scheduler_reserve_full_isl" in self.v.scheduler_config_fields
         if cfg["scheduler_reserve_full_isl"] is not None and not has_reserve and cfg["scheduler_reserve_full_isl"]:
-            raise SutUnsupported(f"vLLM {self.v.version} has no full-sequence admission gate "
-                                 "(scheduler_reserve_full_isl)")
+            raise SutUnsupported(
+                f"vLLM {self.v.version} has no full-sequence admission gate (scheduler_reserve_full_isl)"
+            )
         self.scheduler = None
         self.crashed = None
         self.is_async = is_async
@@ -605,12 +658,16 @@ class VllmSchedulerSut:
         if cached is not None:
             return cached
         v = self.v
-        model_config = v.ModelConfig(model=_model_dir(), skip_tokenizer_init=True, max_model_len=cfg["max_model_len"],
-                                     dtype="float32", seed=0)
+        model_config = v.ModelConfig(
+            model=_model_dir(), skip_tokenizer_init=True, max_model_len=cfg["max_model_len"], dtype="float32", seed=0
+        )
         sched_kwargs: dict[str, Any] = dict(
-            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-            max_model_len=cfg["max_model_len"], enable_chunked_prefill=cfg["enable_chunked_prefill"],
-            long_prefill_token_threshold=cfg["long_prefill_token_threshold"], policy=cfg["policy"],
+            max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=cfg["max_model_len"],
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            policy=cfg["policy"],
         )
         if "is_encoder_decoder" in v.scheduler_config_fields:
             sched_kwargs["is_encoder_decoder"] = False
@@ -623,13 +680,23 @@ class VllmSchedulerSut:
                 sched_kwargs[knob] = cfg[knob]
         try:
             scheduler_config = v.SchedulerConfig(**sched_kwargs)
-            cache_config = v.CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
+            cache_config = v.CacheConfig(
+                block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"]
+            )
             speculative_config = None
             if cfg["num_spec_tokens"]:
-                speculative_config = v.SpeculativeConfig(method="ngram", num_speculative_tokens=cfg["num_spec_tokens"],
-                                                         prompt_lookup_max=1, prompt_lookup_min=1)
-            vllm_config = v.VllmConfig(model_config=model_config, cache_config=cache_config,
-                                       scheduler_config=scheduler_config, speculative_config=speculative_config)
+                speculative_config = v.SpeculativeConfig(
+                    method="ngram",
+                    num_speculative_tokens=cfg["num_spec_tokens"],
+                    prompt_lookup_max=1,
+                    prompt_lookup_min=1,
+                )
+            vllm_config = v.VllmConfig(
+                model_config=model_config,
+                cache_config=cache_config,
+                scheduler_config=scheduler_config,
+                speculative_config=speculative_config,
+            )
         except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
             message = " ".join(str(exc).split())
             for words, code in VLLM_CONFIG_REFUSALS:  # a refusal the protocol has a code for
@@ -670,8 +737,11 @@ class VllmSchedulerSut:
         # The same rule by arithmetic (0.33 needs the engine's resolved KV layout
         # to run its check): the usable blocks, the null block held back, must
         # hold one max_model_len sequence.
-        _require(_cdiv(int(vllm_config.model_config.max_model_len), spec.block_size) <= num_blocks - 1,
-                 "pool_below_max_model_len", "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens")
+        _require(
+            _cdiv(int(vllm_config.model_config.max_model_len), spec.block_size) <= num_blocks - 1,
+            "pool_below_max_model_len",
+            "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
+        )
 
     def _build_scheduler(self, cfg: dict[str, Any]) -> Any:
         v = self.v
@@ -680,11 +750,15 @@ class VllmSchedulerSut:
         vllm_config.cache_config.num_gpu_blocks = n
         spec = v.FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
         self._check_pool(vllm_config, spec, n)
-        kv_cache_config = v.KVCacheConfig(num_blocks=n, kv_cache_tensors=[],
-                                          kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
-        kwargs: dict[str, Any] = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                                      structured_output_manager=v.StructuredOutputManager(vllm_config),
-                                      log_stats=self.reports_stats())
+        kv_cache_config = v.KVCacheConfig(
+            num_blocks=n, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)]
+        )
+        kwargs: dict[str, Any] = dict(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=v.StructuredOutputManager(vllm_config),
+            log_stats=self.reports_stats(),
+        )
         if "block_size" in v.scheduler_params:
             kwargs["block_size"] = bs
         # The CPU platform forces scheduler_config.async_scheduling off
@@ -725,7 +799,10 @@ class VllmSchedulerSut:
             "num_spec_tokens": getattr(s, "num_spec_tokens", 0),
             "num_lookahead_tokens": s.num_lookahead_tokens,
         }
-        if "scheduler_reserve_full_isl" in self.v.scheduler_config_fields and cfg["scheduler_reserve_full_isl"] is not None:
+        if (
+            "scheduler_reserve_full_isl" in self.v.scheduler_config_fields
+            and cfg["scheduler_reserve_full_isl"] is not None
+        ):
             actual["scheduler_reserve_full_isl"] = s.scheduler_reserve_full_isl
         active = cfg["max_num_active_seqs"] or cfg["max_num_seqs"]
         if getattr(s, "max_num_active_reqs", active) != active:
@@ -733,8 +810,10 @@ class VllmSchedulerSut:
         if getattr(s, "adaptive_long_prefill_threshold", False) != cfg["long_prefill_token_threshold_adaptive"]:
             raise SutUnsupported("vLLM did not take long_prefill_token_threshold_adaptive")
         if bool(getattr(s, "use_v2_model_runner", False)) != cfg["use_v2_model_runner"]:
-            raise SutUnsupported(f"vLLM chose the {'V2' if s.use_v2_model_runner else 'V1'} model runner layout, "
-                                 f"asked use_v2_model_runner={cfg['use_v2_model_runner']}")
+            raise SutUnsupported(
+                f"vLLM chose the {'V2' if s.use_v2_model_runner else 'V1'} model runner layout, "
+                f"asked use_v2_model_runner={cfg['use_v2_model_runner']}"
+            )
         if getattr(vc.scheduler_config, "async_scheduling", False):
             raise SutUnsupported("vLLM enabled async scheduling in its config")
         if self.is_async != isinstance(s, self.v.AsyncScheduler or ()):
@@ -750,8 +829,11 @@ class VllmSchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        _require(self.crashed is None, "engine_dead",
-                 f"vLLM's schedule() failed ({self.crashed}): its engine core is dead until the next init")
+        _require(
+            self.crashed is None,
+            "engine_dead",
+            f"vLLM's schedule() failed ({self.crashed}): its engine core is dead until the next init",
+        )
         return self.scheduler
 
     # --------------------------------------------------------------- inputs
@@ -772,9 +854,12 @@ class VllmSchedulerSut:
         _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
         _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
         _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
-        _require(len(prompt) < self.config["max_model_len"], "prompt_too_long",
-                 f"prompt of {len(prompt)} tokens leaves no room to generate within "
-                 f"max_model_len={self.config['max_model_len']}")
+        _require(
+            len(prompt) < self.config["max_model_len"],
+            "prompt_too_long",
+            f"prompt of {len(prompt)} tokens leaves no room to generate within "
+            f"max_model_len={self.config['max_model_len']}",
+        )
         for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
             _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
         _require(_is_arrival_time(arrival), "invalid_field_type", "arrival_time must be a finite number")
@@ -786,17 +871,26 @@ class VllmSchedulerSut:
         # under the id of one aborted while a step that scheduled it is in
         # flight would receive that step's sampled tokens (and its in-flight
         # counters). The protocol refuses the re-add until every such update.
-        _require(not any(rid in record.output.num_scheduled_tokens for record in self.steps_in_flight),
-                 "request_id_in_flight",
-                 f"request {rid!r} was aborted while a step that scheduled it is in flight; "
-                 "apply that step's model output first")
+        _require(
+            not any(rid in record.output.num_scheduled_tokens for record in self.steps_in_flight),
+            "request_id_in_flight",
+            f"request {rid!r} was aborted while a step that scheduled it is in flight; "
+            "apply that step's model output first",
+        )
         ignore_eos = bool(event.get("ignore_eos", False))
 
         v = self.v
-        params = v.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, stop_token_ids=list(stops),
-                                  ignore_eos=ignore_eos)
-        kwargs: dict[str, Any] = dict(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params,
-                                      pooling_params=None, arrival_time=arrival, priority=priority)
+        params = v.SamplingParams(
+            max_tokens=max_tokens, min_tokens=min_tokens, stop_token_ids=list(stops), ignore_eos=ignore_eos
+        )
+        kwargs: dict[str, Any] = dict(
+            request_id=rid,
+            prompt_token_ids=list(prompt),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=arrival,
+            priority=priority,
+        )
         if "eos_token_id" in v.request_params:  # <= 0.11: EOS on the request; check_stop honours ignore_eos
             kwargs["eos_token_id"] = eos
         else:
@@ -809,8 +903,11 @@ class VllmSchedulerSut:
     def abort(self, request_id: str) -> None:
         """``finish_requests(id, FINISHED_ABORTED)``; an id never added is refused."""
         s = self._sched()
-        _require(isinstance(request_id, str) and request_id in self.seen_request_ids, "unknown_request_id",
-                 f"abort of request {request_id!r}, which was never added")
+        _require(
+            isinstance(request_id, str) and request_id in self.seen_request_ids,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+        )
         s.finish_requests(request_id, self.v.RequestStatus.FINISHED_ABORTED)
 
     def reset_prefix_cache(self, reset_running_requests: Any) -> bool:
@@ -822,8 +919,9 @@ class VllmSchedulerSut:
         0.11 has no such argument: asked for it, the answer is ``unsupported``.
         """
         s = self._sched()
-        _require(isinstance(reset_running_requests, bool), "invalid_field_type",
-                 "reset_running_requests must be a boolean")
+        _require(
+            isinstance(reset_running_requests, bool), "invalid_field_type", "reset_running_requests must be a boolean"
+        )
         if "reset_running_requests" in self.v.reset_prefix_cache_params:
             return bool(s.reset_prefix_cache(reset_running_requests=reset_running_requests))
         if reset_running_requests:
@@ -836,12 +934,14 @@ class VllmSchedulerSut:
         """``Scheduler.schedule()`` in canonical form; refused while max_concurrent_batches steps are in flight."""
         s = self._sched()
         if len(self.steps_in_flight) >= self.max_concurrent_batches:
-            raise DriverError("output_not_processed",
-                              "schedule() called before update_from_output() for the previous step"
-                              if self.max_concurrent_batches == 1 else
-                              f"schedule() called while {len(self.steps_in_flight)} steps await their model "
-                              f"output (oldest: step {self.steps_in_flight[0].step}; "
-                              f"max_concurrent_batches={self.max_concurrent_batches})")
+            raise DriverError(
+                "output_not_processed",
+                "schedule() called before update_from_output() for the previous step"
+                if self.max_concurrent_batches == 1
+                else f"schedule() called while {len(self.steps_in_flight)} steps await their model "
+                f"output (oldest: step {self.steps_in_flight[0].step}; "
+                f"max_concurrent_batches={self.max_concurrent_batches})",
+            )
         t0 = time.perf_counter()
         try:
             output = s.schedule()
@@ -850,13 +950,19 @@ class VllmSchedulerSut:
             self.crashed = "engine_assertion_padded_admission" if _is_padded_admission_assert(exc) else "internal"
             if self.crashed == "internal":
                 raise  # the protocol server answers internal, with the traceback on stderr
-            raise DriverError(self.crashed, f"vLLM's schedule() failed its assertion {_failing_line(exc)!r} "
-                              "(a padded admission cut by long_prefill_token_threshold)") from exc
+            raise DriverError(
+                self.crashed,
+                f"vLLM's schedule() failed its assertion {_failing_line(exc)!r} "
+                "(a padded admission cut by long_prefill_token_threshold)",
+            ) from exc
         self.stats["schedule_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.current_step += 1
-        self.steps_in_flight.append(_InFlightStep(self.current_step, output, {
-            rid: self._samples(s.requests[rid]) for rid in output.num_scheduled_tokens}))
+        self.steps_in_flight.append(
+            _InFlightStep(
+                self.current_step, output, {rid: self._samples(s.requests[rid]) for rid in output.num_scheduled_tokens}
+            )
+        )
         return self._canonical_output(output)
 
     @staticmethod
@@ -877,8 +983,11 @@ class VllmSchedulerSut:
         """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own)."""
         s = self.scheduler
         new_reqs = [
-            {"req_id": r.req_id, "block_ids": list(r.block_ids[0]) if r.block_ids else [],
-             "num_computed_tokens": r.num_computed_tokens}
+            {
+                "req_id": r.req_id,
+                "block_ids": list(r.block_ids[0]) if r.block_ids else [],
+                "num_computed_tokens": r.num_computed_tokens,
+            }
             for r in out.scheduled_new_reqs
         ]
         c = out.scheduled_cached_reqs
@@ -888,15 +997,18 @@ class VllmSchedulerSut:
         cached = []
         for i, rid in enumerate(c.req_ids):
             blocks = c.new_block_ids[i]
-            cached.append({
-                "req_id": rid,
-                "resumed": bool(rid in resumed_ids) if resumed_ids is not None else bool(resumed_flags[i]),
-                "new_block_ids": [] if blocks is None else list(blocks[0]),
-                "num_computed_tokens": c.num_computed_tokens[i],
-                # <= 0.11 has no num_output_tokens; the request's count is the same value.
-                "num_output_tokens": (num_output_tokens[i] if num_output_tokens is not None
-                                      else s.requests[rid].num_output_tokens),
-            })
+            cached.append(
+                {
+                    "req_id": rid,
+                    "resumed": bool(rid in resumed_ids) if resumed_ids is not None else bool(resumed_flags[i]),
+                    "new_block_ids": [] if blocks is None else list(blocks[0]),
+                    "num_computed_tokens": c.num_computed_tokens[i],
+                    # <= 0.11 has no num_output_tokens; the request's count is the same value.
+                    "num_output_tokens": (
+                        num_output_tokens[i] if num_output_tokens is not None else s.requests[rid].num_output_tokens
+                    ),
+                }
+            )
         preempted = getattr(out, "preempted_req_ids", None)
         return {
             "scheduled_new_reqs": new_reqs,
@@ -917,14 +1029,23 @@ class VllmSchedulerSut:
         flight. Codes in the model's order (``Scheduler.get_in_flight_output``).
         """
         if step is not None:
-            _require(_is_int(step) and 1 <= step <= self.current_step, "unscheduled_step",
-                     f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})")
+            _require(
+                _is_int(step) and 1 <= step <= self.current_step,
+                "unscheduled_step",
+                f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
+            )
             in_flight = [record.step for record in self.steps_in_flight]
-            _require(step in in_flight, "duplicate_model_output",
-                     f"model output for step {step}, whose output was already applied")
-            _require(step == in_flight[0], "model_output_out_of_order",
-                     f"model output for step {step} while step {in_flight[0]} is still in flight "
-                     "(outputs are applied in schedule order)")
+            _require(
+                step in in_flight,
+                "duplicate_model_output",
+                f"model output for step {step}, whose output was already applied",
+            )
+            _require(
+                step == in_flight[0],
+                "model_output_out_of_order",
+                f"model output for step {step} while step {in_flight[0]} is still in flight "
+                "(outputs are applied in schedule order)",
+            )
         _require(bool(self.steps_in_flight), "unexpected_model_output", "update without a pending step")
         return self.steps_in_flight[0]
 
@@ -933,15 +1054,20 @@ class VllmSchedulerSut:
         s = self.scheduler
         out = record.output
         scheduled = out.num_scheduled_tokens
-        _require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
-                 "sampled_token_ids and draft_token_ids must be objects")
+        _require(
+            isinstance(sampled, dict) and isinstance(drafts, dict),
+            "invalid_field_type",
+            "sampled_token_ids and draft_token_ids must be objects",
+        )
         for rid, tokens in sampled.items():
-            _require(rid in scheduled, "unscheduled_model_output",
-                     f"sampled tokens for {rid!r}, which was not scheduled this step")
+            _require(
+                rid in scheduled,
+                "unscheduled_model_output",
+                f"sampled tokens for {rid!r}, which was not scheduled this step",
+            )
             _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
-                _require(_is_token_id(token), "invalid_token_id",
-                         "sampled token ids must be non-negative integers")
+                _require(_is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
         for rid in scheduled:
             request = s.requests.get(rid)
             if request is None or request.is_finished():
@@ -956,34 +1082,55 @@ class VllmSchedulerSut:
                 # vLLM skips an empty list (no token, no stop check); with drafts
                 # scheduled, 0.32/0.33 leave the drafts computed and never schedule
                 # the request again (as the model does).
-                _require(got <= 1 + num_drafts, "bad_num_sampled_tokens",
-                         f"request {rid!r} reached the end of its sequence and may sample 0 to "
-                         f"{1 + num_drafts} tokens, got {got}")
+                _require(
+                    got <= 1 + num_drafts,
+                    "bad_num_sampled_tokens",
+                    f"request {rid!r} reached the end of its sequence and may sample 0 to "
+                    f"{1 + num_drafts} tokens, got {got}",
+                )
                 # AsyncScheduler resolves a placeholder per returned token: an
                 # empty list would leave this step's placeholder forever (the
                 # request is never scheduled again). The protocol refuses it.
-                _require(got > 0 or not self.is_async, "bad_num_sampled_tokens",
-                         f"request {rid!r} samples in step {record.step} under async scheduling "
-                         "and must return at least one token")
+                _require(
+                    got > 0 or not self.is_async,
+                    "bad_num_sampled_tokens",
+                    f"request {rid!r} samples in step {record.step} under async scheduling "
+                    "and must return at least one token",
+                )
             else:
-                _require(got == 0, "bad_num_sampled_tokens",
-                         f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens")
+                _require(
+                    got == 0,
+                    "bad_num_sampled_tokens",
+                    f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens",
+                )
         for rid, tokens in drafts.items():
-            _require(self.num_spec_tokens > 0, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0")
+            _require(
+                self.num_spec_tokens > 0, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0"
+            )
             # vLLM's EngineCore.post_step never hands drafts to an AsyncScheduler
             # (they stay in the worker, which fills the -1 placeholders itself).
-            _require(not (tokens and self.is_async), "drafts_under_async_scheduling",
-                     f"draft tokens for {rid!r} under AsyncScheduler: its drafts stay in the worker")
-            _require(rid in scheduled, "unscheduled_draft_tokens",
-                     f"draft tokens for {rid!r}, which was not scheduled this step")
+            _require(
+                not (tokens and self.is_async),
+                "drafts_under_async_scheduling",
+                f"draft tokens for {rid!r} under AsyncScheduler: its drafts stay in the worker",
+            )
+            _require(
+                rid in scheduled,
+                "unscheduled_draft_tokens",
+                f"draft tokens for {rid!r}, which was not scheduled this step",
+            )
             _require(isinstance(tokens, list), "invalid_field_type", "draft tokens must be a list")
-            _require(len(tokens) <= self.num_spec_tokens, "too_many_draft_tokens",
-                     f"{len(tokens)} drafts exceed num_spec_tokens={self.num_spec_tokens}")
+            _require(
+                len(tokens) <= self.num_spec_tokens,
+                "too_many_draft_tokens",
+                f"{len(tokens)} drafts exceed num_spec_tokens={self.num_spec_tokens}",
+            )
             for token in tokens:
                 _require(_is_token_id(token), "invalid_token_id", "draft token ids must be non-negative integers")
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]],
-                           step: int | None = None) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
+    ) -> list[dict[str, Any]]:
         """Apply the model output of the oldest in-flight step (``step``, if given, must name it).
 
         Returns the request outputs in vLLM's order.
@@ -1016,12 +1163,14 @@ class VllmSchedulerSut:
             for o in engine_outputs[client_index].outputs:
                 reason = o.finish_reason
                 stop = o.stop_reason
-                results.append({
-                    "req_id": o.request_id,
-                    "new_token_ids": list(o.new_token_ids),
-                    "finish_reason": None if reason is None else str(reason),
-                    "stop_reason": stop if stop is None or _is_int(stop) else str(stop),
-                })
+                results.append(
+                    {
+                        "req_id": o.request_id,
+                        "new_token_ids": list(o.new_token_ids),
+                        "finish_reason": None if reason is None else str(reason),
+                        "stop_reason": stop if stop is None or _is_int(stop) else str(stop),
+                    }
+                )
         return results
 
     def reports_stats(self) -> bool:
@@ -1041,14 +1190,24 @@ class VllmSchedulerSut:
             "num_running_reqs": stats.num_running_reqs,
             "num_waiting_reqs": stats.num_waiting_reqs,
             "num_skipped_waiting_reqs": stats.num_skipped_waiting_reqs,
-            "prefix_cache": {"reset": bool(pc.reset), "requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
-                             "preempted_requests": pc.preempted_requests, "preempted_queries": pc.preempted_queries,
-                             "preempted_hits": pc.preempted_hits},
-            "spec_decoding": None if sd is None else {
-                "num_drafts": sd.num_drafts, "num_draft_tokens": sd.num_draft_tokens,
+            "prefix_cache": {
+                "reset": bool(pc.reset),
+                "requests": pc.requests,
+                "queries": pc.queries,
+                "hits": pc.hits,
+                "preempted_requests": pc.preempted_requests,
+                "preempted_queries": pc.preempted_queries,
+                "preempted_hits": pc.preempted_hits,
+            },
+            "spec_decoding": None
+            if sd is None
+            else {
+                "num_drafts": sd.num_drafts,
+                "num_draft_tokens": sd.num_draft_tokens,
                 "num_accepted_tokens": sd.num_accepted_tokens,
                 "num_accepted_tokens_per_pos": list(sd.num_accepted_tokens_per_pos),
-                "num_draft_tokens_per_pos": list(sd.num_draft_tokens_per_pos)},
+                "num_draft_tokens_per_pos": list(sd.num_draft_tokens_per_pos),
+            },
         }
 
     def get_scheduler_stats(self) -> dict[str, Any] | None:
@@ -1062,7 +1221,11 @@ class VllmSchedulerSut:
         cls = self.v.ModelRunnerOutput
         if dataclasses.is_dataclass(cls):
             for f in dataclasses.fields(cls):
-                if f.name in kwargs or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                if (
+                    f.name in kwargs
+                    or f.default is not dataclasses.MISSING
+                    or f.default_factory is not dataclasses.MISSING
+                ):
                     continue
                 kwargs[f.name] = [] if f.name.endswith("_ids") else ({} if f.name.endswith("_dict") else None)
         return kwargs
@@ -1072,15 +1235,20 @@ class VllmSchedulerSut:
     def observe(self) -> dict[str, Any]:
         """The free queue front (evicted first) to back, and the number of free blocks."""
         pool = self._sched().kv_cache_manager.block_pool
-        return {"free_block_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-                "num_free_blocks": pool.get_num_free_blocks()}
+        return {
+            "free_block_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+            "num_free_blocks": pool.get_num_free_blocks(),
+        }
 
     def get_stats(self, reset: bool = False) -> dict[str, Any]:
         """Time spent inside vLLM's schedule() and update_from_output() since init (the ``stats`` extension)."""
         st = self.stats
-        result = {"scheduler_seconds": st["schedule_seconds"] + st["update_seconds"],
-                  "schedule_seconds": st["schedule_seconds"], "update_seconds": st["update_seconds"],
-                  "steps": st["steps"]}
+        result = {
+            "scheduler_seconds": st["schedule_seconds"] + st["update_seconds"],
+            "schedule_seconds": st["schedule_seconds"],
+            "update_seconds": st["update_seconds"],
+            "steps": st["steps"],
+        }
         if reset:
             self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
         return result
@@ -1090,6 +1258,7 @@ class VllmSchedulerSut:
 
 
 # -------------------------------------------------------------------- serve
+
 
 def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSchedulerSut]) -> Iterator[str]:
     """Answer the ``stats`` extension here; pass every other line on to ``serve``.
@@ -1108,7 +1277,10 @@ def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSc
             continue
         sut = holder.get("sut")
         if sut is None:
-            reply: dict[str, Any] = {"id": msg.get("id"), "error": {"code": "internal", "message": "init must come first"}}
+            reply: dict[str, Any] = {
+                "id": msg.get("id"),
+                "error": {"code": "internal", "message": "init must come first"},
+            }
         else:
             params = msg.get("params") or {}
             reply = {"id": msg.get("id"), "result": sut.get_stats(reset=bool(params.get("reset")))}
@@ -1140,13 +1312,34 @@ def self_check(expect_version: str | None) -> int:
         print(f"self-check failed: expected vLLM {expect_version}, this environment has {api.version}", file=proto_out)
         return 1
     sut = VllmSchedulerSut(api)
-    config = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-              "max_model_len": 32, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-              "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 2, "num_lookahead_tokens": 0,
-              "scheduler_reserve_full_isl": None}
+    config = {
+        "block_size": 4,
+        "num_gpu_blocks": 16,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 4,
+        "max_model_len": 32,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": 0,
+        "enable_prefix_caching": True,
+        "policy": "fcfs",
+        "num_spec_tokens": 2,
+        "num_lookahead_tokens": 0,
+        "scheduler_reserve_full_isl": None,
+    }
     sut.start(config, api.profile_name())
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 3, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     sut.update_from_output({"a": [5]}, {"a": [6, 7]})
     second = sut.schedule()
@@ -1154,15 +1347,25 @@ def self_check(expect_version: str | None) -> int:
     if not ok:
         print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
         return 1
-    print(f"self-check ok: vllm {api.version} ({api.profile_name()}), torch {api.torch.__version__}, "
-          f"{time.monotonic() - started:.1f} s", file=proto_out)
+    print(
+        f"self-check ok: vllm {api.version} ({api.profile_name()}), torch {api.torch.__version__}, "
+        f"{time.monotonic() - started:.1f} s",
+        file=proto_out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.vllm_driver", engine="vLLM", default_env=DEFAULT_ENV,
-               description="Serve a real vLLM v1 scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio, describe=describe_build)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.vllm_driver",
+        engine="vLLM",
+        default_env=DEFAULT_ENV,
+        description="Serve a real vLLM v1 scheduler over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+        describe=describe_build,
+    )
 
 
 if __name__ == "__main__":

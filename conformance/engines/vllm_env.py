@@ -70,6 +70,7 @@ VllmEnvError = EngineEnvError
 
 # ------------------------------------------------------------------ locations
 
+
 def supported_versions() -> list[str]:
     """The releases that have a pinned list in ``conformance/engines/envs/``, oldest first."""
     return engine_env.supported_versions(FAMILY)
@@ -108,19 +109,21 @@ def is_vllm_env_ready(version: str, root: Path | None = None) -> bool:
 
 def not_ready_message(version: str) -> str:
     """What to tell a user whose environment for ``version`` is missing."""
-    return (f"the vLLM {version} environment is not built ({venv_dir(version)} is missing or incomplete); "
-            f"build it with:  schedconf env vllm {version}   (or: python -m schedconf.conformance.engines.vllm_env {version})")
+    return (
+        f"the vLLM {version} environment is not built ({venv_dir(version)} is missing or incomplete); "
+        f"build it with:  schedconf env vllm {version}   (or: python -m schedconf.conformance.engines.vllm_env {version})"
+    )
 
 
 # ---------------------------------------------------------------------- build
+
 
 def check_vllm_env(version: str, root: Path | None = None) -> str:
     """Run the driver's self-check in the environment; return its report line."""
     return engine_env.check_env(FAMILY, version, root)
 
 
-def build_vllm_env(version: str, root: Path | None = None, force: bool = False,
-                   python: str | None = None) -> Path:
+def build_vllm_env(version: str, root: Path | None = None, force: bool = False, python: str | None = None) -> Path:
     """Build (or find) the environment of vLLM ``version``; return its interpreter."""
     return engine_env.build_env(FAMILY, version, root, force=force, python=python)
 
@@ -131,6 +134,7 @@ def ensure_vllm_env(version: str, root: Path | None = None) -> Path:
 
 
 # ----------------------------------------------------------------------- CLI
+
 
 def add_env_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of ``schedconf env vllm`` to ``parser``."""
@@ -144,16 +148,34 @@ def run_env_vllm(args: argparse.Namespace) -> int:
 
 def main_env(argv: Sequence[str] | None = None) -> int:
     """``schedconf env vllm VERSION [--force] [--check] [--root DIR]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="schedconf env vllm",
-                                     description="Build the virtual environment that runs a vLLM release's scheduler.")
+    parser = argparse.ArgumentParser(
+        prog="schedconf env vllm", description="Build the virtual environment that runs a vLLM release's scheduler."
+    )
     add_env_vllm_arguments(parser)
     return run_env_vllm(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
 
 
-__all__ = ["DRIVER_MODULE", "ENVS_DIR", "READY_MARKER", "REPO_ROOT", "SELF_CHECK_TIMEOUT_S", "VllmEnvError",
-           "add_env_vllm_arguments", "build_vllm_env", "check_vllm_env", "driver_env", "ensure_vllm_env",
-           "is_vllm_env_ready", "main_env", "not_ready_message", "requirements_file", "run_env_vllm",
-           "supported_versions", "venv_dir", "vllm_python"]
+__all__ = [
+    "DRIVER_MODULE",
+    "ENVS_DIR",
+    "READY_MARKER",
+    "REPO_ROOT",
+    "SELF_CHECK_TIMEOUT_S",
+    "VllmEnvError",
+    "add_env_vllm_arguments",
+    "build_vllm_env",
+    "check_vllm_env",
+    "driver_env",
+    "ensure_vllm_env",
+    "is_vllm_env_ready",
+    "main_env",
+    "not_ready_message",
+    "requirements_file",
+    "run_env_vllm",
+    "supported_versions",
+    "venv_dir",
+    "vllm_python",
+]
 
 
 if __name__ == "__main__":

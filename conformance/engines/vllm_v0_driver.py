@@ -127,9 +127,19 @@ DEFAULT_ENV = {
 }
 
 V0_CONFIG_FIELDS = (
-    "block_size", "num_gpu_blocks", "num_cpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-    "enable_chunked_prefill", "enable_prefix_caching", "policy", "preemption_mode", "max_num_partial_prefills",
-    "max_long_partial_prefills", "long_prefill_token_threshold",
+    "block_size",
+    "num_gpu_blocks",
+    "num_cpu_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "policy",
+    "preemption_mode",
+    "max_num_partial_prefills",
+    "max_long_partial_prefills",
+    "long_prefill_token_threshold",
 )
 """The v0 config of a trace header (spec/v0/config.py, in its field order)."""
 
@@ -137,16 +147,41 @@ ENGINE_CRASHES = (
     # (code, exception class, innermost function, its class ("" = a plain function or any), its file)
     ("engine_swap_space_exhausted", "RuntimeError", "_swap_out", "Scheduler", "vllm/core/scheduler.py"),
     ("engine_swapped_group_in_waiting", "AssertionError", "_schedule_prefills", "Scheduler", "vllm/core/scheduler.py"),
-    ("engine_swapped_group_in_waiting", "IndexError", "can_allocate", "SelfAttnBlockSpaceManager",
-     "vllm/core/block_manager.py"),
-    ("engine_cached_below_computed", "AssertionError", "_get_num_new_uncached_and_cached_tokens", "Scheduler",
-     "vllm/core/scheduler.py"),
-    ("engine_abort_swapped_prefix_cache", "KeyError", "mark_blocks_as_accessed", "PrefixCachingBlockAllocator",
-     "vllm/core/block/prefix_caching_block.py"),
-    ("engine_computed_blocks_tracker_assertion", "AssertionError", "remove_seq", "ComputedBlocksTracker",
-     "vllm/core/block/prefix_caching_block.py"),
-    ("engine_evictor_stale_entry", "AssertionError", "_maybe_allocate_evicted_block_id", "PrefixCachingBlockAllocator",
-     "vllm/core/block/prefix_caching_block.py"),
+    (
+        "engine_swapped_group_in_waiting",
+        "IndexError",
+        "can_allocate",
+        "SelfAttnBlockSpaceManager",
+        "vllm/core/block_manager.py",
+    ),
+    (
+        "engine_cached_below_computed",
+        "AssertionError",
+        "_get_num_new_uncached_and_cached_tokens",
+        "Scheduler",
+        "vllm/core/scheduler.py",
+    ),
+    (
+        "engine_abort_swapped_prefix_cache",
+        "KeyError",
+        "mark_blocks_as_accessed",
+        "PrefixCachingBlockAllocator",
+        "vllm/core/block/prefix_caching_block.py",
+    ),
+    (
+        "engine_computed_blocks_tracker_assertion",
+        "AssertionError",
+        "remove_seq",
+        "ComputedBlocksTracker",
+        "vllm/core/block/prefix_caching_block.py",
+    ),
+    (
+        "engine_evictor_stale_entry",
+        "AssertionError",
+        "_maybe_allocate_evicted_block_id",
+        "PrefixCachingBlockAllocator",
+        "vllm/core/block/prefix_caching_block.py",
+    ),
     ("engine_evictor_stale_entry", "ValueError", "evict", "LRUEvictor", "vllm/core/evictor.py"),
     ("engine_no_free_blocks", "NoFreeBlocksError", "", "", ""),
 )
@@ -196,6 +231,7 @@ def get_engine_crash_code(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------- vLLM
 
+
 class _Vllm:
     """The vLLM names the driver uses, imported once (the import takes ~10 s)."""
 
@@ -239,6 +275,7 @@ class _Vllm:
 
 # ------------------------------------------------------------------- config
 
+
 def validate_v0_config(config: Any) -> dict[str, Any]:
     """Refuse a v0 config with the protocol's codes, in the model's order (spec/v0/config.py); return a copy.
 
@@ -258,8 +295,11 @@ def validate_v0_config(config: Any) -> dict[str, Any]:
         elif name == "policy":
             require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
         elif name == "preemption_mode":
-            require(value in (None, "swap", "recompute"), "invalid_preemption_mode",
-                    "preemption_mode must be null, 'swap' or 'recompute'")
+            require(
+                value in (None, "swap", "recompute"),
+                "invalid_preemption_mode",
+                "preemption_mode must be null, 'swap' or 'recompute'",
+            )
         else:
             require(is_int(value), "invalid_config_type", f"{name} must be an integer")
     c = config
@@ -271,27 +311,46 @@ def validate_v0_config(config: Any) -> dict[str, Any]:
     require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
     require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
     # SchedulerConfig._verify_args, in its order.
-    require(c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
-            "budget_below_max_model_len",
-            "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len")
-    require(c["max_num_batched_tokens"] >= c["max_num_seqs"], "budget_below_max_num_seqs",
-            "max_num_batched_tokens must be >= max_num_seqs")
-    require(c["max_num_partial_prefills"] >= 1, "invalid_max_num_partial_prefills",
-            "max_num_partial_prefills must be >= 1")
+    require(
+        c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
+        "budget_below_max_model_len",
+        "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
+    )
+    require(
+        c["max_num_batched_tokens"] >= c["max_num_seqs"],
+        "budget_below_max_num_seqs",
+        "max_num_batched_tokens must be >= max_num_seqs",
+    )
+    require(
+        c["max_num_partial_prefills"] >= 1, "invalid_max_num_partial_prefills", "max_num_partial_prefills must be >= 1"
+    )
     if c["max_num_partial_prefills"] > 1:
-        require(c["enable_chunked_prefill"], "partial_prefills_without_chunked_prefill",
-                "max_num_partial_prefills > 1 needs chunked prefill")
-        require(c["long_prefill_token_threshold"] <= c["max_model_len"], "threshold_above_max_model_len",
-                "long_prefill_token_threshold must be <= max_model_len")
-    require(1 <= c["max_long_partial_prefills"] <= c["max_num_partial_prefills"], "invalid_max_long_partial_prefills",
-            "max_long_partial_prefills must be in [1, max_num_partial_prefills]")
+        require(
+            c["enable_chunked_prefill"],
+            "partial_prefills_without_chunked_prefill",
+            "max_num_partial_prefills > 1 needs chunked prefill",
+        )
+        require(
+            c["long_prefill_token_threshold"] <= c["max_model_len"],
+            "threshold_above_max_model_len",
+            "long_prefill_token_threshold must be <= max_model_len",
+        )
+    require(
+        1 <= c["max_long_partial_prefills"] <= c["max_num_partial_prefills"],
+        "invalid_max_long_partial_prefills",
+        "max_long_partial_prefills must be in [1, max_num_partial_prefills]",
+    )
     # worker.raise_if_cache_size_invalid: the engine does not start.
-    require(c["max_model_len"] <= c["block_size"] * c["num_gpu_blocks"], "pool_below_max_model_len",
-            "block_size * num_gpu_blocks must be >= max_model_len")
+    require(
+        c["max_model_len"] <= c["block_size"] * c["num_gpu_blocks"],
+        "pool_below_max_model_len",
+        "block_size * num_gpu_blocks must be >= max_model_len",
+    )
     return dict(config)
 
 
 # ---------------------------------------------------------------------- SUT
+
 
 class VllmV0SchedulerSut:
     """One real vLLM 0.10.2 v0 scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
@@ -309,8 +368,10 @@ class VllmV0SchedulerSut:
     def start(self, config: dict[str, Any], profile: str) -> None:
         """Build a fresh scheduler for ``config``; the profile must be ``vllm-0.10``."""
         if profile != PROFILE:
-            raise SutUnsupported(f"this process runs vLLM {self.v.version}'s v0 scheduler (profile {PROFILE}); "
-                                 f"it cannot answer for profile {profile!r}")
+            raise SutUnsupported(
+                f"this process runs vLLM {self.v.version}'s v0 scheduler (profile {PROFILE}); "
+                f"it cannot answer for profile {profile!r}"
+            )
         cfg = validate_v0_config(config)
         self.scheduler = None
         self.scheduler = self._build_scheduler(cfg)
@@ -320,7 +381,8 @@ class VllmV0SchedulerSut:
         self.seq_counter = self.v.Counter()
         self.stop_checker = self.v.StopChecker(cfg["max_model_len"], lambda seq: None)
         self.output_processor = self.v.SingleStepOutputProcessor(
-            self.scheduler.scheduler_config, None, [self.scheduler], self.seq_counter, self.stop_checker)
+            self.scheduler.scheduler_config, None, [self.scheduler], self.seq_counter, self.stop_checker
+        )
         self.groups: dict[str, Any] = {}  # request id -> its latest SequenceGroup
         self.pending: tuple[list[Any], Any] | None = None  # (metadata list, SchedulerOutputs) awaiting update
 
@@ -328,14 +390,19 @@ class VllmV0SchedulerSut:
         v = self.v
         try:
             scheduler_config = v.SchedulerConfig(
-                max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-                max_model_len=cfg["max_model_len"], enable_chunked_prefill=cfg["enable_chunked_prefill"],
-                policy=cfg["policy"], preemption_mode=cfg["preemption_mode"],
+                max_num_seqs=cfg["max_num_seqs"],
+                max_num_batched_tokens=cfg["max_num_batched_tokens"],
+                max_model_len=cfg["max_model_len"],
+                enable_chunked_prefill=cfg["enable_chunked_prefill"],
+                policy=cfg["policy"],
+                preemption_mode=cfg["preemption_mode"],
                 max_num_partial_prefills=cfg["max_num_partial_prefills"],
                 max_long_partial_prefills=cfg["max_long_partial_prefills"],
-                long_prefill_token_threshold=cfg["long_prefill_token_threshold"])
-            cache_config = v.CacheConfig(block_size=cfg["block_size"],
-                                         enable_prefix_caching=cfg["enable_prefix_caching"])
+                long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            )
+            cache_config = v.CacheConfig(
+                block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"]
+            )
         except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
             raise SutUnsupported(f"vLLM {v.version} refuses this config: {' '.join(str(exc).split())}") from None
         cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
@@ -351,11 +418,16 @@ class VllmV0SchedulerSut:
         if cfg["max_num_partial_prefills"] > 1 and threshold == 0:
             threshold = int(cfg["max_model_len"] * 0.04)  # SchedulerConfig.__post_init__
         actual = {
-            "block_size": bm.block_size, "num_gpu_blocks": bm.num_total_gpu_blocks,
-            "num_cpu_blocks": bm.num_total_cpu_blocks, "max_num_batched_tokens": sc.max_num_batched_tokens,
-            "max_num_seqs": sc.max_num_seqs, "max_model_len": sc.max_model_len,
-            "enable_chunked_prefill": sc.chunked_prefill_enabled, "enable_prefix_caching": bm.enable_caching,
-            "policy": sc.policy, "preemption_mode": s.user_specified_preemption_mode,
+            "block_size": bm.block_size,
+            "num_gpu_blocks": bm.num_total_gpu_blocks,
+            "num_cpu_blocks": bm.num_total_cpu_blocks,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "max_num_seqs": sc.max_num_seqs,
+            "max_model_len": sc.max_model_len,
+            "enable_chunked_prefill": sc.chunked_prefill_enabled,
+            "enable_prefix_caching": bm.enable_caching,
+            "policy": sc.policy,
+            "preemption_mode": s.user_specified_preemption_mode,
             "max_num_partial_prefills": sc.max_num_partial_prefills,
             "max_long_partial_prefills": sc.max_long_partial_prefills,
             "long_prefill_token_threshold": sc.long_prefill_token_threshold,
@@ -363,8 +435,10 @@ class VllmV0SchedulerSut:
         expected = dict(cfg, long_prefill_token_threshold=threshold)
         changed = {k: (expected[k], a) for k, a in actual.items() if a != expected[k]}
         if sc.delay_factor != 0 or sc.num_lookahead_slots != 0 or s.use_async_output_proc:
-            changed["delay_factor/num_lookahead_slots/async"] = (0, (sc.delay_factor, sc.num_lookahead_slots,
-                                                                     s.use_async_output_proc))
+            changed["delay_factor/num_lookahead_slots/async"] = (
+                0,
+                (sc.delay_factor, sc.num_lookahead_slots, s.use_async_output_proc),
+            )
         if bm.watermark_blocks != int(0.01 * cfg["num_gpu_blocks"]):
             changed["watermark_blocks"] = (int(0.01 * cfg["num_gpu_blocks"]), bm.watermark_blocks)
         if changed:
@@ -374,8 +448,7 @@ class VllmV0SchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        require(self.dead is None, "engine_dead",
-                f"vLLM's engine died ({self.dead}); it is dead until the next init")
+        require(self.dead is None, "engine_dead", f"vLLM's engine died ({self.dead}); it is dead until the next init")
         return self.scheduler
 
     # --------------------------------------------------------------- inputs
@@ -394,29 +467,47 @@ class VllmV0SchedulerSut:
             fields = validate_add_request(event, self._live(), (), max_model_len + 1)
         except DriverError as exc:
             if exc.code == "prompt_too_long":
-                raise DriverError("prompt_too_long", f"prompt of {len(event['prompt_token_ids'])} tokens is longer "
-                                  f"than max_model_len={max_model_len} (LLMEngine._validate_model_input)") from None
+                raise DriverError(
+                    "prompt_too_long",
+                    f"prompt of {len(event['prompt_token_ids'])} tokens is longer "
+                    f"than max_model_len={max_model_len} (LLMEngine._validate_model_input)",
+                ) from None
             raise
         # LLMEngine.add_request: "Got priority ... but Priority scheduling is not enabled."
-        require(fields["priority"] == 0 or self.config["policy"] == "priority", "priority_without_priority_policy",
-                "a priority other than 0 needs policy 'priority' (LLMEngine.add_request)")
+        require(
+            fields["priority"] == 0 or self.config["policy"] == "priority",
+            "priority_without_priority_policy",
+            "a priority other than 0 needs policy 'priority' (LLMEngine.add_request)",
+        )
         v = self.v
         rid, prompt, eos = fields["request_id"], list(fields["prompt_token_ids"]), fields["eos_token_id"]
         seq_id = next(self.seq_counter)
         seq = v.Sequence(seq_id, v.token_inputs(prompt), self.config["block_size"], eos)
-        params = v.SamplingParams(max_tokens=fields["max_tokens"], min_tokens=fields["min_tokens"],
-                                  stop_token_ids=list(fields["stop_token_ids"]), ignore_eos=fields["ignore_eos"])
+        params = v.SamplingParams(
+            max_tokens=fields["max_tokens"],
+            min_tokens=fields["min_tokens"],
+            stop_token_ids=list(fields["stop_token_ids"]),
+            ignore_eos=fields["ignore_eos"],
+        )
         params.update_from_generation_config({}, eos)
-        group = v.SequenceGroup(request_id=rid, seqs=[seq], arrival_time=fields["arrival_time"],
-                                sampling_params=params, priority=fields["priority"])
+        group = v.SequenceGroup(
+            request_id=rid,
+            seqs=[seq],
+            arrival_time=fields["arrival_time"],
+            sampling_params=params,
+            priority=fields["priority"],
+        )
         s.add_seq_group(group)
         self.groups[rid] = group
 
     def abort(self, request_id: str) -> None:
         """``Scheduler.abort_seq_group``; an id never added is refused."""
         s = self._sched()
-        require(isinstance(request_id, str) and request_id in self.groups, "unknown_request_id",
-                f"abort of request {request_id!r}, which was never added")
+        require(
+            isinstance(request_id, str) and request_id in self.groups,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+        )
         self._call_engine(s.abort_seq_group, request_id)
 
     def _call_engine(self, method: Any, *args: Any) -> Any:
@@ -434,8 +525,11 @@ class VllmV0SchedulerSut:
     def schedule(self) -> dict[str, Any]:
         """``Scheduler.schedule()`` and ``get_and_reset_finished_requests_ids()``, in canonical form."""
         s = self._sched()
-        require(self.pending is None, "output_not_processed",
-                "schedule() called before update_from_output() for the previous step")
+        require(
+            self.pending is None,
+            "output_not_processed",
+            "schedule() called before update_from_output() for the previous step",
+        )
         self.v.clock.now += 1
         metadata, outputs, _ = self._call_engine(s.schedule)
         finished = s.get_and_reset_finished_requests_ids()
@@ -448,27 +542,40 @@ class VllmV0SchedulerSut:
         """Refuse model output no model could produce for the pending step (protocol codes)."""
         assert self.pending is not None
         metadata, outputs = self.pending
-        require(isinstance(sampled, dict) and isinstance(drafts, dict), "invalid_field_type",
-                "sampled_token_ids and draft_token_ids must be objects")
+        require(
+            isinstance(sampled, dict) and isinstance(drafts, dict),
+            "invalid_field_type",
+            "sampled_token_ids and draft_token_ids must be objects",
+        )
         require(not drafts, "drafts_without_spec_decode", "draft tokens given, but v0 runs no speculative decoding")
         sampling = {md.request_id: md.do_sample for md in metadata}
         for rid, tokens in sampled.items():
-            require(sampling.get(rid, False), "unscheduled_model_output",
-                    f"sampled tokens for {rid!r}, which was not scheduled to sample this step")
+            require(
+                sampling.get(rid, False),
+                "unscheduled_model_output",
+                f"sampled tokens for {rid!r}, which was not scheduled to sample this step",
+            )
             require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
-            require(len(tokens) <= 1, "bad_num_sampled_tokens",
-                    f"request {rid!r} samples one token per step, got {len(tokens)}")
+            require(
+                len(tokens) <= 1,
+                "bad_num_sampled_tokens",
+                f"request {rid!r} samples one token per step, got {len(tokens)}",
+            )
             for token in tokens:
                 require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
         for md, scheduled in zip(metadata, outputs.scheduled_seq_groups):
             if not md.do_sample or scheduled.seq_group.is_finished():
                 continue  # a group aborted since the schedule is skipped by the engine (0 or 1 token)
             got = len(sampled.get(md.request_id, ()))
-            require(got == 1, "bad_num_sampled_tokens",
-                    f"request {md.request_id!r} samples this step and needs exactly 1 token, got {got}")
+            require(
+                got == 1,
+                "bad_num_sampled_tokens",
+                f"request {md.request_id!r} samples this step and needs exactly 1 token, got {got}",
+            )
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]],
-                           draft_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def update_from_output(
+        self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         """``LLMEngine._process_model_outputs`` for the pending step; the request outputs in the engine's order."""
         self._sched()
         require(self.pending is not None, "unexpected_model_output", "update without a pending step")
@@ -482,8 +589,9 @@ class VllmV0SchedulerSut:
                 raise
             raise DriverError(self.dead, f"vLLM's engine died: {type(exc).__name__}: {exc}") from None
 
-    def _process_model_outputs(self, metadata: list[Any], outputs: Any,
-                               sampled_token_ids: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def _process_model_outputs(
+        self, metadata: list[Any], outputs: Any, sampled_token_ids: dict[str, list[int]]
+    ) -> list[dict[str, Any]]:
         s, v = self.scheduler, self.v
         finished_now: list[int] = []
         sampled_now: list[int] = []
@@ -525,9 +633,12 @@ class VllmV0SchedulerSut:
                     gpu[group.request_id] = ids
                 else:
                     cpu[group.request_id] = [b - num_gpu for b in ids]
-        return {"num_free_gpu_blocks": bm.get_num_free_gpu_blocks(),
-                "num_free_cpu_blocks": bm.get_num_free_cpu_blocks(),
-                "block_tables": dict(sorted(gpu.items())), "cpu_block_tables": dict(sorted(cpu.items()))}
+        return {
+            "num_free_gpu_blocks": bm.get_num_free_gpu_blocks(),
+            "num_free_cpu_blocks": bm.get_num_free_cpu_blocks(),
+            "block_tables": dict(sorted(gpu.items())),
+            "cpu_block_tables": dict(sorted(cpu.items())),
+        }
 
     def close(self) -> None:
         self.scheduler = None
@@ -535,15 +646,23 @@ class VllmV0SchedulerSut:
 
 # ---------------------------------------------------------------- rendering
 
+
 def render_output(metadata: list[Any], outputs: Any, finished_requests_ids: list[str]) -> dict[str, Any]:
     """The canonical v0 output of one ``schedule()`` (trace schema ``$defs/v0_scheduler_output``)."""
     groups = []
     for md, scheduled in zip(metadata, outputs.scheduled_seq_groups):
         assert md.request_id == scheduled.seq_group.request_id and len(md.block_tables) == 1
         (table,) = md.block_tables.values()
-        groups.append({"request_id": md.request_id, "token_chunk_size": md.token_chunk_size,
-                       "is_prompt": bool(md.is_prompt), "do_sample": bool(md.do_sample), "block_table": list(table),
-                       "computed_block_nums": list(md.computed_block_nums or [])})
+        groups.append(
+            {
+                "request_id": md.request_id,
+                "token_chunk_size": md.token_chunk_size,
+                "is_prompt": bool(md.is_prompt),
+                "do_sample": bool(md.do_sample),
+                "block_table": list(table),
+                "computed_block_nums": list(md.computed_block_nums or []),
+            }
+        )
     return {
         "scheduled_seq_groups": groups,
         "num_prefill_groups": outputs.num_prefill_groups,
@@ -564,11 +683,16 @@ def render_request_output(group: Any, sampled: bool) -> dict[str, Any]:
     seq = group.first_seq
     reason = seq.status.get_finished_reason(seq.status) if seq.is_finished() else None
     stop = seq.stop_reason
-    return {"req_id": group.request_id, "new_token_ids": [seq.get_last_token_id()] if sampled else [],
-            "finish_reason": reason, "stop_reason": stop if stop is None or is_int(stop) else str(stop)}
+    return {
+        "req_id": group.request_id,
+        "new_token_ids": [seq.get_last_token_id()] if sampled else [],
+        "finish_reason": reason,
+        "stop_reason": stop if stop is None or is_int(stop) else str(stop),
+    }
 
 
 # -------------------------------------------------------------------- serve
+
 
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
@@ -579,10 +703,21 @@ def serve_stdio() -> int:
     return serve(lambda: VllmV0SchedulerSut(api), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 4, "max_num_batched_tokens": 32,
-                     "max_num_seqs": 4, "max_model_len": 32, "enable_chunked_prefill": False,
-                     "enable_prefix_caching": True, "policy": "fcfs", "preemption_mode": None,
-                     "max_num_partial_prefills": 1, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 0}
+SELF_CHECK_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 8,
+    "num_cpu_blocks": 4,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "preemption_mode": None,
+    "max_num_partial_prefills": 1,
+    "max_long_partial_prefills": 1,
+    "long_prefill_token_threshold": 0,
+}
 
 
 def self_check(expect_version: str | None) -> int:
@@ -595,30 +730,60 @@ def self_check(expect_version: str | None) -> int:
         return 1
     sut = VllmV0SchedulerSut(api)
     sut.start(dict(SELF_CHECK_CONFIG), PROFILE)
-    sut.add_request({"request_id": "a", "prompt_token_ids": list(range(10)), "max_tokens": 2, "priority": 0,
-                     "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0})
+    sut.add_request(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(10)),
+            "max_tokens": 2,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": 1,
+            "stop_token_ids": [],
+            "ignore_eos": False,
+            "min_tokens": 0,
+        }
+    )
     first = sut.schedule()
     out1 = sut.update_from_output({"a": [5]}, {})
     second = sut.schedule()
     out2 = sut.update_from_output({"a": [6]}, {})
     # 10 prompt tokens in blocks of 4 -> blocks 0, 1, 2; the decode of token 5 (11th slot) stays in block 2.
-    ok = (first["scheduled_seq_groups"] == [{"request_id": "a", "token_chunk_size": 10, "is_prompt": True,
-                                             "do_sample": True, "block_table": [0, 1, 2], "computed_block_nums": []}]
-          and second["scheduled_seq_groups"][0]["token_chunk_size"] == 1
-          and out1 == [{"req_id": "a", "new_token_ids": [5], "finish_reason": None, "stop_reason": None}]
-          and out2 == [{"req_id": "a", "new_token_ids": [6], "finish_reason": "length", "stop_reason": None}])
+    ok = (
+        first["scheduled_seq_groups"]
+        == [
+            {
+                "request_id": "a",
+                "token_chunk_size": 10,
+                "is_prompt": True,
+                "do_sample": True,
+                "block_table": [0, 1, 2],
+                "computed_block_nums": [],
+            }
+        ]
+        and second["scheduled_seq_groups"][0]["token_chunk_size"] == 1
+        and out1 == [{"req_id": "a", "new_token_ids": [5], "finish_reason": None, "stop_reason": None}]
+        and out2 == [{"req_id": "a", "new_token_ids": [6], "finish_reason": "length", "stop_reason": None}]
+    )
     if not ok:
         print(f"self-check failed: unexpected outputs {first} {out1} / {second} {out2}", file=proto_out)
         return 1
-    print(f"self-check ok: vllm {api.version} v0 scheduler ({PROFILE}), {time.monotonic() - started:.1f} s",
-          file=proto_out)
+    print(
+        f"self-check ok: vllm {api.version} v0 scheduler ({PROFILE}), {time.monotonic() - started:.1f} s",
+        file=proto_out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_driver(argv, prog="python -m schedconf.conformance.engines.vllm_v0_driver", engine="vLLM", default_env=DEFAULT_ENV,
-               description="Serve vLLM 0.10.2's legacy v0 scheduler over the schedconf protocol.",
-               self_check=self_check, serve_stdio=serve_stdio)
+    run_driver(
+        argv,
+        prog="python -m schedconf.conformance.engines.vllm_v0_driver",
+        engine="vLLM",
+        default_env=DEFAULT_ENV,
+        description="Serve vLLM 0.10.2's legacy v0 scheduler over the schedconf protocol.",
+        self_check=self_check,
+        serve_stdio=serve_stdio,
+    )
 
 
 if __name__ == "__main__":

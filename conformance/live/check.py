@@ -67,8 +67,9 @@ def choose_comparison(recording: Recording, requested: str | None = None) -> tup
     return ("safety" if problems else "strict"), problems
 
 
-def check_recording(path: str | Path, out: str | Path | None = None, comparison: str | None = None,
-                    step_timeout: float | None = 30.0) -> CheckOutcome:
+def check_recording(
+    path: str | Path, out: str | Path | None = None, comparison: str | None = None, step_timeout: float | None = 30.0
+) -> CheckOutcome:
     """Read, convert, write and check one recording (see the module docstring)."""
     recording = read_recording(path)
     comparison, problems = choose_comparison(recording, comparison)
@@ -87,11 +88,18 @@ def check_recording(path: str | Path, out: str | Path | None = None, comparison:
             result = replay(trace, sut, comparison, step_timeout=step_timeout)
         finally:
             sut.close()
-    return CheckOutcome(result=result, comparison=comparison, trace=trace, trace_path=trace_path,
-                        scope_problems=problems, notes=list(recording.notes))
+    return CheckOutcome(
+        result=result,
+        comparison=comparison,
+        trace=trace,
+        trace_path=trace_path,
+        scope_problems=problems,
+        notes=list(recording.notes),
+    )
 
 
 # ------------------------------------------------------------------ safety
+
 
 class _Recorded:
     """Answers ``observe()`` with what the recording observed after the current step (the safety run reads it)."""
@@ -115,9 +123,12 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
     from schedconf.conformance.checking.safety.drive import SafetyRun, Violation
 
     if trace.is_in_flight:
-        return ReplayResult(verdict=UNKNOWN, detail="unsupported: the safety properties are checked one step at a "
-                                                    "time; this recording ran steps in flight and is outside the "
-                                                    "model's scope")
+        return ReplayResult(
+            verdict=UNKNOWN,
+            detail="unsupported: the safety properties are checked one step at a "
+            "time; this recording ran steps in flight and is outside the "
+            "model's scope",
+        )
     recorded = _Recorded()
     run = SafetyRun(trace, recorded, lambda fn, *args: fn(*args))  # type: ignore[arg-type]
     pending: dict[int, tuple[dict[str, Any], Any]] = {}
@@ -146,15 +157,27 @@ def check_recorded_safety(trace: Trace) -> ReplayResult:
                 output, writes = pending.pop(event["step"])
                 run.apply_update(output, event["sampled_token_ids"], event["expect"]["outputs"], writes)
     except Violation as v:
-        return ReplayResult(verdict=FAIL, events_run=index, steps_run=run.steps_run, extra={"comparison": "safety"},
-                            divergence=Divergence(event_index=index, line=trace.line_of(index), step=run.steps_run,
-                                                  kind="safety", diffs=(FieldDiff(v.prop, "holds", v.message),),
-                                                  message=f"step {run.steps_run}: {v.prop}: {v.message}"))
-    return ReplayResult(verdict=PASS, events_run=len(trace.events), steps_run=run.steps_run,
-                        extra={"comparison": "safety"})
+        return ReplayResult(
+            verdict=FAIL,
+            events_run=index,
+            steps_run=run.steps_run,
+            extra={"comparison": "safety"},
+            divergence=Divergence(
+                event_index=index,
+                line=trace.line_of(index),
+                step=run.steps_run,
+                kind="safety",
+                diffs=(FieldDiff(v.prop, "holds", v.message),),
+                message=f"step {run.steps_run}: {v.prop}: {v.message}",
+            ),
+        )
+    return ReplayResult(
+        verdict=PASS, events_run=len(trace.events), steps_run=run.steps_run, extra={"comparison": "safety"}
+    )
 
 
 # --------------------------------------------------------------------- CLI
+
 
 def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
     """The lines ``schedconf check`` prints."""
@@ -163,13 +186,18 @@ def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
     lines = list(f"note: {n}" for n in outcome.notes)
     steps = outcome.trace.num_steps()
     requests = sum(1 for e in outcome.trace.events if e["kind"] == "add_request")
-    lines.append(f"recording {recording_path}: {requests} requests, {steps} steps, profile {outcome.trace.profile}; "
-                 f"trace written to {outcome.trace_path}")
+    lines.append(
+        f"recording {recording_path}: {requests} requests, {steps} steps, profile {outcome.trace.profile}; "
+        f"trace written to {outcome.trace_path}"
+    )
     if outcome.scope_problems:
         shown = outcome.scope_problems[:5]
         more = len(outcome.scope_problems) - len(shown)
-        lines.append(f"comparison {outcome.comparison}: outside the model's scope: " + "; ".join(shown)
-                     + (f" (and {more} more)" if more > 0 else ""))
+        lines.append(
+            f"comparison {outcome.comparison}: outside the model's scope: "
+            + "; ".join(shown)
+            + (f" (and {more} more)" if more > 0 else "")
+        )
     else:
         lines.append(f"comparison {outcome.comparison}: the config and every request are within the model's scope")
     r = outcome.result
@@ -178,9 +206,11 @@ def render_outcome(outcome: CheckOutcome, recording_path: str) -> str:
     elif r.verdict == FAIL:
         lines.append(f"FAIL {render_divergence(outcome.trace, r)}")
         release = outcome.trace.profile.removeprefix("vllm-").removesuffix("-async")
-        lines.append(f"shrink it (vLLM's scheduler on the engine's recorded tokens, env built by `schedconf env vllm "
-                     f"{release}.0` or your release): schedconf shrink {outcome.trace_path} --sut "
-                     f"vllm-v1@{release}.0 --comparison {outcome.comparison}")
+        lines.append(
+            f"shrink it (vLLM's scheduler on the engine's recorded tokens, env built by `schedconf env vllm "
+            f"{release}.0` or your release): schedconf shrink {outcome.trace_path} --sut "
+            f"vllm-v1@{release}.0 --comparison {outcome.comparison}"
+        )
     else:
         lines.append(f"UNKNOWN: {r.detail}")
     return "\n".join(lines)
@@ -193,8 +223,12 @@ def run_check(args: Any) -> int:
     worst = 0
     for path in args.recordings:
         try:
-            outcome = check_recording(path, out=args.out if len(args.recordings) == 1 else None,
-                                      comparison=args.comparison, step_timeout=args.timeout)
+            outcome = check_recording(
+                path,
+                out=args.out if len(args.recordings) == 1 else None,
+                comparison=args.comparison,
+                step_timeout=args.timeout,
+            )
         except RecordingError as exc:
             print(f"error: {exc}", file=sys.stderr)
             worst = max(worst, 2) if worst != 1 else 1
@@ -205,5 +239,12 @@ def run_check(args: Any) -> int:
     return worst
 
 
-__all__ = ["CheckOutcome", "check_recorded_safety", "check_recording", "choose_comparison", "get_profile_name",
-           "render_outcome", "run_check"]
+__all__ = [
+    "CheckOutcome",
+    "check_recorded_safety",
+    "check_recording",
+    "choose_comparison",
+    "get_profile_name",
+    "render_outcome",
+    "run_check",
+]

@@ -35,8 +35,12 @@ from schedconf.conformance.bounds import InputFileError, read_bounded_text
 from schedconf.conformance.traces.trace import Trace, TraceError, make_header, parse_trace_text, render_trace
 
 RECORDING_FORMAT = "schedconf-recording"
-OPTIONAL_DEFAULTS: dict[str, Any] = {"max_concurrent_batches": 1, "max_num_active_seqs": None,
-                                     "long_prefill_token_threshold_adaptive": False, "use_v2_model_runner": False}
+OPTIONAL_DEFAULTS: dict[str, Any] = {
+    "max_concurrent_batches": 1,
+    "max_num_active_seqs": None,
+    "long_prefill_token_threshold_adaptive": False,
+    "use_v2_model_runner": False,
+}
 """Config fields a trace header leaves out at these values (spec/v1/config.py OPTIONAL_FIELDS)."""
 MODELLED_SPEC_METHODS = (None, "ngram")
 """Spec-decode methods whose scheduling the model covers (no lookahead slots)."""
@@ -100,10 +104,13 @@ def read_recording(path: str | Path) -> Recording:
         if seq != number - 1:
             raise IncompleteRecording(
                 f"{path}:{number}: sequence number {seq!r}, expected {number - 1}: the recording is incomplete "
-                f"(calls {number - 1}..{seq - 1 if isinstance(seq, int) else '?'} were lost); it cannot be checked")
+                f"(calls {number - 1}..{seq - 1 if isinstance(seq, int) else '?'} were lost); it cannot be checked"
+            )
         if "error" in record:
-            raise IncompleteRecording(f"{path}:{number}: the recorder lost call {seq} ({record.get('call')}): "
-                                      f"{record['error']}; the recording is incomplete and cannot be checked")
+            raise IncompleteRecording(
+                f"{path}:{number}: the recorder lost call {seq} ({record.get('call')}): "
+                f"{record['error']}; the recording is incomplete and cannot be checked"
+            )
     start = records[0]
     if start.get("call") != "start" or start.get("format") != RECORDING_FORMAT:
         raise RecordingError(f"{path}:1: expected a {RECORDING_FORMAT} start line; not a schedconf recording")
@@ -137,9 +144,14 @@ def get_scope_problems(recording: Recording) -> list[str]:
     if profile not in get_known_profiles():
         problems.append(f"vLLM {recording.vllm_version}: no release profile {profile}")
     engine = recording.start.get("engine", {})
-    if engine.get("num_kv_cache_groups", 1) != 1 or engine.get("kv_cache_spec", "FullAttentionSpec") != "FullAttentionSpec":
-        problems.append(f"KV cache of {engine.get('num_kv_cache_groups')} group(s) of {engine.get('kv_cache_spec')} "
-                        "(the model has one full-attention group)")
+    if (
+        engine.get("num_kv_cache_groups", 1) != 1
+        or engine.get("kv_cache_spec", "FullAttentionSpec") != "FullAttentionSpec"
+    ):
+        problems.append(
+            f"KV cache of {engine.get('num_kv_cache_groups')} group(s) of {engine.get('kv_cache_spec')} "
+            "(the model has one full-attention group)"
+        )
     for key, what in (("kv_connector", "a KV connector"), ("ec_connector", "an encoder-cache connector")):
         if engine.get(key):
             problems.append(what)
@@ -147,8 +159,9 @@ def get_scope_problems(recording: Recording) -> list[str]:
         problems.append(f"data parallel size {engine['data_parallel_size']}")
     config = recording.start.get("config", {})
     if config.get("max_concurrent_batches", 1) > 1 and not recording.is_async:
-        problems.append(f"{config['max_concurrent_batches']} batches in flight without AsyncScheduler "
-                        "(pipeline parallelism)")
+        problems.append(
+            f"{config['max_concurrent_batches']} batches in flight without AsyncScheduler (pipeline parallelism)"
+        )
     if engine.get("speculative_method") not in MODELLED_SPEC_METHODS:
         problems.append(f"speculative decoding by {engine.get('speculative_method')} (lookahead slots)")
     for record in recording.calls:
@@ -156,10 +169,14 @@ def get_scope_problems(recording: Recording) -> list[str]:
         if "raised" in record:
             problems.append(f"seq {record['seq']}: {call}() raised {record['raised']}")
         elif call == "add_request" and record.get("unsupported"):
-            problems.append(f"seq {record['seq']}: request {record['request']['request_id']} uses "
-                            + ", ".join(record["unsupported"]))
+            problems.append(
+                f"seq {record['seq']}: request {record['request']['request_id']} uses "
+                + ", ".join(record["unsupported"])
+            )
         elif call == "finish_requests" and record.get("status") != "FINISHED_ABORTED":
-            problems.append(f"seq {record['seq']}: finish_requests with {record.get('status')} (only aborts are modelled)")
+            problems.append(
+                f"seq {record['seq']}: finish_requests with {record.get('status')} (only aborts are modelled)"
+            )
         elif call == "set_pause_state" and record.get("pause_state") != "UNPAUSED":
             problems.append(f"seq {record['seq']}: the engine paused scheduling ({record.get('pause_state')})")
         elif call == "schedule" and record.get("throttle_prefills"):
@@ -192,26 +209,40 @@ def recording_to_events(recording: Recording) -> list[dict[str, Any]]:
             expect: dict[str, Any] = {"outputs": record.get("outputs", [])}
             if "stats" in record:
                 expect["stats"] = record["stats"]
-            pending_output = {"kind": "model_output", "step": record["step"],
-                              "sampled_token_ids": record["sampled_token_ids"], "draft_token_ids": {},
-                              "expect": expect}
+            pending_output = {
+                "kind": "model_output",
+                "step": record["step"],
+                "sampled_token_ids": record["sampled_token_ids"],
+                "draft_token_ids": {},
+                "expect": expect,
+            }
             events.append(pending_output)
         elif call == "update_draft_token_ids" and pending_output is not None:
             pending_output["draft_token_ids"] = dict(sorted(record["draft_token_ids"].items()))
         elif call == "reset_prefix_cache":
-            events.append({"kind": "reset_prefix_cache",
-                           "reset_running_requests": bool(record.get("reset_running_requests", False)),
-                           "expect": {"success": bool(record.get("result"))}})
+            events.append(
+                {
+                    "kind": "reset_prefix_cache",
+                    "reset_running_requests": bool(record.get("reset_running_requests", False)),
+                    "expect": {"success": bool(record.get("result"))},
+                }
+            )
     return events
 
 
 def recording_to_trace(recording: Recording, comparison: str = "strict") -> Trace:
     """The recording as a trace. Within scope it is validated like any trace file (a TraceError names the line)."""
     extra = {"comparison": comparison} if comparison in ("strict", "observable") else {}
-    header = make_header(get_header_config(recording), get_profile_name(recording), seed=0, origin="live", **extra,
-                         description=f"recorded from vLLM {recording.vllm_version} "
-                                     f"({recording.start.get('scheduler_class')}, pid {recording.start.get('pid')}): "
-                                     f"{Path(recording.path).name}")
+    header = make_header(
+        get_header_config(recording),
+        get_profile_name(recording),
+        seed=0,
+        origin="live",
+        **extra,
+        description=f"recorded from vLLM {recording.vllm_version} "
+        f"({recording.start.get('scheduler_class')}, pid {recording.start.get('pid')}): "
+        f"{Path(recording.path).name}",
+    )
     trace = Trace(header=header, events=recording_to_events(recording), path=recording.path)
     if comparison not in ("strict", "observable"):
         return trace  # safety: the config may be one the model refuses; nothing is replayed on the model

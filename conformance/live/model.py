@@ -37,13 +37,26 @@ def write_model(folder: str, seed: int = 0) -> str:
     vocab.update({f"w{i}": i + len(SPECIAL_TOKENS) for i in range(NUM_WORDS)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="</s>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
     fast.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
-                         rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
-                         tie_word_embeddings=False, torch_dtype="float32")
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # a wider spread than the default init, so sampling is not uniform noise
@@ -57,7 +70,9 @@ def write_model(folder: str, seed: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.live.model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.conformance.live.model", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -22,8 +22,16 @@ import time
 def worker(model: str, reps: int, prompts: int, max_tokens: int) -> None:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8, block_size=32,
-              num_gpu_blocks_override=40, seed=0)
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_seqs=8,
+        block_size=32,
+        num_gpu_blocks_override=40,
+        seed=0,
+    )
     texts = [" ".join(f"w{(i * 7 + j) % 500}" for j in range(16 + i * 3)) for i in range(prompts)]
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1, ignore_eos=True)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
@@ -36,7 +44,9 @@ def worker(model: str, reps: int, prompts: int, max_tokens: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.conformance.live.overhead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.conformance.live.overhead", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--release", default="0.32.0")
     parser.add_argument("--rounds", type=int, default=2, help="engine processes per mode (alternating)")
     parser.add_argument("--reps", type=int, default=3, help="timed generate() calls per process")
@@ -58,17 +68,38 @@ def main(argv: list[str] | None = None) -> int:
     steps = None
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
-        subprocess.run([str(python), "-m", "schedconf.conformance.live.model", model], env=base, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [str(python), "-m", "schedconf.conformance.live.model", model],
+            env=base,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for round_ in range(args.rounds):
             for mode in ("off", "on"):
                 env = dict(base)
                 if mode == "on":
                     env.update(get_recorder_env(os.path.join(tmp, f"rec-{round_}"), observe=True))
-                proc = subprocess.run([str(python), "-m", "schedconf.conformance.live.overhead", "--worker", "--model", model,
-                                       "--reps", str(args.reps), "--prompts", str(args.prompts),
-                                       "--max-tokens", str(args.max_tokens)],
-                                      env=env, capture_output=True, text=True, timeout=600)
+                proc = subprocess.run(
+                    [
+                        str(python),
+                        "-m",
+                        "schedconf.conformance.live.overhead",
+                        "--worker",
+                        "--model",
+                        model,
+                        "--reps",
+                        str(args.reps),
+                        "--prompts",
+                        str(args.prompts),
+                        "--max-tokens",
+                        str(args.max_tokens),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 if line is None:
                     print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
@@ -83,9 +114,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_} {mode}: {json.loads(line[7:])['seconds']}", file=sys.stderr, flush=True)
     off, on = statistics.median(results["off"]), statistics.median(results["on"])
     per_step = {m: (statistics.median(v) / steps * 1e3 if steps else None) for m, v in results.items()}
-    print(json.dumps({"steps_per_generate": steps, "median_generate_s": {"off": round(off, 4), "on": round(on, 4)},
-                      "median_ms_per_step": {m: round(v, 3) if v else None for m, v in per_step.items()},
-                      "overhead_percent": round((on - off) / off * 100, 2), "samples": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "steps_per_generate": steps,
+                "median_generate_s": {"off": round(off, 4), "on": round(on, 4)},
+                "median_ms_per_step": {m: round(v, 3) if v else None for m, v in per_step.items()},
+                "overhead_percent": round((on - off) / off * 100, 2),
+                "samples": results,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

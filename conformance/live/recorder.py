@@ -85,8 +85,15 @@ TARGET_MODULE = "vllm.v1.core.sched.scheduler"
 CPU_PLATFORM_MODULE = "vllm.platforms.cpu"
 RECORDING_FORMAT = "schedconf-recording"
 RECORDING_VERSION = 1
-WRAPPED_METHODS = ("add_request", "finish_requests", "schedule", "update_from_output", "update_draft_token_ids",
-                   "reset_prefix_cache", "set_pause_state")
+WRAPPED_METHODS = (
+    "add_request",
+    "finish_requests",
+    "schedule",
+    "update_from_output",
+    "update_draft_token_ids",
+    "reset_prefix_cache",
+    "set_pause_state",
+)
 
 _installed: dict[str, Any] = {}
 _PATCHES: dict[str, Any] = {}
@@ -95,6 +102,7 @@ _counter = itertools.count()
 
 
 # ------------------------------------------------------------- import hook
+
 
 class _PatchingLoader(importlib.abc.Loader):
     """Runs the real loader, then wraps the Scheduler class of the module it ran."""
@@ -176,8 +184,11 @@ def patch_scheduler_class(module: types.ModuleType) -> None:
         if "_schedconf_rec" in self.__dict__:
             return
         try:
-            self._schedconf_rec = Recording(self, _installed.get("folder") or os.environ["SCHEDCONF_RECORD"],
-                                            observe=bool(_installed.get("observe")))
+            self._schedconf_rec = Recording(
+                self,
+                _installed.get("folder") or os.environ["SCHEDCONF_RECORD"],
+                observe=bool(_installed.get("observe")),
+            )
         except Exception as exc:  # noqa: BLE001 - never stop the engine
             print(f"schedconf: cannot record this scheduler: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -213,6 +224,7 @@ def _wrap(name: str, method: Any) -> Any:
 
 # --------------------------------------------------------------- recording
 
+
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any = None) -> Any:
     if len(args) > index:
         return args[index]
@@ -232,8 +244,9 @@ class Recording:
         self.step = 0
         self.lock = threading.Lock()
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (step, output)
-        self._canonical_output = functools.partial(VllmSchedulerSut._canonical_output,
-                                                   types.SimpleNamespace(scheduler=scheduler))
+        self._canonical_output = functools.partial(
+            VllmSchedulerSut._canonical_output, types.SimpleNamespace(scheduler=scheduler)
+        )
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, f"engine-{os.getpid()}-{next(_counter)}.jsonl")
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
@@ -255,8 +268,11 @@ class Recording:
                 body["seq"] = seq
                 line = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_jsonable)
             except Exception as exc:  # noqa: BLE001 - the line says what was lost
-                line = json.dumps({"seq": seq, "call": head.get("call"), "error": f"{type(exc).__name__}: {exc}"},
-                                  sort_keys=True, separators=(",", ":"))
+                line = json.dumps(
+                    {"seq": seq, "call": head.get("call"), "error": f"{type(exc).__name__}: {exc}"},
+                    sort_keys=True,
+                    separators=(",", ":"),
+                )
             try:
                 self.file.write(line + "\n")
                 self.file.flush()
@@ -267,10 +283,17 @@ class Recording:
         import vllm
 
         s = self.scheduler
-        return {"format": RECORDING_FORMAT, "version": RECORDING_VERSION, "vllm_version": vllm.__version__,
-                "scheduler_class": f"{type(s).__module__}.{type(s).__qualname__}",
-                "config": read_config(s), "engine": read_engine(s), "observe": self.observe,
-                "pid": os.getpid(), "time": time.time()}
+        return {
+            "format": RECORDING_FORMAT,
+            "version": RECORDING_VERSION,
+            "vllm_version": vllm.__version__,
+            "scheduler_class": f"{type(s).__module__}.{type(s).__qualname__}",
+            "config": read_config(s),
+            "engine": read_engine(s),
+            "observe": self.observe,
+            "pid": os.getpid(),
+            "time": time.time(),
+        }
 
     # --------------------------------------------------------------- calls
 
@@ -285,8 +308,15 @@ class Recording:
             return None if ids is None else [str(i) for i in ids]
         return None
 
-    def after(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], before: Any, result: Any,
-              exc: BaseException | None) -> None:
+    def after(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        before: Any,
+        result: Any,
+        exc: BaseException | None,
+    ) -> None:
         head: dict[str, Any] = {"call": name}
         if exc is not None:
             head["raised"] = f"{type(exc).__name__}: {exc}"
@@ -307,15 +337,20 @@ class Recording:
             return {"step": self.step + 1}
         self.step += 1
         self.in_flight[id(result)] = (self.step, result)
-        body: dict[str, Any] = {"step": self.step, "output": self._canonical_output(result),
-                                "in_flight": len(self.in_flight)}
+        body: dict[str, Any] = {
+            "step": self.step,
+            "output": self._canonical_output(result),
+            "in_flight": len(self.in_flight),
+        }
         throttle = _arg(args, kwargs, 0, "throttle_prefills", False)
         if throttle:
             body["throttle_prefills"] = True
         if self.observe:
             pool = self.scheduler.kv_cache_manager.block_pool
-            body["observe"] = {"free_block_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-                               "num_free_blocks": pool.get_num_free_blocks()}
+            body["observe"] = {
+                "free_block_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+                "num_free_blocks": pool.get_num_free_blocks(),
+            }
         return body
 
     def _build_update_from_output(self, args: Any, kwargs: Any, before: Any, result: Any, exc: Any) -> dict[str, Any]:
@@ -336,17 +371,20 @@ class Recording:
                 body["stats"] = stats
         return body
 
-    def _build_update_draft_token_ids(self, args: Any, kwargs: Any, before: Any, result: Any,
-                                      exc: Any) -> dict[str, Any]:
+    def _build_update_draft_token_ids(
+        self, args: Any, kwargs: Any, before: Any, result: Any, exc: Any
+    ) -> dict[str, Any]:
         drafts = _arg(args, kwargs, 0, "draft_token_ids")
         ids = list(getattr(drafts, "req_ids", []) or [])
         tokens = list(getattr(drafts, "draft_token_ids", []) or [])
         return {"draft_token_ids": {rid: [int(t) for t in toks] for rid, toks in zip(ids, tokens)}}
 
     def _build_reset_prefix_cache(self, args: Any, kwargs: Any, before: Any, result: Any, exc: Any) -> dict[str, Any]:
-        return {"reset_running_requests": bool(_arg(args, kwargs, 0, "reset_running_requests", False)),
-                "reset_connector": bool(_arg(args, kwargs, 1, "reset_connector", False)),
-                "result": result if isinstance(result, bool) else repr(result)}
+        return {
+            "reset_running_requests": bool(_arg(args, kwargs, 0, "reset_running_requests", False)),
+            "reset_connector": bool(_arg(args, kwargs, 1, "reset_connector", False)),
+            "result": result if isinstance(result, bool) else repr(result),
+        }
 
     def _build_set_pause_state(self, args: Any, kwargs: Any, before: Any, result: Any, exc: Any) -> dict[str, Any]:
         state = _arg(args, kwargs, 0, "pause_state")
@@ -362,6 +400,7 @@ def _jsonable(value: Any) -> Any:
 
 
 # ------------------------------------------------------------------ readers
+
 
 def read_config(s: Any) -> dict[str, Any]:
     """The schedconf config (spec/v1/config.py fields) read back from a built scheduler."""
@@ -382,8 +421,9 @@ def read_config(s: Any) -> dict[str, Any]:
         "policy": str(getattr(s.policy, "value", s.policy)),
         "num_spec_tokens": int(getattr(s, "num_spec_tokens", 0) or 0),
         "num_lookahead_tokens": int(getattr(s, "num_lookahead_tokens", 0) or 0),
-        "scheduler_reserve_full_isl": (bool(s.scheduler_reserve_full_isl)
-                                       if hasattr(s, "scheduler_reserve_full_isl") else None),
+        "scheduler_reserve_full_isl": (
+            bool(s.scheduler_reserve_full_isl) if hasattr(s, "scheduler_reserve_full_isl") else None
+        ),
         "max_concurrent_batches": int(getattr(vc, "max_concurrent_batches", 1)),
         "max_num_active_seqs": None if active == max_running else int(active),
         "long_prefill_token_threshold_adaptive": bool(getattr(s, "adaptive_long_prefill_threshold", False)),
@@ -399,7 +439,8 @@ def read_engine(s: Any) -> dict[str, Any]:
     return {
         "num_kv_cache_groups": len(s.kv_cache_config.kv_cache_groups),
         "kv_cache_spec": type(s.kv_cache_config.kv_cache_groups[0].kv_cache_spec).__name__
-        if s.kv_cache_config.kv_cache_groups else None,
+        if s.kv_cache_config.kv_cache_groups
+        else None,
         "kv_connector": getattr(s, "connector", None) is not None,
         "ec_connector": getattr(s, "ec_connector", None) is not None,
         "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
@@ -458,13 +499,16 @@ def canonical_request_outputs(engine_outputs: Any) -> list[dict[str, Any]]:
     for client_index in sorted(engine_outputs or {}):
         for o in engine_outputs[client_index].outputs:
             reason, stop = o.finish_reason, o.stop_reason
-            results.append({
-                "req_id": o.request_id,
-                "new_token_ids": [int(t) for t in o.new_token_ids],
-                "finish_reason": None if reason is None else str(reason),
-                "stop_reason": stop if stop is None or (isinstance(stop, int) and not isinstance(stop, bool))
-                else str(stop),
-            })
+            results.append(
+                {
+                    "req_id": o.request_id,
+                    "new_token_ids": [int(t) for t in o.new_token_ids],
+                    "finish_reason": None if reason is None else str(reason),
+                    "stop_reason": stop
+                    if stop is None or (isinstance(stop, int) and not isinstance(stop, bool))
+                    else str(stop),
+                }
+            )
     return results
 
 

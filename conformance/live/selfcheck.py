@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.expect_version and vllm.__version__ != args.expect_version:
         print(f"self-check failed: vLLM {vllm.__version__}, expected {args.expect_version}", file=sys.stderr)
         return 1
-    print(f"self-check ok: vLLM {vllm.__version__} (OpenAI server, engine core), transformers "
-          f"{transformers.__version__}, tokenizers {tokenizers.__version__}")
+    print(
+        f"self-check ok: vLLM {vllm.__version__} (OpenAI server, engine core), transformers "
+        f"{transformers.__version__}, tokenizers {tokenizers.__version__}"
+    )
     return 0
 
 

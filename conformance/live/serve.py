@@ -63,10 +63,15 @@ def get_free_port() -> int:
 def get_recorder_env(record_dir: str | Path, observe: bool = True) -> dict[str, str]:
     """The variables that attach the recorder to every Python process started with them."""
     path = os.pathsep.join([str(BOOT_DIR), str(IMPORT_ROOT)])
-    return {"PYTHONPATH": path, "SCHEDCONF_RECORD": str(record_dir), "SCHEDCONF_RECORD_OBSERVE": "1" if observe else "0"}
+    return {
+        "PYTHONPATH": path,
+        "SCHEDCONF_RECORD": str(record_dir),
+        "SCHEDCONF_RECORD_OBSERVE": "1" if observe else "0",
+    }
 
 
 # ------------------------------------------------------------------ server
+
 
 @dataclass
 class Server:
@@ -84,18 +89,32 @@ class Server:
             return ""
 
 
-def start_server(python: Path, model_dir: Path, run_dir: Path, env: dict[str, str], server_args: list[str],
-                 timeout_s: float = 240.0) -> Server:
+def start_server(
+    python: Path, model_dir: Path, run_dir: Path, env: dict[str, str], server_args: list[str], timeout_s: float = 240.0
+) -> Server:
     """Start vLLM's OpenAI server in its own session and wait until ``/health`` answers 200."""
     port = get_free_port()
     log_path = run_dir / "server.log"
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), *server_args]
+    argv = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *server_args,
+    ]
     (run_dir / "server.cmd").write_text(" ".join(argv) + "\n")
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                cwd=str(run_dir))
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(run_dir)
+        )
     server = Server(proc, port, log_path)
     while time.monotonic() - started < timeout_s:
         if proc.poll() is not None:
@@ -153,6 +172,7 @@ def stop_server(server: Server, grace_s: float = 30.0) -> list[int]:
 
 # -------------------------------------------------------------------- load
 
+
 @dataclass
 class LoadResult:
     """What the load did: requests by kind and outcome, and how long it took."""
@@ -175,9 +195,15 @@ class LoadResult:
                 self.errors.append(error)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sent": self.sent, "completed": self.completed, "disconnected": self.disconnected,
-                "failed": self.failed, "by_kind": dict(sorted(self.by_kind.items())), "errors": self.errors,
-                "seconds": round(self.seconds, 2)}
+        return {
+            "sent": self.sent,
+            "completed": self.completed,
+            "disconnected": self.disconnected,
+            "failed": self.failed,
+            "by_kind": dict(sorted(self.by_kind.items())),
+            "errors": self.errors,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def make_prompt(rng: random.Random, shared_prefix: list[str], length: int) -> str:
@@ -195,8 +221,12 @@ def plan_load(num_requests: int, seed: int, max_model_len: int = 256) -> list[tu
     kinds = ["plain", "n2", "stop_string", "stop_token", "min_tokens", "stream", "stream_disconnect"]
     for i in range(max(0, num_requests - burst)):
         kind = kinds[i % len(kinds)]
-        body: dict[str, Any] = {"prompt": make_prompt(rng, prefix, rng.randrange(8, 120)),
-                                "max_tokens": rng.randrange(4, 48), "temperature": 1.0, "seed": rng.randrange(1 << 30)}
+        body: dict[str, Any] = {
+            "prompt": make_prompt(rng, prefix, rng.randrange(8, 120)),
+            "max_tokens": rng.randrange(4, 48),
+            "temperature": 1.0,
+            "seed": rng.randrange(1 << 30),
+        }
         if kind == "n2":
             body["n"] = 2
         elif kind == "stop_string":
@@ -211,9 +241,18 @@ def plan_load(num_requests: int, seed: int, max_model_len: int = 256) -> list[tu
         plan.append((kind, body))
     for _ in range(burst):
         prompt_len = rng.randrange(90, 150)
-        plan.append(("burst", {"prompt": make_prompt(rng, prefix, prompt_len), "temperature": 1.0,
-                               "max_tokens": min(rng.randrange(48, 100), max_model_len - prompt_len - 1),
-                               "ignore_eos": True, "seed": rng.randrange(1 << 30)}))
+        plan.append(
+            (
+                "burst",
+                {
+                    "prompt": make_prompt(rng, prefix, prompt_len),
+                    "temperature": 1.0,
+                    "max_tokens": min(rng.randrange(48, 100), max_model_len - prompt_len - 1),
+                    "ignore_eos": True,
+                    "seed": rng.randrange(1 << 30),
+                },
+            )
+        )
     return plan
 
 
@@ -269,6 +308,7 @@ def run_load(port: int, num_requests: int, seed: int, concurrency: int = 6, max_
 
 # --------------------------------------------------------------------- run
 
+
 def run_live(args: Any) -> int:
     """Carry out parsed ``schedconf live`` arguments; return the exit status (the check's, 2 on a failed run)."""
     from schedconf.conformance.engines import engine_env
@@ -277,25 +317,50 @@ def run_live(args: Any) -> int:
 
     run_dir = Path(args.out or Path("reports") / f"live-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"release": args.release, "requests": args.requests, "seed": args.seed,
-                               "run_dir": str(run_dir)}
+    summary: dict[str, Any] = {
+        "release": args.release,
+        "requests": args.requests,
+        "seed": args.seed,
+        "run_dir": str(run_dir),
+    }
     try:
         t0 = time.monotonic()
         python = engine_env.ensure_env(LIVE_FAMILY, args.release)
         summary["env_seconds"] = round(time.monotonic() - t0, 1)
-        env = {**os.environ, **engine_env.driver_env(LIVE_FAMILY, args.release),
-               **get_recorder_env(run_dir / "recording", observe=not args.no_observe)}
+        env = {
+            **os.environ,
+            **engine_env.driver_env(LIVE_FAMILY, args.release),
+            **get_recorder_env(run_dir / "recording", observe=not args.no_observe),
+        }
         if args.async_scheduling:
             env["SCHEDCONF_CPU_ASYNC_SCHEDULING"] = "1"
         model_dir = run_dir / "model"
         _log(f"writing the tiny model (seed {args.seed}) to {model_dir}")
-        subprocess.run([str(python), "-m", "schedconf.conformance.live.model", str(model_dir), "--seed", str(args.seed)],
-                       env={**env, "SCHEDCONF_RECORD": ""}, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, timeout=300)
-        server_args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(args.max_model_len),
-                       "--max-num-seqs", str(args.max_num_seqs), "--block-size", str(args.block_size),
-                       "--num-gpu-blocks-override", str(args.num_gpu_blocks), "--seed", str(args.seed),
-                       *(["--async-scheduling"] if args.async_scheduling else []), *args.server_arg]
+        subprocess.run(
+            [str(python), "-m", "schedconf.conformance.live.model", str(model_dir), "--seed", str(args.seed)],
+            env={**env, "SCHEDCONF_RECORD": ""},
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=300,
+        )
+        server_args = [
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            str(args.max_model_len),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--block-size",
+            str(args.block_size),
+            "--num-gpu-blocks-override",
+            str(args.num_gpu_blocks),
+            "--seed",
+            str(args.seed),
+            *(["--async-scheduling"] if args.async_scheduling else []),
+            *args.server_arg,
+        ]
         _log(f"starting vLLM's OpenAI server ({' '.join(server_args)})")
         server = start_server(python, model_dir, run_dir, env, server_args, timeout_s=args.start_timeout)
         summary["server_start_seconds"] = round(server.started_s, 1)
@@ -306,8 +371,10 @@ def run_live(args: Any) -> int:
             survivors = stop_server(server)
         summary["load"] = load.to_dict()
         summary["survivors"] = survivors
-        _log(f"load done in {load.seconds:.1f} s: {load.completed} completed, {load.disconnected} disconnected "
-             f"mid-stream, {load.failed} failed; server stopped ({'no survivors' if not survivors else survivors})")
+        _log(
+            f"load done in {load.seconds:.1f} s: {load.completed} completed, {load.disconnected} disconnected "
+            f"mid-stream, {load.failed} failed; server stopped ({'no survivors' if not survivors else survivors})"
+        )
         if survivors:
             raise LiveError(f"processes of the server's session survived SIGKILL: {survivors}")
         if load.failed:
@@ -320,17 +387,26 @@ def run_live(args: Any) -> int:
     recordings = sorted((run_dir / "recording").glob("engine-*.jsonl"))
     recordings = [p for p in recordings if not p.name.endswith(".trace.jsonl")]
     if not recordings:
-        print(f"error: no recording in {run_dir / 'recording'}: the recorder did not attach "
-              f"(see {server.log_path})", file=sys.stderr)
+        print(
+            f"error: no recording in {run_dir / 'recording'}: the recorder did not attach (see {server.log_path})",
+            file=sys.stderr,
+        )
         return 2
     worst = 0
     summary["checks"] = []
     for path in recordings:
         outcome = check_recording(path)
         print(render_outcome(outcome, str(path)))
-        summary["checks"].append({"recording": str(path), "verdict": outcome.result.verdict,
-                                  "comparison": outcome.comparison, "steps": outcome.result.steps_run,
-                                  "scope_problems": outcome.scope_problems, "trace": str(outcome.trace_path)})
+        summary["checks"].append(
+            {
+                "recording": str(path),
+                "verdict": outcome.result.verdict,
+                "comparison": outcome.comparison,
+                "steps": outcome.result.steps_run,
+                "scope_problems": outcome.scope_problems,
+                "trace": str(outcome.trace_path),
+            }
+        )
         worst = 1 if 1 in (worst, outcome.exit_code) else max(worst, outcome.exit_code)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(f"run folder: {run_dir}")

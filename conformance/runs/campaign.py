@@ -15,6 +15,9 @@ coverage shares (``coverage``: swap-out, swap-in, recompute, ignored, partial
 prefills, prefix hits; zeros included), in ``summary.json`` and ``summary.md``.
 """
 
+# Size: a campaign is one loop (generate, check, shrink, record, report progress, stop cleanly on a
+# signal) whose parts share the run folder's state; the checking itself lives in checking/.
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -106,6 +109,7 @@ class TraceOutcome:
 
 # ------------------------------------------------------------ generation
 
+
 def get_pool_headroom(sut: Any) -> int:
     """The KV blocks a scheduler keeps back from its pool (its adapter's ``pool_headroom_blocks``, else 0)."""
     return int(getattr(sut, "pool_headroom_blocks", 0) or 0)
@@ -148,8 +152,10 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     from schedconf.conformance.workloads.generate import choose_refused_config
 
     workloads = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
-    workloads = [choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
-                 for i, w in enumerate(workloads)]
+    workloads = [
+        choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
+        for i, w in enumerate(workloads)
+    ]
     if spec.comparison == "safety" or not spec.prefix_cache_resets:
         # The safety comparison drives one step at a time and has no prefix-cache
         # reset (a reset is a vLLM API, not a rule every scheduler shares).
@@ -182,7 +188,8 @@ def _apply_overrides(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload
                 if extra > 100 * spec.examples + 100:
                     raise
                 w = make_random_workload(spec.seed * 1_000_003 + 10_000_000 + extra, spec.profile).replace(
-                    seed=w.seed, origin=w.origin)
+                    seed=w.seed, origin=w.origin
+                )
     return out
 
 
@@ -200,8 +207,11 @@ def _add_pool_headroom(spec: CampaignSpec, drawn: list[Workload]) -> list[Worklo
             out.append(w)  # a pool size the user forced stays as forced
             continue
         try:
-            out.append(w.replace(config=dc_replace(w.config, num_gpu_blocks=w.config.num_gpu_blocks
-                                                   + spec.pool_headroom_blocks)))
+            out.append(
+                w.replace(
+                    config=dc_replace(w.config, num_gpu_blocks=w.config.num_gpu_blocks + spec.pool_headroom_blocks)
+                )
+            )
         except InvalidConfig:
             out.append(w)
     return out
@@ -218,8 +228,14 @@ def _draw(spec: CampaignSpec) -> list[Workload]:
     drawn: list[Workload] = []
 
     @hypothesis_seed(spec.seed)
-    @settings(max_examples=spec.examples, phases=[Phase.generate], database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), derandomize=False)
+    @settings(
+        max_examples=spec.examples,
+        phases=[Phase.generate],
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=False,
+    )
     @given(make_workload_strategy(spec.profile))
     def draw(workload: Workload) -> None:
         drawn.append(workload)
@@ -227,8 +243,9 @@ def _draw(spec: CampaignSpec) -> list[Workload]:
     draw()
     # Hypothesis may stop short of max_examples; top up from the PRNG generator.
     if len(drawn) < spec.examples:
-        drawn.extend(make_random_workload(spec.seed * 1_000_003 + i, spec.profile)
-                     for i in range(len(drawn), spec.examples))
+        drawn.extend(
+            make_random_workload(spec.seed * 1_000_003 + i, spec.profile) for i in range(len(drawn), spec.examples)
+        )
     return [w.replace(seed=spec.seed, origin=f"{spec.generator}#{i}") for i, w in enumerate(drawn)]
 
 
@@ -387,8 +404,13 @@ def run_one(index: int, workload: Workload) -> TraceOutcome:
         return TraceOutcome(index=index, verdict="discarded", steps=0, events=0, report=str(exc))
     trace.path = f"trace-{index}"
     result: ReplayResult = replay(trace, sut, spec.comparison, step_timeout=spec.step_timeout)
-    outcome = TraceOutcome(index=index, verdict=result.verdict, steps=trace.num_steps(), events=len(trace.events),
-                           features=get_campaign_features(trace))
+    outcome = TraceOutcome(
+        index=index,
+        verdict=result.verdict,
+        steps=trace.num_steps(),
+        events=len(trace.events),
+        features=get_campaign_features(trace),
+    )
     if result.verdict != PASS or index == 0:
         outcome.trace_text = render_trace(trace)  # failures, and one sample for the report
         outcome.divergence = result.divergence.to_dict() if result.divergence else None
@@ -402,6 +424,7 @@ def run_one(index: int, workload: Workload) -> TraceOutcome:
 
 
 # ---------------------------------------------------------------- running
+
 
 def make_run_id(spec: CampaignSpec) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -438,8 +461,9 @@ def make_run_dir(spec: CampaignSpec) -> tuple[str, Path]:
             if spec.run_id and not any(run_dir.iterdir()):
                 return run_id, run_dir  # an empty folder made for us: use it
             if spec.run_id:
-                raise RunFolderError(f"--run-id {base}: {run_dir} already holds a run; choose another id "
-                                     "or remove the folder") from None
+                raise RunFolderError(
+                    f"--run-id {base}: {run_dir} already holds a run; choose another id or remove the folder"
+                ) from None
             continue
         except OSError as exc:
             raise RunFolderError(f"--out {out}: cannot create {run_dir}: {exc.strerror or exc}") from None
@@ -467,8 +491,10 @@ class Progress:
         elapsed = max(now - self.start, 1e-9)
         rate = done / elapsed
         eta = (self.total - done) / rate if rate > 0 else 0.0
-        line = (f"[{done:>{len(str(self.total))}}/{self.total}] {100 * done // max(self.total, 1):3d}%  "
-                f"{failures} failure(s)  {rate:6.1f} traces/s  eta {eta:5.0f}s")
+        line = (
+            f"[{done:>{len(str(self.total))}}/{self.total}] {100 * done // max(self.total, 1):3d}%  "
+            f"{failures} failure(s)  {rate:6.1f} traces/s  eta {eta:5.0f}s"
+        )
         sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
         sys.stderr.flush()
 
@@ -484,14 +510,27 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     (run_dir / "failures").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     summary: dict[str, Any] = {
-        "run_id": run_id, "run_dir": str(run_dir), "spec": asdict(spec), "status": "starting",
-        "examples_requested": spec.examples, "examples_run": 0, "passed": 0, "failed": 0, "unknown": 0,
-        "discarded": 0, "interrupted": False, "failures": [], "unknowns": [], "features": {},
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "spec": asdict(spec),
+        "status": "starting",
+        "examples_requested": spec.examples,
+        "examples_run": 0,
+        "passed": 0,
+        "failed": 0,
+        "unknown": 0,
+        "discarded": 0,
+        "interrupted": False,
+        "failures": [],
+        "unknowns": [],
+        "features": {},
         "command": " ".join(sys.argv),
     }
     _write_summary(run_dir, summary)
-    say(f"campaign {run_id}: {spec.examples} trace(s), sut={spec.sut}, profile={spec.profile}, "
-        f"comparison={spec.comparison}, seed={spec.seed}, jobs={spec.jobs}")
+    say(
+        f"campaign {run_id}: {spec.examples} trace(s), sut={spec.sut}, profile={spec.profile}, "
+        f"comparison={spec.comparison}, seed={spec.seed}, jobs={spec.jobs}"
+    )
     from schedconf.conformance.adapters import make_sut
 
     probe = make_sut(spec.sut)
@@ -538,8 +577,7 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
             _init_worker(spec)
             stream = (run_one(i, w) for i, w in enumerate(workloads))
         else:
-            executor = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker_process,
-                                              initargs=(spec,))
+            executor = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker_process, initargs=(spec,))
             futures = [executor.submit(run_one, i, w) for i, w in enumerate(workloads)]
             stream = (f.result() for f in cf.as_completed(futures))
         for outcome in stream:
@@ -641,19 +679,28 @@ def _account(summary: dict[str, Any], outcome: TraceOutcome, run_dir: Path, fail
         write_atomic(run_dir / "failures" / f"{name}.jsonl", outcome.trace_text)
         write_atomic(run_dir / "failures" / f"{name}.txt", outcome.report + "\n")
         div = outcome.divergence or {}
-        summary["failures"].append({
-            "index": outcome.index, "trace_file": f"failures/{name}.jsonl", "report_file": f"failures/{name}.txt",
-            "events": outcome.events, "signature": div.get("signature", "?"), "section": _section(div),
-            **get_failure_facts(div), "shrunk_file": None, "shrunk_events": None,
-        })
+        summary["failures"].append(
+            {
+                "index": outcome.index,
+                "trace_file": f"failures/{name}.jsonl",
+                "report_file": f"failures/{name}.txt",
+                "events": outcome.events,
+                "signature": div.get("signature", "?"),
+                "section": _section(div),
+                **get_failure_facts(div),
+                "shrunk_file": None,
+                "shrunk_events": None,
+            }
+        )
 
 
 def _section(div: dict[str, Any]) -> str:
     return str(div.get("signature", "?")).split(".")[0]
 
 
-def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list[TraceOutcome], run_dir: Path,
-                     say: Callable[[str], None]) -> None:
+def _shrink_failures(
+    spec: CampaignSpec, summary: dict[str, Any], failures: list[TraceOutcome], run_dir: Path, say: Callable[[str], None]
+) -> None:
     """Shrink failures, one of each kind first, until the time budget is spent."""
     from schedconf.conformance.adapters import make_sut
     from schedconf.conformance.checking.shrink import ShrinkInterrupted, shrink_trace
@@ -679,12 +726,19 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
                 say(f"shrink budget spent: {len(queue) - number + 1} failure(s) left unshrunk")
                 break
             entry = by_index[o.index]
-            say(f"shrinking failure #{o.index} ({number}/{len(queue)}, {entry['signature']}), "
-                f"{left:.0f} s of the shrink budget left")
+            say(
+                f"shrinking failure #{o.index} ({number}/{len(queue)}, {entry['signature']}), "
+                f"{left:.0f} s of the shrink budget left"
+            )
             trace = parse_trace_text(o.trace_text, entry["trace_file"])
             try:
-                result = shrink_trace(trace, sut, spec.comparison, step_timeout=spec.step_timeout,
-                                      time_budget_s=min(left, max(10.0, spec.shrink_budget_s / 3)))
+                result = shrink_trace(
+                    trace,
+                    sut,
+                    spec.comparison,
+                    step_timeout=spec.step_timeout,
+                    time_budget_s=min(left, max(10.0, spec.shrink_budget_s / 3)),
+                )
             except ShrinkInterrupted as exc:
                 # keep what the interrupted shrink had found, marked not minimal, then stop
                 name = f"trace-{o.index:05d}.partial.jsonl"
@@ -697,15 +751,20 @@ def _shrink_failures(spec: CampaignSpec, summary: dict[str, Any], failures: list
             name = f"trace-{o.index:05d}.min.jsonl"
             result.trace.path = str(run_dir / "failures" / name)
             write_atomic(run_dir / "failures" / name, render_trace(result.trace))
-            entry.update(shrunk_file=f"failures/{name}", shrunk_events=result.num_events,
-                         shrunk_signature=result.divergence.signature(), shrink_s=round(result.seconds, 2),
-                         **{f"shrunk_{k}": v for k, v in get_failure_facts(result.divergence.to_dict()).items()})
+            entry.update(
+                shrunk_file=f"failures/{name}",
+                shrunk_events=result.num_events,
+                shrunk_signature=result.divergence.signature(),
+                shrink_s=round(result.seconds, 2),
+                **{f"shrunk_{k}": v for k, v in get_failure_facts(result.divergence.to_dict()).items()},
+            )
             from schedconf.conformance.checking.replay import ReplayDeadline
             from schedconf.conformance.checking.replay import replay as _replay
 
             try:
-                detail = render_divergence(result.trace, _replay(result.trace, sut, spec.comparison,
-                                                                 step_timeout=spec.step_timeout))
+                detail = render_divergence(
+                    result.trace, _replay(result.trace, sut, spec.comparison, step_timeout=spec.step_timeout)
+                )
             except ReplayDeadline:
                 detail = "(the minimal trace could not be replayed again within the time budget)"
             write_atomic(run_dir / "failures" / f"trace-{o.index:05d}.min.txt", detail + "\n")

@@ -97,8 +97,9 @@ class SideRun:
 
 def run_side(trace: Trace, sut: RecordingSut, profile: str, step_timeout: float | None) -> SideRun:
     """Drive ``sut`` through ``trace``'s inputs under ``profile`` (the safety driver), keeping its answers."""
-    side_trace = Trace(header={**trace.header, "profile": profile}, events=trace.events, path=trace.path,
-                       lines=trace.lines)
+    side_trace = Trace(
+        header={**trace.header, "profile": profile}, events=trace.events, path=trace.path, lines=trace.lines
+    )
     result = replay(side_trace, sut, "safety", step_timeout=step_timeout)
     broke = result.divergence.signature() if result.verdict == FAIL and result.divergence else None
     return SideRun(list(sut.records), result.verdict, broke, result.events_run)
@@ -114,13 +115,27 @@ def compare_runs(a: SideRun, b: SideRun) -> Divergence | None:
         if ra == rb:
             continue
         if method != rb[0]:
-            return Divergence(index, 0, steps or None, "calls", (FieldDiff("call", method, rb[0]),),
-                              f"the runs part ways: {method} against {rb[0]}")
+            return Divergence(
+                index,
+                0,
+                steps or None,
+                "calls",
+                (FieldDiff("call", method, rb[0]),),
+                f"the runs part ways: {method} against {rb[0]}",
+            )
         if status_a != status_b or status_a == "error":
-            return Divergence(index, 0, steps or None, "input_error",
-                              (FieldDiff("error", value_a if status_a == "error" else None,
-                                         value_b if status_b == "error" else None),),
-                              f"{method}{'(' + repr(args[0]) + ')' if args else ''}: one refused, the other did not")
+            return Divergence(
+                index,
+                0,
+                steps or None,
+                "input_error",
+                (
+                    FieldDiff(
+                        "error", value_a if status_a == "error" else None, value_b if status_b == "error" else None
+                    ),
+                ),
+                f"{method}{'(' + repr(args[0]) + ')' if args else ''}: one refused, the other did not",
+            )
         if method == "schedule":
             diffs = comparator.compare_scheduler_output(value_a, value_b)
             kind = "scheduler_output"
@@ -130,9 +145,14 @@ def compare_runs(a: SideRun, b: SideRun) -> Divergence | None:
         return Divergence(index, 0, steps or None, kind, tuple(diffs), f"{method}() answers differently")
     if len(a.records) != len(b.records):
         longer = "the first" if len(a.records) > len(b.records) else "the second"
-        return Divergence(min(len(a.records), len(b.records)), 0, steps or None, "length",
-                          (FieldDiff("calls", len(a.records), len(b.records)),),
-                          f"{longer} scheduler ran longer (its requests ended later)")
+        return Divergence(
+            min(len(a.records), len(b.records)),
+            0,
+            steps or None,
+            "length",
+            (FieldDiff("calls", len(a.records), len(b.records)),),
+            f"{longer} scheduler ran longer (its requests ended later)",
+        )
     return None
 
 
@@ -165,8 +185,9 @@ class DiffGroup:
     minimal_divergence: Divergence | None = None
 
 
-def diff_workload(workload: Workload, spec: DiffSpec, a: RecordingSut, b: RecordingSut) -> tuple[
-        Trace, SideRun, SideRun, Divergence | None]:
+def diff_workload(
+    workload: Workload, spec: DiffSpec, a: RecordingSut, b: RecordingSut
+) -> tuple[Trace, SideRun, SideRun, Divergence | None]:
     """Turn a workload into a trace (the reference's token scripts) and run both sides on it."""
     trace = run_workload(workload)
     run_a = run_side(trace, a, spec.profile, spec.step_timeout)
@@ -185,8 +206,10 @@ def get_forced_config(spec: DiffSpec, a: Any, b: Any) -> dict[str, Any]:
         own = {**(getattr(sut, "forced_config", None) or {}), **get_forced_for_protocol_level(sut, probe)}
         clash = {k for k in own if k in forced and forced[k] != own[k]}
         if clash:
-            raise ValueError(f"the two schedulers force {', '.join(sorted(clash))} to different values: "
-                             "no generated trace can run on both")
+            raise ValueError(
+                f"the two schedulers force {', '.join(sorted(clash))} to different values: "
+                "no generated trace can run on both"
+            )
         forced.update(own)
     return forced
 
@@ -203,10 +226,15 @@ def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tup
 
     a, b = RecordingSut(make_sut(spec.sut)), RecordingSut(make_sut(spec.against))
     # what either side's campaign would force (one step at a time under the safety driver, a SUT's forced_config)
-    generation = CampaignSpec(sut="reference", profile=spec.profile, examples=spec.examples, seed=spec.seed,
-                              comparison="safety",
-                              config_overrides={**get_forced_config(spec, a.inner, b.inner), **spec.config_overrides},
-                              pool_headroom_blocks=max(get_pool_headroom(a.inner), get_pool_headroom(b.inner)))
+    generation = CampaignSpec(
+        sut="reference",
+        profile=spec.profile,
+        examples=spec.examples,
+        seed=spec.seed,
+        comparison="safety",
+        config_overrides={**get_forced_config(spec, a.inner, b.inner), **spec.config_overrides},
+        pool_headroom_blocks=max(get_pool_headroom(a.inner), get_pool_headroom(b.inner)),
+    )
     workloads = generate_workloads(generation)
     groups: dict[str, DiffGroup] = {}
     counts = {"traces": 0, "same": 0, "different": 0, "unknown": 0, "discarded": 0}
@@ -258,14 +286,17 @@ def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tup
     return sorted(groups.values(), key=lambda g: (-len(g.indices), g.signature)), counts
 
 
-def render_diff_report(spec: DiffSpec, groups: list[DiffGroup], counts: dict[str, Any],
-                       files: dict[str, str]) -> str:
+def render_diff_report(spec: DiffSpec, groups: list[DiffGroup], counts: dict[str, Any], files: dict[str, str]) -> str:
     """The report of a diff, as Markdown: the counts, then one section per group."""
     a, b = f"{spec.sut} ({spec.profile})", f"{spec.against} ({spec.against_profile})"
-    lines = [f"# schedconf diff: A = {a}, B = {b}", "",
-             f"{counts['traces']} traces (seed {spec.seed}; {counts['discarded']} discarded): "
-             f"{counts['same']} alike, {counts['different']} different, in {len(groups)} group(s) by their first "
-             f"difference; {counts['unknown']} that a side cannot run.", ""]
+    lines = [
+        f"# schedconf diff: A = {a}, B = {b}",
+        "",
+        f"{counts['traces']} traces (seed {spec.seed}; {counts['discarded']} discarded): "
+        f"{counts['same']} alike, {counts['different']} different, in {len(groups)} group(s) by their first "
+        f"difference; {counts['unknown']} that a side cannot run.",
+        "",
+    ]
     for number, group in enumerate(groups, 1):
         shown = group.minimal_divergence or group.first
         assert shown is not None
@@ -294,14 +325,27 @@ def write_diff(spec: DiffSpec, groups: list[DiffGroup], counts: dict[str, Any], 
     for number, group in enumerate(groups, 1):
         if group.minimal is not None:
             name = f"group-{number:02d}.min.jsonl"
-            trace = replace(group.minimal, header={**group.minimal.header, "origin": "diff",
-                                                   "description": f"diff: {group.signature}"})
+            trace = replace(
+                group.minimal,
+                header={**group.minimal.header, "origin": "diff", "description": f"diff: {group.signature}"},
+            )
             write_atomic(out / name, render_trace(trace))
             files[group.signature] = str(out / name)
     report = out / "diff.md"
     write_atomic(report, render_diff_report(spec, groups, counts, files) + "\n")
-    data = {"spec": spec.__dict__, "counts": counts, "groups": [
-        {"signature": g.signature, "traces": g.indices, "safety": sorted(g.safety), "minimal": files.get(g.signature),
-         "minimal_events": len(g.minimal.events) if g.minimal else None} for g in groups]}
+    data = {
+        "spec": spec.__dict__,
+        "counts": counts,
+        "groups": [
+            {
+                "signature": g.signature,
+                "traces": g.indices,
+                "safety": sorted(g.safety),
+                "minimal": files.get(g.signature),
+                "minimal_events": len(g.minimal.events) if g.minimal else None,
+            }
+            for g in groups
+        ],
+    }
     write_atomic(out / "diff.json", json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     return report

@@ -54,9 +54,16 @@ class DiffMachineBase(RuleBasedStateMachine):
     # ------------------------------------------------------------ helpers
 
     def _fail(self, message: str) -> None:
-        trace = Trace(header=make_header(self.config.to_dict(), self.profile, 0, "stateful",
-                                         description=f"stateful diff vs {self.sut_name}: {message}"),
-                      events=self.events)
+        trace = Trace(
+            header=make_header(
+                self.config.to_dict(),
+                self.profile,
+                0,
+                "stateful",
+                description=f"stateful diff vs {self.sut_name}: {message}",
+            ),
+            events=self.events,
+        )
         FAILURE_DIR.mkdir(parents=True, exist_ok=True)
         path = FAILURE_DIR / f"stateful-{self.sut_name.replace(':', '_').replace('/', '_')}-{len(self.events)}.jsonl"
         write_trace(path, trace)
@@ -91,11 +98,16 @@ class DiffMachineBase(RuleBasedStateMachine):
             prompt = data.draw(st.lists(TOKENS, min_size=length, max_size=length))
         self.clock += data.draw(st.integers(0, 1), label="tick")
         event = {
-            "kind": "add_request", "request_id": f"r{self.next_id}", "prompt_token_ids": prompt,
+            "kind": "add_request",
+            "request_id": f"r{self.next_id}",
+            "prompt_token_ids": prompt,
             "max_tokens": data.draw(st.integers(1, 12), label="max_tokens"),
-            "priority": data.draw(st.integers(0, 2), label="priority"), "arrival_time": self.clock,
-            "eos_token_id": EOS, "stop_token_ids": [STOP] if data.draw(st.booleans(), label="stop") else [],
-            "ignore_eos": data.draw(st.booleans(), label="ignore_eos"), "min_tokens": 0,
+            "priority": data.draw(st.integers(0, 2), label="priority"),
+            "arrival_time": self.clock,
+            "eos_token_id": EOS,
+            "stop_token_ids": [STOP] if data.draw(st.booleans(), label="stop") else [],
+            "ignore_eos": data.draw(st.booleans(), label="ignore_eos"),
+            "min_tokens": 0,
         }
         self.next_id += 1
         self._both("add_request", event, lambda: self.ref.add_request(event), lambda: self.sut.add_request(event))
@@ -110,14 +122,18 @@ class DiffMachineBase(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ref.scheduler and self.ref.scheduler.has_requests()))
     @rule(data=st.data())
     def step(self, data: Any) -> None:
-        expected, actual = self._both("step", {"kind": "step", "step": self.ref.scheduler.current_step + 1},
-                                      self.ref.schedule, self.sut.schedule)
+        expected, actual = self._both(
+            "step", {"kind": "step", "step": self.ref.scheduler.current_step + 1}, self.ref.schedule, self.sut.schedule
+        )
         if expected is None:
             return  # both engines died at this step (an engine crash both model): later calls must say engine_dead
         self.events[-1]["expect"] = expected
         diffs = self.comparator.compare_scheduler_output(expected, actual)
         if diffs:
-            self._fail(f"step {self.events[-1]['step']}: " + "; ".join(f"{d.field}: {d.expected} != {d.actual}" for d in diffs[:5]))
+            self._fail(
+                f"step {self.events[-1]['step']}: "
+                + "; ".join(f"{d.field}: {d.expected} != {d.actual}" for d in diffs[:5])
+            )
         record = self.ref.scheduler.last_step
         sampled: dict[str, list[int]] = {}
         drafts: dict[str, list[int]] = {}
@@ -130,11 +146,18 @@ class DiffMachineBase(RuleBasedStateMachine):
             for rid in expected["num_scheduled_tokens"]:
                 n = data.draw(st.integers(0, self.config.num_spec_tokens), label="drafts")
                 drafts[rid] = data.draw(st.lists(TOKENS, min_size=n, max_size=n))
-        event = {"kind": "model_output", "step": expected and self.events[-1]["step"],
-                 "sampled_token_ids": sampled, "draft_token_ids": drafts}
-        expected_out, actual_out = self._both("model_output", event,
-                                              lambda: self.ref.update_from_output(sampled, drafts),
-                                              lambda: self.sut.update_from_output(sampled, drafts))
+        event = {
+            "kind": "model_output",
+            "step": expected and self.events[-1]["step"],
+            "sampled_token_ids": sampled,
+            "draft_token_ids": drafts,
+        }
+        expected_out, actual_out = self._both(
+            "model_output",
+            event,
+            lambda: self.ref.update_from_output(sampled, drafts),
+            lambda: self.sut.update_from_output(sampled, drafts),
+        )
         event["expect"] = {"outputs": expected_out or []}
         diffs = self.comparator.compare_request_outputs(expected_out or [], actual_out or [])
         if diffs:
@@ -152,5 +175,8 @@ class DiffMachineBase(RuleBasedStateMachine):
 
 def make_diff_machine(sut_name: str, profile: str = "vllm-0.33") -> type[DiffMachineBase]:
     """A machine class comparing ``sut_name`` with the reference under ``profile``."""
-    return type(f"DiffMachine_{sut_name.replace(':', '_').replace('-', '_')}", (DiffMachineBase,),
-                {"sut_name": sut_name, "profile": profile})
+    return type(
+        f"DiffMachine_{sut_name.replace(':', '_').replace('-', '_')}",
+        (DiffMachineBase,),
+        {"sut_name": sut_name, "profile": profile},
+    )

@@ -31,6 +31,9 @@ ignored and finished requests); a v0 run shows its coverage shares (swap-out,
 swap-in, recompute, ignored, partial prefills, prefix hits) first.
 """
 
+# Size: every section of report.html and summary.md is rendered from the same run records, with the
+# same escaping and bounds; the templates hold the layout.
+
 from __future__ import annotations
 
 import html
@@ -110,8 +113,9 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
                 step_rows[event["step"]] = len(rows)
                 rows.append(current)
             elif kind == "model_output":
-                outputs = ref.update_from_output(event["sampled_token_ids"], event["draft_token_ids"],
-                                                 step=event["step"])
+                outputs = ref.update_from_output(
+                    event["sampled_token_ids"], event["draft_token_ids"], step=event["step"]
+                )
                 # With steps in flight the output answers an older step: mark its row.
                 answered = rows[step_rows[event["step"]]] if event["step"] in step_rows else current
                 for rid, toks in event["sampled_token_ids"].items():
@@ -209,8 +213,14 @@ def compute_v0_step_rows(trace: Trace, limit: int = 60) -> list[dict[str, str]]:
         if len(rows) >= limit:
             break
         if "expect_error" in event:
-            rows.append({"step": str(event["step"]), "scheduled": f"engine crash: {event['expect_error']}",
-                         "swap": "", "other": ""})
+            rows.append(
+                {
+                    "step": str(event["step"]),
+                    "scheduled": f"engine crash: {event['expect_error']}",
+                    "swap": "",
+                    "other": "",
+                }
+            )
             continue
         x = event["expect"]
         groups = []
@@ -233,9 +243,17 @@ def compute_v0_step_rows(trace: Trace, limit: int = 60) -> list[dict[str, str]]:
             other.append(f"finished {', '.join(x['finished_requests_ids'])}")
         other.append(f"{x['num_batched_tokens']} tokens, running {x['running_queue_size']}")
         if "observe" in event:
-            other.append(f"free gpu {event['observe']['num_free_gpu_blocks']}, cpu {event['observe']['num_free_cpu_blocks']}")
-        rows.append({"step": str(event["step"]), "scheduled": "; ".join(groups) or "-", "swap": "; ".join(swap),
-                     "other": "; ".join(other)})
+            other.append(
+                f"free gpu {event['observe']['num_free_gpu_blocks']}, cpu {event['observe']['num_free_cpu_blocks']}"
+            )
+        rows.append(
+            {
+                "step": str(event["step"]),
+                "scheduled": "; ".join(groups) or "-",
+                "swap": "; ".join(swap),
+                "other": "; ".join(other),
+            }
+        )
     return rows
 
 
@@ -248,8 +266,10 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
     row_h, label_w, top = 18, 90, 20
     width = label_w + cell_w * max(len(rows), 1) + 10
     height = top + row_h * max(len(requests), 1) + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="per-request timeline{": " + html.escape(title) if title else ""}" font-family="monospace" font-size="10">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="per-request timeline{": " + html.escape(title) if title else ""}" font-family="monospace" font-size="10">'
+    ]
     for j in range(len(rows)):
         if j % max(1, 40 // cell_w) == 0:
             parts.append(f'<text x="{label_w + j * cell_w + 2}" y="12">{j + 1}</text>')
@@ -261,8 +281,10 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
                 continue
             st, n = row[rid]
             x = label_w + j * cell_w
-            parts.append(f'<rect x="{x}" y="{y}" width="{cell_w - 1}" height="{row_h - 2}" fill="{colors[st]}">'
-                         f'<title>step {j + 1}: {html.escape(rid)} {st}{f" ({n} tokens)" if n else ""}</title></rect>')
+            parts.append(
+                f'<rect x="{x}" y="{y}" width="{cell_w - 1}" height="{row_h - 2}" fill="{colors[st]}">'
+                f"<title>step {j + 1}: {html.escape(rid)} {st}{f' ({n} tokens)' if n else ''}</title></rect>"
+            )
             if n and cell_w >= 18:
                 color = "#fff" if st in ("finished", "aborted") else "#000"
                 parts.append(f'<text x="{x + 2}" y="{y + 12}" fill="{color}">{n}</text>')
@@ -270,19 +292,25 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
     # Block usage over steps.
     usable = trace.config["num_gpu_blocks"] - (0 if v0 else 1)  # v0 has no null block
     ch, cw = 80, cell_w * max(len(used), 1)
-    bars = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + cw + 10}" height="{ch + 30}" role="img" '
-            f'aria-label="KV blocks in use per step" font-family="monospace" font-size="10">',
-            f'<text x="2" y="{ch // 2}">blocks</text><text x="2" y="{ch // 2 + 12}">(of {usable})</text>']
+    bars = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + cw + 10}" height="{ch + 30}" role="img" '
+        f'aria-label="KV blocks in use per step" font-family="monospace" font-size="10">',
+        f'<text x="2" y="{ch // 2}">blocks</text><text x="2" y="{ch // 2 + 12}">(of {usable})</text>',
+    ]
     for j, u in enumerate(used):
         h = int(ch * u / max(usable, 1))
-        bars.append(f'<rect x="{label_w + j * cell_w}" y="{10 + ch - h}" width="{cell_w - 1}" height="{h}" fill="#9e9ac8">'
-                    f'<title>step {j + 1}: {u} of {usable} blocks in use</title></rect>')
+        bars.append(
+            f'<rect x="{label_w + j * cell_w}" y="{10 + ch - h}" width="{cell_w - 1}" height="{h}" fill="#9e9ac8">'
+            f"<title>step {j + 1}: {u} of {usable} blocks in use</title></rect>"
+        )
     bars.append(f'<line x1="{label_w}" y1="{10 + ch}" x2="{label_w + cw}" y2="{10 + ch}" stroke="#000"/>')
     bars.append("</svg>")
-    legend = " ".join(f'<span style="background:{c};color:{"#fff" if s in ("finished", "aborted") else "#000"};'
-                      f'padding:0 4px">{s}</span>' for s, c in colors.items())
+    legend = " ".join(
+        f'<span style="background:{c};color:{"#fff" if s in ("finished", "aborted") else "#000"};'
+        f'padding:0 4px">{s}</span>'
+        for s, c in colors.items()
+    )
     return f"<div>{legend}</div>\n" + "\n".join(parts) + "\n" + "\n".join(bars)
-
 
 
 # ------------------------------------------------------------ what to show
@@ -291,35 +319,52 @@ def render_timeline_svg(trace: Trace, title: str = "") -> str:
 # occurs in the signature wins. Feature switches off their default are always
 # shown (see compute_relevant_config), so these lists name the sizes.
 SECTION_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("preempted", "preemption",
-     ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "num_lookahead_tokens")),
-    ("block", "KV block allocation",
-     ("num_gpu_blocks", "block_size", "enable_prefix_caching", "num_lookahead_tokens")),
-    ("num_computed_tokens", "prefix hits",
-     ("block_size", "enable_prefix_caching", "num_gpu_blocks")),
-    ("spec_decode", "speculative decoding",
-     ("num_spec_tokens", "num_lookahead_tokens", "max_num_batched_tokens")),
-    ("resumed", "resumption after preemption",
-     ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs")),
-    ("scheduled", "the token budget",
-     ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "long_prefill_token_threshold",
-      "num_gpu_blocks", "block_size")),
-    ("finished", "stopping",
-     ("max_model_len", "num_spec_tokens")),
-    ("outputs", "stopping and sampled tokens",
-     ("max_model_len", "num_spec_tokens")),
-    ("error", "input validation",
-     ("max_model_len", "max_num_batched_tokens", "enable_chunked_prefill")),
+    (
+        "preempted",
+        "preemption",
+        ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "num_lookahead_tokens"),
+    ),
+    ("block", "KV block allocation", ("num_gpu_blocks", "block_size", "enable_prefix_caching", "num_lookahead_tokens")),
+    ("num_computed_tokens", "prefix hits", ("block_size", "enable_prefix_caching", "num_gpu_blocks")),
+    ("spec_decode", "speculative decoding", ("num_spec_tokens", "num_lookahead_tokens", "max_num_batched_tokens")),
+    (
+        "resumed",
+        "resumption after preemption",
+        ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"),
+    ),
+    (
+        "scheduled",
+        "the token budget",
+        (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "enable_chunked_prefill",
+            "long_prefill_token_threshold",
+            "num_gpu_blocks",
+            "block_size",
+        ),
+    ),
+    ("finished", "stopping", ("max_model_len", "num_spec_tokens")),
+    ("outputs", "stopping and sampled tokens", ("max_model_len", "num_spec_tokens")),
+    ("error", "input validation", ("max_model_len", "max_num_batched_tokens", "enable_chunked_prefill")),
 )
 
 # Switches that turn a feature on or off: shown whenever off their default.
-SWITCH_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "num_spec_tokens", "num_lookahead_tokens",
-                 "long_prefill_token_threshold", "scheduler_reserve_full_isl")
+SWITCH_FIELDS = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "num_spec_tokens",
+    "num_lookahead_tokens",
+    "long_prefill_token_threshold",
+    "scheduler_reserve_full_isl",
+)
 
-CONFIG_RULE = ("Config shown: the profile and the policy always; every feature switch that is off its default "
-               "(chunked prefill, prefix caching, spec tokens, lookahead, long-prefill threshold, full-ISL "
-               "reservation); and the sizes that govern this kind of divergence (for preemption: the pool, "
-               "block size, token budget and seats). The full config is the trace's first line.")
+CONFIG_RULE = (
+    "Config shown: the profile and the policy always; every feature switch that is off its default "
+    "(chunked prefill, prefix caching, spec tokens, lookahead, long-prefill threshold, full-ISL "
+    "reservation); and the sizes that govern this kind of divergence (for preemption: the pool, "
+    "block size, token budget and seats). The full config is the trace's first line."
+)
 
 STATUS_TEXT = {
     "pass": ("PASS", "every trace run conforms"),
@@ -327,9 +372,12 @@ STATUS_TEXT = {
     "unknown": ("UNKNOWN", "the scheduler declared every config unsupported: nothing was checked"),
     "harness_error": ("HARNESS ERROR", "the harness itself failed: the results are incomplete"),
     "interrupted": ("INTERRUPTED", "the run was stopped early: partial results"),
-    "running": ("RUNNING OR KILLED", "this summary was written while the run was going: either it is still "
-                "running, or it was killed before it could finish (no final summary). The counts are partial; "
-                "schedconf report DIR re-renders this page from the latest summary.json"),
+    "running": (
+        "RUNNING OR KILLED",
+        "this summary was written while the run was going: either it is still "
+        "running, or it was killed before it could finish (no final summary). The counts are partial; "
+        "schedconf report DIR re-renders this page from the latest summary.json",
+    ),
 }
 
 
@@ -360,11 +408,14 @@ def compute_relevant_config(signature: str, header: dict[str, Any]) -> list[dict
     config = header.get("config") or {}
     if header.get("scheduler") == "v0":  # no defaults to be off of: every v0 field is shown
         return [{"name": "profile", "value": header.get("profile", "?"), "why": "always"}] + [
-            {"name": name, "value": json.dumps(value), "why": "v0 config"} for name, value in config.items()]
+            {"name": name, "value": json.dumps(value), "why": "v0 config"} for name, value in config.items()
+        ]
     defaults = get_config_defaults()
     topic, names = get_section_rule(signature)
-    rows = [{"name": "profile", "value": header.get("profile", "?"), "why": "always"},
-            {"name": "policy", "value": config.get("policy", "?"), "why": "always"}]
+    rows = [
+        {"name": "profile", "value": header.get("profile", "?"), "why": "always"},
+        {"name": "policy", "value": config.get("policy", "?"), "why": "always"},
+    ]
     for name in defaults:
         if name == "policy" or name not in config:
             continue
@@ -392,8 +443,7 @@ def get_trace_header(path: Path) -> dict[str, Any]:
 
 def render_replay_command(path: Path | str, sut: str, comparison: str) -> str:
     """The shell command that replays one trace against the SUT."""
-    return (f"schedconf replay {shlex.quote(str(path))} --sut {shlex.quote(sut)} "
-            f"--comparison {shlex.quote(comparison)}")
+    return f"schedconf replay {shlex.quote(str(path))} --sut {shlex.quote(sut)} --comparison {shlex.quote(comparison)}"
 
 
 def get_first_divergence(report_path: Path) -> tuple[int | None, str]:
@@ -448,8 +498,11 @@ def render_short_pair(expected: Any, actual: Any, width: int = VALUE_WIDTH) -> t
     while same < min(len(t) for t in texts) and texts[0][same] == texts[1][same]:
         same += 1
     target = max(same - width // 4, 0)
-    item = max(texts[0].rfind(", ", 0, target + 1) + 2, texts[0].rfind("[", 0, target + 1) + 1,
-               texts[0].rfind("{", 0, target + 1) + 1)
+    item = max(
+        texts[0].rfind(", ", 0, target + 1) + 2,
+        texts[0].rfind("[", 0, target + 1) + 1,
+        texts[0].rfind("{", 0, target + 1) + 1,
+    )
     start = item if same - item <= width // 2 else target
     start = start if start > 3 else 0
     out = []
@@ -462,8 +515,9 @@ def render_short_pair(expected: Any, actual: Any, width: int = VALUE_WIDTH) -> t
     return out[0], out[1]
 
 
-def get_first_diffs(divergence: dict[str, Any], limit: int = DIFF_LIMIT,
-                    width: int = VALUE_WIDTH) -> list[dict[str, str]]:
+def get_first_diffs(
+    divergence: dict[str, Any], limit: int = DIFF_LIMIT, width: int = VALUE_WIDTH
+) -> list[dict[str, str]]:
     """The first ``limit`` differing fields of a divergence (``Divergence.to_dict()``), as short text.
 
     The fields the signature names (its most telling field) come first, then
@@ -488,8 +542,13 @@ def get_failure_facts(divergence: dict[str, Any] | None) -> dict[str, Any]:
     ``num_diffs`` counts them all.
     """
     div = divergence or {}
-    return {"step": div.get("step"), "line": div.get("line"), "message": div.get("message", ""),
-            "diffs": get_first_diffs(div), "num_diffs": len(div.get("diffs") or [])}
+    return {
+        "step": div.get("step"),
+        "line": div.get("line"),
+        "message": div.get("message", ""),
+        "diffs": get_first_diffs(div),
+        "num_diffs": len(div.get("diffs") or []),
+    }
 
 
 def render_diff(diff: dict[str, Any]) -> str:
@@ -566,28 +625,47 @@ def compute_failure_groups(summary: dict[str, Any], run_dir: Path) -> list[dict[
         if step is not None:
             message = re.sub(rf"^step {step}: ", "", str(message))
         events = best.get("shrunk_events") if shrunk else best.get("events")
-        diffs = [dict(d, **dict(zip(("expected", "actual"), render_short_pair(d.get("expected"), d.get("actual")))))
-                 for d in diffs]  # a summary written with longer values still shows them short
+        diffs = [
+            dict(d, **dict(zip(("expected", "actual"), render_short_pair(d.get("expected"), d.get("actual")))))
+            for d in diffs
+        ]  # a summary written with longer values still shows them short
         kind, _, field = signature.partition(":")
         topic, _ = get_section_rule(signature)
         header = get_trace_header(run_dir / trace_file)
-        groups.append({
-            "signature": signature, "kind": kind, "field": field, "topic": topic, "count": len(members),
-            "indices": sorted(f.get("index", 0) for f in members),
-            "members": sorted(members, key=lambda f: f.get("index", 0)),
-            "best": best, "shrunk": shrunk, "trace_file": trace_file,
-            "trace_href": quote(trace_file), "trace_path": str(run_dir / trace_file),
-            "events": events,
-            "report_file": report_file, "report_href": quote(report_file),
-            "original_file": best.get("trace_file", ""), "original_events": best.get("events"),
-            "step": step, "step_note": step_note, "message": message,
-            "message_short": render_short_value(str(message), 200), "line": line,
-            "diffs": diffs, "more_diffs": max(num_diffs - len(diffs), 0), "other_diffs": max(num_diffs - 1, 0),
-            "where": render_where(step, line, events),
-            "cause_key": get_cause_key(signature, step, diffs),
-            "config": compute_relevant_config(signature, header), "header_missing": not header,
-            "replay": render_replay_command(run_dir / trace_file, sut, comparison),
-        })
+        groups.append(
+            {
+                "signature": signature,
+                "kind": kind,
+                "field": field,
+                "topic": topic,
+                "count": len(members),
+                "indices": sorted(f.get("index", 0) for f in members),
+                "members": sorted(members, key=lambda f: f.get("index", 0)),
+                "best": best,
+                "shrunk": shrunk,
+                "trace_file": trace_file,
+                "trace_href": quote(trace_file),
+                "trace_path": str(run_dir / trace_file),
+                "events": events,
+                "report_file": report_file,
+                "report_href": quote(report_file),
+                "original_file": best.get("trace_file", ""),
+                "original_events": best.get("events"),
+                "step": step,
+                "step_note": step_note,
+                "message": message,
+                "message_short": render_short_value(str(message), 200),
+                "line": line,
+                "diffs": diffs,
+                "more_diffs": max(num_diffs - len(diffs), 0),
+                "other_diffs": max(num_diffs - 1, 0),
+                "where": render_where(step, line, events),
+                "cause_key": get_cause_key(signature, step, diffs),
+                "config": compute_relevant_config(signature, header),
+                "header_missing": not header,
+                "replay": render_replay_command(run_dir / trace_file, sut, comparison),
+            }
+        )
     ordered = []
     for number, kinds in enumerate(compute_causes(groups), 1):
         for i, g in enumerate(kinds):
@@ -627,24 +705,40 @@ def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None)
         notes.append(f"The run was interrupted{' ' + stopper if stopper else ''}: the results are partial.")
     if status == "fail" and groups:
         causes = len({g["cause"] for g in groups})
-        notes.append(f"{failed} failing trace{'' if failed == 1 else 's'}, {len(groups)} kind"
-                     f"{'' if len(groups) == 1 else 's'} of divergence"
-                     + (f", {causes} distinct first difference{'' if causes == 1 else 's'}." if causes < len(groups)
-                        else "."))
+        notes.append(
+            f"{failed} failing trace{'' if failed == 1 else 's'}, {len(groups)} kind"
+            f"{'' if len(groups) == 1 else 's'} of divergence"
+            + (f", {causes} distinct first difference{'' if causes == 1 else 's'}." if causes < len(groups) else ".")
+        )
     if len(summary.get("failures") or []) < (failed or 0):
         notes.append(f"Only {len(summary.get('failures') or [])} of the {failed} failures are listed.")
-    counts = [(name, summary.get(key, "?")) for name, key in (
-        ("passed", "passed"), ("failed", "failed"), ("unknown", "unknown"),
-        ("discarded (reference did not finish)", "discarded"), ("run", "examples_run"),
-        ("requested", "examples_requested"))]
-    facts = [("system under test", spec.get("sut", "?")), ("profile", spec.get("profile", "?")),
-             ("comparison", spec.get("comparison", "?")), ("seed", spec.get("seed", "?")),
-             ("generator", spec.get("generator", "?")), ("jobs", spec.get("jobs", "?"))]
+    counts = [
+        (name, summary.get(key, "?"))
+        for name, key in (
+            ("passed", "passed"),
+            ("failed", "failed"),
+            ("unknown", "unknown"),
+            ("discarded (reference did not finish)", "discarded"),
+            ("run", "examples_run"),
+            ("requested", "examples_requested"),
+        )
+    ]
+    facts = [
+        ("system under test", spec.get("sut", "?")),
+        ("profile", spec.get("profile", "?")),
+        ("comparison", spec.get("comparison", "?")),
+        ("seed", spec.get("seed", "?")),
+        ("generator", spec.get("generator", "?")),
+        ("jobs", spec.get("jobs", "?")),
+    ]
     if spec.get("config_overrides"):
         facts.append(("config overrides", json.dumps(spec["config_overrides"], sort_keys=True)))
-    facts += [("duration", f"{summary['duration_s']} s" if "duration_s" in summary else "?"),
-              ("rate", f"{summary['traces_per_s']} traces/s" if summary.get("traces_per_s") else "?"),
-              ("steps", summary.get("steps_run", "?")), ("run folder", str(run_dir))]
+    facts += [
+        ("duration", f"{summary['duration_s']} s" if "duration_s" in summary else "?"),
+        ("rate", f"{summary['traces_per_s']} traces/s" if summary.get("traces_per_s") else "?"),
+        ("steps", summary.get("steps_run", "?")),
+        ("run folder", str(run_dir)),
+    ]
     shares = summary.get("feature_shares") or {}
     if not shares and summary.get("features") and summary.get("examples_run"):
         shares = {k: v / summary["examples_run"] for k, v in sorted(summary["features"].items())}
@@ -652,29 +746,48 @@ def compute_report_context(summary: dict[str, Any], run_dir: Path | None = None)
     if coverage:
         from schedconf.conformance.workloads.workload_v0 import V0_COVERAGE
 
-        coverage = dict(sorted(coverage.items(), key=lambda kv: V0_COVERAGE.index(kv[0]) if kv[0] in V0_COVERAGE
-                               else len(V0_COVERAGE)))  # the issue's order (summary.json sorts its keys)
+        coverage = dict(
+            sorted(
+                coverage.items(), key=lambda kv: V0_COVERAGE.index(kv[0]) if kv[0] in V0_COVERAGE else len(V0_COVERAGE)
+            )
+        )  # the issue's order (summary.json sorts its keys)
     return {
         "coverage": [{"name": k, "pct": round(100 * float(v), 1)} for k, v in coverage.items()],
-        "run_id": str(summary.get("run_id", run_dir.name)), "status": status, "label": label, "meaning": meaning,
-        "notes": notes, "counts": counts, "facts": facts, "command": summary.get("command") or "",
-        "harness_error": summary.get("harness_error"), "harness_traceback": summary.get("harness_traceback"),
-        "groups": groups, "failed": failed,
+        "run_id": str(summary.get("run_id", run_dir.name)),
+        "status": status,
+        "label": label,
+        "meaning": meaning,
+        "notes": notes,
+        "counts": counts,
+        "facts": facts,
+        "command": summary.get("command") or "",
+        "harness_error": summary.get("harness_error"),
+        "harness_traceback": summary.get("harness_traceback"),
+        "groups": groups,
+        "failed": failed,
         "shares": [{"name": k, "pct": round(100 * float(v))} for k, v in shares.items()],
-        "unknowns": summary.get("unknowns") or [], "unknown": summary.get("unknown", 0),
-        "config_rule": CONFIG_RULE, "sut": spec.get("sut", "?"),
+        "unknowns": summary.get("unknowns") or [],
+        "unknown": summary.get("unknown", 0),
+        "config_rule": CONFIG_RULE,
+        "sut": spec.get("sut", "?"),
     }
 
 
 # ---------------------------------------------------------------- rendering
 
+
 def get_template(name: str) -> Any:
     """A template from conformance/runs/templates/; autoescaped unless it renders Markdown."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=not name.endswith(".md.j2"),
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=not name.endswith(".md.j2"),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters["md_cell"] = render_md_cell
     env.filters["wrap_points"] = render_wrap_points
     env.filters["md_code"] = render_md_code
@@ -735,8 +848,11 @@ def render_html(summary: dict[str, Any], run_dir: Path, max_traces: int = 5) -> 
     if not context["groups"] and sample.is_file():
         try:
             trace = read_trace(sample)
-            context["sample"] = {"events": len(trace.events), "timeline": Markup(render_timeline_svg(trace, "sample")),
-                                 "v0_steps": compute_v0_step_rows(trace) if trace.scheduler == "v0" else []}
+            context["sample"] = {
+                "events": len(trace.events),
+                "timeline": Markup(render_timeline_svg(trace, "sample")),
+                "v0_steps": compute_v0_step_rows(trace) if trace.scheduler == "v0" else [],
+            }
         except Exception:  # noqa: BLE001
             pass
     return get_template("report.html.j2").render(**context)

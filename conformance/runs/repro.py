@@ -67,13 +67,19 @@ LIVENESS_STEPS = 2
 
 RULES: dict[str, str] = {
     "engine_does_not_crash": "a scheduler must not crash on valid input to a config it accepted",
-    "prefix_hit_kv_was_computed": ("a request may start or resume with computed tokens only if its blocks hold KV"
-                                   " computed for exactly those tokens (a prefix-cache hit must not serve a block"
-                                   " whose KV was never computed)"),
-    "output_goes_to_its_request": ("a step's model output is applied only to the requests scheduled in that step,"
-                                   " never to a request added later under the same id"),
-    "lone_request_is_served": ("a request alone in the engine, which accepted a pool that holds one max_model_len"
-                               " sequence, is scheduled within a few steps"),
+    "prefix_hit_kv_was_computed": (
+        "a request may start or resume with computed tokens only if its blocks hold KV"
+        " computed for exactly those tokens (a prefix-cache hit must not serve a block"
+        " whose KV was never computed)"
+    ),
+    "output_goes_to_its_request": (
+        "a step's model output is applied only to the requests scheduled in that step,"
+        " never to a request added later under the same id"
+    ),
+    "lone_request_is_served": (
+        "a request alone in the engine, which accepted a pool that holds one max_model_len"
+        " sequence, is scheduled within a few steps"
+    ),
 }
 """Every rule a reproduction can assert, in plain words (the crash rule is checked by every file)."""
 
@@ -95,17 +101,36 @@ SKIPPED_STEP_CODES = frozenset({"output_not_processed"})
 ``expect_error`` (the model expects the engine to fail there) is replayed."""
 
 RELEASE_API: dict[str, dict[str, Any]] = {
-    "0.33.0": {"check_module": "vllm.v1.core.kv_cache_planning", "hash_module": "vllm.utils.hashing",
-               "eos_on_request": False, "scheduler_block_size": True, "encoder_decoder_flag": True,
-               "cpu_platform_patch": False, "runner_output_extra": "", "resolve_layout": True},
-    "0.32.0": {"check_module": "vllm.v1.core.kv_cache_utils", "hash_module": "vllm.utils.hashing",
-               "eos_on_request": False, "scheduler_block_size": True, "encoder_decoder_flag": True,
-               "cpu_platform_patch": False, "runner_output_extra": "", "resolve_layout": True},
-    "0.11.0": {"check_module": "vllm.v1.core.kv_cache_utils", "hash_module": "vllm.utils",
-               "eos_on_request": True, "scheduler_block_size": False, "encoder_decoder_flag": False,
-               "cpu_platform_patch": True,
-               "runner_output_extra": "logprobs=None, prompt_logprobs_dict={}, pooler_output=[]",
-               "resolve_layout": False},
+    "0.33.0": {
+        "check_module": "vllm.v1.core.kv_cache_planning",
+        "hash_module": "vllm.utils.hashing",
+        "eos_on_request": False,
+        "scheduler_block_size": True,
+        "encoder_decoder_flag": True,
+        "cpu_platform_patch": False,
+        "runner_output_extra": "",
+        "resolve_layout": True,
+    },
+    "0.32.0": {
+        "check_module": "vllm.v1.core.kv_cache_utils",
+        "hash_module": "vllm.utils.hashing",
+        "eos_on_request": False,
+        "scheduler_block_size": True,
+        "encoder_decoder_flag": True,
+        "cpu_platform_patch": False,
+        "runner_output_extra": "",
+        "resolve_layout": True,
+    },
+    "0.11.0": {
+        "check_module": "vllm.v1.core.kv_cache_utils",
+        "hash_module": "vllm.utils",
+        "eos_on_request": True,
+        "scheduler_block_size": False,
+        "encoder_decoder_flag": False,
+        "cpu_platform_patch": True,
+        "runner_output_extra": "logprobs=None, prompt_logprobs_dict={}, pooler_output=[]",
+        "resolve_layout": False,
+    },
 }
 """What differs between the releases' scheduler APIs (read from their sources)."""
 
@@ -136,8 +161,11 @@ class RunOutcome:
             return "passes: no rule is broken (not affected)"
         if self.status == "skipped":
             return "passes: the engine refuses this config at start-up (not affected)"
-        return "error: the file did not run to a verdict: " + self.output.strip().splitlines()[-1:][0][:300] \
-            if self.output.strip() else "error: no output"
+        return (
+            "error: the file did not run to a verdict: " + self.output.strip().splitlines()[-1:][0][:300]
+            if self.output.strip()
+            else "error: no output"
+        )
 
 
 @dataclass
@@ -153,18 +181,22 @@ class ReproResult:
 
 # ------------------------------------------------------------------ the SUT
 
+
 def get_repro_version(sut: str) -> str:
     """The vLLM release of ``vllm-v1@VERSION``; refuse every other SUT and a missing environment."""
     from schedconf.conformance.engines.vllm_env import is_vllm_env_ready, not_ready_message, supported_versions
 
     supported = ", ".join(f"{SUT_PREFIX}{v}" for v in supported_versions() if v in RELEASE_API)
     if not sut.startswith(SUT_PREFIX):
-        raise ReproUnsupported(f"--sut {sut!r}: a reproduction is written in an engine's own API, and this SUT "
-                               f"has none; supported: {supported}")
+        raise ReproUnsupported(
+            f"--sut {sut!r}: a reproduction is written in an engine's own API, and this SUT "
+            f"has none; supported: {supported}"
+        )
     version = sut.removeprefix(SUT_PREFIX)
     if version not in RELEASE_API or version not in supported_versions():
-        raise ReproUnsupported(f"--sut {sut!r}: no reproduction template for vLLM {version or '(none)'}; "
-                               f"supported: {supported}")
+        raise ReproUnsupported(
+            f"--sut {sut!r}: no reproduction template for vLLM {version or '(none)'}; supported: {supported}"
+        )
     if not is_vllm_env_ready(version):
         from schedconf.conformance.adapters.vllm_v1 import VllmEnvNotReady
 
@@ -173,6 +205,7 @@ def get_repro_version(sut: str) -> str:
 
 
 # ------------------------------------------------------------- the events
+
 
 def render_literal(value: Any) -> str:
     """A short Python literal: double-quoted strings, lists and dicts on one line."""
@@ -184,8 +217,11 @@ def render_literal(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
         inner = ", ".join(render_literal(v) for v in value)
-        return f"({inner},)" if isinstance(value, tuple) and len(value) == 1 else (
-            f"({inner})" if isinstance(value, tuple) else f"[{inner}]")
+        return (
+            f"({inner},)"
+            if isinstance(value, tuple) and len(value) == 1
+            else (f"({inner})" if isinstance(value, tuple) else f"[{inner}]")
+        )
     if isinstance(value, dict):
         return "{" + ", ".join(f"{render_literal(k)}: {render_literal(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no literal for {type(value).__name__}")
@@ -223,8 +259,10 @@ def make_event_lines(trace: Trace, keep_refused: bool) -> tuple[list[str], bool]
     if "expect_error" in trace.header:
         n = trace.config["max_model_len"] - 1
         lines.append(f"# The reference model refuses this config ({trace.header['expect_error']}); vLLM accepts it.")
-        lines.append(f"# One lone request of {n} tokens, the largest a config with max_model_len "
-                     f"{trace.config['max_model_len']} must serve:")
+        lines.append(
+            f"# One lone request of {n} tokens, the largest a config with max_model_len "
+            f"{trace.config['max_model_len']} must serve:"
+        )
         lines.append(render_literal(("add", "a", list(range(n)), {"max_tokens": 1})) + ",")
         for step in range(1, LIVENESS_STEPS + 2):
             lines.append(render_literal(("schedule", step)) + ",")
@@ -248,25 +286,36 @@ def make_event_lines(trace: Trace, keep_refused: bool) -> tuple[list[str], bool]
         elif kind == "step":
             if code in SKIPPED_STEP_CODES:
                 continue
-            story = (f"the reference expects this step to fail ({code})" if code is not None
-                     else render_step_story(event["expect"]))
+            story = (
+                f"the reference expects this step to fail ({code})"
+                if code is not None
+                else render_step_story(event["expect"])
+            )
             lines.append(f"# Step {event['step']}: {story}.")
             lines.append(render_literal(("schedule", event["step"])) + ",")
         elif kind == "model_output" and code is None:
-            lines.append(render_literal(("output", event["step"], event["sampled_token_ids"],
-                                         event["draft_token_ids"])) + ",")
+            lines.append(
+                render_literal(("output", event["step"], event["sampled_token_ids"], event["draft_token_ids"])) + ","
+            )
     return lines, kept
 
 
 # --------------------------------------------------------------- rendering
 
-def render_repro(trace: Trace, version: str, checks: tuple[str, ...], keep_refused: bool = False,
-                 message: str = "") -> str:
+
+def render_repro(
+    trace: Trace, version: str, checks: tuple[str, ...], keep_refused: bool = False, message: str = ""
+) -> str:
     """The text of a reproduction file for vLLM ``version`` checking ``checks`` (and the crash rule)."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    env = Environment(loader=FileSystemLoader(Path(__file__).with_name("templates")), undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = Environment(
+        loader=FileSystemLoader(Path(__file__).with_name("templates")),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     lines, _ = make_event_lines(trace, keep_refused)
     one_rule = checks[0] if len(checks) == 1 else ("engine_does_not_crash" if not checks else None)
     rule_names = ["engine_does_not_crash", *checks]
@@ -281,10 +330,23 @@ def render_repro(trace: Trace, version: str, checks: tuple[str, ...], keep_refus
         story=story,
         source=Path(trace.path).name if trace.path != "<memory>" else "TRACE",
         api=RELEASE_API[version],
-        config_literal=render_config_literal({k: config[k] for k in (
-            "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-            "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching", "policy",
-            "num_spec_tokens")}),
+        config_literal=render_config_literal(
+            {
+                k: config[k]
+                for k in (
+                    "block_size",
+                    "num_gpu_blocks",
+                    "max_num_batched_tokens",
+                    "max_num_seqs",
+                    "max_model_len",
+                    "enable_chunked_prefill",
+                    "long_prefill_token_threshold",
+                    "enable_prefix_caching",
+                    "policy",
+                    "num_spec_tokens",
+                )
+            }
+        ),
         reserve_full_isl=reserve if reserve is not None and version != "0.11.0" else None,
         filler=True,
         liveness_steps=LIVENESS_STEPS,
@@ -297,6 +359,7 @@ def render_repro(trace: Trace, version: str, checks: tuple[str, ...], keep_refus
 
 # ----------------------------------------------------------------- running
 
+
 def run_repro_file(path: Path, version: str, timeout_s: float = REPRO_TIMEOUT_S) -> RunOutcome:
     """Run ``path`` with pytest in vLLM ``version``'s interpreter (cwd: the file's folder, no PYTHONPATH)."""
     from schedconf.conformance.engines.vllm_env import driver_env, vllm_python
@@ -306,13 +369,23 @@ def run_repro_file(path: Path, version: str, timeout_s: float = REPRO_TIMEOUT_S)
     # the environment's own pytest (pinned in conformance/engines/envs/), as a maintainer would run it
     argv = [str(vllm_python(version)), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", path.name]
     try:
-        proc = subprocess.run(argv, cwd=path.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            argv,
+            cwd=path.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return RunOutcome("error", output=f"timed out after {timeout_s:.0f} s")
     if "No module named pytest" in proc.stdout:
-        raise ReproRunError(f"the vLLM {version} environment has no pytest: it was built before pytest was pinned; "
-                            f"rebuild it: schedconf env vllm {version}")
+        raise ReproRunError(
+            f"the vLLM {version} environment has no pytest: it was built before pytest was pinned; "
+            f"rebuild it: schedconf env vllm {version}"
+        )
     return get_outcome(proc.returncode, proc.stdout)
 
 
@@ -320,8 +393,9 @@ def get_outcome(returncode: int, output: str) -> RunOutcome:
     """Classify a pytest run of one reproduction file."""
     match = BROKEN_RE.search(output)
     if returncode == 1 and match:
-        return RunOutcome("broken", rule=match.group(2), step=int(match.group(1)), message=match.group(3),
-                          output=output)
+        return RunOutcome(
+            "broken", rule=match.group(2), step=int(match.group(1)), message=match.group(3), output=output
+        )
     if returncode == 0:
         return RunOutcome("skipped" if " skipped" in output and " passed" not in output else "passed", output=output)
     return RunOutcome("error", output=output)
@@ -338,21 +412,21 @@ def compute_repro(trace: Trace, version: str, workdir: Path, timeout_s: float = 
         path.write_text(render_repro(trace, version, CHECKED_RULES, keep_refused=keep))
         outcome = run_repro_file(path, version, timeout_s)
         if outcome.status == "error":
-            raise ReproRunError(f"the candidate reproduction did not run on vLLM {version}: "
-                                + _tail(outcome.output))
+            raise ReproRunError(f"the candidate reproduction did not run on vLLM {version}: " + _tail(outcome.output))
         if outcome.status == "broken":
             break
     else:
         return ReproResult(version, None, outcome)
     checks = () if outcome.rule == "engine_does_not_crash" else (outcome.rule,)
-    text = render_repro(trace, version, checks, keep_refused=keep,
-                        message=f"at step {outcome.step}: {outcome.message}")
+    text = render_repro(trace, version, checks, keep_refused=keep, message=f"at step {outcome.step}: {outcome.message}")
     path = workdir / "final_repro.py"
     path.write_text(text)
     final = run_repro_file(path, version, timeout_s)
     if final.status != "broken" or (final.rule, final.step) != (outcome.rule, outcome.step):
-        raise ReproRunError(f"the reproduction broke rule {outcome.rule} at step {outcome.step} with every check, "
-                            f"but alone it {final.describe()}")
+        raise ReproRunError(
+            f"the reproduction broke rule {outcome.rule} at step {outcome.step} with every check, "
+            f"but alone it {final.describe()}"
+        )
     return ReproResult(version, text, final, kept_refused=keep)
 
 
@@ -364,8 +438,9 @@ def _tail(output: str, lines: int = 6) -> str:
     return " | ".join(ln.strip() for ln in output.strip().splitlines()[-lines:])
 
 
-def compute_other_releases(trace: Trace, version: str, workdir: Path,
-                           timeout_s: float = REPRO_TIMEOUT_S) -> dict[str, RunOutcome]:
+def compute_other_releases(
+    trace: Trace, version: str, workdir: Path, timeout_s: float = REPRO_TIMEOUT_S
+) -> dict[str, RunOutcome]:
     """Run the reproduction, rendered for each other built release's API, with every check."""
     from schedconf.conformance.engines.vllm_env import is_vllm_env_ready
 
@@ -380,13 +455,14 @@ def compute_other_releases(trace: Trace, version: str, workdir: Path,
     return others
 
 
-def make_repro(trace: Trace, sut: str, check_others: bool = True,
-               timeout_s: float = REPRO_TIMEOUT_S) -> ReproResult:
+def make_repro(trace: Trace, sut: str, check_others: bool = True, timeout_s: float = REPRO_TIMEOUT_S) -> ReproResult:
     """Classify ``trace`` on ``sut`` (``vllm-v1@VERSION``) and, if a rule breaks, return the file's text."""
     version = get_repro_version(sut)
     if trace.is_in_flight or any(e["kind"] == "reset_prefix_cache" for e in trace.events):
-        raise ReproUnsupported("the reproduction template drives vLLM's scheduler one step at a time, without "
-                               "reset_prefix_cache: a trace with steps in flight or a reset is not supported yet")
+        raise ReproUnsupported(
+            "the reproduction template drives vLLM's scheduler one step at a time, without "
+            "reset_prefix_cache: a trace with steps in flight or a reset is not supported yet"
+        )
     with tempfile.TemporaryDirectory(prefix="schedconf-repro-") as tmp:
         result = compute_repro(trace, version, Path(tmp), timeout_s)
         if result.text is not None and check_others:
@@ -411,7 +487,10 @@ def get_divergence_step(trace: Trace, sut: str) -> int | None:
 
 def render_no_repro_message(step: int | None) -> str:
     """The one line printed when no rule breaks."""
-    where = (f"the divergence at step {step} is a difference from the reference model (a model error or an "
-             f"intended difference), not an engine bug" if step is not None
-             else "the trace replays without divergence")
+    where = (
+        f"the divergence at step {step} is a difference from the reference model (a model error or an "
+        f"intended difference), not an engine bug"
+        if step is not None
+        else "the trace replays without divergence"
+    )
     return f"the engine keeps every rule a reproduction can assert on this trace; {where}: no reproduction written"

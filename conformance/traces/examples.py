@@ -15,7 +15,11 @@ def example_mixed() -> Workload:
     """
     system = tuple(range(100, 116))
     config = SchedulerConfig(
-        block_size=4, num_gpu_blocks=17, max_num_batched_tokens=24, max_num_seqs=4, max_model_len=48,
+        block_size=4,
+        num_gpu_blocks=17,
+        max_num_batched_tokens=24,
+        max_num_seqs=4,
+        max_model_len=48,
     )
     requests = (
         RequestSpec("chat-a", system + (1001, 1002, 1003), max_tokens=12, eos_token_id=1, at_step=0),
@@ -26,9 +30,13 @@ def example_mixed() -> Workload:
         RequestSpec("late", tuple(range(6000, 6020)), max_tokens=5, eos_token_id=1, at_step=4),
     )
     return Workload(
-        config=config, profile="vllm-0.33", requests=requests,
+        config=config,
+        profile="vllm-0.33",
+        requests=requests,
         aborts=(AbortSpec("late", 5),),
-        oracle=HashOracle(seed=7, eos_per_mille=40), seed=7, origin="example",
+        oracle=HashOracle(seed=7, eos_per_mille=40),
+        seed=7,
+        origin="example",
         description="built-in example: chunked prefill, prefix hits, preemption, abort mid-prefill",
     )
 

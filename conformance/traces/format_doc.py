@@ -36,7 +36,9 @@ def _fields(schema: dict[str, Any]) -> list[str]:
     required = set(schema.get("required", []))
     rows = ["| field | type | required | meaning |", "|---|---|---|---|"]
     for name, sub in schema.get("properties", {}).items():
-        rows.append(f"| `{name}` | {_type_of(sub)} | {'yes' if name in required else 'no'} | {sub.get('description', '')} |")
+        rows.append(
+            f"| `{name}` | {_type_of(sub)} | {'yes' if name in required else 'no'} | {sub.get('description', '')} |"
+        )
     return rows
 
 
@@ -101,11 +103,13 @@ def _example_lines() -> list[str]:
     from schedconf.spec.v1.config import SchedulerConfig
 
     workload = Workload(
-        config=SchedulerConfig(block_size=4, num_gpu_blocks=5, max_num_batched_tokens=8, max_num_seqs=2,
-                               max_model_len=16),
+        config=SchedulerConfig(
+            block_size=4, num_gpu_blocks=5, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=16
+        ),
         profile="vllm-0.33",
         requests=(RequestSpec("r1", (1, 2, 3, 4, 5), max_tokens=2, eos_token_id=0),),
-        oracle=HashOracle(seed=1, eos_per_mille=0), origin="hand",
+        oracle=HashOracle(seed=1, eos_per_mille=0),
+        origin="hand",
         description="one request of 5 tokens, 2 output tokens",
     )
     return render_trace(run_workload(workload)).splitlines()

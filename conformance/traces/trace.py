@@ -135,7 +135,9 @@ def _resolve(schema: dict[str, Any], scheduler: str = "v1") -> dict[str, Any]:
     return schema
 
 
-def validate_value(value: Any, schema: dict[str, Any], where: str, scheduler: str = "v1") -> tuple[str, str, str] | None:
+def validate_value(
+    value: Any, schema: dict[str, Any], where: str, scheduler: str = "v1"
+) -> tuple[str, str, str] | None:
     """Return ``(field, expected, found)`` for the first mismatch, or None.
 
     ``scheduler`` picks the shapes a ``$ref`` means (the schema's ``schedulers`` table).
@@ -168,9 +170,16 @@ def validate_value(value: Any, schema: dict[str, Any], where: str, scheduler: st
             if problem:
                 return problem
     if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"] or "maxItems" in schema and len(value) > schema["maxItems"]:
+        if (
+            "minItems" in schema
+            and len(value) < schema["minItems"]
+            or "maxItems" in schema
+            and len(value) > schema["maxItems"]
+        ):
             low, high = schema.get("minItems", 0), schema.get("maxItems")
-            wanted = f"{low} items" if low == high else f"{low} to {high if high is not None else 'any number of'} items"
+            wanted = (
+                f"{low} items" if low == high else f"{low} to {high if high is not None else 'any number of'} items"
+            )
             return where, wanted, _describe(value)
         for i, item in enumerate(value if "items" in schema else ()):
             problem = validate_value(item, schema["items"], f"{where}[{i}]", scheduler)
@@ -196,9 +205,12 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
         version = event.get("version")
         if version != FORMAT_VERSION:
             raise TraceError(
-                path, line, "version",
+                path,
+                line,
+                "version",
                 f"format version {FORMAT_VERSION} (this schedconf reads only version {FORMAT_VERSION}; "
-                "a newer trace needs a newer schedconf)", _describe(version),
+                "a newer trace needs a newer schedconf)",
+                _describe(version),
             )
         schema = SCHEMA["events"]["header"]
         scheduler = get_header_scheduler(event)
@@ -213,8 +225,13 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
         raise TraceError(path, line, *problem)
     where = _first_float(event, "", allow_top=("arrival_time",) if kind == "add_request" else ())
     if where is not None:
-        raise TraceError(path, line, where[0], "an integer (floats are allowed only in add_request.arrival_time)",
-                         _describe(where[1]))
+        raise TraceError(
+            path,
+            line,
+            where[0],
+            "an integer (floats are allowed only in add_request.arrival_time)",
+            _describe(where[1]),
+        )
     if not is_header and kind in ("step", "model_output") and "expect" not in event and "expect_error" not in event:
         raise TraceError(path, line, "expect", "expect (or expect_error)", "nothing")
     if is_header:
@@ -273,14 +290,29 @@ def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> N
     kind = get_header_scheduler(header)
     profile_kind = get_profile_scheduler(header["profile"])
     if profile_kind is None:
-        raise TraceError(path, line, "profile", "one of " + ", ".join(json.dumps(p) for p in get_known_profiles()),
-                         _describe(header["profile"]))
+        raise TraceError(
+            path,
+            line,
+            "profile",
+            "one of " + ", ".join(json.dumps(p) for p in get_known_profiles()),
+            _describe(header["profile"]),
+        )
     if kind == "v0" and profile_kind != "v0":
-        raise TraceError(path, line, "profile", "a v0 profile (vllm-0.10) for a trace with \"scheduler\": \"v0\"",
-                         _describe(header["profile"]))
+        raise TraceError(
+            path,
+            line,
+            "profile",
+            'a v0 profile (vllm-0.10) for a trace with "scheduler": "v0"',
+            _describe(header["profile"]),
+        )
     if kind == "v1" and profile_kind == "v0":
-        raise TraceError(path, line, "scheduler", f'"v0" (profile {header["profile"]} is a v0 profile)',
-                         _describe(header.get("scheduler")) if "scheduler" in header else "nothing")
+        raise TraceError(
+            path,
+            line,
+            "scheduler",
+            f'"v0" (profile {header["profile"]} is a v0 profile)',
+            _describe(header.get("scheduler")) if "scheduler" in header else "nothing",
+        )
 
 
 def _parse_config(config: dict[str, Any], profile: str, scheduler: str) -> None:
@@ -316,8 +348,13 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
         if expected == exc.code:
             return  # a refused-config trace: the refusal is what it checks
         if expected is not None:
-            raise TraceError(path, line, "expect_error", f"the code the model refuses this config with, {exc.code}",
-                             json.dumps(expected)) from None
+            raise TraceError(
+                path,
+                line,
+                "expect_error",
+                f"the code the model refuses this config with, {exc.code}",
+                json.dumps(expected),
+            ) from None
         name = exc.context.get("field")
         if isinstance(name, str):
             field_name, found = f"config.{name}", _describe(config.get(name))
@@ -327,11 +364,13 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
         wanted = f"a config the model accepts: {exc.message} ({exc.code})"
         raise TraceError(path, line, field_name, wanted, found) from None
     if expected is not None:
-        raise TraceError(path, line, "expect_error", "no expect_error: the model accepts this config",
-                         json.dumps(expected))
+        raise TraceError(
+            path, line, "expect_error", "no expect_error: the model accepts this config", json.dumps(expected)
+        )
 
 
 # ------------------------------------------------------------------ reading
+
 
 def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
     """Parse and validate a whole trace from its text."""
@@ -344,18 +383,37 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
         if not raw.strip():
             continue
         if len(raw) > MAX_LINE_BYTES // 4 and len(raw.encode("utf-8")) > MAX_LINE_BYTES:
-            raise TraceError(path, number, "(line)", f"a line of at most {MAX_LINE_BYTES} bytes (docs/reference/bounds.md)",
-                             f"{len(raw.encode('utf-8'))} bytes")
+            raise TraceError(
+                path,
+                number,
+                "(line)",
+                f"a line of at most {MAX_LINE_BYTES} bytes (docs/reference/bounds.md)",
+                f"{len(raw.encode('utf-8'))} bytes",
+            )
         try:
-            event = json.loads(raw, parse_float=_finite_float(path, number), parse_constant=_refuse_constant(path, number),
-                               object_pairs_hook=_refuse_duplicate_keys(path, number))
-            validate_event(event, path, number, is_header=header is None,
-                           scheduler=get_header_scheduler(header) if header is not None else "v1")
+            event = json.loads(
+                raw,
+                parse_float=_finite_float(path, number),
+                parse_constant=_refuse_constant(path, number),
+                object_pairs_hook=_refuse_duplicate_keys(path, number),
+            )
+            validate_event(
+                event,
+                path,
+                number,
+                is_header=header is None,
+                scheduler=get_header_scheduler(header) if header is not None else "v1",
+            )
         except json.JSONDecodeError as exc:
             raise TraceError(path, number, f"(column {exc.colno})", "valid JSON", exc.msg) from None
         except RecursionError:
-            raise TraceError(path, number, "(line)", "JSON nested as deep as the trace format needs (a few levels)",
-                             "nesting too deep to read") from None
+            raise TraceError(
+                path,
+                number,
+                "(line)",
+                "JSON nested as deep as the trace format needs (a few levels)",
+                "nesting too deep to read",
+            ) from None
         if header is None:
             header = event
         else:
@@ -364,11 +422,22 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
     if header is None:
         raise TraceError(path, 1, "(file)", "a header line", "an empty file")
     if not events and "expect_error" not in header:
-        raise TraceError(path, 1, "(file)", "at least one event after the header (a trace of no events checks "
-                         "nothing; only a refused config, with expect_error, has none)", "the header alone")
+        raise TraceError(
+            path,
+            1,
+            "(file)",
+            "at least one event after the header (a trace of no events checks "
+            "nothing; only a refused config, with expect_error, has none)",
+            "the header alone",
+        )
     if "expect_error" in header and events:
-        raise TraceError(path, lines[0], "kind", "no events: the header's config is refused (expect_error)",
-                         _describe(events[0]["kind"]))
+        raise TraceError(
+            path,
+            lines[0],
+            "kind",
+            "no events: the header's config is refused (expect_error)",
+            _describe(events[0]["kind"]),
+        )
     return Trace(header=header, events=events, path=path, lines=lines)
 
 
@@ -378,6 +447,7 @@ def _finite_float(path: str, line: int):
     Which fields may hold a float is the schema's business (only
     ``add_request.arrival_time``); validate_event refuses the others.
     """
+
     def parse(text: str) -> Any:
         value = float(text)
         if not math.isfinite(value):
@@ -389,6 +459,7 @@ def _finite_float(path: str, line: int):
 
 def _refuse_duplicate_keys(path: str, line: int):
     """A ``json.loads`` object hook: an object naming a key twice is refused (JSON parsers disagree on which wins)."""
+
     def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
@@ -420,6 +491,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 # ------------------------------------------------------------------ writing
+
 
 def dump_line(obj: dict[str, Any]) -> str:
     """One event as a canonical line: sorted keys, no spaces."""

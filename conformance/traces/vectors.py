@@ -54,8 +54,12 @@ V0_PROFILES = ("vllm-0.10",)
 V0_NUM_RANDOM = {"vllm-0.10": 40}
 
 
-def make_random_traces(count: int, make: Callable[[int], Workload], describe: Callable[[int, Workload, str], str],
-                       keep: Callable[[Workload], bool] = lambda w: True) -> list[tuple[str, Trace]]:
+def make_random_traces(
+    count: int,
+    make: Callable[[int], Workload],
+    describe: Callable[[int, Workload, str], str],
+    keep: Callable[[Workload], bool] = lambda w: True,
+) -> list[tuple[str, Trace]]:
     """``random-SEED`` traces from seeds 0, 1, ... until ``count`` are kept: workloads the
     reference does not finish (a livelock) and those ``keep`` refuses are passed over."""
     items: list[tuple[str, Trace]] = []
@@ -90,9 +94,11 @@ def build_corpus(profiles: tuple[str, ...] = PROFILES) -> dict[str, list[tuple[s
             items.append((f"example-{name}", trace))
         # 0.11's un-repaired priority victim makes outputs no scheduler should copy: no priority there.
         items += make_random_traces(
-            NUM_RANDOM[profile], lambda seed: random_workload(seed, profile, in_flight_batches=False),
+            NUM_RANDOM[profile],
+            lambda seed: random_workload(seed, profile, in_flight_batches=False),
             lambda seed, w, feats: f"random workload, generator seed {seed}: {feats}",
-            keep=lambda w: not (profile == "vllm-0.11" and w.config.policy == "priority"))
+            keep=lambda w: not (profile == "vllm-0.11" and w.config.policy == "priority"),
+        )
         for rule, trace in make_refused_config_traces(profile):
             items.append((f"refused-{rule}", trace))
         if WITNESS_DIR.is_dir():
@@ -118,8 +124,10 @@ def build_v0_corpus(profiles: tuple[str, ...] = V0_PROFILES) -> dict[str, list[t
             trace.header["description"] = f"built-in v0 example {name!r}: {workload.description}"
             items.append((f"example-{name}", trace))
         items += make_random_traces(
-            V0_NUM_RANDOM[profile], lambda seed: random_v0_workload(seed, profile),
-            lambda seed, w, feats: f"random v0 workload ({w.description}), generator seed {seed}: {feats}")
+            V0_NUM_RANDOM[profile],
+            lambda seed: random_v0_workload(seed, profile),
+            lambda seed, w, feats: f"random v0 workload ({w.description}), generator seed {seed}: {feats}",
+        )
         for rule, trace in make_v0_refused_config_traces(profile):
             items.append((f"refused-{rule}", trace))
         corpus[profile] = items
@@ -144,9 +152,12 @@ def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, 
             trace.header["description"] = f"built-in example {name!r}, two steps in flight: {workload.description}"
             items.append((f"example-{name}", trace))
         items += make_random_traces(
-            ASYNC_NUM_RANDOM[profile], lambda seed: random_workload(seed, profile),
-            lambda seed, w, feats: (f"random workload, generator seed {seed}, "
-                                    f"{w.config.max_concurrent_batches} step(s) in flight: {feats}"))
+            ASYNC_NUM_RANDOM[profile],
+            lambda seed: random_workload(seed, profile),
+            lambda seed, w, feats: (
+                f"random workload, generator seed {seed}, {w.config.max_concurrent_batches} step(s) in flight: {feats}"
+            ),
+        )
         corpus[profile] = items
     return corpus
 
@@ -183,14 +194,16 @@ def manifest_entry(name: str, trace: Trace) -> dict[str, Any]:
     }
 
 
-def write_corpus(root: Path, corpus: dict[str, list[tuple[str, Trace]]], version: int = CORPUS_VERSION) -> dict[str, Any]:
+def write_corpus(
+    root: Path, corpus: dict[str, list[tuple[str, Trace]]], version: int = CORPUS_VERSION
+) -> dict[str, Any]:
     """Write traces and manifest.json under ``root``."""
     manifest: dict[str, Any] = {
         "corpus_version": version,
         "format": "schedconf-trace",
         "format_version": 1,
         "how_to_use": "replay each trace: feed add_request/abort/step/model_output in order and compare "
-                      "schedule() / update outputs with 'expect' (see FORMAT.md and PROTOCOL.md)",
+        "schedule() / update outputs with 'expect' (see FORMAT.md and PROTOCOL.md)",
         "profiles": {},
     }
     for profile, items in corpus.items():
@@ -238,8 +251,12 @@ def iter_corpus(profile: str | None = None) -> list[tuple[str, Path, dict[str, A
     out = []
     for root in (CORPUS_DIR, V0_CORPUS_DIR, ASYNC_CORPUS_DIR):
         manifest = json.loads((root / "manifest.json").read_text())
-        out += [(p, root / p / e["file"], e) for p, entries in manifest["profiles"].items()
-                if profile in (None, p) for e in entries]
+        out += [
+            (p, root / p / e["file"], e)
+            for p, entries in manifest["profiles"].items()
+            if profile in (None, p)
+            for e in entries
+        ]
     return out
 
 
@@ -259,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rebuilt {sum(len(v) for v in manifest['profiles'].values())} v0 traces in {V0_CORPUS_DIR}")
         return 0
     if args != ["--rebuild"]:
-        print("usage: python -m schedconf.conformance.traces.vectors --rebuild      (regenerates conformance/traces/vectors/v2/)\n"
-              "       python -m schedconf.conformance.traces.vectors --rebuild-v0   (regenerates conformance/traces/vectors/v0/)\n"
-              "       python -m schedconf.conformance.traces.vectors --rebuild-async   (regenerates conformance/traces/vectors/async/)")
+        print(
+            "usage: python -m schedconf.conformance.traces.vectors --rebuild      (regenerates conformance/traces/vectors/v2/)\n"
+            "       python -m schedconf.conformance.traces.vectors --rebuild-v0   (regenerates conformance/traces/vectors/v0/)\n"
+            "       python -m schedconf.conformance.traces.vectors --rebuild-async   (regenerates conformance/traces/vectors/async/)"
+        )
         return 2
     if CORPUS_DIR.exists():
         shutil.rmtree(CORPUS_DIR)

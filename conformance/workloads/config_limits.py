@@ -40,8 +40,14 @@ from schedconf.spec.errors import InvalidConfig
 from schedconf.spec.v1.config import OPTIONAL_FIELDS, SchedulerConfig
 from schedconf.spec.v1.profiles import check_config_for_profile, get_profile
 
-BASE_CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
-                              max_model_len=32, enable_prefix_caching=False)
+BASE_CONFIG = SchedulerConfig(
+    block_size=4,
+    num_gpu_blocks=9,
+    max_num_batched_tokens=16,
+    max_num_seqs=4,
+    max_model_len=32,
+    enable_prefix_caching=False,
+)
 """8 usable blocks of 4 tokens: exactly one sequence of max_model_len = 32 tokens. Prefix caching
 off, so schedulers without it (the JS example) check these traces too."""
 
@@ -56,8 +62,11 @@ PAST_THE_LIMIT: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("num_spec_tokens", {"num_spec_tokens": -1}, "invalid_num_spec_tokens"),
     ("num_lookahead_tokens", {"num_lookahead_tokens": -1}, "invalid_num_lookahead_tokens"),
     # without chunking, one max_model_len prompt must fit the budget: 31 < 32
-    ("budget_vs_max_model_len", {"enable_chunked_prefill": False, "max_num_batched_tokens": 31},
-     "budget_below_max_model_len"),
+    (
+        "budget_vs_max_model_len",
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 31},
+        "budget_below_max_model_len",
+    ),
     # a token per seat: 4 tokens for 5 seats
     ("budget_vs_max_num_seqs", {"max_num_batched_tokens": 4, "max_num_seqs": 5}, "budget_below_max_num_seqs"),
     # one block short of a sequence: 7 usable blocks hold 28 < 30 tokens
@@ -86,8 +95,14 @@ def make_refused_config_traces(profile: str) -> list[tuple[str, Trace]]:
         config = {**BASE_CONFIG.to_dict(), **fields}
         if get_refusal(config, profile) != code:
             continue  # this release accepts it (e.g. 0.11 and a threshold above max_model_len)
-        header = make_header(config, profile, seed=0, origin="config-limits", expect_error=code,
-                             description=f"config one unit past the {rule} limit: refused at start with {code}")
+        header = make_header(
+            config,
+            profile,
+            seed=0,
+            origin="config-limits",
+            expect_error=code,
+            description=f"config one unit past the {rule} limit: refused at start with {code}",
+        )
         out.append((rule, Trace(header=header, events=[])))
     return out
 
@@ -95,9 +110,18 @@ def make_refused_config_traces(profile: str) -> list[tuple[str, Trace]]:
 # ----------------------------------------------------------------- v0
 
 V0_BASE_CONFIG: dict[str, Any] = {
-    "block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 8, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-    "max_model_len": 32, "enable_chunked_prefill": False, "enable_prefix_caching": False, "policy": "fcfs",
-    "preemption_mode": None, "max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
+    "block_size": 4,
+    "num_gpu_blocks": 8,
+    "num_cpu_blocks": 8,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "enable_prefix_caching": False,
+    "policy": "fcfs",
+    "preemption_mode": None,
+    "max_num_partial_prefills": 1,
+    "max_long_partial_prefills": 1,
     "long_prefill_token_threshold": 0,
 }
 """A v0 config of 8 GPU blocks of 4 tokens: exactly one sequence of max_model_len = 32 tokens."""
@@ -116,12 +140,18 @@ V0_PAST_THE_LIMIT: tuple[tuple[str, dict[str, Any], str], ...] = (
     # without chunking, one max_model_len prompt must fit the budget: 31 < 32
     ("budget_vs_max_model_len", {"max_num_batched_tokens": 31}, "budget_below_max_model_len"),
     # a token per seat: 4 tokens for 5 seats
-    ("budget_vs_max_num_seqs", {"enable_chunked_prefill": True, "max_num_batched_tokens": 4, "max_num_seqs": 5},
-     "budget_below_max_num_seqs"),
+    (
+        "budget_vs_max_num_seqs",
+        {"enable_chunked_prefill": True, "max_num_batched_tokens": 4, "max_num_seqs": 5},
+        "budget_below_max_num_seqs",
+    ),
     ("max_num_partial_prefills", {"max_num_partial_prefills": 0}, "invalid_max_num_partial_prefills"),
     ("partial_prefills_vs_chunking", {"max_num_partial_prefills": 2}, "partial_prefills_without_chunked_prefill"),
-    ("threshold_vs_max_model_len", {"enable_chunked_prefill": True, "max_num_partial_prefills": 2,
-                                    "long_prefill_token_threshold": 33}, "threshold_above_max_model_len"),
+    (
+        "threshold_vs_max_model_len",
+        {"enable_chunked_prefill": True, "max_num_partial_prefills": 2, "long_prefill_token_threshold": 33},
+        "threshold_above_max_model_len",
+    ),
     ("max_long_partial_prefills", {"max_long_partial_prefills": 2}, "invalid_max_long_partial_prefills"),
     # one token short: 8 blocks of 4 hold 32 < 33 tokens (the worker refuses to start)
     ("pool_tokens", {"max_model_len": 33, "max_num_batched_tokens": 33}, "pool_below_max_model_len"),
@@ -146,8 +176,15 @@ def make_v0_refused_config_traces(profile: str) -> list[tuple[str, Trace]]:
         config = {**V0_BASE_CONFIG, **fields}
         if get_v0_refusal(config, profile) != code:
             continue
-        header = make_header(config, profile, seed=0, origin="config-limits", expect_error=code, scheduler="v0",
-                             description=f"v0 config one unit past the {rule} limit: refused at start with {code}")
+        header = make_header(
+            config,
+            profile,
+            seed=0,
+            origin="config-limits",
+            expect_error=code,
+            scheduler="v0",
+            description=f"v0 config one unit past the {rule} limit: refused at start with {code}",
+        )
         out.append((rule, Trace(header=header, events=[])))
     return out
 
@@ -179,8 +216,12 @@ def make_at_the_limit(rule: str, config: Mapping[str, Any]) -> LimitStep | None:
         return {**c, "block_size": 1, "num_gpu_blocks": max(ngb, mml + 1)}, "block_size", -1
     if rule == "num_gpu_blocks":
         small = min(mml, bs)
-        at = {**c, "num_gpu_blocks": 2, "max_model_len": small,
-              "long_prefill_token_threshold": min(c["long_prefill_token_threshold"], small)}
+        at = {
+            **c,
+            "num_gpu_blocks": 2,
+            "max_model_len": small,
+            "long_prefill_token_threshold": min(c["long_prefill_token_threshold"], small),
+        }
         return at, "num_gpu_blocks", -1
     if rule == "max_num_batched_tokens":
         at = {**c, "max_num_batched_tokens": 1, "max_num_seqs": 1, "enable_chunked_prefill": True}
@@ -225,8 +266,12 @@ def make_v0_at_the_limit(rule: str, config: Mapping[str, Any]) -> LimitStep | No
         return {**c, "block_size": 1, "num_gpu_blocks": max(ngb, mml)}, "block_size", -1
     if rule == "num_gpu_blocks":
         small = min(mml, bs)
-        at = {**c, "num_gpu_blocks": 1, "max_model_len": small,
-              "long_prefill_token_threshold": min(c["long_prefill_token_threshold"], small)}
+        at = {
+            **c,
+            "num_gpu_blocks": 1,
+            "max_model_len": small,
+            "long_prefill_token_threshold": min(c["long_prefill_token_threshold"], small),
+        }
         return at, "num_gpu_blocks", -1
     if rule in ("num_cpu_blocks", "long_prefill_token_threshold"):
         return {**c, rule: 0}, rule, -1
@@ -239,8 +284,13 @@ def make_v0_at_the_limit(rule: str, config: Mapping[str, Any]) -> LimitStep | No
     if rule == "budget_vs_max_model_len":
         if mml < 2:
             return None
-        at = {**c, **single, "enable_chunked_prefill": False, "max_num_batched_tokens": mml,
-              "max_num_seqs": min(seqs, mml - 1)}
+        at = {
+            **c,
+            **single,
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": mml,
+            "max_num_seqs": min(seqs, mml - 1),
+        }
         return at, "max_num_batched_tokens", -1
     if rule == "budget_vs_max_num_seqs":
         return {**c, "max_num_seqs": budget}, "max_num_seqs", +1
@@ -250,8 +300,12 @@ def make_v0_at_the_limit(rule: str, config: Mapping[str, Any]) -> LimitStep | No
         at = {**c, **single, "enable_chunked_prefill": False, "max_num_batched_tokens": max(budget, mml)}
         return at, "max_num_partial_prefills", +1
     if rule == "threshold_vs_max_model_len":
-        at = {**c, "enable_chunked_prefill": True, "max_num_partial_prefills": max(partial, 2),
-              "long_prefill_token_threshold": mml}
+        at = {
+            **c,
+            "enable_chunked_prefill": True,
+            "max_num_partial_prefills": max(partial, 2),
+            "long_prefill_token_threshold": mml,
+        }
         return at, "long_prefill_token_threshold", +1
     if rule == "max_long_partial_prefills":
         return {**c, "max_long_partial_prefills": partial}, rule, +1
@@ -263,8 +317,9 @@ def make_v0_at_the_limit(rule: str, config: Mapping[str, Any]) -> LimitStep | No
     raise ValueError(f"unknown v0 config limit {rule!r}; known: {', '.join(r for r, _, _ in V0_PAST_THE_LIMIT)}")
 
 
-def get_refused_variants(config: Mapping[str, Any], profile: str,
-                         overrides: Mapping[str, Any] | None = None) -> list[tuple[str, dict[str, Any], str]]:
+def get_refused_variants(
+    config: Mapping[str, Any], profile: str, overrides: Mapping[str, Any] | None = None
+) -> list[tuple[str, dict[str, Any], str]]:
     """``(rule, refused config, code)`` for each rule of the profile's table (:data:`PAST_THE_LIMIT`, or
     :data:`V0_PAST_THE_LIMIT` for a v0 profile) that ``config`` can be taken one step past.
 

@@ -102,8 +102,10 @@ def parse_file(path: Path) -> tuple[list[str], list[Block]]:
             i += 1
         blocks.append(Block(line=start + 1, command=command, expected="\n".join(expected)))
     if not blocks:
-        raise ScenarioFormatError(f"{path}: expected at least one command block (a command, a '----' line, its "
-                                  "expected output), found none: an empty scenario checks nothing")
+        raise ScenarioFormatError(
+            f"{path}: expected at least one command block (a command, a '----' line, its "
+            "expected output), found none: an empty scenario checks nothing"
+        )
     return lines, blocks
 
 
@@ -118,8 +120,9 @@ def parse_tokens(spec: str) -> list[int]:
         if ".." in part:
             lo, hi = part.split("..")
             if int(hi) - int(lo) + 1 + len(tokens) > MAX_SCENARIO_TOKENS:
-                raise ScenarioFormatError(f"tokens {spec[:60]!r}: expected at most {MAX_SCENARIO_TOKENS} tokens "
-                                          "(docs/reference/bounds.md)")
+                raise ScenarioFormatError(
+                    f"tokens {spec[:60]!r}: expected at most {MAX_SCENARIO_TOKENS} tokens (docs/reference/bounds.md)"
+                )
             tokens.extend(range(int(lo), int(hi) + 1))
         else:
             tokens.extend(int(t) for t in part.split(","))
@@ -212,8 +215,11 @@ class ScenarioRunner:
 
     def cmd_finish(self, args: list[str]) -> str:
         ids, status = args[0].split(","), args[1]
-        statuses = {"stopped": RequestStatus.FINISHED_STOPPED, "length-capped": RequestStatus.FINISHED_LENGTH_CAPPED,
-                    "aborted": RequestStatus.FINISHED_ABORTED}
+        statuses = {
+            "stopped": RequestStatus.FINISHED_STOPPED,
+            "length-capped": RequestStatus.FINISHED_LENGTH_CAPPED,
+            "aborted": RequestStatus.FINISHED_ABORTED,
+        }
         if status not in statuses:
             raise ScenarioFormatError(f"finish: expected a status of {', '.join(statuses)}, found {status!r}")
         finished = self._sched().finish_requests(ids, statuses[status])
@@ -224,11 +230,15 @@ class ScenarioRunner:
         if stats is None:
             return "no stats"
         pc, sd = stats["prefix_cache"], stats["spec_decoding"]
-        lines = [f"running={stats['num_running_reqs']} waiting={stats['num_waiting_reqs']}"
-                 + (f" skipped={stats['num_skipped_waiting_reqs']}" if stats["num_skipped_waiting_reqs"] else ""),
-                 "prefix cache: " + " ".join(f"{k}={v}" for k, v in pc.items())]
+        lines = [
+            f"running={stats['num_running_reqs']} waiting={stats['num_waiting_reqs']}"
+            + (f" skipped={stats['num_skipped_waiting_reqs']}" if stats["num_skipped_waiting_reqs"] else ""),
+            "prefix cache: " + " ".join(f"{k}={v}" for k, v in pc.items()),
+        ]
         if sd is not None:
-            lines.append("spec decoding: " + " ".join(f"{k}={v}" for k, v in sd.items()).replace(" ", " ").replace(", ", ","))
+            lines.append(
+                "spec decoding: " + " ".join(f"{k}={v}" for k, v in sd.items()).replace(" ", " ").replace(", ", ",")
+            )
         return "\n".join(lines)
 
     def cmd_reset_prefix_cache(self, args: list[str]) -> str:
@@ -295,7 +305,9 @@ def run_file(path: Path, rewrite: bool | None = None, runner_class: type[Scenari
             import difflib
 
             diff = "\n".join(
-                difflib.unified_diff(block.expected.splitlines(), actual.splitlines(), "expected", "actual", lineterm="")
+                difflib.unified_diff(
+                    block.expected.splitlines(), actual.splitlines(), "expected", "actual", lineterm=""
+                )
             )
             failures.append(f"{path}:{block.line}: {block.command}\n{diff}")
     if rewrite:

@@ -122,8 +122,13 @@ burst: chunked prefill off, requests arriving together with mixed sizes
 (skipped and re-queued waiting requests under older releases)."""
 
 
-BOUNDARIES = ("min_pool", "budget_eq_max_num_seqs", "budget_one", "budget_eq_max_model_len_unchunked",
-              "threshold_eq_max_model_len")
+BOUNDARIES = (
+    "min_pool",
+    "budget_eq_max_num_seqs",
+    "budget_one",
+    "budget_eq_max_model_len_unchunked",
+    "threshold_eq_max_model_len",
+)
 """Configs exactly at a limit of what vLLM (and spec/v1/config.py) accepts, one unit
 from a refusal: a pool of one usable block (``num_gpu_blocks == 2``, the
 smallest pool, holding exactly one sequence of ``max_model_len <= block_size``);
@@ -162,7 +167,9 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
         budget = c.integer(max(2, num_spec + 2), max_model_len + 2 * block_size, "budget")
     else:
         budget = c.integer(max_model_len, 2 * max_model_len, "budget")
-    threshold = min(max_model_len, c.choice([0, 0, 0, num_spec + 1, num_spec + 2 + block_size], "long_prefill_threshold"))
+    threshold = min(
+        max_model_len, c.choice([0, 0, 0, num_spec + 1, num_spec + 2 + block_size], "long_prefill_threshold")
+    )
     max_num_seqs = c.integer(1, min(6, budget), "max_num_seqs")
     prefix_caching = c.boolean(0.8, "prefix_caching")
     policy = c.choice(["fcfs", "priority"], "policy")
@@ -220,8 +227,14 @@ def build_config(c: Chooser, family: str = "mixed") -> SchedulerConfig:
     )
 
 
-def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invalid_inputs: bool = True,
-                   config: SchedulerConfig | None = None, in_flight_batches: bool = True) -> Workload:
+def build_workload(
+    c: Chooser,
+    profile: str = "vllm-0.33",
+    seed: int = 0,
+    invalid_inputs: bool = True,
+    config: SchedulerConfig | None = None,
+    in_flight_batches: bool = True,
+) -> Workload:
     """Draw one workload (see the module docstring for what it aims at).
 
     ``in_flight_batches=False`` keeps a plain profile's workloads synchronous
@@ -252,7 +265,9 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
         if shape == "near_max":
             length = max_prompt
         elif shape == "block_multiple":
-            length = min(max_prompt, config.block_size * c.integer(1, max(1, max_prompt // config.block_size), "blocks"))
+            length = min(
+                max_prompt, config.block_size * c.integer(1, max(1, max_prompt // config.block_size), "blocks")
+            )
         elif shape == "tiny":
             length = c.integer(1, min(2, max_prompt), "len")
         elif shape == "long":
@@ -261,8 +276,15 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
             length = c.integer(1, max(1, max_prompt // 3), "len")
         if shape in ("shared", "block_multiple") or c.boolean(0.3, "shares_prefix"):
             base = c.choice(bases, "base")
-            shared = c.choice([length, length - 1, length // config.block_size * config.block_size,
-                               c.integer(0, length, "shared_any")], "shared_len")
+            shared = c.choice(
+                [
+                    length,
+                    length - 1,
+                    length // config.block_size * config.block_size,
+                    c.integer(0, length, "shared_any"),
+                ],
+                "shared_len",
+            )
             prompt = base[:shared] + tuple(5000 + 100 * i + j for j in range(length - shared))
         else:
             prompt = tuple(5000 + 100 * i + j for j in range(length))
@@ -277,14 +299,26 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
             max_tokens = c.choice([3 * config.block_size, 16, 8], "max_tokens")
         else:
             max_tokens = c.choice([8, 16, 3 * config.block_size, 4, 1, 2], "max_tokens")
-        requests.append(RequestSpec(
-            request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens,
-            priority=(c.choice([0, 0, 1, 2], "priority") if priority_mode == "random"
-                      else num_requests - i if priority_mode == "rising" else 0),
-            arrival_time=arrival,
-            eos_token_id=eos, stop_token_ids=stops, ignore_eos=c.boolean(0.15, "ignore_eos"),
-            min_tokens=min(max_tokens, c.choice([0, 0, 0, 1, 3], "min_tokens")), at_step=step,
-        ))
+        requests.append(
+            RequestSpec(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                priority=(
+                    c.choice([0, 0, 1, 2], "priority")
+                    if priority_mode == "random"
+                    else num_requests - i
+                    if priority_mode == "rising"
+                    else 0
+                ),
+                arrival_time=arrival,
+                eos_token_id=eos,
+                stop_token_ids=stops,
+                ignore_eos=c.boolean(0.15, "ignore_eos"),
+                min_tokens=min(max_tokens, c.choice([0, 0, 0, 1, 3], "min_tokens")),
+                at_step=step,
+            )
+        )
     if 0 < config.long_prefill_token_threshold <= config.num_spec_tokens and len(requests) > 1:
         # A one-token prompt arriving later is what 0.32/0.33 pad (and the
         # threshold cuts) when a running request is scheduled in its step.
@@ -325,9 +359,18 @@ def build_workload(c: Chooser, profile: str = "vllm-0.33", seed: int = 0, invali
         resets = choose_resets(c.fork("resets"), requests, profile)
     # Stats are recorded where the knobs are drawn (the v2 corpus keeps its bytes).
     record_stats = in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling)
-    return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
-                    invalid_inputs=tuple(invalid), resets=resets, record_stats=record_stats, oracle=oracle, seed=seed,
-                    origin="generate")
+    return Workload(
+        config=config,
+        profile=profile,
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        invalid_inputs=tuple(invalid),
+        resets=resets,
+        record_stats=record_stats,
+        oracle=oracle,
+        seed=seed,
+        origin="generate",
+    )
 
 
 IN_FLIGHT_BATCHES_RATE = 0.2
@@ -390,9 +433,13 @@ def choose_resets(c: Chooser, requests: list[RequestSpec], profile: str) -> tupl
         return ()
     last = max((r.at_step for r in requests), default=0)
     return tuple(
-        ResetSpec(reset_running_requests=c.boolean(0.5, "reset_running"), at_step=c.integer(0, last + 6, "reset_at"),
-                  in_flight=c.boolean(0.5, "reset_in_flight"))
-        for _ in range(c.integer(1, 2, "num_resets")))
+        ResetSpec(
+            reset_running_requests=c.boolean(0.5, "reset_running"),
+            at_step=c.integer(0, last + 6, "reset_at"),
+            in_flight=c.boolean(0.5, "reset_in_flight"),
+        )
+        for _ in range(c.integer(1, 2, "num_resets"))
+    )
 
 
 IN_FLIGHT_RATES = {"arrivals": 0.2, "aborts": 0.2, "re_add": 0.25}
@@ -412,8 +459,9 @@ def _abort_after(at: int, in_flight: bool, arrival: RequestSpec) -> tuple[int, b
     return at, in_flight
 
 
-def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[AbortSpec],
-                         invalid: list[InvalidInput]) -> None:
+def add_in_flight_inputs(
+    c: Chooser, requests: list[RequestSpec], aborts: list[AbortSpec], invalid: list[InvalidInput]
+) -> None:
     """Move some inputs between a step's ``schedule()`` and its model output, and re-add an aborted id.
 
     Each kind is drawn independently (:data:`IN_FLIGHT_RATES`):
@@ -435,8 +483,9 @@ def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[A
                 requests[i] = replace(requests[i], in_flight=True)
         by_id = {r.request_id: r for r in requests}
         for j, a in enumerate(aborts):
-            aborts[j] = replace(a, **dict(zip(("at_step", "in_flight"),
-                                              _abort_after(a.at_step, a.in_flight, by_id[a.request_id]))))
+            aborts[j] = replace(
+                a, **dict(zip(("at_step", "in_flight"), _abort_after(a.at_step, a.in_flight, by_id[a.request_id])))
+            )
     by_id = {r.request_id: r for r in requests}
     if c.boolean(IN_FLIGHT_RATES["aborts"], "in_flight_aborts"):
         for j, a in enumerate(aborts):
@@ -456,8 +505,11 @@ def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[A
             # Soon after arrival, in flight for a same-step re-add: the request is
             # then often in the pending step's batch.
             target = c.choice(requests, "re_add_target")
-            at, fl = _abort_after(target.at_step + c.integer(0, 2, "re_add_abort_delay"),
-                                  same_step or c.boolean(0.5, "re_add_abort_in_flight"), target)
+            at, fl = _abort_after(
+                target.at_step + c.integer(0, 2, "re_add_abort_delay"),
+                same_step or c.boolean(0.5, "re_add_abort_in_flight"),
+                target,
+            )
             abort = AbortSpec(target.request_id, at, fl)
             aborts.append(abort)
         old = by_id[abort.request_id]
@@ -466,8 +518,12 @@ def add_in_flight_inputs(c: Chooser, requests: list[RequestSpec], aborts: list[A
         n = len(old.prompt_token_ids)
         keep = n if c.boolean(0.5, "re_add_same_prompt") else c.integer(0, n - 1, "re_add_keep")
         prompt = old.prompt_token_ids[:keep] + tuple(7000 + j for j in range(n - keep))
-        again = replace(old, prompt_token_ids=prompt, in_flight=False,
-                        arrival_time=max(r.arrival_time for r in requests) + c.choice([0, 1], "re_add_clock"))
+        again = replace(
+            old,
+            prompt_token_ids=prompt,
+            in_flight=False,
+            arrival_time=max(r.arrival_time for r in requests) + c.choice([0, 1], "re_add_clock"),
+        )
         if abort.in_flight and same_step:
             # In the step the abort arrived in: refused while the aborted request's
             # output is pending, unless it was not scheduled in that step.
@@ -497,8 +553,9 @@ past under its profile and the campaign's overrides, chosen evenly. A scheduler 
 vLLM refuses (where a request that needs the missing room then waits forever) fails these at the header."""
 
 
-def choose_refused_config(seed: int, workload: Workload,
-                          overrides: dict[str, Any] | None = None) -> Workload | RefusedConfigWorkload:
+def choose_refused_config(
+    seed: int, workload: Workload, overrides: dict[str, Any] | None = None
+) -> Workload | RefusedConfigWorkload:
     """``workload``, or at :data:`REFUSED_CONFIG_RATE` its config one step past a limit.
 
     ``seed`` is the example's (a campaign's ``seed * 1_000_003 + index``, the
@@ -516,8 +573,9 @@ def choose_refused_config(seed: int, workload: Workload,
     if not variants:
         return workload
     rule, config, code = c.choice(variants, "refused_rule")
-    return RefusedConfigWorkload(config=config, profile=workload.profile, rule=rule, code=code, seed=workload.seed,
-                                 origin=workload.origin)
+    return RefusedConfigWorkload(
+        config=config, profile=workload.profile, rule=rule, code=code, seed=workload.seed, origin=workload.origin
+    )
 
 
 def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.SearchStrategy[Workload]:
@@ -530,8 +588,14 @@ def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.Sea
     return strategy()
 
 
-def random_workload(seed: int, profile: str = "vllm-0.33", invalid_inputs: bool = True,
-                    in_flight_batches: bool = True) -> Workload:
+def random_workload(
+    seed: int, profile: str = "vllm-0.33", invalid_inputs: bool = True, in_flight_batches: bool = True
+) -> Workload:
     """A workload from a seeded PRNG (stable bytes: used for the vector corpus)."""
-    return build_workload(RandomChooser(seed), profile=profile, seed=seed, invalid_inputs=invalid_inputs,
-                          in_flight_batches=in_flight_batches)
+    return build_workload(
+        RandomChooser(seed),
+        profile=profile,
+        seed=seed,
+        invalid_inputs=invalid_inputs,
+        in_flight_batches=in_flight_batches,
+    )

@@ -51,8 +51,9 @@ def make_tight_config(rng: random.Random, *, profile: str) -> SchedulerConfig:
     )
 
 
-def make_tight_workload(seed: int, *, profile: str | None = None, vocab_size: int = 24, max_requests: int = 10,
-                    invalid: bool = True) -> Workload:
+def make_tight_workload(
+    seed: int, *, profile: str | None = None, vocab_size: int = 24, max_requests: int = 10, invalid: bool = True
+) -> Workload:
     """One workload drawn from ``seed`` (see the module docstring); ``vocab_size`` bounds the token ids."""
     rng = random.Random(seed)
     profile = profile or rng.choice(["vllm-0.33", "vllm-0.33", "vllm-0.33", "vllm-0.32"])
@@ -72,18 +73,20 @@ def make_tight_workload(seed: int, *, profile: str | None = None, vocab_size: in
         at += rng.choice([0, 0, 0, 1, 2, 5])
         stop_ids = tuple(rng.sample(range(vocab_size), rng.choice([0, 0, 1, 2])))
         max_tokens = rng.randint(1, 24)
-        requests.append(RequestSpec(
-            request_id=f"r{i}",
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            priority=rng.randrange(3) if config.policy == "priority" else 0,
-            arrival_time=at + rng.randrange(2),
-            eos_token_id=rng.choice([None, 1, 1]),
-            stop_token_ids=stop_ids,
-            ignore_eos=rng.random() < 0.15,
-            min_tokens=rng.choice([0, 0, min(2, max_tokens)]),
-            at_step=at,
-        ))
+        requests.append(
+            RequestSpec(
+                request_id=f"r{i}",
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                priority=rng.randrange(3) if config.policy == "priority" else 0,
+                arrival_time=at + rng.randrange(2),
+                eos_token_id=rng.choice([None, 1, 1]),
+                stop_token_ids=stop_ids,
+                ignore_eos=rng.random() < 0.15,
+                min_tokens=rng.choice([0, 0, min(2, max_tokens)]),
+                at_step=at,
+            )
+        )
     aborts: list[AbortSpec] = []
     for _ in range(rng.choice([0, 0, 1, 2])):
         victim = rng.choice(requests)
@@ -92,12 +95,38 @@ def make_tight_workload(seed: int, *, profile: str | None = None, vocab_size: in
     if invalid and rng.random() < 0.3:
         invalid_inputs.append(InvalidInput({"kind": "abort", "request_id": "never-added"}, rng.randrange(0, 4)))
     if invalid and rng.random() < 0.3:
-        invalid_inputs.append(InvalidInput({
-            "kind": "add_request", "request_id": "bad", "prompt_token_ids": [], "max_tokens": 1, "priority": 0,
-            "arrival_time": 0, "eos_token_id": None, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0,
-        }, rng.randrange(0, 4)))
-    oracle = HashOracle(seed=seed, vocab_size=vocab_size, eos_token_id=1, eos_per_mille=rng.choice([0, 20, 60]),
-                        draft_accuracy_per_mille=rng.choice([300, 600, 900]))
-    return Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
-                    invalid_inputs=tuple(invalid_inputs), oracle=oracle, seed=seed, origin="impl-campaign",
-                    description=f"impl campaign workload, seed {seed}")
+        invalid_inputs.append(
+            InvalidInput(
+                {
+                    "kind": "add_request",
+                    "request_id": "bad",
+                    "prompt_token_ids": [],
+                    "max_tokens": 1,
+                    "priority": 0,
+                    "arrival_time": 0,
+                    "eos_token_id": None,
+                    "stop_token_ids": [],
+                    "ignore_eos": False,
+                    "min_tokens": 0,
+                },
+                rng.randrange(0, 4),
+            )
+        )
+    oracle = HashOracle(
+        seed=seed,
+        vocab_size=vocab_size,
+        eos_token_id=1,
+        eos_per_mille=rng.choice([0, 20, 60]),
+        draft_accuracy_per_mille=rng.choice([300, 600, 900]),
+    )
+    return Workload(
+        config=config,
+        profile=profile,
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        invalid_inputs=tuple(invalid_inputs),
+        oracle=oracle,
+        seed=seed,
+        origin="impl-campaign",
+        description=f"impl campaign workload, seed {seed}",
+    )

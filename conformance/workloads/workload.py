@@ -257,10 +257,15 @@ class RefusedConfigWorkload:
 def make_refused_config_trace(workload: RefusedConfigWorkload) -> Trace:
     """The header-only trace of a refused config (the model must refuse it with exactly ``workload.code``)."""
     extra = {"scheduler": "v0"} if is_v0_profile(workload.profile) else {}
-    header = make_header(workload.config, workload.profile, workload.seed, workload.origin,
-                         expect_error=workload.code, **extra,
-                         description=f"config one step past the {workload.rule} limit: refused at start with "
-                                     f"{workload.code}")
+    header = make_header(
+        workload.config,
+        workload.profile,
+        workload.seed,
+        workload.origin,
+        expect_error=workload.code,
+        **extra,
+        description=f"config one step past the {workload.rule} limit: refused at start with {workload.code}",
+    )
     return Trace(header=header, events=[])
 
 
@@ -273,10 +278,15 @@ def oracle_id(request_id: str, incarnation: int) -> str:
     return request_id if incarnation == 0 else f"{request_id}#{incarnation}"
 
 
-def respond(oracle: Oracle, output: SchedulerOutput, samples: dict[str, bool],
-            num_spec_tokens: int, oracle_ids: Mapping[str, str] | None = None,
-            positions: Mapping[str, int] | None = None, worker_drafts: bool = False,
-            ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+def respond(
+    oracle: Oracle,
+    output: SchedulerOutput,
+    samples: dict[str, bool],
+    num_spec_tokens: int,
+    oracle_ids: Mapping[str, str] | None = None,
+    positions: Mapping[str, int] | None = None,
+    worker_drafts: bool = False,
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """The model's output for one step: sampled tokens (greedy verification) and next drafts.
 
     ``oracle_ids`` maps a request id to its oracle name (see :func:`oracle_id`)
@@ -351,9 +361,15 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
     if isinstance(item, RequestSpec):
         event = item.to_event()
         sched.add_request(
-            item.request_id, item.prompt_token_ids, item.max_tokens,
-            priority=item.priority, arrival_time=item.arrival_time, eos_token_id=item.eos_token_id,
-            ignore_eos=item.ignore_eos, stop_token_ids=item.stop_token_ids, min_tokens=item.min_tokens,
+            item.request_id,
+            item.prompt_token_ids,
+            item.max_tokens,
+            priority=item.priority,
+            arrival_time=item.arrival_time,
+            eos_token_id=item.eos_token_id,
+            ignore_eos=item.ignore_eos,
+            stop_token_ids=item.stop_token_ids,
+            min_tokens=item.min_tokens,
         )
         return event
     if isinstance(item, AbortSpec):
@@ -361,8 +377,11 @@ def _apply_input(sched: Scheduler, item: object) -> dict[str, Any]:
         return {"kind": "abort", "request_id": item.request_id}
     if isinstance(item, ResetSpec):
         success = sched.reset_prefix_cache(item.reset_running_requests)
-        return {"kind": "reset_prefix_cache", "reset_running_requests": item.reset_running_requests,
-                "expect": {"success": success}}
+        return {
+            "kind": "reset_prefix_cache",
+            "reset_running_requests": item.reset_running_requests,
+            "expect": {"success": success},
+        }
     assert isinstance(item, InvalidInput)
     event = dict(item.event)
     try:
@@ -398,13 +417,21 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
         return sched.schedule()
     if kind == "reset_prefix_cache":
         return sched.reset_prefix_cache(event["reset_running_requests"])
-    return sched.update_from_output(sched.get_in_flight_output(event["step"]), ModelRunnerOutput(
-        {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
-        {k: tuple(v) for k, v in event["draft_token_ids"].items()}))
+    return sched.update_from_output(
+        sched.get_in_flight_output(event["step"]),
+        ModelRunnerOutput(
+            {k: tuple(v) for k, v in event["sampled_token_ids"].items()},
+            {k: tuple(v) for k, v in event["draft_token_ids"].items()},
+        ),
+    )
 
 
-def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10_000, check: bool = False,
-                 scheduler_class: type[Scheduler] = Scheduler) -> Trace:
+def run_workload(
+    workload: Workload | RefusedConfigWorkload,
+    max_steps: int = 10_000,
+    check: bool = False,
+    scheduler_class: type[Scheduler] = Scheduler,
+) -> Trace:
     """Run the workload on the reference scheduler and record the trace.
 
     Inputs due at step k are applied after k steps have run; ``in_flight``
@@ -471,8 +498,9 @@ def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10
             # tokens delivered so far (a live request's num_output_tokens; for
             # one finished since, whose output is ignored, the same count).
             positions = {rid: delivered.get(step_oracle_ids.get(rid, rid), 0) for rid in output.num_scheduled_tokens}
-        sampled, drafts = respond(workload.oracle, output, samples, workload.config.num_spec_tokens,
-                                  step_oracle_ids, positions, worker_drafts)
+        sampled, drafts = respond(
+            workload.oracle, output, samples, workload.config.num_spec_tokens, step_oracle_ids, positions, worker_drafts
+        )
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
         for o in outputs:
             oid = step_oracle_ids.get(o.req_id, o.req_id)
@@ -482,13 +510,15 @@ def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10
         expect: dict[str, Any] = {"outputs": [o.to_canonical() for o in outputs]}
         if workload.record_stats and sched.last_scheduler_stats is not None:
             expect["stats"] = sched.last_scheduler_stats
-        events.append({
-            "kind": "model_output",
-            "step": output.step,
-            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
-            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
-            "expect": expect,
-        })
+        events.append(
+            {
+                "kind": "model_output",
+                "step": output.step,
+                "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+                "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
+                "expect": expect,
+            }
+        )
 
     # The engine loop of vLLM's EngineCore (step_with_batch_queue): schedule
     # while the batch queue has room and there is work, else apply the oldest
@@ -520,7 +550,10 @@ def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10
         step_event: dict[str, Any] = {"kind": "step", "step": output.step, "expect": output.to_canonical()}
         if observe:
             obs = sched.observe()
-            step_event["observe"] = {"free_block_queue": obs["free_block_queue"], "num_free_blocks": obs["num_free_blocks"]}
+            step_event["observe"] = {
+                "free_block_queue": obs["free_block_queue"],
+                "num_free_blocks": obs["num_free_blocks"],
+            }
         events.append(step_event)
         assert sched.last_step is not None
         # The oracle names of this step's requests: an id scheduled here cannot
@@ -537,6 +570,7 @@ def run_workload(workload: Workload | RefusedConfigWorkload, max_steps: int = 10
 
 
 # ------------------------------------------------- the v0 engine loop
+
 
 class _EngineDied(Exception):
     """An input crashed the model's engine: the trace ends with it."""
@@ -574,8 +608,7 @@ def _apply_v0_input(sched: Any, item: object) -> dict[str, Any]:
 def get_v0_observation(sched: Any) -> dict[str, Any]:
     """The v0 observation after ``schedule()`` (PROTOCOL.md ``observe``): free blocks and block tables."""
     obs = sched.observe()
-    return {key: obs[key] for key in ("num_free_gpu_blocks", "num_free_cpu_blocks", "block_tables",
-                                      "cpu_block_tables")}
+    return {key: obs[key] for key in ("num_free_gpu_blocks", "num_free_cpu_blocks", "block_tables", "cpu_block_tables")}
 
 
 LIVELOCK_STEPS = 50
@@ -590,12 +623,19 @@ one token a step."""
 
 
 def _does_nothing(expect: dict[str, Any]) -> bool:
-    return not (expect["scheduled_seq_groups"] or expect["blocks_to_swap_in"] or expect["blocks_to_swap_out"]
-                or expect["ignored_seq_groups"] or expect["finished_requests_ids"] or expect["preempted"])
+    return not (
+        expect["scheduled_seq_groups"]
+        or expect["blocks_to_swap_in"]
+        or expect["blocks_to_swap_out"]
+        or expect["ignored_seq_groups"]
+        or expect["finished_requests_ids"]
+        or expect["preempted"]
+    )
 
 
-def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = False,
-                    step_times: list[int] | None = None) -> Trace:
+def run_v0_workload(
+    workload: Workload, max_steps: int = 10_000, check: bool = False, step_times: list[int] | None = None
+) -> Trace:
     """Run a v0 workload on the v0 model and record the trace.
 
     As :func:`schedconf.conformance.workloads.workload.run_workload`: inputs due at step k are
@@ -678,14 +718,17 @@ def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = F
         sampling = any(g["do_sample"] for g in expect["scheduled_seq_groups"]) or expect["finished_requests_ids"]
         steps_without_tokens = 0 if sampling or next_input < len(inputs) else steps_without_tokens + 1
         if idle_steps >= LIVELOCK_STEPS or steps_without_tokens >= THRASH_STEPS:
-            raise WorkloadError(f"livelock: {max(idle_steps, steps_without_tokens)} steps in a row without a sampled "
-                                f"token, no input left (step {step})")
+            raise WorkloadError(
+                f"livelock: {max(idle_steps, steps_without_tokens)} steps in a row without a sampled "
+                f"token, no input left (step {step})"
+            )
         step_event: dict[str, Any] = {"kind": "step", "step": step, "expect": expect}
         if observe:
             step_event["observe"] = get_v0_observation(sched)
         events.append(step_event)
-        step_oracle_ids = {g["request_id"]: oracle_ids.get(g["request_id"], g["request_id"])
-                           for g in expect["scheduled_seq_groups"]}
+        step_oracle_ids = {
+            g["request_id"]: oracle_ids.get(g["request_id"], g["request_id"]) for g in expect["scheduled_seq_groups"]
+        }
         try:
             apply_due(in_flight=True)
         except _EngineDied:
@@ -701,18 +744,21 @@ def run_v0_workload(workload: Workload, max_steps: int = 10_000, check: bool = F
             num_sampled[oid] = num_sampled.get(oid, 0) + 1
         if checker:
             checker()
-        events.append({
-            "kind": "model_output",
-            "step": step,
-            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
-            "draft_token_ids": {},
-            "expect": {"outputs": [o.to_canonical() for o in outputs]},
-        })
+        events.append(
+            {
+                "kind": "model_output",
+                "step": step,
+                "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+                "draft_token_ids": {},
+                "expect": {"outputs": [o.to_canonical() for o in outputs]},
+            }
+        )
         steps_done += 1
         now += 1
     extra = {"description": workload.description} if workload.description else {}
-    header = make_header(workload.config.to_dict(), workload.profile, workload.seed, workload.origin,
-                         scheduler="v0", **extra)
+    header = make_header(
+        workload.config.to_dict(), workload.profile, workload.seed, workload.origin, scheduler="v0", **extra
+    )
     return Trace(header=header, events=events)
 
 
@@ -760,8 +806,12 @@ def workload_from_trace(trace: Trace) -> Workload:
     accepted: dict[tuple[str, int], tuple[int, bool]] = {}
     step_num_drafts: dict[int, dict[str, int]] = {}  # step -> request id -> drafts scheduled
     config = get_config_of(trace)
-    worker_drafts = (trace.scheduler != "v0" and config.num_spec_tokens > 0
-                     and trace.profile in PROFILES and PROFILES[trace.profile].async_scheduling)
+    worker_drafts = (
+        trace.scheduler != "v0"
+        and config.num_spec_tokens > 0
+        and trace.profile in PROFILES
+        and PROFILES[trace.profile].async_scheduling
+    )
     adds: dict[str, int] = {}
     steps = 0
     after_schedule = False  # a step scheduled, no model output since
@@ -775,17 +825,29 @@ def workload_from_trace(trace: Trace) -> Workload:
                 x = event["expect"]
                 step_num_drafts[event["step"]] = {r: len(d) for r, d in x["scheduled_spec_decode_tokens"].items()}
                 step_positions[event["step"]] = {
-                    **{r["req_id"]: delivered.get(oracle_id(r["req_id"], adds.get(r["req_id"], 1) - 1), 0)
-                       for r in x["scheduled_new_reqs"]},
-                    **{c["req_id"]: c["num_output_tokens"] for c in x["scheduled_cached_reqs"]}}
+                    **{
+                        r["req_id"]: delivered.get(oracle_id(r["req_id"], adds.get(r["req_id"], 1) - 1), 0)
+                        for r in x["scheduled_new_reqs"]
+                    },
+                    **{c["req_id"]: c["num_output_tokens"] for c in x["scheduled_cached_reqs"]},
+                }
         elif kind == "add_request" and "expect_error" not in event and event["request_id"] not in adds:
-            requests.append(RequestSpec(
-                request_id=event["request_id"], prompt_token_ids=tuple(event["prompt_token_ids"]),
-                max_tokens=event["max_tokens"], priority=event["priority"], arrival_time=event["arrival_time"],
-                eos_token_id=event["eos_token_id"], stop_token_ids=tuple(event["stop_token_ids"]),
-                ignore_eos=event["ignore_eos"], min_tokens=event["min_tokens"], at_step=at, in_flight=in_flight,
-                order=index,
-            ))
+            requests.append(
+                RequestSpec(
+                    request_id=event["request_id"],
+                    prompt_token_ids=tuple(event["prompt_token_ids"]),
+                    max_tokens=event["max_tokens"],
+                    priority=event["priority"],
+                    arrival_time=event["arrival_time"],
+                    eos_token_id=event["eos_token_id"],
+                    stop_token_ids=tuple(event["stop_token_ids"]),
+                    ignore_eos=event["ignore_eos"],
+                    min_tokens=event["min_tokens"],
+                    at_step=at,
+                    in_flight=in_flight,
+                    order=index,
+                )
+            )
             adds[event["request_id"]] = adds.get(event["request_id"], 0) + 1
         elif kind == "abort" and "expect_error" not in event:
             aborts.append(AbortSpec(event["request_id"], at, in_flight, order=index))
@@ -795,8 +857,9 @@ def workload_from_trace(trace: Trace) -> Workload:
             # Refused inputs, and re-adds of an id (refused too if they move
             # before the first request's end, e.g. in a driver that ignores
             # ``in_flight``; recorded as valid inputs when accepted).
-            invalid.append(InvalidInput({k: v for k, v in event.items() if k != "expect_error"}, at, in_flight,
-                                        order=index))
+            invalid.append(
+                InvalidInput({k: v for k, v in event.items() if k != "expect_error"}, at, in_flight, order=index)
+            )
             if kind == "add_request" and "expect_error" not in event:
                 adds[event["request_id"]] += 1
         elif kind == "model_output":
@@ -829,11 +892,19 @@ def workload_from_trace(trace: Trace) -> Workload:
             for o in event.get("expect", {}).get("outputs", ()):
                 oid = oracle_id(o["req_id"], adds.get(o["req_id"], 1) - 1)
                 delivered[oid] = delivered.get(oid, 0) + len(o["new_token_ids"])
-    oracle = RecordedOracle(tokens={k: tuple(v[p] for p in range(len(v)) if p in v) for k, v in tokens.items()},
-                            drafts=drafts, accepted={key: n for key, (n, _) in accepted.items()})
+    oracle = RecordedOracle(
+        tokens={k: tuple(v[p] for p in range(len(v)) if p in v) for k, v in tokens.items()},
+        drafts=drafts,
+        accepted={key: n for key, (n, _) in accepted.items()},
+    )
     return Workload(
-        config=config, profile=trace.profile, requests=tuple(requests),
-        aborts=tuple(aborts), invalid_inputs=tuple(invalid), resets=tuple(resets), oracle=oracle,
+        config=config,
+        profile=trace.profile,
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        invalid_inputs=tuple(invalid),
+        resets=tuple(resets),
+        oracle=oracle,
         record_stats=any("stats" in e.get("expect", {}) for e in trace.events if e["kind"] == "model_output"),
         seed=trace.header.get("seed", 0),
         origin=trace.header.get("origin", "trace"),

@@ -97,6 +97,7 @@ SWAP_SPACE_EXHAUSTED = "engine_swap_space_exhausted"
 
 # ------------------------------------------------------------- configs
 
+
 def make_v0_config(fields: dict[str, Any], profile: str = V0_PROFILE) -> Any:
     """The model's v0 config for ``fields``; raises InvalidConfig for what vLLM 0.10.2 refuses."""
     from schedconf.spec.schedulers import make_config
@@ -133,10 +134,23 @@ def draw_v0_config_fields(c: Chooser, family: str) -> dict[str, Any]:
         preemption_mode = c.choice(["swap", None, "recompute", "swap"], "preemption_mode")
     if preemption_mode == "swap":
         # Mostly room for every swapped request; sometimes too little (the engine crashes).
-        num_cpu_blocks = c.choice([2 * num_gpu_blocks, 3 * num_gpu_blocks, num_gpu_blocks + min_blocks,
-                                   4 * num_gpu_blocks, 2 * num_gpu_blocks, num_gpu_blocks, 3 * num_gpu_blocks,
-                                   2 * num_gpu_blocks, 4 * num_gpu_blocks, 3 * num_gpu_blocks,
-                                   max(1, min_blocks // 2), 0], "num_cpu_blocks")
+        num_cpu_blocks = c.choice(
+            [
+                2 * num_gpu_blocks,
+                3 * num_gpu_blocks,
+                num_gpu_blocks + min_blocks,
+                4 * num_gpu_blocks,
+                2 * num_gpu_blocks,
+                num_gpu_blocks,
+                3 * num_gpu_blocks,
+                2 * num_gpu_blocks,
+                4 * num_gpu_blocks,
+                3 * num_gpu_blocks,
+                max(1, min_blocks // 2),
+                0,
+            ],
+            "num_cpu_blocks",
+        )
     else:
         num_cpu_blocks = c.choice([0, 0, num_gpu_blocks, min_blocks], "num_cpu_blocks")
     if family == "partial":
@@ -158,7 +172,9 @@ def draw_v0_config_fields(c: Chooser, family: str) -> dict[str, Any]:
         max_num_partial_prefills = c.integer(2, 4, "max_num_partial_prefills")
         max_long_partial_prefills = c.integer(1, max_num_partial_prefills, "max_long_partial_prefills")
         # 0: vLLM's int(0.04 * max_model_len) (0 for short models: every prompt is long).
-        threshold = c.choice([0, block_size, max(1, max_model_len // 4), max_model_len // 2, 1], "long_prefill_threshold")
+        threshold = c.choice(
+            [0, block_size, max(1, max_model_len // 4), max_model_len // 2, 1], "long_prefill_threshold"
+        )
         threshold = min(threshold, max_model_len)
     else:
         max_num_partial_prefills = max_long_partial_prefills = 1
@@ -200,8 +216,10 @@ def build_v0_config(c: Chooser, family: str = "mixed", profile: str = V0_PROFILE
 
 # ----------------------------------------------------------- workloads
 
-def build_v0_workload(c: Chooser, profile: str = V0_PROFILE, seed: int = 0, invalid_inputs: bool = True,
-                      config: Any = None) -> Workload:
+
+def build_v0_workload(
+    c: Chooser, profile: str = V0_PROFILE, seed: int = 0, invalid_inputs: bool = True, config: Any = None
+) -> Workload:
     """Draw one v0 workload (see the module docstring for what it aims at)."""
     family = c.choice(FAMILY_DRAWS, "family")
     config = config or build_v0_config(c, family, profile)
@@ -229,8 +247,11 @@ def build_v0_workload(c: Chooser, profile: str = V0_PROFILE, seed: int = 0, inva
     for i in range(num_requests):
         rid = f"r{i}"
         # Only where the pool is about one sequence: the request then needs few tokens past it.
-        outgrow = (cfg["preemption_mode"] != "swap" and capacity <= max_model_len + 4 * block_size
-                   and c.boolean(OUTGROW_RATE, "outgrow"))
+        outgrow = (
+            cfg["preemption_mode"] != "swap"
+            and capacity <= max_model_len + 4 * block_size
+            and c.boolean(OUTGROW_RATE, "outgrow")
+        )
         shape = c.choice(shapes, "prompt_shape")
         if shape == "near_max":
             length = c.choice([max_prompt, max_model_len], "near_max_len")
@@ -245,8 +266,13 @@ def build_v0_workload(c: Chooser, profile: str = V0_PROFILE, seed: int = 0, inva
         length = max(1, length)
         if shape in ("shared", "block_multiple") or c.boolean(0.3, "shares_prefix"):
             base = c.choice(bases, "base")
-            shared = min(len(base), c.choice([length, length - 1, length // block_size * block_size,
-                                              c.integer(0, length, "shared_any")], "shared_len"))
+            shared = min(
+                len(base),
+                c.choice(
+                    [length, length - 1, length // block_size * block_size, c.integer(0, length, "shared_any")],
+                    "shared_len",
+                ),
+            )
             prompt = base[:shared] + tuple(5000 + 100 * i + j for j in range(length - shared))
         else:
             prompt = tuple(5000 + 100 * i + j for j in range(length))
@@ -277,11 +303,20 @@ def build_v0_workload(c: Chooser, profile: str = V0_PROFILE, seed: int = 0, inva
             priority = c.choice([num_requests - i, num_requests - i, 0, c.integer(0, 2, "priority_any")], "priority")
         else:
             priority = c.choice([0, 0, 1, 2], "priority") if cfg["policy"] == "priority" else 0
-        requests.append(RequestSpec(
-            request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, priority=priority,
-            arrival_time=arrival, eos_token_id=eos, stop_token_ids=stops, ignore_eos=c.boolean(0.15, "ignore_eos"),
-            min_tokens=min_tokens, at_step=step,
-        ))
+        requests.append(
+            RequestSpec(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                priority=priority,
+                arrival_time=arrival,
+                eos_token_id=eos,
+                stop_token_ids=stops,
+                ignore_eos=c.boolean(0.15, "ignore_eos"),
+                min_tokens=min_tokens,
+                at_step=step,
+            )
+        )
     aborts: list[AbortSpec] = []
     for r in requests:
         if c.boolean(0.2, "abort"):
@@ -302,9 +337,17 @@ def build_v0_workload(c: Chooser, profile: str = V0_PROFILE, seed: int = 0, inva
         elif kind == "too_long":  # the v0 engine refuses a prompt over max_model_len at add (prompt_too_long)
             event.update(request_id="bad", prompt_token_ids=list(range(10, 11 + max_model_len)))
         invalid.append(InvalidInput(event, first.at_step))
-    workload = Workload(config=config, profile=profile, requests=tuple(requests), aborts=tuple(aborts),
-                        invalid_inputs=tuple(invalid), oracle=oracle, seed=seed, origin="generate",
-                        description=f"v0 family {family}")
+    workload = Workload(
+        config=config,
+        profile=profile,
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        invalid_inputs=tuple(invalid),
+        oracle=oracle,
+        seed=seed,
+        origin="generate",
+        description=f"v0 family {family}",
+    )
     x = c.fork("abort_swapped")
     if cfg["preemption_mode"] == "swap" and x.boolean(ABORT_SWAPPED_RATE, "abort_swapped"):
         workload = add_abort_of_swapped(x, workload)
@@ -328,8 +371,12 @@ def add_abort_of_swapped(c: Chooser, workload: Workload) -> Workload:
     except (WorkloadError, InvalidEvent, InvalidConfig):
         return workload
     # After step k (time times[k - 1]), before step k + 1: time times[k - 1] + 1.
-    moments = [(times[event["step"] - 1] + 1, rid) for event in trace.events
-               if event["kind"] == "step" and "observe" in event for rid in event["observe"]["cpu_block_tables"]]
+    moments = [
+        (times[event["step"] - 1] + 1, rid)
+        for event in trace.events
+        if event["kind"] == "step" and "observe" in event
+        for rid in event["observe"]["cpu_block_tables"]
+    ]
     if not moments:
         return workload
     at, rid = c.choice(moments, "abort_swapped_moment")
@@ -366,6 +413,7 @@ def v0_workloads(profile: str = V0_PROFILE, invalid_inputs: bool = True) -> st.S
 
 
 # ------------------------------------------------------------- coverage
+
 
 def get_v0_features(trace: Trace) -> list[str]:
     """The hard cases a v0 trace reaches, from the trace alone.
@@ -470,6 +518,7 @@ def get_v0_features(trace: Trace) -> list[str]:
 
 # ------------------------------------------------------------- shrinking
 
+
 def get_v0_config_candidates(w: Workload) -> Iterator[Workload]:
     """Smaller v0 machines for the shrinker: the pools, the budgets, then features off."""
     cfg = w.config.to_dict()
@@ -502,14 +551,25 @@ def get_v0_config_candidates(w: Workload) -> Iterator[Workload]:
     if cfg["enable_prefix_caching"]:
         tweaks.append({"enable_prefix_caching": False})
     if cfg["enable_chunked_prefill"]:
-        tweaks.append({"enable_chunked_prefill": False, "max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
-                       "max_num_batched_tokens": max(cfg["max_num_batched_tokens"], cfg["max_model_len"])})
+        tweaks.append(
+            {
+                "enable_chunked_prefill": False,
+                "max_num_partial_prefills": 1,
+                "max_long_partial_prefills": 1,
+                "max_num_batched_tokens": max(cfg["max_num_batched_tokens"], cfg["max_model_len"]),
+            }
+        )
     if cfg["preemption_mode"] is not None:
         tweaks.append({"preemption_mode": None})
     for bs in (1, 2, 4):
         if bs < cfg["block_size"]:
-            tweaks.append({"block_size": bs, "num_gpu_blocks": cdiv(cfg["num_gpu_blocks"] * cfg["block_size"], bs),
-                           "num_cpu_blocks": cdiv(cfg["num_cpu_blocks"] * cfg["block_size"], bs)})
+            tweaks.append(
+                {
+                    "block_size": bs,
+                    "num_gpu_blocks": cdiv(cfg["num_gpu_blocks"] * cfg["block_size"], bs),
+                    "num_cpu_blocks": cdiv(cfg["num_cpu_blocks"] * cfg["block_size"], bs),
+                }
+            )
     for tweak in tweaks:
         try:
             new = make_v0_config({**cfg, **tweak}, w.profile)
@@ -520,21 +580,37 @@ def get_v0_config_candidates(w: Workload) -> Iterator[Workload]:
 
 # -------------------------------------------------------------- examples
 
+
 def _example_config(**fields: Any) -> Any:
-    base = {"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": 4, "max_num_batched_tokens": 16,
-            "max_num_seqs": 2, "max_model_len": 16, "enable_chunked_prefill": False, "enable_prefix_caching": False,
-            "policy": "fcfs", "preemption_mode": "swap", "max_num_partial_prefills": 1,
-            "max_long_partial_prefills": 1, "long_prefill_token_threshold": 0}
+    base = {
+        "block_size": 4,
+        "num_gpu_blocks": 4,
+        "num_cpu_blocks": 4,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 2,
+        "max_model_len": 16,
+        "enable_chunked_prefill": False,
+        "enable_prefix_caching": False,
+        "policy": "fcfs",
+        "preemption_mode": "swap",
+        "max_num_partial_prefills": 1,
+        "max_long_partial_prefills": 1,
+        "long_prefill_token_threshold": 0,
+    }
     return make_v0_config({**base, **fields})
 
 
 def example_v0_swap() -> Workload:
     """Two 7-token prompts fill 4 GPU blocks of 4; at the first decode the tail (r2) is swapped out, then back in."""
     return Workload(
-        config=_example_config(), profile=V0_PROFILE,
-        requests=(RequestSpec("r1", (1, 2, 3, 4, 5, 6, 7), max_tokens=3, eos_token_id=0),
-                  RequestSpec("r2", (8, 9, 10, 11, 12, 13, 14), max_tokens=3, eos_token_id=0)),
-        oracle=HashOracle(seed=1, eos_per_mille=0), origin="example",
+        config=_example_config(),
+        profile=V0_PROFILE,
+        requests=(
+            RequestSpec("r1", (1, 2, 3, 4, 5, 6, 7), max_tokens=3, eos_token_id=0),
+            RequestSpec("r2", (8, 9, 10, 11, 12, 13, 14), max_tokens=3, eos_token_id=0),
+        ),
+        oracle=HashOracle(seed=1, eos_per_mille=0),
+        origin="example",
         description="two requests of 7 tokens in 4 GPU blocks: the second is swapped out, then in",
     )
 
@@ -543,7 +619,8 @@ def example_v0_recompute() -> Workload:
     """The swap example under vLLM's default mode: r2 is preempted by recompute and re-prefilled with its output."""
     return example_v0_swap().replace(
         config=_example_config(preemption_mode=None, num_cpu_blocks=0),
-        description="two requests of 7 tokens in 4 GPU blocks: the second is recomputed (prompt + its output)")
+        description="two requests of 7 tokens in 4 GPU blocks: the second is recomputed (prompt + its output)",
+    )
 
 
 def example_v0_ignored() -> Workload:
@@ -551,10 +628,13 @@ def example_v0_ignored() -> Workload:
     config = _example_config(preemption_mode=None, num_cpu_blocks=0)
     requests = (RequestSpec("grow", tuple(range(100, 110)), max_tokens=8, min_tokens=8, ignore_eos=True),)
     return Workload(
-        config=config, profile=V0_PROFILE, requests=requests,
-        oracle=HashOracle(seed=2, eos_per_mille=0), origin="example",
+        config=config,
+        profile=V0_PROFILE,
+        requests=requests,
+        oracle=HashOracle(seed=2, eos_per_mille=0),
+        origin="example",
         description="10 prompt tokens and min_tokens 8 in a pool of 16 tokens (max_model_len 16): at 17 tokens it "
-                    "preempts itself (recompute) and its 17-token re-prefill is over the limit: ignored",
+        "preempts itself (recompute) and its 17-token re-prefill is over the limit: ignored",
     )
 
 
@@ -566,33 +646,56 @@ def example_v0_aborts() -> Workload:
         RequestSpec("r3", (15, 16, 17), max_tokens=4, eos_token_id=0, at_step=1),
     )
     return Workload(
-        config=_example_config(num_cpu_blocks=8), profile=V0_PROFILE, requests=requests,
+        config=_example_config(num_cpu_blocks=8),
+        profile=V0_PROFILE,
+        requests=requests,
         aborts=(AbortSpec("r3", 1), AbortSpec("r2", 3), AbortSpec("r1", 4)),
-        oracle=HashOracle(seed=2, eos_per_mille=0), origin="example",
+        oracle=HashOracle(seed=2, eos_per_mille=0),
+        origin="example",
         description="r2 swapped out, then aborted while swapped; r3 aborted while waiting, r1 while running",
     )
 
 
 def example_v0_partial_prefills() -> Workload:
     """Chunked prefill with two concurrent partial prefills: two 12-token prompts share a budget of 8."""
-    config = _example_config(enable_chunked_prefill=True, max_num_batched_tokens=8, num_gpu_blocks=8,
-                             max_num_partial_prefills=2, max_long_partial_prefills=2, preemption_mode=None)
-    requests = (RequestSpec("a", tuple(range(200, 212)), max_tokens=2, eos_token_id=0),
-                RequestSpec("b", tuple(range(300, 312)), max_tokens=2, eos_token_id=0))
-    return Workload(config=config, profile=V0_PROFILE, requests=requests,
-                    oracle=HashOracle(seed=3, eos_per_mille=0), origin="example",
-                    description="two 12-token prompts prefilled concurrently in chunks of 4 (budget 8 / 2 slots)")
+    config = _example_config(
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=8,
+        num_gpu_blocks=8,
+        max_num_partial_prefills=2,
+        max_long_partial_prefills=2,
+        preemption_mode=None,
+    )
+    requests = (
+        RequestSpec("a", tuple(range(200, 212)), max_tokens=2, eos_token_id=0),
+        RequestSpec("b", tuple(range(300, 312)), max_tokens=2, eos_token_id=0),
+    )
+    return Workload(
+        config=config,
+        profile=V0_PROFILE,
+        requests=requests,
+        oracle=HashOracle(seed=3, eos_per_mille=0),
+        origin="example",
+        description="two 12-token prompts prefilled concurrently in chunks of 4 (budget 8 / 2 slots)",
+    )
 
 
 def example_v0_prefix_hit() -> Workload:
     """Prefix caching: b arrives after a's 8-token prompt is computed and reuses its first two blocks."""
     config = _example_config(enable_prefix_caching=True, num_gpu_blocks=8, preemption_mode=None)
     shared = tuple(range(400, 408))
-    requests = (RequestSpec("a", shared + (1, 2), max_tokens=2, eos_token_id=0),
-                RequestSpec("b", shared + (3,), max_tokens=2, eos_token_id=0, at_step=1))
-    return Workload(config=config, profile=V0_PROFILE, requests=requests,
-                    oracle=HashOracle(seed=4, eos_per_mille=0), origin="example",
-                    description="b shares a's first 8 tokens (two full blocks): a prefix hit")
+    requests = (
+        RequestSpec("a", shared + (1, 2), max_tokens=2, eos_token_id=0),
+        RequestSpec("b", shared + (3,), max_tokens=2, eos_token_id=0, at_step=1),
+    )
+    return Workload(
+        config=config,
+        profile=V0_PROFILE,
+        requests=requests,
+        oracle=HashOracle(seed=4, eos_per_mille=0),
+        origin="example",
+        description="b shares a's first 8 tokens (two full blocks): a prefix hit",
+    )
 
 
 V0_EXAMPLES: dict[str, Callable[[], Workload]] = {

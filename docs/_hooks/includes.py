@@ -70,7 +70,7 @@ def compute_link(target: str, repo_path: str, page_src_uri: str) -> str | None:
     if resolved in INCLUDED:
         page = INCLUDED[resolved]
     elif resolved.startswith("docs/") and resolved.endswith(".md"):
-        page = resolved[len("docs/"):]
+        page = resolved[len("docs/") :]
     else:
         return None
     relative = posixpath.relpath(page, posixpath.dirname(page_src_uri) or ".")

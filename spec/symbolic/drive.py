@@ -105,9 +105,12 @@ def _one_enabled(ev: Evaluator, names: tuple[str, ...], state: State) -> tuple[s
     return enabled[0]
 
 
-def run_schedule(ev: Evaluator, state: State,
-                 on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
-                 composed: bool = False) -> State:
+def run_schedule(
+    ev: Evaluator,
+    state: State,
+    on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
+    composed: bool = False,
+) -> State:
     """The encoded ``schedule()`` from an IDLE state: returns the PENDING state.
 
     With ``composed`` the loops advance by whole iterations (``COMPOSED``).
@@ -115,8 +118,10 @@ def run_schedule(ev: Evaluator, state: State,
     assert state.phase == IDLE
     guard, state, facts = ev("begin_step", state, {})
     assert guard
-    steps = (("running_start", "running_allocate", "running_preempt", "end_running_loop"),
-             ("waiting_admit", "waiting_stop", "end_schedule"))
+    steps = (
+        ("running_start", "running_allocate", "running_preempt", "end_running_loop"),
+        ("waiting_admit", "waiting_stop", "end_schedule"),
+    )
     if composed:
         steps = (("running_iteration", "end_running_loop"), ("waiting_admission", "end_schedule"))
     for names in steps:
@@ -132,9 +137,13 @@ def run_schedule(ev: Evaluator, state: State,
     return state
 
 
-def schedule_both(sched: Scheduler, ev: Evaluator, shape: Shape, snap: Snapshot | None = None,
-                  on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
-                  ) -> tuple[Snapshot, State]:
+def schedule_both(
+    sched: Scheduler,
+    ev: Evaluator,
+    shape: Shape,
+    snap: Snapshot | None = None,
+    on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
+) -> tuple[Snapshot, State]:
     """Run ``schedule()`` on ``sched`` (mutated) and the encoded schedule on its snapshot.
 
     Returns the model's snapshot after the step and the encoding's state.
@@ -152,10 +161,14 @@ def is_stop_token(sched: Scheduler, request_id: str, token: int) -> bool:
     return token == params.effective_eos_token_id or token in params.stop_token_ids
 
 
-def update_both(sched: Scheduler, ev: Evaluator, shape: Shape, sampled: dict[str, tuple[int, ...]],
-                snap: Snapshot | None = None,
-                on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
-                ) -> tuple[Snapshot, State]:
+def update_both(
+    sched: Scheduler,
+    ev: Evaluator,
+    shape: Shape,
+    sampled: dict[str, tuple[int, ...]],
+    snap: Snapshot | None = None,
+    on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
+) -> tuple[Snapshot, State]:
     """Run ``update_from_output`` on ``sched`` (mutated) and the encoded update on its snapshot.
 
     ``sampled`` gives one token per request that samples. New block hashes

@@ -64,8 +64,9 @@ class Helper:
     """One worker process (``spawn``), its tasks run in the order they were submitted."""
 
     def __init__(self) -> None:
-        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=1,
-                                                           mp_context=multiprocessing.get_context("spawn"))
+        self.pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn")
+        )
 
     def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
         """Run ``fn(*args)`` in the helper (``fn`` a module-level function, the args picklable)."""

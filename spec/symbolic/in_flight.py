@@ -138,12 +138,27 @@ from schedconf.spec.v1.view import PREEMPTED, RUNNING, WAITING
 
 INT, BOOL = "int", "bool"
 
-SCALAR_FIELDS = (("is_async", BOOL), ("max_concurrent_batches", INT), ("current_step", INT), ("num_steps", INT),
-                 ("building", BOOL), ("num_spec_tokens", INT), ("trim_computed_on_stop", BOOL),
-                 ("resolve_trimmed_placeholders", BOOL))
-SLOT_FIELDS = (("status", INT), ("num_tokens", INT), ("num_prompt_tokens", INT), ("max_tokens", INT),
-               ("num_computed_tokens", INT), ("num_output_placeholders", INT), ("num_in_flight_tokens", INT),
-               ("num_stale_output_tokens", INT), ("num_spec_token_ids", INT))
+SCALAR_FIELDS = (
+    ("is_async", BOOL),
+    ("max_concurrent_batches", INT),
+    ("current_step", INT),
+    ("num_steps", INT),
+    ("building", BOOL),
+    ("num_spec_tokens", INT),
+    ("trim_computed_on_stop", BOOL),
+    ("resolve_trimmed_placeholders", BOOL),
+)
+SLOT_FIELDS = (
+    ("status", INT),
+    ("num_tokens", INT),
+    ("num_prompt_tokens", INT),
+    ("max_tokens", INT),
+    ("num_computed_tokens", INT),
+    ("num_output_placeholders", INT),
+    ("num_in_flight_tokens", INT),
+    ("num_stale_output_tokens", INT),
+    ("num_spec_token_ids", INT),
+)
 STEP_FIELDS = (("scheduled", INT), ("samples", BOOL), ("drafts", INT))
 """Per in-flight step ``d`` (oldest first) and slot ``r``: ``field[d][r]``."""
 
@@ -222,8 +237,9 @@ class FlightState:
     def num_in_flight_samples(self, r: int) -> Any:
         """Tokens the steps in flight may sample for slot ``r``: ``1 + drafts`` per step in which it samples
         (``spec/v1/view.py`` counts them so)."""
-        return total(ite(land(self.is_active(d), self.samples[d][r]), 1 + self.drafts[d][r], 0)
-                     for d in self.shape.steps)
+        return total(
+            ite(land(self.is_active(d), self.samples[d][r]), 1 + self.drafts[d][r], 0) for d in self.shape.steps
+        )
 
     def newest_scheduled(self, r: int) -> Any:
         """Tokens the newest step in flight scheduled for slot ``r`` (0 when none is in flight)."""
@@ -244,6 +260,7 @@ def _le(a: Any, b: Any) -> Any:
 
 def fresh_state(shape: FlightShape, tag: str = "s") -> FlightState:
     """A state whose every leaf is a fresh Z3 constant named ``tag.field[index]``."""
+
     def var(kind: str, name: str) -> Any:
         return z3.Int(name) if kind == INT else z3.Bool(name)
 
@@ -257,6 +274,7 @@ def fresh_state(shape: FlightShape, tag: str = "s") -> FlightState:
 
 def evaluate(state: FlightState, model: z3.ModelRef) -> FlightState:
     """The Python-valued state of ``state`` under a Z3 model."""
+
     def value(x: Any) -> Any:
         return value_of(model.eval(x, model_completion=True)) if is_z3(x) else x
 
@@ -271,23 +289,31 @@ def evaluate(state: FlightState, model: z3.ModelRef) -> FlightState:
 def describe(s: FlightState) -> str:
     """A few lines for a Python-valued state."""
     names = {DEAD: "dead", WAITING: "WAITING", RUNNING: "RUNNING", PREEMPTED: "PREEMPTED"}
-    lines = [f"async={s.is_async} max_concurrent_batches={s.max_concurrent_batches} step={s.current_step} "
-             f"in_flight={s.num_steps} building={s.building} num_spec_tokens={s.num_spec_tokens} "
-             f"trim_computed_on_stop={s.trim_computed_on_stop} "
-             f"resolve_trimmed_placeholders={s.resolve_trimmed_placeholders}"]
+    lines = [
+        f"async={s.is_async} max_concurrent_batches={s.max_concurrent_batches} step={s.current_step} "
+        f"in_flight={s.num_steps} building={s.building} num_spec_tokens={s.num_spec_tokens} "
+        f"trim_computed_on_stop={s.trim_computed_on_stop} "
+        f"resolve_trimmed_placeholders={s.resolve_trimmed_placeholders}"
+    ]
     for r in s.shape.slots:
-        lines.append(f"  r{r}: {names.get(s.status[r], s.status[r])} tokens={s.num_tokens[r]} "
-                     f"prompt={s.num_prompt_tokens[r]} max={s.max_tokens[r]} computed={s.num_computed_tokens[r]} "
-                     f"placeholders={s.num_output_placeholders[r]} in_flight={s.num_in_flight_tokens[r]} "
-                     f"stale={s.num_stale_output_tokens[r]} spec={s.num_spec_token_ids[r]}")
+        lines.append(
+            f"  r{r}: {names.get(s.status[r], s.status[r])} tokens={s.num_tokens[r]} "
+            f"prompt={s.num_prompt_tokens[r]} max={s.max_tokens[r]} computed={s.num_computed_tokens[r]} "
+            f"placeholders={s.num_output_placeholders[r]} in_flight={s.num_in_flight_tokens[r]} "
+            f"stale={s.num_stale_output_tokens[r]} spec={s.num_spec_token_ids[r]}"
+        )
     for d in s.shape.steps:
-        cells = " ".join(f"r{r}:{s.scheduled[d][r]}{'*' if s.samples[d][r] else ''}"
-                         + (f"+{s.drafts[d][r]}d" if s.drafts[d][r] else "") for r in s.shape.slots)
+        cells = " ".join(
+            f"r{r}:{s.scheduled[d][r]}{'*' if s.samples[d][r] else ''}"
+            + (f"+{s.drafts[d][r]}d" if s.drafts[d][r] else "")
+            for r in s.shape.slots
+        )
         lines.append(f"  step[{d}]: {cells}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ the view the invariants read
+
 
 class FlightView:
     """The names of :class:`schedconf.spec.v1.view.ConcreteView` that the in-flight invariants read, over a FlightState.
@@ -341,6 +367,7 @@ SPEC_INVARIANTS = ("in_flight_accounting", "computed_range", "prefix_hit_capped"
 def inv_counters_nonnegative(s: FlightState, o: Any) -> Any:
     """Every counter of a live request is >= 0, and so is every cell of a step in flight."""
     cells = [_le(0, s.scheduled[d][r]) for d in s.shape.steps for r in s.shape.slots]
+
     def nonnegative(r: int) -> Any:
         return limplies(s.live(r), land(*[_le(0, getattr(s, c)[r]) for c in COUNTERS]))
 
@@ -358,6 +385,7 @@ def invariant_formulas(s: FlightState, ops: Any | None = None) -> list[tuple[str
 
 # ------------------------------------------------------------------ lemmas
 
+
 def lemma_shape(s: FlightState, o: Any) -> Any:
     """``1 <= max_concurrent_batches <= D``, ``0 <= num_steps <= max_concurrent_batches`` (at least 1 while
     building), ``current_step >= num_steps``; ``0 <= num_spec_tokens <= K``, and ``num_spec_tokens > 0`` only
@@ -366,17 +394,32 @@ def lemma_shape(s: FlightState, o: Any) -> Any:
     tokens; a cell's drafts are in ``0..num_spec_tokens``, and only a sampling cell has drafts."""
     D = s.shape.num_steps
     k = s.num_spec_tokens
-    parts = [_le(1, s.max_concurrent_batches), _le(s.max_concurrent_batches, D), _le(0, s.num_steps),
-             _le(s.num_steps, s.max_concurrent_batches), limplies(s.building, _le(1, s.num_steps)),
-             _le(s.num_steps, s.current_step), _le(0, k), _le(k, s.shape.max_spec_tokens),
-             lor(eq(k, 0), s.is_async)]
+    parts = [
+        _le(1, s.max_concurrent_batches),
+        _le(s.max_concurrent_batches, D),
+        _le(0, s.num_steps),
+        _le(s.num_steps, s.max_concurrent_batches),
+        limplies(s.building, _le(1, s.num_steps)),
+        _le(s.num_steps, s.current_step),
+        _le(0, k),
+        _le(k, s.shape.max_spec_tokens),
+        lor(eq(k, 0), s.is_async),
+    ]
     for d in s.shape.steps:
         for r in s.shape.slots:
             cell = s.drafts[d][r]
-            parts.append(ite(s.is_active(d),
-                             land(limplies(s.samples[d][r], _lt(0, s.scheduled[d][r])), _le(0, cell), _le(cell, k),
-                                  limplies(_lt(0, cell), s.samples[d][r])),
-                             land(eq(s.scheduled[d][r], 0), lnot(s.samples[d][r]), eq(cell, 0))))
+            parts.append(
+                ite(
+                    s.is_active(d),
+                    land(
+                        limplies(s.samples[d][r], _lt(0, s.scheduled[d][r])),
+                        _le(0, cell),
+                        _le(cell, k),
+                        limplies(_lt(0, cell), s.samples[d][r]),
+                    ),
+                    land(eq(s.scheduled[d][r], 0), lnot(s.samples[d][r]), eq(cell, 0)),
+                )
+            )
     return land(*parts)
 
 
@@ -387,10 +430,12 @@ def lemma_slots(s: FlightState, o: Any) -> Any:
     for r in s.shape.slots:
         st = s.status[r]
         dead = land(*[eq(getattr(s, c)[r], 0) for c in COUNTERS])
-        live = land(_le(1, s.num_prompt_tokens[r]), _le(s.num_prompt_tokens[r], s.num_tokens[r]),
-                    _le(1, s.max_tokens[r]))
-        parts.append(lor(land(eq(st, DEAD), dead),
-                         land(lor(eq(st, WAITING), eq(st, RUNNING), eq(st, PREEMPTED)), live)))
+        live = land(
+            _le(1, s.num_prompt_tokens[r]), _le(s.num_prompt_tokens[r], s.num_tokens[r]), _le(1, s.max_tokens[r])
+        )
+        parts.append(
+            lor(land(eq(st, DEAD), dead), land(lor(eq(st, WAITING), eq(st, RUNNING), eq(st, PREEMPTED)), live))
+        )
     return land(*parts)
 
 
@@ -405,9 +450,16 @@ def lemma_status_accounting(s: FlightState, o: Any) -> Any:
         fl, stale, spec = s.num_in_flight_tokens[r], s.num_stale_output_tokens[r], s.num_spec_token_ids[r]
         parts.append(limplies(eq(st, WAITING), land(eq(comp, 0), eq(ph, 0), eq(fl, 0), eq(stale, 0), eq(spec, 0))))
         parts.append(limplies(eq(st, PREEMPTED), land(eq(comp, 0), eq(ph, 0), eq(stale, fl), eq(spec, 0))))
-        parts.append(limplies(eq(st, RUNNING), land(eq(stale, 0),
-                                                    eq(ph, ite(s.is_async, s.num_in_flight_samples(r), 0)),
-                                                    lor(eq(spec, 0), eq(spec, s.num_spec_tokens)))))
+        parts.append(
+            limplies(
+                eq(st, RUNNING),
+                land(
+                    eq(stale, 0),
+                    eq(ph, ite(s.is_async, s.num_in_flight_samples(r), 0)),
+                    lor(eq(spec, 0), eq(spec, s.num_spec_tokens)),
+                ),
+            )
+        )
     return land(*parts)
 
 
@@ -425,8 +477,9 @@ def lemma_decode_progress(s: FlightState, o: Any) -> Any:
         parts.append(limplies(s.live(r), _lt(s.num_tokens[r], s.num_prompt_tokens[r] + s.max_tokens[r])))
         sampled = s.num_tokens[r] + s.num_output_placeholders[r] - ite(s.is_async, 1, 0)
         running = eq(s.status[r], RUNNING)
-        parts.append(limplies(land(running, _lt(0, s.num_in_flight_sampling_steps(r))),
-                              eq(s.num_computed_tokens[r], sampled)))
+        parts.append(
+            limplies(land(running, _lt(0, s.num_in_flight_sampling_steps(r))), eq(s.num_computed_tokens[r], sampled))
+        )
         parts.append(limplies(running, _le(s.num_computed_tokens[r], sampled)))
         parts.append(limplies(land(running, lnot(s.is_async)), _le(s.num_in_flight_sampling_steps(r), 1)))
     return land(*parts)
@@ -449,9 +502,15 @@ def prop_samples_within_max_tokens(s: FlightState, o: Any) -> Any:
     (the rule subtracts ``placeholders - 1`` as if they were drafts that may be rejected), in the model and
     in vLLM 0.33 alike; see ``PROPERTIES`` and the tests.
     """
-    return land(*[limplies(land(s.is_async, eq(s.status[r], RUNNING)),
-                           _le(s.num_tokens[r] + s.num_in_flight_sampling_steps(r),
-                               s.num_prompt_tokens[r] + s.max_tokens[r])) for r in s.shape.slots])
+    return land(
+        *[
+            limplies(
+                land(s.is_async, eq(s.status[r], RUNNING)),
+                _le(s.num_tokens[r] + s.num_in_flight_sampling_steps(r), s.num_prompt_tokens[r] + s.max_tokens[r]),
+            )
+            for r in s.shape.slots
+        ]
+    )
 
 
 PROPERTIES: dict[str, Callable[[FlightState, Any], Any]] = {
@@ -510,8 +569,9 @@ def _newest_cell(s: FlightState, name: str, q: Any) -> Any:
 
 def _set_newest_cell(s: FlightState, name: str, q: Any, value: Any) -> list[list[Any]]:
     rows = getattr(s, name)
-    return [[ite(land(eq(s.num_steps, d + 1), eq(q, r)), value, rows[d][r]) for r in s.shape.slots]
-            for d in s.shape.steps]
+    return [
+        [ite(land(eq(s.num_steps, d + 1), eq(q, r)), value, rows[d][r]) for r in s.shape.slots] for d in s.shape.steps
+    ]
 
 
 def _kill(s: FlightState, cond: Callable[[int], Any]) -> dict[str, list[Any]]:
@@ -545,12 +605,14 @@ def is_sure_to_reach_max_tokens(s: FlightState, q: Any) -> Any:
     """``Scheduler._is_sure_to_reach_max_tokens``: placeholders > 0 and
     computed + 2 - placeholders >= prompt + max_tokens."""
     ph = _at(s.num_output_placeholders, q)
-    return land(_lt(0, ph), _le(_at(s.num_prompt_tokens, q) + _at(s.max_tokens, q),
-                                _at(s.num_computed_tokens, q) + 2 - ph))
+    return land(
+        _lt(0, ph), _le(_at(s.num_prompt_tokens, q) + _at(s.max_tokens, q), _at(s.num_computed_tokens, q) + 2 - ph)
+    )
 
 
-def _schedule_tokens(s: FlightState, q: Any, n: Any, computed_before: Any, status: Any, drafts: Any = 0,
-                     spec_before: Any = None) -> FlightState:
+def _schedule_tokens(
+    s: FlightState, q: Any, n: Any, computed_before: Any, status: Any, drafts: Any = 0, spec_before: Any = None
+) -> FlightState:
     """Record ``n`` tokens and ``drafts`` scheduled drafts for slot ``q`` in the step being built and apply
     ``Scheduler._update_after_schedule`` to it: ``computed += n``, ``in_flight += n``,
     ``is_prefill_chunk = computed < num_tokens + placeholders``, samples iff not a chunk, and (AsyncScheduler)
@@ -588,8 +650,15 @@ def schedule_running(s: FlightState, inp: dict[str, Any], mutant: str | None = N
     spec = _at(s.num_spec_token_ids, q)
     wanted = tokens + spec + ph - computed
     skip = False if mutant == "async_max_tokens_skip_missing" else is_sure_to_reach_max_tokens(s, q)
-    guard = land(s.building, _slot_ok(s, q), eq(_at(s.status, q), RUNNING), eq(_newest_cell(s, "scheduled", q), 0),
-                 lnot(skip), _le(1, n), _le(n, wanted))
+    guard = land(
+        s.building,
+        _slot_ok(s, q),
+        eq(_at(s.status, q), RUNNING),
+        eq(_newest_cell(s, "scheduled", q), 0),
+        lnot(skip),
+        _le(1, n),
+        _le(n, wanted),
+    )
     past = n + computed - tokens - (0 if mutant == "async_drafts_with_placeholders_pending" else ph)
     drafts = ite(_lt(0, spec), imax(0, imin(spec, past)), 0)
     post = _schedule_tokens(s, q, n, computed, RUNNING, drafts, spec_before=0)
@@ -637,8 +706,16 @@ def admit(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Mov
     computed_before = ite(eq(computed, 0), hit, computed)
     left = _at(s.num_tokens, q) - computed_before
     size = ite(padded, land(_lt(0, k), eq(left, 1), eq(n, 1 + k)), land(_le(1, n), _le(n, left)))
-    guard = land(s.building, _slot_ok(s, q), lor(eq(status, WAITING), eq(status, PREEMPTED)),
-                 eq(_newest_cell(s, "scheduled", q), 0), stale_ok, _le(0, hit), _lt(hit, _at(s.num_tokens, q)), size)
+    guard = land(
+        s.building,
+        _slot_ok(s, q),
+        lor(eq(status, WAITING), eq(status, PREEMPTED)),
+        eq(_newest_cell(s, "scheduled", q), 0),
+        stale_ok,
+        _le(0, hit),
+        _lt(hit, _at(s.num_tokens, q)),
+        size,
+    )
     return Move(_schedule_tokens(s, q, n, computed_before, RUNNING, ite(padded, k, 0)), guard)
 
 
@@ -666,8 +743,16 @@ def apply_output(s: FlightState, inp: dict[str, Any], mutant: str | None = None)
         n, samples, drafts = s.scheduled[0][r], s.samples[0][r], s.drafts[0][r]
         touched = land(s.live(r), _lt(0, n))
         got, keep = returned[r], kept[r]
-        valid = ite(samples, land(_le(0, got), _le(got, 1 + drafts), limplies(s.is_async, _le(1, got)),
-                                  limplies(_lt(0, drafts), _le(1, got))), eq(got, 0))
+        valid = ite(
+            samples,
+            land(
+                _le(0, got),
+                _le(got, 1 + drafts),
+                limplies(s.is_async, _le(1, got)),
+                limplies(_lt(0, drafts), _le(1, got)),
+            ),
+            eq(got, 0),
+        )
         guard_parts.append(limplies(touched, valid))
         is_stale = _lt(0, s.num_stale_output_tokens[r])
         in_flight = s.num_in_flight_tokens[r] - n
@@ -687,12 +772,20 @@ def apply_output(s: FlightState, inp: dict[str, Any], mutant: str | None = None)
         rejected = drafts - (got - 1)
         rolls_back = land(fresh, _lt(0, drafts), _lt(0, got))
         # vLLM guards both with "> 0" (0.32's AsyncScheduler resolution has no guard): never needed.
-        checks.append((f"computed > 0 and placeholders > 0 at a rollback (r{r})",
-                       limplies(land(rolls_back, s.is_async), land(_lt(0, comp), _lt(0, ph)))))
+        checks.append(
+            (
+                f"computed > 0 and placeholders > 0 at a rollback (r{r})",
+                limplies(land(rolls_back, s.is_async), land(_lt(0, comp), _lt(0, ph))),
+            )
+        )
         comp = ite(land(rolls_back, _lt(0, comp)), comp - rejected, comp)
         ph = ite(land(rolls_back, _lt(0, ph)), ph - rejected, ph)
-        checks.append((f"placeholders > 0 when fresh async output resolves them (r{r})",
-                       limplies(land(appended, fresh, s.is_async), _lt(0, ph))))
+        checks.append(
+            (
+                f"placeholders > 0 when fresh async output resolves them (r{r})",
+                limplies(land(appended, fresh, s.is_async), _lt(0, ph)),
+            )
+        )
         comp = ite(land(stopped[r], fresh, s.trim_computed_on_stop), comp - (got - keep), comp)
         ph = ite(land(appended, fresh, _lt(0, ph)), ph - ite(s.resolve_trimmed_placeholders, got, keep), ph)
         checks.append((f"placeholders >= 0 after the update (r{r})", limplies(touched, _le(0, ph))))
@@ -751,8 +844,12 @@ def add_request(s: FlightState, inp: dict[str, Any], mutant: str | None = None) 
     free = True if mutant == "in_flight_id_reused" else lnot(referenced)
     guard = land(lnot(s.building), _slot_ok(s, q), eq(_at(s.status, q), DEAD), free, _le(1, p), _le(1, m))
     fields = {c: _put(getattr(s, c), q, 0) for c in COUNTERS}
-    fields.update(status=_put(s.status, q, WAITING), num_tokens=_put(s.num_tokens, q, p),
-                  num_prompt_tokens=_put(s.num_prompt_tokens, q, p), max_tokens=_put(s.max_tokens, q, m))
+    fields.update(
+        status=_put(s.status, q, WAITING),
+        num_tokens=_put(s.num_tokens, q, p),
+        num_prompt_tokens=_put(s.num_prompt_tokens, q, p),
+        max_tokens=_put(s.max_tokens, q, m),
+    )
     return Move(s.replace(**fields), guard)
 
 
@@ -766,13 +863,16 @@ def _no_inputs(shape: FlightShape, tag: str) -> dict[str, Any]:
 def _slot_inputs(*names: str) -> Inputs:
     def make(shape: FlightShape, tag: str) -> dict[str, Any]:
         return {name: z3.Int(f"{tag}.{name}") for name in ("slot",) + names}
+
     return make
 
 
 def _output_inputs(shape: FlightShape, tag: str) -> dict[str, Any]:
-    return {"returned": [z3.Int(f"{tag}.returned[{r}]") for r in shape.slots],
-            "kept": [z3.Int(f"{tag}.kept[{r}]") for r in shape.slots],
-            "stop": [z3.Bool(f"{tag}.stop[{r}]") for r in shape.slots]}
+    return {
+        "returned": [z3.Int(f"{tag}.returned[{r}]") for r in shape.slots],
+        "kept": [z3.Int(f"{tag}.kept[{r}]") for r in shape.slots],
+        "stop": [z3.Bool(f"{tag}.stop[{r}]") for r in shape.slots],
+    }
 
 
 def _admit_inputs(shape: FlightShape, tag: str) -> dict[str, Any]:
@@ -790,19 +890,22 @@ class Transition:
     inputs: Inputs
 
 
-TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
-    Transition("begin_step", begin_step, _no_inputs),
-    Transition("schedule_refused", schedule_refused, _no_inputs),
-    Transition("schedule_running", schedule_running, _slot_inputs("num_new_tokens")),
-    Transition("preempt", preempt, _slot_inputs()),
-    Transition("admit", admit, _admit_inputs),
-    Transition("end_step", end_step, _no_inputs),
-    Transition("apply_output", apply_output, _output_inputs),
-    Transition("output_duplicate", output_duplicate, _step_input),
-    Transition("output_out_of_order", output_out_of_order, _step_input),
-    Transition("abort", abort, _slot_inputs()),
-    Transition("add_request", add_request, _slot_inputs("num_prompt_tokens", "max_tokens")),
-)}
+TRANSITIONS: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        Transition("begin_step", begin_step, _no_inputs),
+        Transition("schedule_refused", schedule_refused, _no_inputs),
+        Transition("schedule_running", schedule_running, _slot_inputs("num_new_tokens")),
+        Transition("preempt", preempt, _slot_inputs()),
+        Transition("admit", admit, _admit_inputs),
+        Transition("end_step", end_step, _no_inputs),
+        Transition("apply_output", apply_output, _output_inputs),
+        Transition("output_duplicate", output_duplicate, _step_input),
+        Transition("output_out_of_order", output_out_of_order, _step_input),
+        Transition("abort", abort, _slot_inputs()),
+        Transition("add_request", add_request, _slot_inputs("num_prompt_tokens", "max_tokens")),
+    )
+}
 
 MUTANT_RULES: dict[str, tuple[str, str]] = {
     "stale_output_applied_as_fresh": ("preempt", "lemma:status_accounting"),
@@ -828,8 +931,11 @@ def premises(s: FlightState) -> list[Any]:
 def get_failing_premises(s: FlightState) -> list[str]:
     """The invariants and lemmas a Python-valued state violates (the drift guard's initial state must satisfy
     them all: the induction starts there)."""
-    return [name for name, f in invariant_formulas(s) + lemma_formulas(s)
-            if not value_of(z3.simplify(to_bool(f)) if is_z3(f) else f)]
+    return [
+        name
+        for name, f in invariant_formulas(s) + lemma_formulas(s)
+        if not value_of(z3.simplify(to_bool(f)) if is_z3(f) else f)
+    ]
 
 
 @dataclass
@@ -849,12 +955,17 @@ class FlightResult:
 
 def goal_names() -> list[str]:
     """The goals of every proof, in the order they are proved (each proved goal is assumed for the next)."""
-    return (["checks"] + [f"lemma:{n}" for n in LEMMAS] + [f"inv:{n}" for n in SPEC_INVARIANTS]
-            + ["inv:counters_nonnegative"])
+    return (
+        ["checks"]
+        + [f"lemma:{n}" for n in LEMMAS]
+        + [f"inv:{n}" for n in SPEC_INVARIANTS]
+        + ["inv:counters_nonnegative"]
+    )
 
 
-def prove(shape: FlightShape, name: str, timeout_s: float = 60.0, mutant: str | None = None,
-          properties: tuple[str, ...] = ()) -> FlightResult:
+def prove(
+    shape: FlightShape, name: str, timeout_s: float = 60.0, mutant: str | None = None, properties: tuple[str, ...] = ()
+) -> FlightResult:
     """Prove ``Inv(pre) and Lemmas(pre) and guard => checks and Lemmas(post) and Inv(post)`` for transition ``name``.
 
     One Z3 query per goal (its negation must be unsatisfiable); the premises must be satisfiable (else
@@ -892,12 +1003,24 @@ def prove(shape: FlightShape, name: str, timeout_s: float = 60.0, mutant: str | 
         elif verdict == z3.sat:
             status = FAILED
             model = solver.model()
-            values = {k: ([value_of(model.eval(x, model_completion=True)) for x in v] if isinstance(v, list)
-                          else value_of(model.eval(v, model_completion=True))) for k, v in inputs.items()}
-            result.counterexamples[goal] = "\n".join([
-                f"goal {goal} fails after {name}" + (f" (mutant {mutant})" if mutant else ""),
-                f"inputs: {values}", "state before:", describe(evaluate(pre, model)),
-                "state after:", describe(evaluate(move.post, model))])
+            values = {
+                k: (
+                    [value_of(model.eval(x, model_completion=True)) for x in v]
+                    if isinstance(v, list)
+                    else value_of(model.eval(v, model_completion=True))
+                )
+                for k, v in inputs.items()
+            }
+            result.counterexamples[goal] = "\n".join(
+                [
+                    f"goal {goal} fails after {name}" + (f" (mutant {mutant})" if mutant else ""),
+                    f"inputs: {values}",
+                    "state before:",
+                    describe(evaluate(pre, model)),
+                    "state after:",
+                    describe(evaluate(move.post, model)),
+                ]
+            )
         else:
             status = UNKNOWN
         solver.pop()
@@ -928,19 +1051,25 @@ def render_table(results: list[FlightResult]) -> str:
     """Markdown: one row per transition and shape, one column per goal (seconds, or the status if not proved)."""
     goals = goal_names()
     short = {g: g.split(":", 1)[-1] for g in goals}
-    lines = ["| transition | bounds | " + " | ".join(short[g] for g in goals) + " | total (s) |",
-             "|---|---|" + "---|" * len(goals) + "---|"]
+    lines = [
+        "| transition | bounds | " + " | ".join(short[g] for g in goals) + " | total (s) |",
+        "|---|---|" + "---|" * len(goals) + "---|",
+    ]
     for res in results:
         cells = []
         for g in goals:
             st = res.goals.get(g, res.status if res.status == VACUOUS else "-")
             cells.append(f"{res.goal_seconds[g]:.2f}" if st == PROVED else st)
-        lines.append(f"| {res.transition}{' [' + res.mutant + ']' if res.mutant else ''} | {res.shape.label()} | "
-                     + " | ".join(cells) + f" | {res.seconds:.2f} |")
+        lines.append(
+            f"| {res.transition}{' [' + res.mutant + ']' if res.mutant else ''} | {res.shape.label()} | "
+            + " | ".join(cells)
+            + f" | {res.seconds:.2f} |"
+        )
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ the bridge to the model (drift guard)
+
 
 def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> FlightState:
     """The FlightState of a concrete scheduler between two calls; ``slot_of`` maps request ids to slots.
@@ -979,12 +1108,21 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
             samples[d][slot_of[rid]] = bool(rec.samples.get(rid))
             drafts[d][slot_of[rid]] = len(rec.output.scheduled_spec_decode_tokens.get(rid, ()))
     profile = sched.profile
-    return FlightState(shape, is_async=bool(profile.async_scheduling),
-                       max_concurrent_batches=sched.config.max_concurrent_batches, current_step=sched.current_step,
-                       num_steps=len(records), building=False, num_spec_tokens=k,
-                       trim_computed_on_stop=bool(profile.trim_computed_on_stop),
-                       resolve_trimmed_placeholders=bool(profile.resolve_trimmed_placeholders),
-                       scheduled=scheduled, samples=samples, drafts=drafts, **fields)
+    return FlightState(
+        shape,
+        is_async=bool(profile.async_scheduling),
+        max_concurrent_batches=sched.config.max_concurrent_batches,
+        current_step=sched.current_step,
+        num_steps=len(records),
+        building=False,
+        num_spec_tokens=k,
+        trim_computed_on_stop=bool(profile.trim_computed_on_stop),
+        resolve_trimmed_placeholders=bool(profile.resolve_trimmed_placeholders),
+        scheduled=scheduled,
+        samples=samples,
+        drafts=drafts,
+        **fields,
+    )
 
 
 class DriftError(AssertionError):
@@ -1042,12 +1180,15 @@ def assert_same(expected: FlightState, got: FlightState, what: str) -> None:
     a, b = canonical(expected), canonical(got)
     diff = [k for k in a if a[k] != b[k]]
     if diff:
-        raise DriftError(f"{what}: the encoding differs from the model in "
-                         + ", ".join(f"{k} (model {a[k]}, encoding {b[k]})" for k in diff[:6]))
+        raise DriftError(
+            f"{what}: the encoding differs from the model in "
+            + ", ".join(f"{k} (model {a[k]}, encoding {b[k]})" for k in diff[:6])
+        )
 
 
-def run_move(ev: Evaluator, name: str, s: FlightState, inputs: dict[str, Any], what: str,
-             mutant: str | None = None) -> FlightState:
+def run_move(
+    ev: Evaluator, name: str, s: FlightState, inputs: dict[str, Any], what: str, mutant: str | None = None
+) -> FlightState:
     """Apply transition ``name``: its guard must hold and its model assertions too."""
     move = ev(name, s, inputs, mutant)
     if not move.guard:
@@ -1058,8 +1199,9 @@ def run_move(ev: Evaluator, name: str, s: FlightState, inputs: dict[str, Any], w
     return move.post
 
 
-def explain_schedule(ev: Evaluator, pre: FlightState, sched_after: Any, slot_of: dict[str, int],
-                     mutant: str | None = None) -> FlightState:
+def explain_schedule(
+    ev: Evaluator, pre: FlightState, sched_after: Any, slot_of: dict[str, int], mutant: str | None = None
+) -> FlightState:
     """The encoded ``schedule()`` that explains the model's last step: ``begin_step``, a ``preempt`` per
     victim, a ``schedule_running`` per running request scheduled, an ``admit`` per new or resumed request,
     ``end_step``. Returns the encoding's state after it."""
@@ -1072,22 +1214,36 @@ def explain_schedule(ev: Evaluator, pre: FlightState, sched_after: Any, slot_of:
     for data in out.scheduled_cached_reqs:
         q, n = slot_of[data.req_id], out.num_scheduled_tokens[data.req_id]
         if data.resumed:
-            inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n,
-                      "padded": data.req_id in out.scheduled_spec_decode_tokens}
+            inputs = {
+                "slot": q,
+                "hit": data.num_computed_tokens,
+                "num_new_tokens": n,
+                "padded": data.req_id in out.scheduled_spec_decode_tokens,
+            }
             s = run_move(ev, "admit", s, inputs, what, mutant)
         else:
             s = run_move(ev, "schedule_running", s, {"slot": q, "num_new_tokens": n}, what, mutant)
     for data in out.scheduled_new_reqs:
         q, n = slot_of[data.req_id], out.num_scheduled_tokens[data.req_id]
-        inputs = {"slot": q, "hit": data.num_computed_tokens, "num_new_tokens": n,
-                  "padded": data.req_id in out.scheduled_spec_decode_tokens}
+        inputs = {
+            "slot": q,
+            "hit": data.num_computed_tokens,
+            "num_new_tokens": n,
+            "padded": data.req_id in out.scheduled_spec_decode_tokens,
+        }
         s = run_move(ev, "admit", s, inputs, what, mutant)
     return run_move(ev, "end_step", s, {}, what, mutant)
 
 
-def explain_output(ev: Evaluator, pre: FlightState, returned: dict[str, int], stopped: set[str],
-                   slot_of: dict[str, int], mutant: str | None = None,
-                   kept: dict[str, int] | None = None) -> FlightState:
+def explain_output(
+    ev: Evaluator,
+    pre: FlightState,
+    returned: dict[str, int],
+    stopped: set[str],
+    slot_of: dict[str, int],
+    mutant: str | None = None,
+    kept: dict[str, int] | None = None,
+) -> FlightState:
     """The encoded ``update_from_output`` of the oldest step: ``returned`` tokens per request id of the model
     output (of a live request), ``stopped`` the ids the update finished, ``kept`` the tokens each stopped one
     kept (default: all)."""
@@ -1097,12 +1253,14 @@ def explain_output(ev: Evaluator, pre: FlightState, returned: dict[str, int], st
         ret[q] = returned.get(rid, 0)
         keep[q] = (kept or {}).get(rid, ret[q])
         stop[q] = rid in stopped
-    return run_move(ev, "apply_output", pre, {"returned": ret, "kept": keep, "stop": stop},
-                    "update_from_output()", mutant)
+    return run_move(
+        ev, "apply_output", pre, {"returned": ret, "kept": keep, "stop": stop}, "update_from_output()", mutant
+    )
 
 
-def check_refusal(ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, Any], others: tuple[str, ...],
-                  what: str) -> None:
+def check_refusal(
+    ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, Any], others: tuple[str, ...], what: str
+) -> None:
     """A refused call: transition ``name`` is enabled and changes nothing, and none of ``others`` is enabled."""
     post = run_move(ev, name, pre, inputs, what)
     assert_same(pre, post, what)
@@ -1113,9 +1271,12 @@ def check_refusal(ev: Evaluator, pre: FlightState, name: str, inputs: dict[str, 
 
 # ------------------------------------------------------------------ CLI
 
+
 def main(argv: list[str] | None = None) -> int:
     """Print the proof table (transition x goal, seconds) and the mutant table."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.in_flight", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.in_flight", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--reqs", type=int, default=4, help="request slots R")
     parser.add_argument("--steps", default="2,3", help="comma-separated steps in flight D")
     parser.add_argument("--spec", default="0,2", help="comma-separated bounds K on num_spec_tokens")
@@ -1138,8 +1299,10 @@ def main(argv: list[str] | None = None) -> int:
         for prop in PROPERTIES:
             res_p = [prove(shape, name, args.timeout, properties=(prop,)) for name in TRANSITIONS]
             bad = [r.transition for r in res_p if r.status != PROVED]
-            print(f"| {prop} | {shape.label()} | {len(res_p) - len(bad)}/{len(res_p)} | "
-                  f"{', '.join(bad) or '-'} | {sum(r.seconds for r in res_p):.2f} |")
+            print(
+                f"| {prop} | {shape.label()} | {len(res_p) - len(bad)}/{len(res_p)} | "
+                f"{', '.join(bad) or '-'} | {sum(r.seconds for r in res_p):.2f} |"
+            )
     print()
     print("| mutant | transition | bounds | result | goals failed | time (s) |")
     print("|---|---|---|---|---|---|")

@@ -33,8 +33,16 @@ def get_fingerprint(sched: Scheduler) -> tuple[Any, ...]:
     pool = sched.block_pool
     kv = sched.kv_cache_manager
     requests = tuple(
-        (rid, r.status.value, tuple(r.all_token_ids), r.num_computed_tokens, tuple(r.spec_token_ids),
-         tuple(r.block_hashes), r.is_prefill_chunk, r.stop_reason)
+        (
+            rid,
+            r.status.value,
+            tuple(r.all_token_ids),
+            r.num_computed_tokens,
+            tuple(r.spec_token_ids),
+            tuple(r.block_hashes),
+            r.is_prefill_chunk,
+            r.stop_reason,
+        )
         for rid, r in sorted(sched.requests.items())
     )
     blocks = tuple((b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks)
@@ -65,8 +73,9 @@ class Lasso:
     """Requests live in the repeated state: none of them ever ends."""
 
 
-def find_lasso(sched: Scheduler, respond: Callable[[SchedulerOutput, dict[str, bool]], ModelRunnerOutput],
-               max_steps: int) -> Lasso | None:
+def find_lasso(
+    sched: Scheduler, respond: Callable[[SchedulerOutput, dict[str, bool]], ModelRunnerOutput], max_steps: int
+) -> Lasso | None:
     """Step ``sched`` (no inputs) until every request ended (None), a state repeats (the lasso), or ``max_steps``."""
     seen: dict[tuple[Any, ...], int] = {}
     for n in range(max_steps + 1):

@@ -71,6 +71,7 @@ PROVED, FAILED, UNKNOWN, VACUOUS = "proved", "counterexample", "unknown", "vacuo
 
 # ------------------------------------------------------------------ terms
 
+
 def key_lt(s: State, a: int, b: int) -> Any:
     """``(priority, arrival_time)`` of slot ``a`` is below that of slot ``b``."""
     pa, pb = s.priority[a], s.priority[b]
@@ -112,9 +113,14 @@ def inv_lacks_a_token(s: State) -> Any:
     """
     sh = s.shape
     out_pending = lor(eq(s.phase, PENDING), eq(s.phase, UPDATING))
-    return land(*(limplies(s.live(r), lor(s.num_computed_tokens[r] < s.num_tokens[r],
-                                          land(out_pending, s.num_scheduled[r] > 0)))
-                  for r in sh.slots))
+    return land(
+        *(
+            limplies(
+                s.live(r), lor(s.num_computed_tokens[r] < s.num_tokens[r], land(out_pending, s.num_scheduled[r] > 0))
+            )
+            for r in sh.slots
+        )
+    )
 
 
 # ------------------------------------------------------------------ lemmas
@@ -151,11 +157,16 @@ def _victim_spares_leader(pre: State, inp: dict[str, Any], out: Outcome) -> tupl
     post = out.post
     if not sh.is_priority:
         head = running_at(pre, 0)
-        return [lnot(eq(victim, head))], land(eq(running_at(post, 0), head),
-                                              eq(at(post.num_scheduled, head), at(pre.num_scheduled, head)))
-    goals = [limplies(land(is_priority_leader(pre, r), lnot(eq(victim, r))),
-                      land(is_priority_leader(post, r), eq(post.num_scheduled[r], pre.num_scheduled[r])))
-             for r in sh.slots]
+        return [lnot(eq(victim, head))], land(
+            eq(running_at(post, 0), head), eq(at(post.num_scheduled, head), at(pre.num_scheduled, head))
+        )
+    goals = [
+        limplies(
+            land(is_priority_leader(pre, r), lnot(eq(victim, r))),
+            land(is_priority_leader(post, r), eq(post.num_scheduled[r], pre.num_scheduled[r])),
+        )
+        for r in sh.slots
+    ]
     return [], land(*goals)
 
 
@@ -167,8 +178,12 @@ def _head_gets_a_chunk(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[l
 
 
 def _idle_hypotheses(pre: State) -> list[Any]:
-    return [eq(pre.phase, WAITING_LOOP), eq(pre.num_running(), 0), eq(pre.num_preemptions, 0),
-            eq(pre.token_budget, pre.max_num_batched_tokens)]
+    return [
+        eq(pre.phase, WAITING_LOOP),
+        eq(pre.num_running(), 0),
+        eq(pre.num_preemptions, 0),
+        eq(pre.token_budget, pre.max_num_batched_tokens),
+    ]
 
 
 def _idle_pool_admits(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[list[Any], Any]:
@@ -189,29 +204,72 @@ def _head_iteration(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[list
     hyps = [eq(pre.req_index, 0), eq(pre.token_budget, pre.max_num_batched_tokens), inv_lacks_a_token(pre)]
     if sh.is_priority:
         hyps += [lor(*(land(eq(q, r), is_priority_leader(pre, r)) for r in sh.slots))]
-    goal = land(lnot(out.facts["self_preempted"]), lnot(out.facts["skipped"]),
-                at(out.post.num_scheduled, q) >= imin(lacks, chunk_of(pre)))
+    goal = land(
+        lnot(out.facts["self_preempted"]),
+        lnot(out.facts["skipped"]),
+        at(out.post.num_scheduled, q) >= imin(lacks, chunk_of(pre)),
+    )
     return hyps, goal
 
 
 BOTH = ("fcfs", "priority")
-LEMMAS: dict[str, Lemma] = {lem.name: lem for lem in (
-    Lemma("fcfs_head_never_victim", "running_preempt", ("fcfs",), _victim_not_leader,
-          "FCFS: the victim is never running[0]"),
-    Lemma("priority_leader_never_victim", "running_preempt", ("priority",), _victim_not_leader,
-          "priority: the victim is never the running request with the strictly least key"),
-    Lemma("victim_spares_the_leader", "running_preempt", BOTH, _victim_spares_leader,
-          "a victim other than the leader leaves the leader leading, with its tokens of this step"),
-    Lemma("head_gets_a_chunk", "running_start", BOTH, _head_gets_a_chunk,
-          "cursor 0, full budget: running[0] is given min(lacks, c) >= 1 tokens"),
-    Lemma("idle_pool_admits_the_head", "waiting_stop", BOTH, _idle_pool_admits,
-          "running empty, no preemption, full budget: the waiting loop does not stop", True, "waiting_admit"),
-    Lemma("admitted_head_gets_a_chunk", "waiting_admit", BOTH, _admitted_head_gets_a_chunk,
-          "running empty, no preemption, full budget: the admitted head gets min(lacks, c) tokens"),
-    Lemma("head_iteration_schedules_a_chunk", "running_iteration", BOTH, _head_iteration,
-          "the leader's whole running-loop iteration at cursor 0 schedules it min(lacks, c) tokens, "
-          "no self-preemption"),
-)}
+LEMMAS: dict[str, Lemma] = {
+    lem.name: lem
+    for lem in (
+        Lemma(
+            "fcfs_head_never_victim",
+            "running_preempt",
+            ("fcfs",),
+            _victim_not_leader,
+            "FCFS: the victim is never running[0]",
+        ),
+        Lemma(
+            "priority_leader_never_victim",
+            "running_preempt",
+            ("priority",),
+            _victim_not_leader,
+            "priority: the victim is never the running request with the strictly least key",
+        ),
+        Lemma(
+            "victim_spares_the_leader",
+            "running_preempt",
+            BOTH,
+            _victim_spares_leader,
+            "a victim other than the leader leaves the leader leading, with its tokens of this step",
+        ),
+        Lemma(
+            "head_gets_a_chunk",
+            "running_start",
+            BOTH,
+            _head_gets_a_chunk,
+            "cursor 0, full budget: running[0] is given min(lacks, c) >= 1 tokens",
+        ),
+        Lemma(
+            "idle_pool_admits_the_head",
+            "waiting_stop",
+            BOTH,
+            _idle_pool_admits,
+            "running empty, no preemption, full budget: the waiting loop does not stop",
+            True,
+            "waiting_admit",
+        ),
+        Lemma(
+            "admitted_head_gets_a_chunk",
+            "waiting_admit",
+            BOTH,
+            _admitted_head_gets_a_chunk,
+            "running empty, no preemption, full budget: the admitted head gets min(lacks, c) tokens",
+        ),
+        Lemma(
+            "head_iteration_schedules_a_chunk",
+            "running_iteration",
+            BOTH,
+            _head_iteration,
+            "the leader's whole running-loop iteration at cursor 0 schedules it min(lacks, c) tokens, "
+            "no self-preemption",
+        ),
+    )
+}
 
 
 def _lacks_preserved(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[list[Any], Any]:
@@ -219,8 +277,9 @@ def _lacks_preserved(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[lis
 
 
 INDUCTION: dict[str, Lemma] = {
-    f"lacks_a_token:{name}": Lemma(f"lacks_a_token:{name}", name, BOTH, _lacks_preserved,
-                                   f"{name} preserves inv_lacks_a_token")
+    f"lacks_a_token:{name}": Lemma(
+        f"lacks_a_token:{name}", name, BOTH, _lacks_preserved, f"{name} preserves inv_lacks_a_token"
+    )
     for name in TRANSITIONS
 }
 """The induction step of :func:`inv_lacks_a_token`, one lemma per transition (it holds initially: no request)."""
@@ -309,7 +368,9 @@ def _as_bool(f: Any) -> z3.BoolRef:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove every lemma at the given bounds and policies; print a table."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.liveness", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--bounds", default="4,8", help="R,B of the non-composed lemmas")
     parser.add_argument("--composed-bounds", default="3,4", help="R,B of the composed lemma")
     parser.add_argument("--block-size", type=int, default=2)

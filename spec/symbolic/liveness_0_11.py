@@ -67,6 +67,9 @@ queries (priority with tied keys allowed under 0.11 and distinct keys
 under 0.33, and FCFS) and prints what Z3 found, with the reference's lasso.
 """
 
+# Size: the vLLM 0.11 liveness encoding is one lasso search: its state, its transitions and the
+# starvation goal read each other's fields.
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +102,13 @@ class StepRules:
 def get_rules(profile: str, **overrides: Any) -> StepRules:
     """The fragment's rules of ``profile``, with knobs overridden (mutants)."""
     p = get_profile(profile)
-    rules = StepRules(p.name, p.priority_self_preemption, p.priority_victim_repair,
-                      p.reserve_full_sequence_at_admission, p.exempt_lone_request_from_threshold)
+    rules = StepRules(
+        p.name,
+        p.priority_self_preemption,
+        p.priority_victim_repair,
+        p.reserve_full_sequence_at_admission,
+        p.exempt_lone_request_from_threshold,
+    )
     return replace(rules, **overrides)
 
 
@@ -184,8 +192,7 @@ def _lt(a: Any, b: Any) -> Any:
 def _compact(member: list[Any], rank: list[Any]) -> list[Any]:
     """Ranks of the members renumbered 0.. in order (removals from a list); 0 for non-members."""
     n = len(member)
-    return [ite(member[r], count(land(member[s], rank[s] < rank[r]) for s in range(n) if s != r), 0)
-            for r in range(n)]
+    return [ite(member[r], count(land(member[s], rank[s] < rank[r]) for s in range(n) if s != r), 0) for r in range(n)]
 
 
 def get_num_blocks_to_allocate(cfg: StepConfig, num_tokens: Any, held: Any) -> Any:
@@ -223,11 +230,24 @@ def select_victim(cfg: StepConfig, reqs: Requests, s: StepState) -> list[Any]:
         run_len = count(running)
         return [land(running[r], eq(s.running_rank[r], run_len - 1)) for r in range(n)]
     # r is the victim iff every other running s has a lower key, or the same key and comes later.
-    return [land(running[r], *(lnot(land(running[o], lor(_key_lt(reqs, r, o),
-                                                          land(lnot(_key_lt(reqs, o, r)),
-                                                               s.running_rank[o] < s.running_rank[r]))))
-                                for o in range(n) if o != r))
-            for r in range(n)]
+    return [
+        land(
+            running[r],
+            *(
+                lnot(
+                    land(
+                        running[o],
+                        lor(
+                            _key_lt(reqs, r, o), land(lnot(_key_lt(reqs, o, r)), s.running_rank[o] < s.running_rank[r])
+                        ),
+                    )
+                )
+                for o in range(n)
+                if o != r
+            ),
+        )
+        for r in range(n)
+    ]
 
 
 def select_waiting_head(cfg: StepConfig, reqs: Requests, s: StepState) -> list[Any]:
@@ -237,10 +257,17 @@ def select_waiting_head(cfg: StepConfig, reqs: Requests, s: StepState) -> list[A
     waiting = [_is_waiting(st) for st in s.status]
     if cfg.policy == "fcfs":
         return [land(waiting[r], eq(s.waiting_rank[r], 0)) for r in range(n)]
-    return [land(waiting[r], *(lnot(land(waiting[o], lor(_key_lt(reqs, o, r),
-                                                         land(lnot(_key_lt(reqs, r, o)), o < r))))
-                               for o in range(n) if o != r))
-            for r in range(n)]
+    return [
+        land(
+            waiting[r],
+            *(
+                lnot(land(waiting[o], lor(_key_lt(reqs, o, r), land(lnot(_key_lt(reqs, r, o)), o < r))))
+                for o in range(n)
+                if o != r
+            ),
+        )
+        for r in range(n)
+    ]
 
 
 # ------------------------------------------------------------------- a step
@@ -259,8 +286,9 @@ class _Step:
     """Paths the encoding leaves out or unroll bounds overrun; the query requires them False."""
 
 
-def _preempt(cfg: StepConfig, rules: StepRules, s: StepState, st: _Step, victim: list[Any], fail: Any,
-             req_index: Any) -> Any:
+def _preempt(
+    cfg: StepConfig, rules: StepRules, s: StepState, st: _Step, victim: list[Any], fail: Any, req_index: Any
+) -> Any:
     """``_remove_priority_victim`` (priority) or ``running.remove`` (FCFS), then ``_preempt_request``.
 
     Returns the cursor, moved back under the ``index`` repair when the victim stood before it.
@@ -281,13 +309,16 @@ def _preempt(cfg: StepConfig, rules: StepRules, s: StepState, st: _Step, victim:
         # ("none", <=0.11: the tokens stay in num_scheduled_tokens; _update_after_schedule counts them.)
     st.in_scheduled_running = _set(victim, st.in_scheduled_running, False)
     # Remove from running: the requests behind it move up.
-    s.running_rank = [ite(land(fail, eq(s.status[r], RUNNING), s.running_rank[r] > v_rank), s.running_rank[r] - 1,
-                          s.running_rank[r]) for r in range(n)]
+    s.running_rank = [
+        ite(land(fail, eq(s.status[r], RUNNING), s.running_rank[r] > v_rank), s.running_rank[r] - 1, s.running_rank[r])
+        for r in range(n)
+    ]
     s.running_rank = _set(victim, s.running_rank, 0)
     # _preempt_request: free the blocks, computed to 0, to the head of waiting (FCFS) or into the heap.
     if cfg.policy == "fcfs":
-        s.waiting_rank = [ite(land(fail, _is_waiting(s.status[r])), s.waiting_rank[r] + 1, s.waiting_rank[r])
-                          for r in range(n)]
+        s.waiting_rank = [
+            ite(land(fail, _is_waiting(s.status[r])), s.waiting_rank[r] + 1, s.waiting_rank[r]) for r in range(n)
+        ]
         s.waiting_rank = _set(victim, s.waiting_rank, 0)
     s.num_blocks = _set(victim, s.num_blocks, 0)
     s.num_computed_tokens = _set(victim, s.num_computed_tokens, 0)
@@ -296,8 +327,9 @@ def _preempt(cfg: StepConfig, rules: StepRules, s: StepState, st: _Step, victim:
     return req_index
 
 
-def schedule_running(cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepState, st: _Step,
-                     threshold: Any) -> None:
+def schedule_running(
+    cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepState, st: _Step, threshold: Any
+) -> None:
     """``Scheduler._schedule_running`` with ``_allocate_or_preempt`` (no drafts, no placeholders).
 
     Unrolled: an iteration either moves the cursor on or removes a request
@@ -334,14 +366,14 @@ def schedule_running(cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepS
             victim = [land(fail, v) for v in select_victim(cfg, reqs, s)]
             req_index = _preempt(cfg, rules, s, st, victim, fail, req_index)
             self_preempted = lor(self_preempted, lor(*(land(victim[r], sel[r]) for r in range(n))))
-        st.flags["alloc_unroll"] = lor(st.flags.get("alloc_unroll", False),
-                                       land(trying, lnot(allocated), lnot(self_preempted)))
+        st.flags["alloc_unroll"] = lor(
+            st.flags.get("alloc_unroll", False), land(trying, lnot(allocated), lnot(self_preempted))
+        )
         if not (cfg.policy == "priority" and rules.priority_self_preemption == "continue"):
             active = land(active, lnot(self_preempted))  # break
         # (0.33 priority: continue, the cursor stays on the slot the next request moved into.)
         scheduled = land(trying, allocated)
-        st.num_scheduled_tokens = [ite(land(scheduled, sel[r]), num_new, st.num_scheduled_tokens[r])
-                                   for r in range(n)]
+        st.num_scheduled_tokens = [ite(land(scheduled, sel[r]), num_new, st.num_scheduled_tokens[r]) for r in range(n)]
         st.in_scheduled_running = [lor(st.in_scheduled_running[r], land(scheduled, sel[r])) for r in range(n)]
         st.token_budget = st.token_budget - ite(scheduled, num_new, 0)
         req_index = ite(scheduled, req_index + 1, req_index)
@@ -349,8 +381,9 @@ def schedule_running(cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepS
     st.flags["running_unroll"] = land(active, req_index < count(running), st.token_budget > 0)
 
 
-def schedule_waiting(cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepState, st: _Step,
-                     threshold: Any, enabled: Any) -> None:
+def schedule_waiting(
+    cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepState, st: _Step, threshold: Any, enabled: Any
+) -> None:
     """``Scheduler._schedule_waiting`` without prefix hits, padding, stale output or skips (chunked prefill on).
 
     A request refused by the seats, the full-sequence gate or the slots ends
@@ -377,8 +410,7 @@ def schedule_waiting(cfg: StepConfig, reqs: Requests, rules: StepRules, s: StepS
         st.flags["admit_nothing"] = lor(st.flags.get("admit_nothing", False), land(go, num_new <= 0))
         run_len = count(running)
         if cfg.policy == "fcfs":
-            s.waiting_rank = [ite(land(admit, waiting[r]), s.waiting_rank[r] - 1, s.waiting_rank[r])
-                              for r in range(n)]
+            s.waiting_rank = [ite(land(admit, waiting[r]), s.waiting_rank[r] - 1, s.waiting_rank[r]) for r in range(n)]
         sel = [land(admit, h) for h in head]
         s.waiting_rank = _set(sel, s.waiting_rank, 0)
         s.running_rank = _set(sel, s.running_rank, run_len)
@@ -401,9 +433,15 @@ def update_from_output(cfg: StepConfig, reqs: Requests, s: StepState, samples: l
     (``stop._check_length``; no EOS or stop ids) and ``_free_request``."""
     n = len(s.status)
     s.num_tokens = [s.num_tokens[r] + ite(samples[r], 1, 0) for r in range(n)]
-    stopped = [land(samples[r], lor(s.num_tokens[r] >= cfg.max_model_len,
-                                    s.num_tokens[r] - reqs.num_prompt_tokens[r] >= reqs.max_tokens[r]))
-               for r in range(n)]
+    stopped = [
+        land(
+            samples[r],
+            lor(
+                s.num_tokens[r] >= cfg.max_model_len, s.num_tokens[r] - reqs.num_prompt_tokens[r] >= reqs.max_tokens[r]
+            ),
+        )
+        for r in range(n)
+    ]
     s.status = _set(stopped, s.status, DONE)
     s.num_blocks = _set(stopped, s.num_blocks, 0)
     s.num_computed_tokens = [ite(eq(s.status[r], DONE), 0, s.num_computed_tokens[r]) for r in range(n)]
@@ -470,8 +508,11 @@ def get_model_state(sched: Any, num_slots: int) -> StepState:
         if req is None:
             s.status[i] = DONE
             continue
-        s.status[i] = {RequestStatus.WAITING: WAITING, RequestStatus.RUNNING: RUNNING,
-                       RequestStatus.PREEMPTED: PREEMPTED}[req.status]
+        s.status[i] = {
+            RequestStatus.WAITING: WAITING,
+            RequestStatus.RUNNING: RUNNING,
+            RequestStatus.PREEMPTED: PREEMPTED,
+        }[req.status]
         s.num_tokens[i] = req.num_tokens
         s.num_computed_tokens[i] = req.num_computed_tokens
         s.num_blocks[i] = len(sched.kv_cache_manager.req_to_blocks.get(rid, ()))
@@ -482,8 +523,10 @@ def get_model_state(sched: Any, num_slots: int) -> StepState:
 
 def get_state_key(s: StepState) -> tuple[Any, ...]:
     """A concrete state as a tuple, done slots reduced to their status (what ``eq_states`` compares)."""
-    return tuple((DONE,) if value_of(s.status[r]) == DONE else tuple(value_of(getattr(s, f)[r]) for f in STATE_FIELDS)
-                 for r in range(len(s.status)))
+    return tuple(
+        (DONE,) if value_of(s.status[r]) == DONE else tuple(value_of(getattr(s, f)[r]) for f in STATE_FIELDS)
+        for r in range(len(s.status))
+    )
 
 
 def render_state(s: StepState) -> str:
@@ -494,8 +537,10 @@ def render_state(s: StepState) -> str:
             parts.append(f"r{r} done")
             continue
         where = f"running[{value_of(s.running_rank[r])}]" if st == RUNNING else STATUS_NAMES[st].lower()
-        parts.append(f"r{r} {where} tokens={value_of(s.num_tokens[r])} computed={value_of(s.num_computed_tokens[r])}"
-                     f" blocks={value_of(s.num_blocks[r])}")
+        parts.append(
+            f"r{r} {where} tokens={value_of(s.num_tokens[r])} computed={value_of(s.num_computed_tokens[r])}"
+            f" blocks={value_of(s.num_blocks[r])}"
+        )
     return "; ".join(parts)
 
 
@@ -543,8 +588,9 @@ class QueryResult:
     found: Found | None = None
 
 
-def build_query(bounds: Bounds, profile: str, policy: Policy, rules: StepRules | None = None,
-                distinct_keys: bool = False) -> tuple[z3.Solver, dict[str, Any]]:
+def build_query(
+    bounds: Bounds, profile: str, policy: Policy, rules: StepRules | None = None, distinct_keys: bool = False
+) -> tuple[z3.Solver, dict[str, Any]]:
     """The lasso query: initial state, ``num_steps`` encoded steps, ``s_j == s_k`` for a ``j < k`` with a live request.
 
     Config ranges (the ``SchedulerConfig`` checks, chunked prefill on):
@@ -557,24 +603,47 @@ def build_query(bounds: Bounds, profile: str, policy: Policy, rules: StepRules |
     rules = rules or get_rules(profile)
     n, bs = bounds.num_slots, bounds.block_size
     I = z3.Int  # noqa: E741
-    v = {"num_blocks": I("num_blocks"), "max_model_len": I("max_model_len"),
-         "max_num_batched_tokens": I("max_num_batched_tokens"), "max_num_seqs": I("max_num_seqs"),
-         "long_prefill_token_threshold": I("long_prefill_token_threshold")}
+    v = {
+        "num_blocks": I("num_blocks"),
+        "max_model_len": I("max_model_len"),
+        "max_num_batched_tokens": I("max_num_batched_tokens"),
+        "max_num_seqs": I("max_num_seqs"),
+        "long_prefill_token_threshold": I("long_prefill_token_threshold"),
+    }
     cfg = StepConfig(bs, policy=policy, max_num_blocks=bounds.max_blocks, **v)
-    reqs = Requests([I(f"prompt_{r}") for r in range(n)], [I(f"max_tokens_{r}") for r in range(n)],
-                    [I(f"priority_{r}") for r in range(n)], [I(f"arrival_{r}") for r in range(n)])
+    reqs = Requests(
+        [I(f"prompt_{r}") for r in range(n)],
+        [I(f"max_tokens_{r}") for r in range(n)],
+        [I(f"priority_{r}") for r in range(n)],
+        [I(f"arrival_{r}") for r in range(n)],
+    )
     # Substituting the per-step equalities first (solve-eqs) halves Z3's time on these queries.
     solver = z3.Then("simplify", "propagate-values", "solve-eqs", "smt").solver()
     mml = cfg.max_model_len
-    solver.add(mml >= 2, mml <= bounds.max_blocks * bs, cfg.num_blocks >= 2, cfg.num_blocks <= bounds.max_blocks,
-               cfg.num_blocks * bs >= mml,
-               cfg.max_num_seqs >= 1, cfg.max_num_seqs <= n, cfg.max_num_batched_tokens >= cfg.max_num_seqs,
-               cfg.max_num_batched_tokens <= bounds.max_budget,
-               cfg.long_prefill_token_threshold >= 0, cfg.long_prefill_token_threshold <= mml)
+    solver.add(
+        mml >= 2,
+        mml <= bounds.max_blocks * bs,
+        cfg.num_blocks >= 2,
+        cfg.num_blocks <= bounds.max_blocks,
+        cfg.num_blocks * bs >= mml,
+        cfg.max_num_seqs >= 1,
+        cfg.max_num_seqs <= n,
+        cfg.max_num_batched_tokens >= cfg.max_num_seqs,
+        cfg.max_num_batched_tokens <= bounds.max_budget,
+        cfg.long_prefill_token_threshold >= 0,
+        cfg.long_prefill_token_threshold <= mml,
+    )
     for r in range(n):
-        solver.add(reqs.num_prompt_tokens[r] >= 1, reqs.num_prompt_tokens[r] <= mml - 1,
-                   reqs.max_tokens[r] >= 1, reqs.max_tokens[r] <= bounds.max_tokens,
-                   reqs.priority[r] >= 0, reqs.priority[r] < n, reqs.arrival_time[r] >= 0, reqs.arrival_time[r] < n)
+        solver.add(
+            reqs.num_prompt_tokens[r] >= 1,
+            reqs.num_prompt_tokens[r] <= mml - 1,
+            reqs.max_tokens[r] >= 1,
+            reqs.max_tokens[r] <= bounds.max_tokens,
+            reqs.priority[r] >= 0,
+            reqs.priority[r] < n,
+            reqs.arrival_time[r] >= 0,
+            reqs.arrival_time[r] < n,
+        )
         if distinct_keys:
             for o in range(r):
                 solver.add(lor(reqs.priority[r] != reqs.priority[o], reqs.arrival_time[r] != reqs.arrival_time[o]))
@@ -599,8 +668,14 @@ def build_query(bounds: Bounds, profile: str, policy: Policy, rules: StepRules |
     return solver, {"cfg": cfg, "reqs": reqs, "states": states, "start": start, "vars": v}
 
 
-def solve(bounds: Bounds, profile: str, policy: Policy, rules: StepRules | None = None, distinct_keys: bool = False,
-          timeout_s: float = 60.0) -> QueryResult:
+def solve(
+    bounds: Bounds,
+    profile: str,
+    policy: Policy,
+    rules: StepRules | None = None,
+    distinct_keys: bool = False,
+    timeout_s: float = 60.0,
+) -> QueryResult:
     """Run :func:`build_query`; on ``sat`` read the lasso back (:class:`Found`)."""
     t0 = time.perf_counter()
     solver, parts = build_query(bounds, profile, policy, rules, distinct_keys)
@@ -618,9 +693,15 @@ def solve(bounds: Bounds, profile: str, policy: Policy, rules: StepRules | None 
     config = {k: val(x) for k, x in parts["vars"].items()}
     config["block_size"] = bounds.block_size
     reqs = parts["reqs"]
-    requests = [{"num_prompt_tokens": val(reqs.num_prompt_tokens[r]), "max_tokens": val(reqs.max_tokens[r]),
-                 "priority": val(reqs.priority[r]), "arrival_time": val(reqs.arrival_time[r])}
-                for r in range(bounds.num_slots)]
+    requests = [
+        {
+            "num_prompt_tokens": val(reqs.num_prompt_tokens[r]),
+            "max_tokens": val(reqs.max_tokens[r]),
+            "priority": val(reqs.priority[r]),
+            "arrival_time": val(reqs.arrival_time[r]),
+        }
+        for r in range(bounds.num_slots)
+    ]
     states = [StepState(*([val(x) for x in getattr(s, f)] for f in STATE_FIELDS)) for s in parts["states"]]
     result.found = Found(profile, policy, config, requests, states, val(parts["start"]))
     return result
@@ -629,11 +710,22 @@ def solve(bounds: Bounds, profile: str, policy: Policy, rules: StepRules | None 
 def get_concrete(found: Found) -> tuple[StepConfig, Requests]:
     """The found config and requests as Python values of the encoding."""
     c = found.config
-    cfg = StepConfig(c["block_size"], c["num_blocks"], c["max_model_len"], c["max_num_batched_tokens"],
-                     c["max_num_seqs"], c["long_prefill_token_threshold"], found.policy)
+    cfg = StepConfig(
+        c["block_size"],
+        c["num_blocks"],
+        c["max_model_len"],
+        c["max_num_batched_tokens"],
+        c["max_num_seqs"],
+        c["long_prefill_token_threshold"],
+        found.policy,
+    )
     rs = found.requests
-    return cfg, Requests([r["num_prompt_tokens"] for r in rs], [r["max_tokens"] for r in rs],
-                         [r["priority"] for r in rs], [r["arrival_time"] for r in rs])
+    return cfg, Requests(
+        [r["num_prompt_tokens"] for r in rs],
+        [r["max_tokens"] for r in rs],
+        [r["priority"] for r in rs],
+        [r["arrival_time"] for r in rs],
+    )
 
 
 def get_workload(found: Found) -> Any:
@@ -643,17 +735,37 @@ def get_workload(found: Found) -> Any:
 
     c = found.config
     config = SchedulerConfig(
-        block_size=c["block_size"], num_gpu_blocks=c["num_blocks"] + 1,
-        max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
-        max_model_len=c["max_model_len"], enable_chunked_prefill=True,
-        long_prefill_token_threshold=c["long_prefill_token_threshold"], enable_prefix_caching=False,
-        policy=found.policy, num_spec_tokens=0, num_lookahead_tokens=0, scheduler_reserve_full_isl=None)
+        block_size=c["block_size"],
+        num_gpu_blocks=c["num_blocks"] + 1,
+        max_num_batched_tokens=c["max_num_batched_tokens"],
+        max_num_seqs=c["max_num_seqs"],
+        max_model_len=c["max_model_len"],
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=c["long_prefill_token_threshold"],
+        enable_prefix_caching=False,
+        policy=found.policy,
+        num_spec_tokens=0,
+        num_lookahead_tokens=0,
+        scheduler_reserve_full_isl=None,
+    )
     requests = tuple(
-        RequestSpec(f"r{i}", tuple(100 * (i + 1) + j for j in range(r["num_prompt_tokens"])), r["max_tokens"],
-                    priority=r["priority"], arrival_time=r["arrival_time"])
-        for i, r in enumerate(found.requests))
-    return Workload(config=config, profile=found.profile, requests=requests,
-                    oracle=HashOracle(seed=0, eos_per_mille=0), seed=0, origin="symbolic-witness")
+        RequestSpec(
+            f"r{i}",
+            tuple(100 * (i + 1) + j for j in range(r["num_prompt_tokens"])),
+            r["max_tokens"],
+            priority=r["priority"],
+            arrival_time=r["arrival_time"],
+        )
+        for i, r in enumerate(found.requests)
+    )
+    return Workload(
+        config=config,
+        profile=found.profile,
+        requests=requests,
+        oracle=HashOracle(seed=0, eos_per_mille=0),
+        seed=0,
+        origin="symbolic-witness",
+    )
 
 
 def realise(found: Found, max_steps: int = 500) -> Any:
@@ -665,17 +777,20 @@ def realise(found: Found, max_steps: int = 500) -> Any:
 
 def render_found(found: Found) -> str:
     """The lasso as lines: config, requests, and each state ``s_0 .. s_k``."""
-    lines = [f"{found.profile} {found.policy}: config {found.config}",
-             "requests " + "; ".join(f"r{i} {r}" for i, r in enumerate(found.requests))]
+    lines = [
+        f"{found.profile} {found.policy}: config {found.config}",
+        "requests " + "; ".join(f"r{i} {r}" for i, r in enumerate(found.requests)),
+    ]
     for i, s in enumerate(found.states):
-        mark = " <- lasso start" if i == found.start else (f" == s_{found.start}" if i == len(found.states) - 1
-                                                           else "")
+        mark = " <- lasso start" if i == found.start else (f" == s_{found.start}" if i == len(found.states) - 1 else "")
         lines.append(f"  s_{i}: {render_state(s)}{mark}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness_0_11", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.liveness_0_11", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--block-sizes", default="4")
@@ -690,8 +805,10 @@ def main(argv: list[str] | None = None) -> int:
             for policy in args.policies.split(","):
                 distinct = profile != "vllm-0.11" and policy == "priority"
                 res = solve(bounds, profile, policy, distinct_keys=distinct, timeout_s=args.timeout)  # type: ignore[arg-type]
-                print(f"{profile} {policy} {bounds} distinct_keys={distinct}: {res.answer} in {res.seconds:.1f} s",
-                      flush=True)
+                print(
+                    f"{profile} {policy} {bounds} distinct_keys={distinct}: {res.answer} in {res.seconds:.1f} s",
+                    flush=True,
+                )
                 if res.found:
                     print(render_found(res.found))
                     print(f"  reference: {realise(res.found)}")

@@ -109,8 +109,9 @@ def compute_priority_bound(requests: Iterable[RequestWork], config: Any) -> int:
     """The priority bound in key order for the live ``requests`` (needs distinct keys to be a theorem)."""
     cfg = _config_dict(config)
     ordered = sorted(requests, key=lambda r: r.sort_key)
-    return compute_ordered_bound([compute_work(r.num_prompt_tokens, r.max_tokens, cfg["max_model_len"])
-                                  for r in ordered])
+    return compute_ordered_bound(
+        [compute_work(r.num_prompt_tokens, r.max_tokens, cfg["max_model_len"]) for r in ordered]
+    )
 
 
 def compute_policy_bound(requests: Iterable[RequestWork], config: Any) -> int:
@@ -123,6 +124,7 @@ def compute_policy_bound(requests: Iterable[RequestWork], config: Any) -> int:
 
 
 # ----------------------------------------------------------------- traces
+
 
 @dataclass(frozen=True)
 class TraceTail:
@@ -160,8 +162,13 @@ def get_trace_tail(events: Iterable[Mapping[str, Any]]) -> TraceTail:
         if kind == "step" and "expect" in e:
             steps = e["step"]
         elif kind == "add_request" and "expect_error" not in e:
-            live[e["request_id"]] = RequestWork(e["request_id"], len(e["prompt_token_ids"]), e["max_tokens"],
-                                                e.get("priority", 0), e.get("arrival_time", 0))
+            live[e["request_id"]] = RequestWork(
+                e["request_id"],
+                len(e["prompt_token_ids"]),
+                e["max_tokens"],
+                e.get("priority", 0),
+                e.get("arrival_time", 0),
+            )
         elif kind == "abort" and "expect_error" not in e:
             live.pop(e["request_id"], None)  # an input: never after the last one
         elif kind == "model_output":

@@ -60,18 +60,39 @@ def draw_tied_workload(seed: int, profile: str) -> Workload:
     chunked = rng.random() < 0.8
     budget = rng.randint(max_model_len if not chunked else 1, 2 * max_model_len)
     config = SchedulerConfig(
-        block_size=block_size, num_gpu_blocks=blocks + 1, max_num_batched_tokens=budget,
-        max_num_seqs=rng.randint(1, min(3, budget)), max_model_len=max_model_len, enable_chunked_prefill=chunked,
+        block_size=block_size,
+        num_gpu_blocks=blocks + 1,
+        max_num_batched_tokens=budget,
+        max_num_seqs=rng.randint(1, min(3, budget)),
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
         long_prefill_token_threshold=min(rng.choice([0, 1, 2, 3]), max_model_len),
-        enable_prefix_caching=rng.random() < 0.5, policy="priority", num_spec_tokens=0,
-        num_lookahead_tokens=rng.choice([0, 0, 1]), scheduler_reserve_full_isl=None)
+        enable_prefix_caching=rng.random() < 0.5,
+        policy="priority",
+        num_spec_tokens=0,
+        num_lookahead_tokens=rng.choice([0, 0, 1]),
+        scheduler_reserve_full_isl=None,
+    )
     requests = []
     for i in range(rng.randint(2, 3)):
         length = rng.randint(1, max_model_len - 1)
-        requests.append(RequestSpec(f"r{i}", tuple(100 * (i + 1) + j for j in range(length)),
-                                    rng.randint(1, max_model_len), priority=0, arrival_time=0))
-    return Workload(config=config, profile=profile, requests=tuple(requests),
-                    oracle=HashOracle(seed=seed, eos_per_mille=0), seed=seed, origin="symbolic-witness")
+        requests.append(
+            RequestSpec(
+                f"r{i}",
+                tuple(100 * (i + 1) + j for j in range(length)),
+                rng.randint(1, max_model_len),
+                priority=0,
+                arrival_time=0,
+            )
+        )
+    return Workload(
+        config=config,
+        profile=profile,
+        requests=tuple(requests),
+        oracle=HashOracle(seed=seed, eos_per_mille=0),
+        seed=seed,
+        origin="symbolic-witness",
+    )
 
 
 def find_workload_lasso(workload: Workload, max_steps: int = MAX_STEPS) -> Lasso | None:
@@ -79,9 +100,17 @@ def find_workload_lasso(workload: Workload, max_steps: int = MAX_STEPS) -> Lasso
     assert all(r.at_step == 0 and not r.in_flight for r in workload.requests) and not workload.aborts
     sched = Scheduler(workload.config, workload.profile)
     for r in workload.requests:
-        sched.add_request(r.request_id, r.prompt_token_ids, r.max_tokens, priority=r.priority,
-                          arrival_time=r.arrival_time, eos_token_id=r.eos_token_id, ignore_eos=r.ignore_eos,
-                          stop_token_ids=r.stop_token_ids, min_tokens=r.min_tokens)
+        sched.add_request(
+            r.request_id,
+            r.prompt_token_ids,
+            r.max_tokens,
+            priority=r.priority,
+            arrival_time=r.arrival_time,
+            eos_token_id=r.eos_token_id,
+            ignore_eos=r.ignore_eos,
+            stop_token_ids=r.stop_token_ids,
+            min_tokens=r.min_tokens,
+        )
 
     def model(output: SchedulerOutput, samples: dict[str, bool]) -> ModelRunnerOutput:
         # HashOracle: token ``pos`` of a request depends on (seed, request, pos) only (lasso.py's premise).
@@ -93,8 +122,9 @@ def find_workload_lasso(workload: Workload, max_steps: int = MAX_STEPS) -> Lasso
 
 def get_steps_to_finish(workload: Workload, profile: str) -> tuple[int | None, int]:
     """Steps ``workload`` takes under ``profile`` after its last input (None: never) and its any-order bound."""
-    works = [compute_work(len(r.prompt_token_ids), r.max_tokens, workload.config.max_model_len)
-             for r in workload.requests]
+    works = [
+        compute_work(len(r.prompt_token_ids), r.max_tokens, workload.config.max_model_len) for r in workload.requests
+    ]
     bound = compute_any_order_bound(works)
     if find_workload_lasso(workload.replace(profile=profile)) is not None:
         return None, bound
@@ -129,20 +159,31 @@ class LivenessWitness:
         return draw_tied_workload(self.seed, self.profile)
 
 
-WITNESSES: dict[str, LivenessWitness] = {w.name: w for w in (
-    LivenessWitness(
-        "liveness_thrash_0_11", "vllm-0.11", 2645, ("vllm-0.33", "vllm-0.32"),
-        "vllm-0.11 thrashes: two requests with the same (priority, arrival_time), a pool of two blocks. The head of "
-        "running needs a block; the victim is the first request with the largest key, itself; it preempts itself "
-        "and the running loop breaks, so the other request gets nothing; with no full-sequence admission gate the "
-        "preempted request is re-admitted next step and the roles swap."),
-    LivenessWitness(
-        "liveness_tie_livelock_0_33", "vllm-0.33", 211, ("vllm-0.32",),
-        "vllm-0.33 livelocks on tied priority keys: two requests with the same (priority, arrival_time). The "
-        "request later in running needs a block and the victim, the first of the tied, is the request before it, "
-        "which loses its work; the full-sequence gate lets it back in at once and the two alternate, each "
-        "preempted before its prefill completes (why the priority liveness theorem assumes distinct keys)."),
-)}
+WITNESSES: dict[str, LivenessWitness] = {
+    w.name: w
+    for w in (
+        LivenessWitness(
+            "liveness_thrash_0_11",
+            "vllm-0.11",
+            2645,
+            ("vllm-0.33", "vllm-0.32"),
+            "vllm-0.11 thrashes: two requests with the same (priority, arrival_time), a pool of two blocks. The head of "
+            "running needs a block; the victim is the first request with the largest key, itself; it preempts itself "
+            "and the running loop breaks, so the other request gets nothing; with no full-sequence admission gate the "
+            "preempted request is re-admitted next step and the roles swap.",
+        ),
+        LivenessWitness(
+            "liveness_tie_livelock_0_33",
+            "vllm-0.33",
+            211,
+            ("vllm-0.32",),
+            "vllm-0.33 livelocks on tied priority keys: two requests with the same (priority, arrival_time). The "
+            "request later in running needs a block and the victim, the first of the tied, is the request before it, "
+            "which loses its work; the full-sequence gate lets it back in at once and the two alternate, each "
+            "preempted before its prefill completes (why the priority liveness theorem assumes distinct keys).",
+        ),
+    )
+}
 
 
 def realise(w: LivenessWitness) -> tuple[Trace, Lasso]:
@@ -170,7 +211,8 @@ def realise(w: LivenessWitness) -> tuple[Trace, Lasso]:
         f"{w.summary} The scheduler state at the start of step {lasso.start + 1} comes back at the start of step "
         f"{lasso.start + lasso.period + 1} (and {lasso.start + 2 * lasso.period + 1}) with "
         f"{', '.join(lasso.live)} live: steps {lasso.start + 1}-{lasso.start + lasso.period} repeat forever."
-        + (" " + _sentence("; ".join(contrast)) if contrast else ""))
+        + (" " + _sentence("; ".join(contrast)) if contrast else "")
+    )
     return trace, lasso
 
 
@@ -180,8 +222,9 @@ def _sentence(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: realise each witness (``--write``: into the corpus), or search for new ones."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.liveness_witnesses",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.liveness_witnesses", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--out", default=str(VECTORS))
     parser.add_argument("--search", default="", help="a profile: search draw_tied_workload seeds for lassos")

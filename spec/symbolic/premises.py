@@ -36,5 +36,3 @@ def premises(s: State) -> list[Any]:
 def as_bool(f: Any) -> z3.BoolRef:
     """``f`` as a Z3 Boolean (a Python bool becomes a constant)."""
     return f if is_z3(f) else z3.BoolVal(bool(f))
-
-

@@ -119,8 +119,14 @@ class Counterexample:
     subjects: list[str]
 
     def render(self) -> str:
-        lines = [f"goal {self.goal} fails" + (f" for {', '.join(self.subjects)}" if self.subjects else ""),
-                 f"inputs: {self.inputs}", "state before:", describe(self.pre), "state after:", describe(self.post)]
+        lines = [
+            f"goal {self.goal} fails" + (f" for {', '.join(self.subjects)}" if self.subjects else ""),
+            f"inputs: {self.inputs}",
+            "state before:",
+            describe(self.pre),
+            "state after:",
+            describe(self.post),
+        ]
         return "\n".join(lines)
 
 
@@ -170,7 +176,7 @@ def goal_parts(goal: z3.BoolRef, depth: int, chunks: int) -> list[z3.BoolRef]:
     """The conjuncts of ``goal`` down to ``depth`` nested ``And``s, in at most ``chunks`` groups (their ``And`` is ``goal``)."""
     items = conjuncts(goal, depth)
     size = -(-len(items) // max(1, chunks))
-    return [z3.And(*items[i:i + size]) if size > 1 else items[i] for i in range(0, len(items), size)]
+    return [z3.And(*items[i : i + size]) if size > 1 else items[i] for i in range(0, len(items), size)]
 
 
 SLOTS = 0
@@ -253,8 +259,15 @@ CASE_FACTS = {"case_request": "request", "case_victim": "victim"}
 """Which fact of an outcome a pinned case key stands for (input ``slot`` stands for itself)."""
 
 
-def prove(shape: Shape, name: str, timeout_s: float = 60.0, goals: list[str] | None = None,
-          stop_at_first_failure: bool = False, method: str = SYMMETRIC, parallel: bool = False) -> TransitionResult:
+def prove(
+    shape: Shape,
+    name: str,
+    timeout_s: float = 60.0,
+    goals: list[str] | None = None,
+    stop_at_first_failure: bool = False,
+    method: str = SYMMETRIC,
+    parallel: bool = False,
+) -> TransitionResult:
     """Prove transition ``name`` at ``shape``: every invariant, lemma and model assertion.
 
     A transition with ``split`` slots is proved case by case (each slot a
@@ -303,8 +316,16 @@ class Pending:
     recheck: Any
 
 
-def _prove(shape: Shape, name: str, timeout_s: float, goals: list[str] | None, stop_at_first_failure: bool,
-           method: str, helper: Helper | None, t0: float) -> TransitionResult:
+def _prove(
+    shape: Shape,
+    name: str,
+    timeout_s: float,
+    goals: list[str] | None,
+    stop_at_first_failure: bool,
+    method: str,
+    helper: Helper | None,
+    t0: float,
+) -> TransitionResult:
     transition = TRANSITIONS[name] if name in TRANSITIONS else COMPOSED[name]
     result = TransitionResult(name, shape, PROVED, 0.0)
     deadline = t0 + timeout_s
@@ -315,8 +336,10 @@ def _prove(shape: Shape, name: str, timeout_s: float, goals: list[str] | None, s
         if helper is None:
             result.goals[goal_name], result.goal_seconds[goal_name] = fn(*args, deadline - time.monotonic())
         else:
-            deferred[goal_name] = (helper.submit(fn, *args, deadline - time.monotonic()),
-                                   lambda: fn(*args, deadline - time.monotonic()))
+            deferred[goal_name] = (
+                helper.submit(fn, *args, deadline - time.monotonic()),
+                lambda: fn(*args, deadline - time.monotonic()),
+            )
 
     cases = transition.cases(shape)
     symmetric = method == SYMMETRIC and bool(transition.actor) and not transition.split
@@ -333,22 +356,35 @@ def _prove(shape: Shape, name: str, timeout_s: float, goals: list[str] | None, s
     pending: list[Pending] = []
     for case in cases:
         label = ",".join(f"{k}={v}" for k, v in case.items())
-        status = _prove_case(shape, transition, case, label, timeout_s, t0, result, goals, stop_at_first_failure,
-                             {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {}, method,
-                             went_fresh, helper, pending)
+        status = _prove_case(
+            shape,
+            transition,
+            case,
+            label,
+            timeout_s,
+            t0,
+            result,
+            goals,
+            stop_at_first_failure,
+            {**GOAL_SPLITS["*"], **GOAL_SPLITS.get(name, {})} if method != PLAIN else {},
+            method,
+            went_fresh,
+            helper,
+            pending,
+        )
         vacuous = vacuous and status == VACUOUS
         if stop_at_first_failure and FAILED in result.goals.values():
             break
     settle(result, deferred, pending, deadline)
     statuses = set(result.goals.values())
-    result.status = (VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses
-                     else PROVED)
+    result.status = VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses else PROVED
     result.seconds = time.monotonic() - t0
     return result
 
 
-def settle(result: TransitionResult, deferred: dict[str, tuple[Any, Any]], pending: list[Pending],
-           deadline: float) -> None:
+def settle(
+    result: TransitionResult, deferred: dict[str, tuple[Any, Any]], pending: list[Pending], deadline: float
+) -> None:
     """Wait for the helper's goals and queries and put their verdicts into ``result``.
 
     The tasks the helper has not started are taken back and run here, the last first (the
@@ -403,8 +439,9 @@ def check_symmetry(shape: Shape, name: str, timeout_s: float) -> tuple[str, floa
     return status, seconds
 
 
-def prove_isolated(shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC,
-                   parallel: bool = True) -> TransitionResult:
+def prove_isolated(
+    shape: Shape, name: str, timeout_s: float = 60.0, method: str = SYMMETRIC, parallel: bool = True
+) -> TransitionResult:
     """``prove`` in a fresh process, so that its time does not depend on what ran before it.
 
     Z3 keeps every term ever built in one global context, and a proof run
@@ -426,11 +463,22 @@ def run_isolated(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str, timeout_s: float, t0: float,
-                result: TransitionResult, goals: list[str] | None, stop_at_first_failure: bool,
-                splits: dict[str, tuple[int, int] | Pin] | None = None, method: str = SYMMETRIC,
-                went_fresh: set[str] | None = None, helper: Helper | None = None,
-                pending: list[Pending] | None = None) -> str:
+def _prove_case(
+    shape: Shape,
+    transition: Any,
+    case: dict[str, int],
+    label: str,
+    timeout_s: float,
+    t0: float,
+    result: TransitionResult,
+    goals: list[str] | None,
+    stop_at_first_failure: bool,
+    splits: dict[str, tuple[int, int] | Pin] | None = None,
+    method: str = SYMMETRIC,
+    went_fresh: set[str] | None = None,
+    helper: Helper | None = None,
+    pending: list[Pending] | None = None,
+) -> str:
     """Prove one case of a transition into ``result``; return VACUOUS when its premises are unsatisfiable.
 
     ``splits`` maps a goal to how it is proved by parts (:data:`GOAL_SPLITS`).
@@ -470,7 +518,9 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
     definitions: list[Any] = []
     """``stand-in == term`` for each abstracted term: added only to confirm a counterexample."""
     if method == SYMMETRIC and out.abstractions and goals is None:
-        abstract_facts = [(f"abstraction:{name}", _as_bool(f)) for a in out.abstractions for name, f in a.facts(a.terms)]
+        abstract_facts = [
+            (f"abstraction:{name}", _as_bool(f)) for a in out.abstractions for name, f in a.facts(a.terms)
+        ]
         substitute, stand_in_facts, definitions = _abstract(out.abstractions, label)
 
     def open_solver(formulas: list[Any]) -> tuple[z3.Solver, list[z3.BoolRef]]:
@@ -498,13 +548,45 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
 
         def send(query: list[z3.BoolRef]) -> None:
             # The recheck is this very query, with the solver and facts as they are now.
-            recheck = functools.partial(_check_goal, solver, list(facts), names, named, goal, remaining_ms, result,
-                                        key, goal_name, pre, out, inputs, ops, by_terms, 0.0)
+            recheck = functools.partial(
+                _check_goal,
+                solver,
+                list(facts),
+                names,
+                named,
+                goal,
+                remaining_ms,
+                result,
+                key,
+                goal_name,
+                pre,
+                out,
+                inputs,
+                ops,
+                by_terms,
+                0.0,
+            )
             future = helper.submit(check_text, render_query(solver, query), t0 + timeout_s)
             pending.append(Pending(goal_name, key, future, recheck))
 
-        status = _check_goal(solver, facts, names, named, goal, remaining_ms, result, key, goal_name, pre, out,
-                             inputs, ops, by_terms, after_s, send if helper is not None else None)
+        status = _check_goal(
+            solver,
+            facts,
+            names,
+            named,
+            goal,
+            remaining_ms,
+            result,
+            key,
+            goal_name,
+            pre,
+            out,
+            inputs,
+            ops,
+            by_terms,
+            after_s,
+            send if helper is not None else None,
+        )
         if status == PENDING or f"{key} (fresh)" in result.goal_seconds:
             went_fresh.add(goal_name + part)
         return status
@@ -553,11 +635,14 @@ def _prove_case(shape: Shape, transition: Any, case: dict[str, int], label: str,
             return goal_parts(goal, depth, chunks or shape.num_reqs)
         kind, name = goal_name.split(":", 1)
         if kind == "inv":
+
             def goal_of(s: State) -> Any:
                 return schedconf.spec.v1.invariants.INVARIANTS[name](SymbolicView(s), Z3Ops())
         else:
+
             def goal_of(s: State) -> Any:
                 return LEMMAS[name](s, Z3Ops())
+
         parts = pinned_parts(goal_of, pre, out.post, getattr(pre, how.field), range(shape.num_reqs + 1))
         # The stand-ins of an abstraction replace those of its terms the pinned states kept as they were.
         return [substitute(part) for part in parts] if substitute is not None else parts
@@ -664,10 +749,24 @@ def _name_of(solver: z3.Solver, names: dict[int, z3.BoolRef], goal: z3.BoolRef) 
     return names[goal.get_id()]
 
 
-def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.BoolRef], named: bool,
-                goal: z3.BoolRef, remaining_ms: Any, result: TransitionResult, key: str, goal_name: str,
-                pre: State, out: Outcome, inputs: dict[str, Any], ops: Z3Ops, definitions: list[z3.BoolRef],
-                fresh_after_s: float | None = None, offload: Any = None) -> str:
+def _check_goal(
+    solver: z3.Solver,
+    facts: list[z3.BoolRef],
+    names: dict[int, z3.BoolRef],
+    named: bool,
+    goal: z3.BoolRef,
+    remaining_ms: Any,
+    result: TransitionResult,
+    key: str,
+    goal_name: str,
+    pre: State,
+    out: Outcome,
+    inputs: dict[str, Any],
+    ops: Z3Ops,
+    definitions: list[z3.BoolRef],
+    fresh_after_s: float | None = None,
+    offload: Any = None,
+) -> str:
     """One query: ``goal`` under everything asserted; a counterexample goes into ``result``.
 
     ``named``: the goal gets a fresh name ``lit`` (``lit == goal`` asserted: a definition, which
@@ -736,9 +835,15 @@ def _check_goal(solver: z3.Solver, facts: list[z3.BoolRef], names: dict[int, z3.
             model = solver.model()
             solver.pop()
         status = FAILED
-        result.counterexamples.append(Counterexample(
-            goal=goal_name, pre=evaluate(pre, model), inputs=_inputs_of(model, inputs),
-            post=evaluate(out.post, model), subjects=ops.failing_subjects(model)))
+        result.counterexamples.append(
+            Counterexample(
+                goal=goal_name,
+                pre=evaluate(pre, model),
+                inputs=_inputs_of(model, inputs),
+                post=evaluate(out.post, model),
+                subjects=ops.failing_subjects(model),
+            )
+        )
     else:
         status = UNKNOWN
     if not named:
@@ -794,10 +899,13 @@ def prove_theorem_order(num_items: int, timeout_s: float = 120.0) -> TransitionR
     solver.add(z3.Not(z3.And(_as_bool(theorem_order(members, keys)), _as_bool(theorem_order(members, keys, True)))))
     verdict = solver.check()
     status = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
-    return TransitionResult("theorem_order", Shape(1, num_items), status, time.monotonic() - t0, {"theorem_order": status})
+    return TransitionResult(
+        "theorem_order", Shape(1, num_items), status, time.monotonic() - t0, {"theorem_order": status}
+    )
 
 
 # ------------------------------------------------------------------ counterexamples
+
 
 def confirm_counterexample(cex: Counterexample, transition: str) -> str | None:
     """Run the model's own event on the injected pre-state; return the violation of the goal's invariant.
@@ -825,9 +933,13 @@ def confirm_counterexample(cex: Counterexample, transition: str) -> str | None:
             sched.abort(slot_id(cex.inputs["slot"]))
         else:
             q = cex.inputs["slot"]
-            sched.add_request(slot_id(q), [100 + i for i in range(cex.inputs["num_prompt_tokens"])],
-                              cex.inputs["max_tokens"], priority=cex.inputs["priority"],
-                              arrival_time=cex.inputs["arrival_time"])
+            sched.add_request(
+                slot_id(q),
+                [100 + i for i in range(cex.inputs["num_prompt_tokens"])],
+                cex.inputs["max_tokens"],
+                priority=cex.inputs["priority"],
+                arrival_time=cex.inputs["arrival_time"],
+            )
     except SpecError as exc:
         return f"model error {exc.code}: {exc}"
     ops = ConcreteOps()
@@ -870,8 +982,14 @@ def counterexample_trace(cex: Counterexample, transition: str, tries: int = 200)
         return cut[1]
 
     description = f"Counterexample to {cex.goal} after {transition}."
-    found = search(cex.pre, f"cex-{transition}", description, accept, tries=tries,
-                   with_abort=transition in ("abort", "abort_pending"))
+    found = search(
+        cex.pre,
+        f"cex-{transition}",
+        description,
+        accept,
+        tries=tries,
+        with_abort=transition in ("abort", "abort_pending"),
+    )
     if found is None:
         return None
     trace = holder["trace"]
@@ -881,6 +999,7 @@ def counterexample_trace(cex: Counterexample, transition: str, tries: int = 200)
 
 
 # ------------------------------------------------------------------ tables and CLI
+
 
 def prove_all(shapes: list[Shape], names: list[str], timeout_s: float) -> list[TransitionResult]:
     """Prove every transition at every shape."""
@@ -899,9 +1018,15 @@ class Largest:
     """(largest R, B, seconds) growing R at the target B."""
 
 
-def largest_bounds(name: str, policy: str = "fcfs", block_size: int = 2, timeout_s: float = 60.0,
-                   target: tuple[int, int] = (4, 8), more_blocks: tuple[int, ...] = (10, 12, 16),
-                   more_reqs: tuple[int, ...] = (6, 8)) -> Largest:
+def largest_bounds(
+    name: str,
+    policy: str = "fcfs",
+    block_size: int = 2,
+    timeout_s: float = 60.0,
+    target: tuple[int, int] = (4, 8),
+    more_blocks: tuple[int, ...] = (10, 12, 16),
+    more_reqs: tuple[int, ...] = (6, 8),
+) -> Largest:
     """Grow B at the target R, and R at the target B, through the given steps while the proof fits ``timeout_s``.
 
     When the target itself misses the limit, B shrinks one by one until a proof fits.
@@ -919,6 +1044,7 @@ def largest_bounds(name: str, policy: str = "fcfs", block_size: int = 2, timeout
             if secs is not None:
                 return Largest(name, policy, (r0, b, secs), (0, b0, 0.0))
         return Largest(name, policy, (r0, 0, 0.0), (0, b0, 0.0))
+
     def grow(bounds: list[tuple[int, int]]) -> tuple[int, int, float]:
         best = (r0, b0, at_target)
         for r, b in bounds:
@@ -935,21 +1061,28 @@ def render_table(results: list[TransitionResult]) -> str:
     """A markdown table: transition, shape, result, time."""
     lines = ["| transition | bounds | block size | policy | result | time (s) |", "|---|---|---|---|---|---|"]
     for res in results:
-        lines.append(f"| {res.transition} | {res.bounds} | {res.shape.block_size} | {res.shape.policy} | "
-                     f"{res.status} | {res.seconds:.1f} |")
+        lines.append(
+            f"| {res.transition} | {res.bounds} | {res.shape.block_size} | {res.shape.policy} | "
+            f"{res.status} | {res.seconds:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove and print the table; write counterexamples under ``--out``."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.proofs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.proofs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--bounds", default="4,8", help="R,B: request slots and usable blocks")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per transition")
     parser.add_argument("--block-size", default="2", help="comma-separated block sizes")
     parser.add_argument("--policy", default="fcfs,priority", help="comma-separated policies")
     parser.add_argument("--transitions", default="", help="comma-separated names (default: all)")
-    parser.add_argument("--largest", action="store_true",
-                        help="also report the largest bounds within the timeout (B in 10, 12, 16 at R; R in 6, 8 at B)")
+    parser.add_argument(
+        "--largest",
+        action="store_true",
+        help="also report the largest bounds within the timeout (B in 10, 12, 16 at R; R in 6, 8 at B)",
+    )
     parser.add_argument("--skip-table", action="store_true", help="with --largest: skip the proofs at --bounds")
     parser.add_argument("--out", default="reports/symbolic", help="where counterexamples are written")
     args = parser.parse_args(argv)
@@ -986,17 +1119,23 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|")
         for policy in args.policy.split(","):
             for name in names:
-                big = largest_bounds(name, policy, int(args.block_size.split(",")[0]), args.timeout,
-                                     (num_reqs, num_blocks))
-                print(f"| {name} | {policy} | B={big.blocks[1]} ({big.blocks[2]:.1f} s) | "
-                      f"R={big.reqs[0]} ({big.reqs[2]:.1f} s) |", flush=True)
+                big = largest_bounds(
+                    name, policy, int(args.block_size.split(",")[0]), args.timeout, (num_reqs, num_blocks)
+                )
+                print(
+                    f"| {name} | {policy} | B={big.blocks[1]} ({big.blocks[2]:.1f} s) | "
+                    f"R={big.reqs[0]} ({big.reqs[2]:.1f} s) |",
+                    flush=True,
+                )
     return exit_code
 
 
 def _render_row(res: TransitionResult) -> str:
     """One progress line of the CLI: transition, bounds, block size, policy, result, time."""
     sh = res.shape
-    return f"{res.transition:20s} {res.bounds:10s} bs={sh.block_size} {sh.policy:8s} {res.status:15s} {res.seconds:6.1f}s"
+    return (
+        f"{res.transition:20s} {res.bounds:10s} bs={sh.block_size} {sh.policy:8s} {res.status:15s} {res.seconds:6.1f}s"
+    )
 
 
 def _report_counterexample(cex: Counterexample, transition: str, out_dir: Path) -> str:
@@ -1010,11 +1149,20 @@ def _report_counterexample(cex: Counterexample, transition: str, out_dir: Path) 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{transition}-{cex.goal.replace(':', '-')}"
     state_file = out_dir / f"{stem}.json"
-    state_file.write_text(json.dumps({
-        "transition": transition, "goal": cex.goal, "subjects": cex.subjects, "inputs": cex.inputs,
-        "state_before": describe(cex.pre).splitlines(), "state_after": describe(cex.post).splitlines(),
-        "confirmed_by_model": confirmed,
-    }, indent=1))
+    state_file.write_text(
+        json.dumps(
+            {
+                "transition": transition,
+                "goal": cex.goal,
+                "subjects": cex.subjects,
+                "inputs": cex.inputs,
+                "state_before": describe(cex.pre).splitlines(),
+                "state_after": describe(cex.post).splitlines(),
+                "confirmed_by_model": confirmed,
+            },
+            indent=1,
+        )
+    )
     lines.append(f"state written to {state_file}")
     trace = counterexample_trace(cex, transition)
     if trace is not None:

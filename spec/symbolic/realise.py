@@ -54,13 +54,21 @@ def requests_like(state: State, rng: random.Random, jitter: bool) -> list[Reques
             else:
                 prompt.append(60 + r)
         max_tokens = state.max_tokens[r] if not jitter else rng.randint(1, 2 * state.max_model_len)
-        specs.append(RequestSpec(slot_id(r), tuple(prompt), max_tokens=max(1, max_tokens),
-                                 priority=state.priority[r], arrival_time=state.arrival_time[r]))
+        specs.append(
+            RequestSpec(
+                slot_id(r),
+                tuple(prompt),
+                max_tokens=max(1, max_tokens),
+                priority=state.priority[r],
+                arrival_time=state.arrival_time[r],
+            )
+        )
     return specs
 
 
-def candidate_workloads(state: State, label: str, description: str, seed: int = 0,
-                        tries: int = 400, with_abort: bool = False) -> Iterator[Workload]:
+def candidate_workloads(
+    state: State, label: str, description: str, seed: int = 0, tries: int = 400, with_abort: bool = False
+) -> Iterator[Workload]:
     """Workloads seeded by ``state``: its config and requests, then deterministic variations.
 
     With ``with_abort`` every candidate also aborts one of its requests after a few steps.
@@ -79,8 +87,15 @@ def candidate_workloads(state: State, label: str, description: str, seed: int = 
                 specs = [replace(sp, priority=rng.randint(0, 3), arrival_time=rng.randint(0, 6)) for sp in specs]
             if rng.random() < 0.3:
                 extra = rng.choice(specs)
-                specs.append(replace(extra, request_id=f"{extra.request_id}b", at_step=rng.randint(0, 4),
-                                     priority=rng.randint(0, 3), arrival_time=rng.randint(0, 6)))
+                specs.append(
+                    replace(
+                        extra,
+                        request_id=f"{extra.request_id}b",
+                        at_step=rng.randint(0, 4),
+                        priority=rng.randint(0, 3),
+                        arrival_time=rng.randint(0, 6),
+                    )
+                )
             low = config.max_model_len if not config.enable_chunked_prefill else config.max_num_seqs
             choice = rng.random()
             if choice < 0.2:
@@ -91,12 +106,26 @@ def candidate_workloads(state: State, label: str, description: str, seed: int = 
                 config = replace(config, max_num_batched_tokens=max(low, demand))
         oracle = HashOracle(seed=rng.randint(0, 10**6), eos_per_mille=0)
         aborts = (AbortSpec(rng.choice(specs).request_id, rng.randint(1, 4)),) if with_abort else ()
-        yield Workload(config=config, profile=PROFILE, requests=tuple(specs), aborts=aborts, oracle=oracle,
-                       seed=seed, origin="symbolic", description=description)
+        yield Workload(
+            config=config,
+            profile=PROFILE,
+            requests=tuple(specs),
+            aborts=aborts,
+            oracle=oracle,
+            seed=seed,
+            origin="symbolic",
+            description=description,
+        )
 
 
-def search(state: State, label: str, description: str, accept: Callable[[Trace], str | None],
-           tries: int = 400, with_abort: bool = False) -> tuple[Trace, str] | None:
+def search(
+    state: State,
+    label: str,
+    description: str,
+    accept: Callable[[Trace], str | None],
+    tries: int = 400,
+    with_abort: bool = False,
+) -> tuple[Trace, str] | None:
     """The first candidate trace ``accept`` approves, with its note; None if none in ``tries``."""
     for workload in candidate_workloads(state, label, description, tries=tries, with_abort=with_abort):
         try:

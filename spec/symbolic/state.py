@@ -120,8 +120,13 @@ DEAD = -1
 """Status code of a dead slot (no live request)."""
 
 IDLE, RUNNING_LOOP, WAITING_LOOP, PENDING, UPDATING = 0, 1, 2, 3, 4
-PHASE_NAMES = {IDLE: "idle", RUNNING_LOOP: "running_loop", WAITING_LOOP: "waiting_loop",
-               PENDING: "pending", UPDATING: "updating"}
+PHASE_NAMES = {
+    IDLE: "idle",
+    RUNNING_LOOP: "running_loop",
+    WAITING_LOOP: "waiting_loop",
+    PENDING: "pending",
+    UPDATING: "updating",
+}
 
 PROFILE = "vllm-0.33"
 """The release profile the encoding mirrors."""
@@ -129,26 +134,58 @@ PROFILE = "vllm-0.33"
 INT, BOOL = "int", "bool"
 
 CONFIG_FIELDS = (
-    ("max_num_batched_tokens", INT), ("max_num_seqs", INT), ("max_model_len", INT),
-    ("long_prefill_token_threshold", INT), ("num_lookahead_tokens", INT),
-    ("enable_chunked_prefill", BOOL), ("enable_prefix_caching", BOOL), ("reserve_full_sequence", BOOL),
+    ("max_num_batched_tokens", INT),
+    ("max_num_seqs", INT),
+    ("max_model_len", INT),
+    ("long_prefill_token_threshold", INT),
+    ("num_lookahead_tokens", INT),
+    ("enable_chunked_prefill", BOOL),
+    ("enable_prefix_caching", BOOL),
+    ("reserve_full_sequence", BOOL),
 )
 SCALAR_FIELDS = (
-    ("phase", INT), ("step", INT), ("num_free_blocks", INT), ("free_lo", INT), ("free_hi", INT), ("next_insert", INT),
-    ("token_budget", INT), ("total_num_scheduled", INT), ("req_index", INT), ("threshold", INT),
+    ("phase", INT),
+    ("step", INT),
+    ("num_free_blocks", INT),
+    ("free_lo", INT),
+    ("free_hi", INT),
+    ("next_insert", INT),
+    ("token_budget", INT),
+    ("total_num_scheduled", INT),
+    ("req_index", INT),
+    ("threshold", INT),
     ("num_preemptions", INT),
-    ("running_done", BOOL), ("waiting_done", BOOL),
-    ("alloc_active", BOOL), ("alloc_request", INT), ("alloc_num_new", INT),
+    ("running_done", BOOL),
+    ("waiting_done", BOOL),
+    ("alloc_active", BOOL),
+    ("alloc_request", INT),
+    ("alloc_num_new", INT),
 )
 BLOCK_FIELDS = (
-    ("ref_cnt", INT), ("in_free", BOOL), ("free_key", INT), ("cached", BOOL),
-    ("block_hash", INT), ("indexed", BOOL), ("insert_order", INT),
+    ("ref_cnt", INT),
+    ("in_free", BOOL),
+    ("free_key", INT),
+    ("cached", BOOL),
+    ("block_hash", INT),
+    ("indexed", BOOL),
+    ("insert_order", INT),
 )
 REQUEST_FIELDS = (
-    ("status", INT), ("num_tokens", INT), ("num_prompt_tokens", INT), ("max_tokens", INT),
-    ("num_computed_tokens", INT), ("priority", INT), ("arrival_time", INT),
-    ("in_running", BOOL), ("running_pos", INT), ("in_waiting", BOOL), ("waiting_pos", INT),
-    ("num_scheduled", INT), ("has_table", BOOL), ("num_blocks", INT), ("num_cached_blocks", INT),
+    ("status", INT),
+    ("num_tokens", INT),
+    ("num_prompt_tokens", INT),
+    ("max_tokens", INT),
+    ("num_computed_tokens", INT),
+    ("priority", INT),
+    ("arrival_time", INT),
+    ("in_running", BOOL),
+    ("running_pos", INT),
+    ("in_waiting", BOOL),
+    ("waiting_pos", INT),
+    ("num_scheduled", INT),
+    ("has_table", BOOL),
+    ("num_blocks", INT),
+    ("num_cached_blocks", INT),
 )
 REQUEST_ROW_FIELDS = (("hashes", INT),)
 """Per slot, per table position ``i < B``."""
@@ -157,9 +194,20 @@ REQUEST_BLOCK_FIELDS = (("held", BOOL), ("table_pos", INT))
 RECORD_FIELDS = (("rec_num_candidates", INT), ("rec_victim_pos", INT))
 RECORD_ROW_FIELDS = (("rec_priority", INT), ("rec_arrival", INT))
 
-ALL_FIELDS = tuple(name for group in (CONFIG_FIELDS, SCALAR_FIELDS, BLOCK_FIELDS, REQUEST_FIELDS,
-                                      REQUEST_ROW_FIELDS, REQUEST_BLOCK_FIELDS, RECORD_FIELDS, RECORD_ROW_FIELDS)
-                   for name, _ in group)
+ALL_FIELDS = tuple(
+    name
+    for group in (
+        CONFIG_FIELDS,
+        SCALAR_FIELDS,
+        BLOCK_FIELDS,
+        REQUEST_FIELDS,
+        REQUEST_ROW_FIELDS,
+        REQUEST_BLOCK_FIELDS,
+        RECORD_FIELDS,
+        RECORD_ROW_FIELDS,
+    )
+    for name, _ in group
+)
 
 
 @dataclass(frozen=True)
@@ -265,16 +313,15 @@ class State:
             fields[name] = [fn(f"{name}[{r}]", values[r], kind) for r in sh.slots]
         for name, kind in REQUEST_ROW_FIELDS:
             rows = getattr(self, name)
-            fields[name] = [[fn(f"{name}[{r}][{i}]", rows[r][i], kind) for i in range(sh.num_blocks)]
-                            for r in sh.slots]
+            fields[name] = [[fn(f"{name}[{r}][{i}]", rows[r][i], kind) for i in range(sh.num_blocks)] for r in sh.slots]
         for name, kind in REQUEST_BLOCK_FIELDS:
             rows = getattr(self, name)
-            fields[name] = [[rows[r][0]] + [fn(f"{name}[{r}][{b}]", rows[r][b], kind) for b in sh.blocks]
-                            for r in sh.slots]
+            fields[name] = [
+                [rows[r][0]] + [fn(f"{name}[{r}][{b}]", rows[r][b], kind) for b in sh.blocks] for r in sh.slots
+            ]
         for name, kind in RECORD_ROW_FIELDS:
             rows = getattr(self, name)
-            fields[name] = [[fn(f"{name}[{k}][{j}]", rows[k][j], kind) for j in range(sh.num_reqs)]
-                            for k in sh.slots]
+            fields[name] = [[fn(f"{name}[{k}][{j}]", rows[k][j], kind) for j in range(sh.num_reqs)] for k in sh.slots]
         return State(sh, **fields)
 
     # ----------------------------------------------------------- derived values
@@ -315,13 +362,21 @@ class State:
 
 # --------------------------------------------------------------- construction
 
+
 def _var(kind: str, name: str) -> z3.ExprRef:
     return z3.Int(name) if kind == INT else z3.Bool(name)
 
 
 def _null_block_values() -> dict[str, Any]:
-    return {"ref_cnt": 0, "in_free": False, "free_key": 0, "cached": False, "block_hash": 0,
-            "indexed": False, "insert_order": 0}
+    return {
+        "ref_cnt": 0,
+        "in_free": False,
+        "free_key": 0,
+        "cached": False,
+        "block_hash": 0,
+        "indexed": False,
+        "insert_order": 0,
+    }
 
 
 def fresh_state(shape: Shape, tag: str = "s") -> State:
@@ -360,6 +415,7 @@ def bind(symbolic: State, concrete: State) -> list[z3.BoolRef]:
 
 def evaluate(state: State, model: z3.ModelRef) -> State:
     """The Python values of every leaf of ``state`` in ``model``."""
+
     def ev(name: str, value: Any, kind: str) -> Any:
         if not is_z3(value):
             return value
@@ -374,6 +430,7 @@ def to_python(state: State) -> State:
 
 
 # --------------------------------------------------------------- the view
+
 
 class _GuardedPreemption:
     """One (record, candidate count, victim position) case of a symbolic preemption record.
@@ -417,10 +474,12 @@ class SymbolicView:
         self.null_block = 0
         self.requests = list(sh.slots)
         self._live = [s.live(r) for r in sh.slots]
-        self.orphans_in_queues = total((
-            count(land(lnot(self._live[r]), s.in_running[r]) for r in sh.slots),
-            count(land(lnot(self._live[r]), s.in_waiting[r]) for r in sh.slots),
-        ))
+        self.orphans_in_queues = total(
+            (
+                count(land(lnot(self._live[r]), s.in_running[r]) for r in sh.slots),
+                count(land(lnot(self._live[r]), s.in_waiting[r]) for r in sh.slots),
+            )
+        )
         self.num_running = s.num_running()
         self.orphan_tables = count(land(lnot(self._live[r]), s.has_table[r]) for r in sh.slots)
         self.hold_pairs = [(r, b) for r in sh.slots for b in sh.blocks]
@@ -444,8 +503,7 @@ class SymbolicView:
                     if active is False:
                         continue
                     keys = tuple(
-                        (ite(active, s.rec_priority[k][c], 1 if c == v else 0),
-                         ite(active, s.rec_arrival[k][c], 0))
+                        (ite(active, s.rec_priority[k][c], 1 if c == v else 0), ite(active, s.rec_arrival[k][c], 0))
                         for c in range(n)
                     )
                     policy = PRIORITY if sh.is_priority else ite(active, FCFS, PRIORITY)
@@ -526,21 +584,28 @@ class SymbolicView:
         r, b = pos
         s = self._s
         i = s.table_pos[r][b]
-        return land(0 <= i, i < s.num_full_blocks(r), s.cached[b],
-                    s.block_hash[b] == select(s.hashes[r], i, s.hashes[r][0]))
+        return land(
+            0 <= i, i < s.num_full_blocks(r), s.cached[b], s.block_hash[b] == select(s.hashes[r], i, s.hashes[r][0])
+        )
 
 
 # --------------------------------------------------------------- lemmas
+
 
 def _distinct_positions(o: Any, members: list[Any], positions: list[Any], size: Any, what: str) -> Any:
     """Members' positions lie in ``[0, size)`` and differ pairwise: a permutation of ``[0, size)``."""
     n = len(members)
     return o.and_(
-        o.forall(range(n), lambda i: o.implies(members[i], o.and_(o.le(0, positions[i]), o.lt(positions[i], size))),
-                 lambda i: f"{what} {i}"),
-        o.forall([(i, j) for i in range(n) for j in range(i + 1, n)],
-                 lambda p: o.implies(o.and_(members[p[0]], members[p[1]]), o.not_(o.eq(positions[p[0]], positions[p[1]]))),
-                 lambda p: f"{what}s {p[0]} and {p[1]}"),
+        o.forall(
+            range(n),
+            lambda i: o.implies(members[i], o.and_(o.le(0, positions[i]), o.lt(positions[i], size))),
+            lambda i: f"{what} {i}",
+        ),
+        o.forall(
+            [(i, j) for i in range(n) for j in range(i + 1, n)],
+            lambda p: o.implies(o.and_(members[p[0]], members[p[1]]), o.not_(o.eq(positions[p[0]], positions[p[1]]))),
+            lambda p: f"{what}s {p[0]} and {p[1]}",
+        ),
     )
 
 
@@ -548,9 +613,12 @@ def lemma_config(s: State, o: Any) -> Any:
     """The configuration passes SchedulerConfig validation (spec/v1/config.py), for this shape."""
     sh = s.shape
     return o.and_(
-        o.le(1, s.max_num_batched_tokens), o.le(1, s.max_num_seqs), o.le(1, s.max_model_len),
+        o.le(1, s.max_num_batched_tokens),
+        o.le(1, s.max_num_seqs),
+        o.le(1, s.max_model_len),
         o.le(cdiv(s.max_model_len, sh.block_size), sh.num_blocks),
-        o.le(0, s.long_prefill_token_threshold), o.le(0, s.num_lookahead_tokens),
+        o.le(0, s.long_prefill_token_threshold),
+        o.le(0, s.num_lookahead_tokens),
         o.or_(s.enable_chunked_prefill, o.le(s.max_model_len, s.max_num_batched_tokens)),
         o.le(s.max_num_seqs, s.max_num_batched_tokens),
         # vllm-0.33 (spec/v1/profiles.py check_config_for_profile)
@@ -564,43 +632,90 @@ def lemma_step(s: State, o: Any) -> Any:
     in_step_or_pending = s.has_output()
     sched_total = total(s.num_scheduled[r] for r in sh.slots)
     return o.and_(
-        o.le(0, s.phase), o.le(s.phase, UPDATING), o.le(0, s.step),
+        o.le(0, s.phase),
+        o.le(s.phase, UPDATING),
+        o.le(0, s.step),
         o.forall(sh.slots, lambda r: o.le(0, s.num_scheduled[r]), lambda r: f"slot {r} scheduled"),
         o.implies(o.eq(s.phase, IDLE), o.and_(o.eq(s.num_preemptions, 0), o.eq(sched_total, 0))),
         o.implies(in_step_or_pending, o.eq(s.token_budget, s.max_num_batched_tokens - sched_total)),
         o.implies(s.in_step(), o.eq(s.total_num_scheduled, sched_total)),
         # Inside schedule() nothing is aborted: only RUNNING requests are scheduled.
-        o.implies(s.in_step(), o.forall(
-            sh.slots, lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(s.live(r), o.eq(s.status[r], RUNNING))),
-            lambda r: f"slot {r} scheduled in the step")),
-        o.le(0, s.num_preemptions), o.le(s.num_preemptions, sh.num_reqs),
+        o.implies(
+            s.in_step(),
+            o.forall(
+                sh.slots,
+                lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(s.live(r), o.eq(s.status[r], RUNNING))),
+                lambda r: f"slot {r} scheduled in the step",
+            ),
+        ),
+        o.le(0, s.num_preemptions),
+        o.le(s.num_preemptions, sh.num_reqs),
         # Each preemption removes a running request and none is admitted after one.
         o.implies(in_step_or_pending, o.le(s.num_preemptions + s.num_running(), sh.num_reqs)),
-        o.implies(o.eq(s.phase, RUNNING_LOOP), o.and_(
-            o.le(0, s.req_index), o.le(s.req_index, s.num_running()),
-            o.forall(sh.slots, lambda r: o.implies(o.and_(s.in_running[r], o.le(s.req_index, s.running_pos[r])),
-                                                   o.eq(s.num_scheduled[r], 0)),
-                     lambda r: f"slot {r} after the cursor"),
-        )),
+        o.implies(
+            o.eq(s.phase, RUNNING_LOOP),
+            o.and_(
+                o.le(0, s.req_index),
+                o.le(s.req_index, s.num_running()),
+                o.forall(
+                    sh.slots,
+                    lambda r: o.implies(
+                        o.and_(s.in_running[r], o.le(s.req_index, s.running_pos[r])), o.eq(s.num_scheduled[r], 0)
+                    ),
+                    lambda r: f"slot {r} after the cursor",
+                ),
+            ),
+        ),
         o.implies(s.in_step(), o.or_(o.eq(s.threshold, 0), o.eq(s.threshold, s.long_prefill_token_threshold))),
-        o.implies(s.alloc_active, o.and_(
-            o.eq(s.phase, RUNNING_LOOP), o.not_(s.running_done),
-            o.forall(sh.slots, lambda r: o.implies(o.eq(s.alloc_request, r), o.and_(
-                s.live(r), o.eq(s.status[r], RUNNING), s.in_running[r], o.eq(s.running_pos[r], s.req_index),
-                o.eq(s.num_scheduled[r], 0), o.lt(0, s.alloc_num_new),
-                o.le(s.alloc_num_new, s.num_tokens[r] - s.num_computed_tokens[r]),
-                o.le(s.num_computed_tokens[r] + s.alloc_num_new, s.max_model_len - 1),
-                o.le(s.alloc_num_new, s.token_budget))), lambda r: f"slot {r} allocating"),
-            o.le(0, s.alloc_request), o.lt(s.alloc_request, sh.num_reqs),
-        )),
+        o.implies(
+            s.alloc_active,
+            o.and_(
+                o.eq(s.phase, RUNNING_LOOP),
+                o.not_(s.running_done),
+                o.forall(
+                    sh.slots,
+                    lambda r: o.implies(
+                        o.eq(s.alloc_request, r),
+                        o.and_(
+                            s.live(r),
+                            o.eq(s.status[r], RUNNING),
+                            s.in_running[r],
+                            o.eq(s.running_pos[r], s.req_index),
+                            o.eq(s.num_scheduled[r], 0),
+                            o.lt(0, s.alloc_num_new),
+                            o.le(s.alloc_num_new, s.num_tokens[r] - s.num_computed_tokens[r]),
+                            o.le(s.num_computed_tokens[r] + s.alloc_num_new, s.max_model_len - 1),
+                            o.le(s.alloc_num_new, s.token_budget),
+                        ),
+                    ),
+                    lambda r: f"slot {r} allocating",
+                ),
+                o.le(0, s.alloc_request),
+                o.lt(s.alloc_request, sh.num_reqs),
+            ),
+        ),
         o.implies(o.and_(o.eq(s.phase, WAITING_LOOP), o.lt(0, s.num_preemptions)), s.waiting_done),
-        o.implies(o.eq(s.phase, UPDATING), o.forall(
-            sh.slots, lambda r: o.implies(o.and_(s.live(r), o.lt(0, s.num_scheduled[r])), o.eq(s.status[r], RUNNING)),
-            lambda r: f"slot {r} to update")),
-        o.forall(sh.slots, lambda k: o.implies(o.lt(k, s.num_preemptions), o.and_(
-            o.le(1, s.rec_num_candidates[k]), o.le(s.rec_num_candidates[k], sh.num_reqs),
-            o.le(0, s.rec_victim_pos[k]), o.lt(s.rec_victim_pos[k], s.rec_num_candidates[k]))),
-            lambda k: f"record {k}"),
+        o.implies(
+            o.eq(s.phase, UPDATING),
+            o.forall(
+                sh.slots,
+                lambda r: o.implies(o.and_(s.live(r), o.lt(0, s.num_scheduled[r])), o.eq(s.status[r], RUNNING)),
+                lambda r: f"slot {r} to update",
+            ),
+        ),
+        o.forall(
+            sh.slots,
+            lambda k: o.implies(
+                o.lt(k, s.num_preemptions),
+                o.and_(
+                    o.le(1, s.rec_num_candidates[k]),
+                    o.le(s.rec_num_candidates[k], sh.num_reqs),
+                    o.le(0, s.rec_victim_pos[k]),
+                    o.lt(s.rec_victim_pos[k], s.rec_num_candidates[k]),
+                ),
+            ),
+            lambda k: f"record {k}",
+        ),
     )
 
 
@@ -610,16 +725,22 @@ def lemma_free_queue(s: State, o: Any) -> Any:
     blocks = list(sh.blocks)
     return o.and_(
         o.lt(s.free_lo, s.free_hi),
-        o.forall(blocks, lambda b: o.implies(s.in_free[b], o.and_(o.lt(s.free_lo, s.free_key[b]),
-                                                                  o.lt(s.free_key[b], s.free_hi))),
-                 lambda b: f"free block {b}"),
-        o.forall([(b, c) for b in blocks for c in blocks if b < c],
-                 lambda p: o.implies(o.and_(s.in_free[p[0]], s.in_free[p[1]]),
-                                     o.not_(o.eq(s.free_key[p[0]], s.free_key[p[1]]))),
-                 lambda p: f"free blocks {p[0]} and {p[1]}"),
+        o.forall(
+            blocks,
+            lambda b: o.implies(s.in_free[b], o.and_(o.lt(s.free_lo, s.free_key[b]), o.lt(s.free_key[b], s.free_hi))),
+            lambda b: f"free block {b}",
+        ),
+        o.forall(
+            [(b, c) for b in blocks for c in blocks if b < c],
+            lambda p: o.implies(
+                o.and_(s.in_free[p[0]], s.in_free[p[1]]), o.not_(o.eq(s.free_key[p[0]], s.free_key[p[1]]))
+            ),
+            lambda p: f"free blocks {p[0]} and {p[1]}",
+        ),
         o.le(0, s.next_insert),
-        _distinct_positions(o, [s.indexed[b] for b in blocks], [s.insert_order[b] for b in blocks],
-                            s.next_insert, "indexed block"),
+        _distinct_positions(
+            o, [s.indexed[b] for b in blocks], [s.insert_order[b] for b in blocks], s.next_insert, "indexed block"
+        ),
     )
 
 
@@ -631,33 +752,53 @@ def lemma_requests(s: State, o: Any) -> Any:
     def one(r: int) -> Any:
         return o.and_(
             o.or_(o.eq(s.status[r], DEAD), s.live(r)),
-            o.implies(s.live(r), o.and_(
-                o.le(1, s.num_prompt_tokens[r]), o.le(s.num_prompt_tokens[r], s.num_tokens[r]),
-                o.le(s.num_tokens[r], s.max_model_len - 1),
-                o.lt(s.num_tokens[r] - s.num_prompt_tokens[r], s.max_tokens[r]),
-                o.eq(s.has_table[r], o.eq(s.status[r], RUNNING)),
-            )),
-            o.implies(s.has_table[r], o.and_(
-                o.le(0, s.num_cached_blocks[r]), o.le(s.num_cached_blocks[r], s.num_blocks[r]),
-            )),
+            o.implies(
+                s.live(r),
+                o.and_(
+                    o.le(1, s.num_prompt_tokens[r]),
+                    o.le(s.num_prompt_tokens[r], s.num_tokens[r]),
+                    o.le(s.num_tokens[r], s.max_model_len - 1),
+                    o.lt(s.num_tokens[r] - s.num_prompt_tokens[r], s.max_tokens[r]),
+                    o.eq(s.has_table[r], o.eq(s.status[r], RUNNING)),
+                ),
+            ),
+            o.implies(
+                s.has_table[r],
+                o.and_(
+                    o.le(0, s.num_cached_blocks[r]),
+                    o.le(s.num_cached_blocks[r], s.num_blocks[r]),
+                ),
+            ),
             # A table's blocks sit at distinct positions in [0, num_blocks); no entry, no blocks.
-            o.forall(sh.blocks, lambda b: o.implies(s.held[r][b], o.and_(
-                s.has_table[r], o.le(0, s.table_pos[r][b]), o.lt(s.table_pos[r][b], s.num_blocks[r]))),
-                lambda b: f"slot {r} block {b}"),
-            o.forall([(b, c) for b in sh.blocks for c in sh.blocks if b < c],
-                     lambda p: o.implies(o.and_(s.held[r][p[0]], s.held[r][p[1]]),
-                                         o.not_(o.eq(s.table_pos[r][p[0]], s.table_pos[r][p[1]]))),
-                     lambda p: f"slot {r} blocks {p[0]} and {p[1]}"),
+            o.forall(
+                sh.blocks,
+                lambda b: o.implies(
+                    s.held[r][b],
+                    o.and_(s.has_table[r], o.le(0, s.table_pos[r][b]), o.lt(s.table_pos[r][b], s.num_blocks[r])),
+                ),
+                lambda b: f"slot {r} block {b}",
+            ),
+            o.forall(
+                [(b, c) for b in sh.blocks for c in sh.blocks if b < c],
+                lambda p: o.implies(
+                    o.and_(s.held[r][p[0]], s.held[r][p[1]]), o.not_(o.eq(s.table_pos[r][p[0]], s.table_pos[r][p[1]]))
+                ),
+                lambda p: f"slot {r} blocks {p[0]} and {p[1]}",
+            ),
         )
 
     parts = [
         o.forall(slots, one, lambda r: f"slot {r}"),
-        _distinct_positions(o, [s.in_running[r] for r in slots], [s.running_pos[r] for r in slots],
-                            s.num_running(), "running slot"),
+        _distinct_positions(
+            o, [s.in_running[r] for r in slots], [s.running_pos[r] for r in slots], s.num_running(), "running slot"
+        ),
     ]
     if not sh.is_priority:
-        parts.append(_distinct_positions(o, [s.in_waiting[r] for r in slots], [s.waiting_pos[r] for r in slots],
-                                         s.num_waiting(), "waiting slot"))
+        parts.append(
+            _distinct_positions(
+                o, [s.in_waiting[r] for r in slots], [s.waiting_pos[r] for r in slots], s.num_waiting(), "waiting slot"
+            )
+        )
     return o.and_(*parts)
 
 
@@ -666,18 +807,27 @@ def lemma_cached_prefix(s: State, o: Any) -> Any:
     sh = s.shape
 
     def table_ok(r: int) -> Any:
-        return o.implies(o.and_(s.live(r), s.has_table[r]), o.and_(
-            o.le(s.num_cached_blocks[r], s.num_full_blocks(r)),
-            o.forall(sh.blocks,
-                     lambda b: o.implies(s.held[r][b], o.eq(s.cached[b], o.lt(s.table_pos[r][b], s.num_cached_blocks[r]))),
-                     lambda b: f"slot {r} block {b}"),
-        ))
+        return o.implies(
+            o.and_(s.live(r), s.has_table[r]),
+            o.and_(
+                o.le(s.num_cached_blocks[r], s.num_full_blocks(r)),
+                o.forall(
+                    sh.blocks,
+                    lambda b: o.implies(
+                        s.held[r][b], o.eq(s.cached[b], o.lt(s.table_pos[r][b], s.num_cached_blocks[r]))
+                    ),
+                    lambda b: f"slot {r} block {b}",
+                ),
+            ),
+        )
 
     return o.and_(
         o.forall(sh.slots, table_ok, lambda r: f"slot {r}"),
         o.forall(sh.blocks, lambda b: o.implies(o.not_(s.cached[b]), o.le(s.ref_cnt[b], 1)), lambda b: f"block {b}"),
-        o.implies(o.not_(s.enable_prefix_caching),
-                  o.forall(sh.blocks, lambda b: o.not_(o.or_(s.cached[b], s.indexed[b])), lambda b: f"block {b}")),
+        o.implies(
+            o.not_(s.enable_prefix_caching),
+            o.forall(sh.blocks, lambda b: o.not_(o.or_(s.cached[b], s.indexed[b])), lambda b: f"block {b}"),
+        ),
     )
 
 
@@ -687,8 +837,10 @@ def lemma_hashes(s: State, o: Any) -> Any:
     n = sh.num_blocks
     return o.forall(
         [(r, i, j) for r in sh.slots for i in range(n) for j in range(i + 1, n)],
-        lambda p: o.implies(o.and_(s.live(p[0]), o.lt(p[2], s.num_full_blocks(p[0]))),
-                            o.not_(o.eq(s.hashes[p[0]][p[1]], s.hashes[p[0]][p[2]]))),
+        lambda p: o.implies(
+            o.and_(s.live(p[0]), o.lt(p[2], s.num_full_blocks(p[0]))),
+            o.not_(o.eq(s.hashes[p[0]][p[1]], s.hashes[p[0]][p[2]])),
+        ),
         lambda p: f"slot {p[0]} hashes {p[1]} and {p[2]}",
     )
 
@@ -709,14 +861,25 @@ def theorem_rank(s: State, n: Any) -> Any:
     sh = s.shape
     hypothesis = land(
         eq_(count(s.in_free[b] for b in sh.blocks), s.num_free_blocks),
-        *(limplies(land(s.in_free[b], s.in_free[c]), lnot(eq_(s.free_key[b], s.free_key[c])))
-          for b in sh.blocks for c in sh.blocks if b < c),
-        0 <= n, n <= s.num_free_blocks,
+        *(
+            limplies(land(s.in_free[b], s.in_free[c]), lnot(eq_(s.free_key[b], s.free_key[c])))
+            for b in sh.blocks
+            for c in sh.blocks
+            if b < c
+        ),
+        0 <= n,
+        n <= s.num_free_blocks,
     )
     rank = {b: free_rank(s, b) for b in sh.blocks}
     # Needs no hypothesis: every free block before b is before c too, and b is one more.
-    monotone = land(*(limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), rank[b] < rank[c])
-                      for b in sh.blocks for c in sh.blocks if b != c))
+    monotone = land(
+        *(
+            limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), rank[b] < rank[c])
+            for b in sh.blocks
+            for c in sh.blocks
+            if b != c
+        )
+    )
     return land(limplies(hypothesis, eq_(count(land(s.in_free[b], rank[b] < n) for b in sh.blocks), n)), monotone)
 
 
@@ -725,8 +888,9 @@ def order_rank(members: dict[int, Any], keys: dict[int, Any], b: int, descending
     return count(land(members[c], keys[c] > keys[b] if descending else keys[c] < keys[b]) for c in members if c != b)
 
 
-def theorem_order(members: dict[int, Any], keys: dict[int, Any], descending: bool = False,
-                  rank: dict[int, Any] | None = None) -> Any:
+def theorem_order(
+    members: dict[int, Any], keys: dict[int, Any], descending: bool = False, rank: dict[int, Any] | None = None
+) -> Any:
     """Ranks by key within a subset: a member before another has a smaller rank, and every rank is below the subset's size.
 
     Valid for any Booleans ``members`` and integers ``keys`` over the same
@@ -739,8 +903,12 @@ def theorem_order(members: dict[int, Any], keys: dict[int, Any], descending: boo
     rank = rank or {b: order_rank(members, keys, b, descending) for b in members}
     before = (lambda x, y: x > y) if descending else (lambda x, y: x < y)
     return land(
-        *(limplies(land(members[b], members[c], before(keys[b], keys[c])), rank[b] < rank[c])
-          for b in members for c in members if b != c),
+        *(
+            limplies(land(members[b], members[c], before(keys[b], keys[c])), rank[b] < rank[c])
+            for b in members
+            for c in members
+            if b != c
+        ),
         *(limplies(members[b], rank[b] < size) for b in members),
     )
 
@@ -752,6 +920,7 @@ LEMMAS: dict[str, Callable[[State, Any], Any]] = {
 
 
 # --------------------------------------------------------------- concrete bridges
+
 
 @dataclass
 class Snapshot:
@@ -847,22 +1016,36 @@ def from_scheduler(
     null = _null_block_values()
     blocks = pool.blocks
     fields: dict[str, Any] = {
-        "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_num_seqs": cfg.max_num_seqs,
-        "max_model_len": cfg.max_model_len, "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
-        "num_lookahead_tokens": cfg.num_lookahead_tokens, "enable_chunked_prefill": cfg.enable_chunked_prefill,
-        "enable_prefix_caching": cfg.enable_prefix_caching, "reserve_full_sequence": sched.reserve_full_sequence,
-        "phase": phase, "step": sched.current_step, "num_free_blocks": pool.get_num_free_blocks(),
-        "free_lo": -1, "free_hi": num_free_listed,
-        "next_insert": n_insert, "token_budget": budget, "total_num_scheduled": total_scheduled,
-        "req_index": req_index, "threshold": threshold,
-        "num_preemptions": len(records), "running_done": running_done, "waiting_done": waiting_done,
-        "alloc_active": False, "alloc_request": 0, "alloc_num_new": 0,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_model_len": cfg.max_model_len,
+        "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
+        "num_lookahead_tokens": cfg.num_lookahead_tokens,
+        "enable_chunked_prefill": cfg.enable_chunked_prefill,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "reserve_full_sequence": sched.reserve_full_sequence,
+        "phase": phase,
+        "step": sched.current_step,
+        "num_free_blocks": pool.get_num_free_blocks(),
+        "free_lo": -1,
+        "free_hi": num_free_listed,
+        "next_insert": n_insert,
+        "token_budget": budget,
+        "total_num_scheduled": total_scheduled,
+        "req_index": req_index,
+        "threshold": threshold,
+        "num_preemptions": len(records),
+        "running_done": running_done,
+        "waiting_done": waiting_done,
+        "alloc_active": False,
+        "alloc_request": 0,
+        "alloc_num_new": 0,
         "ref_cnt": [null["ref_cnt"]] + [blocks[b].ref_cnt for b in shape.blocks],
         "in_free": [False] + [b in free_pos for b in shape.blocks],
         "free_key": [0] + [free_pos.get(b, 0) for b in shape.blocks],
         "cached": [False] + [blocks[b].block_hash is not None for b in shape.blocks],
-        "block_hash": [0] + [snap.hash_id(blocks[b].block_hash) if blocks[b].block_hash is not None else 0
-                             for b in shape.blocks],
+        "block_hash": [0]
+        + [snap.hash_id(blocks[b].block_hash) if blocks[b].block_hash is not None else 0 for b in shape.blocks],
         "indexed": [False] + [indexed.get(b, False) for b in shape.blocks],
         "insert_order": [0] + [insert_order.get(b, 0) for b in shape.blocks],
     }
@@ -929,12 +1112,18 @@ def config_of(s: State) -> SchedulerConfig:
     """The SchedulerConfig of a Python-valued state."""
     sh = s.shape
     return SchedulerConfig(
-        block_size=sh.block_size, num_gpu_blocks=sh.num_blocks + 1,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
-        max_model_len=s.max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
+        block_size=sh.block_size,
+        num_gpu_blocks=sh.num_blocks + 1,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        max_model_len=s.max_model_len,
+        enable_chunked_prefill=s.enable_chunked_prefill,
         long_prefill_token_threshold=s.long_prefill_token_threshold,
-        enable_prefix_caching=s.enable_prefix_caching, policy=sh.policy, num_spec_tokens=0,
-        num_lookahead_tokens=s.num_lookahead_tokens, scheduler_reserve_full_isl=s.reserve_full_sequence,
+        enable_prefix_caching=s.enable_prefix_caching,
+        policy=sh.policy,
+        num_spec_tokens=0,
+        num_lookahead_tokens=s.num_lookahead_tokens,
+        scheduler_reserve_full_isl=s.reserve_full_sequence,
     )
 
 
@@ -963,7 +1152,8 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
     for b in sh.blocks:
         pool.blocks[b].prev_free = pool.blocks[b].next_free = None
     pool.free_block_queue = FreeKVCacheBlockQueue(
-        [pool.blocks[b] for b in sorted((b for b in sh.blocks if s.in_free[b]), key=lambda b: s.free_key[b])])
+        [pool.blocks[b] for b in sorted((b for b in sh.blocks if s.in_free[b]), key=lambda b: s.free_key[b])]
+    )
     pool.free_block_queue.num_free_blocks = s.num_free_blocks
 
     reqs: dict[int, Request] = {}
@@ -972,15 +1162,23 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
             continue
         rid = slot_id(r)
         prompt = tuple(token_of(r, i) for i in range(s.num_prompt_tokens[r]))
-        req = Request(request_id=rid, prompt_token_ids=prompt,
-                      sampling_params=SamplingParams(max_tokens=s.max_tokens[r]),
-                      priority=s.priority[r], arrival_time=s.arrival_time[r], block_size=sh.block_size)
+        req = Request(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(max_tokens=s.max_tokens[r]),
+            priority=s.priority[r],
+            arrival_time=s.arrival_time[r],
+            block_size=sh.block_size,
+        )
         for i in range(s.num_prompt_tokens[r], s.num_tokens[r]):
             req.output_token_ids.append(token_of(r, i))
             req.all_token_ids.append(token_of(r, i))
         req.block_hashes = [hash_bytes(h) for h in s.hashes[r][: s.num_tokens[r] // sh.block_size]]
-        req.status = {WAITING: RequestStatus.WAITING, RUNNING: RequestStatus.RUNNING,
-                      PREEMPTED: RequestStatus.PREEMPTED}[s.status[r]]
+        req.status = {
+            WAITING: RequestStatus.WAITING,
+            RUNNING: RequestStatus.RUNNING,
+            PREEMPTED: RequestStatus.PREEMPTED,
+        }[s.status[r]]
         req.num_computed_tokens = s.num_computed_tokens[r]
         req.is_prefill_chunk = s.num_computed_tokens[r] < s.num_tokens[r]
         reqs[r] = req
@@ -1003,8 +1201,14 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
     for k in range(s.num_preemptions if s.phase != IDLE else 0):
         n = s.rec_num_candidates[k]
         cands = tuple((f"candidate{k}.{j}", s.rec_priority[k][j], s.rec_arrival[k][j]) for j in range(n))
-        records.append(PreemptionRecord(requester_id=f"requester{k}", victim_id=cands[s.rec_victim_pos[k]][0],
-                                        policy=sh.policy, candidates=cands))
+        records.append(
+            PreemptionRecord(
+                requester_id=f"requester{k}",
+                victim_id=cands[s.rec_victim_pos[k]][0],
+                policy=sh.policy,
+                candidates=cands,
+            )
+        )
     step_state = None
     if s.phase in (RUNNING_LOOP, WAITING_LOOP):
         step_state = _StepState(token_budget=s.token_budget)
@@ -1014,18 +1218,30 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
             if rid in sched.requests:
                 step_state.scheduled_running_reqs.append(sched.requests[rid])
                 step_state.req_to_new_blocks[rid] = []
-        step_state.preempted_reqs = [Request(f"preempted{k}", (0,), SamplingParams(max_tokens=1), 0, 0, sh.block_size)
-                                     for k in range(s.num_preemptions)]
+        step_state.preempted_reqs = [
+            Request(f"preempted{k}", (0,), SamplingParams(max_tokens=1), 0, 0, sh.block_size)
+            for k in range(s.num_preemptions)
+        ]
     elif s.phase == PENDING:
-        output = SchedulerOutput(step=s.step, scheduled_new_reqs=(), scheduled_cached_reqs=(),
-                                 num_scheduled_tokens=dict(scheduled), total_num_scheduled_tokens=s.total_num_scheduled,
-                                 scheduled_spec_decode_tokens={}, finished_req_ids=frozenset(),
-                                 preempted_req_ids=frozenset())
+        output = SchedulerOutput(
+            step=s.step,
+            scheduled_new_reqs=(),
+            scheduled_cached_reqs=(),
+            num_scheduled_tokens=dict(scheduled),
+            total_num_scheduled_tokens=s.total_num_scheduled,
+            scheduled_spec_decode_tokens={},
+            finished_req_ids=frozenset(),
+            preempted_req_ids=frozenset(),
+        )
         record_fields = {f.name for f in dataclasses.fields(StepRecord)}
         extra = {"remaining_token_budget": s.token_budget} if "remaining_token_budget" in record_fields else {}
-        sched.last_step = StepRecord(step=s.step, output=output, preemptions=tuple(records),
-                                     samples={rid: rid in sched.requests and not sched.requests[rid].is_prefill_chunk
-                                              for rid in scheduled}, **extra)
+        sched.last_step = StepRecord(
+            step=s.step,
+            output=output,
+            preemptions=tuple(records),
+            samples={rid: rid in sched.requests and not sched.requests[rid].is_prefill_chunk for rid in scheduled},
+            **extra,
+        )
         sched.in_flight.append(sched.last_step)
         for rid, n in scheduled.items():
             if rid in sched.requests:
@@ -1034,6 +1250,7 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
 
 
 # --------------------------------------------------------------- canonical form
+
 
 def canonical(s: State) -> dict[str, Any]:
     """What two states must agree on to be the same scheduler state (Python values).
@@ -1050,20 +1267,32 @@ def canonical(s: State) -> dict[str, Any]:
     for b in sorted((b for b in sh.blocks if s.indexed[b]), key=lambda b: s.insert_order[b]):
         per_hash.setdefault(s.block_hash[b], []).append(b)
     out: dict[str, Any] = {
-        "phase": s.phase, "step": s.step, "num_free_blocks": s.num_free_blocks,
+        "phase": s.phase,
+        "step": s.step,
+        "num_free_blocks": s.num_free_blocks,
         "free_queue": sorted((b for b in sh.blocks if s.in_free[b]), key=lambda b: s.free_key[b]),
-        "blocks": {b: (s.ref_cnt[b], s.cached[b], s.block_hash[b] if s.cached[b] else None, s.indexed[b])
-                   for b in sh.blocks},
+        "blocks": {
+            b: (s.ref_cnt[b], s.cached[b], s.block_hash[b] if s.cached[b] else None, s.indexed[b]) for b in sh.blocks
+        },
         "prefix_map": per_hash,
         "running": sorted((r for r in sh.slots if s.in_running[r]), key=lambda r: s.running_pos[r]),
-        "waiting": (sorted((r for r in sh.slots if s.in_waiting[r]), key=lambda r: s.waiting_pos[r])
-                    if not sh.is_priority else sorted(r for r in sh.slots if s.in_waiting[r])),
+        "waiting": (
+            sorted((r for r in sh.slots if s.in_waiting[r]), key=lambda r: s.waiting_pos[r])
+            if not sh.is_priority
+            else sorted(r for r in sh.slots if s.in_waiting[r])
+        ),
         "requests": {
             r: {
-                "status": s.status[r], "num_tokens": s.num_tokens[r], "num_prompt_tokens": s.num_prompt_tokens[r],
-                "num_computed_tokens": s.num_computed_tokens[r], "num_scheduled": s.num_scheduled[r],
-                "table": ([(s.table_pos[r][b], b) for b in table_of(s, r)] + [("num_blocks", s.num_blocks[r])]
-                          if s.has_table[r] else None),
+                "status": s.status[r],
+                "num_tokens": s.num_tokens[r],
+                "num_prompt_tokens": s.num_prompt_tokens[r],
+                "num_computed_tokens": s.num_computed_tokens[r],
+                "num_scheduled": s.num_scheduled[r],
+                "table": (
+                    [(s.table_pos[r][b], b) for b in table_of(s, r)] + [("num_blocks", s.num_blocks[r])]
+                    if s.has_table[r]
+                    else None
+                ),
                 "num_cached_blocks": s.num_cached_blocks[r] if s.has_table[r] else None,
                 "hashes": list(s.hashes[r][: s.num_tokens[r] // sh.block_size]),
             }
@@ -1075,8 +1304,13 @@ def canonical(s: State) -> dict[str, Any]:
         out["token_budget"] = s.token_budget
         out["total_num_scheduled"] = s.total_num_scheduled
         out["preemptions"] = [
-            (s.rec_victim_pos[k],
-             [(s.rec_priority[k][j], s.rec_arrival[k][j]) for j in range(max(0, min(s.rec_num_candidates[k], sh.num_reqs)))])
+            (
+                s.rec_victim_pos[k],
+                [
+                    (s.rec_priority[k][j], s.rec_arrival[k][j])
+                    for j in range(max(0, min(s.rec_num_candidates[k], sh.num_reqs)))
+                ],
+            )
             for k in range(max(0, min(s.num_preemptions, sh.num_reqs)))
         ]
     if s.phase == RUNNING_LOOP:
@@ -1104,14 +1338,19 @@ def describe(s: State) -> str:
         f"lookahead={s.num_lookahead_tokens} chunked={s.enable_chunked_prefill} "
         f"caching={s.enable_prefix_caching} reserve_full={s.reserve_full_sequence}",
         f"free queue (front first): {c['free_queue']}  num_free_blocks={s.num_free_blocks}",
-        "blocks: " + " ".join(
+        "blocks: "
+        + " ".join(
             f"{b}:ref={s.ref_cnt[b]}{'/h' + str(s.block_hash[b]) if s.cached[b] else ''}"
-            f"{'' if s.cached[b] == s.indexed[b] else '/indexed=' + str(s.indexed[b])}" for b in sh.blocks),
+            f"{'' if s.cached[b] == s.indexed[b] else '/indexed=' + str(s.indexed[b])}"
+            for b in sh.blocks
+        ),
         f"running: {[slot_id(r) for r in c['running']]}  waiting: {[slot_id(r) for r in c['waiting']]}",
     ]
     if "token_budget" in c:
-        lines.append(f"token_budget={s.token_budget} preemptions={c['preemptions']}"
-                     + (f" req_index={s.req_index} threshold={s.threshold}" if s.phase == RUNNING_LOOP else ""))
+        lines.append(
+            f"token_budget={s.token_budget} preemptions={c['preemptions']}"
+            + (f" req_index={s.req_index} threshold={s.threshold}" if s.phase == RUNNING_LOOP else "")
+        )
     status_name = {WAITING: "WAITING", RUNNING: "RUNNING", PREEMPTED: "PREEMPTED"}
     for r, info in c["requests"].items():
         lines.append(
@@ -1121,7 +1360,8 @@ def describe(s: State) -> str:
             f"key=({s.priority[r]},{s.arrival_time[r]}) "
             f"table={table_of(s, r) if s.has_table[r] else None}"
             f"{'' if not s.has_table[r] or len(table_of(s, r)) == s.num_blocks[r] else '/num_blocks=' + str(s.num_blocks[r])} "
-            f"cached_blocks={info['num_cached_blocks']} hashes={info['hashes']}")
+            f"cached_blocks={info['num_cached_blocks']} hashes={info['hashes']}"
+        )
     for r, n in c["scheduled_dead"].items():
         lines.append(f"  {slot_id(r)}: not live, {n} tokens still in the pending output")
     return "\n".join(lines)

@@ -108,8 +108,9 @@ class Outcome:
         # Theorem instances travel with the checks as "premise:" entries, abstractions as "abstraction:" ones.
         self.premises = self.premises + [c for name, c in self.checks if name.startswith(PREMISE)]
         self.abstractions = self.abstractions + [c for name, c in self.checks if name.startswith(ABSTRACTION)]
-        self.checks = [(name, c) for name, c in self.checks
-                       if not name.startswith(PREMISE) and not name.startswith(ABSTRACTION)]
+        self.checks = [
+            (name, c) for name, c in self.checks if not name.startswith(PREMISE) and not name.startswith(ABSTRACTION)
+        ]
 
 
 PREMISE = "premise:"
@@ -138,8 +139,10 @@ class Abstraction:
 
 # ------------------------------------------------------------------ helpers
 
+
 def under(cond: Any, checks: list[Check]) -> list[Check]:
     """The checks asserted only when ``cond`` holds (an abstraction's facts likewise)."""
+
     def guarded(a: Abstraction) -> Abstraction:
         return Abstraction(a.terms, lambda x: [(n, limplies(cond, f)) for n, f in a.facts(x)])
 
@@ -175,8 +178,13 @@ def merge(c: Any, a: State, b: State) -> State:
         fields[name] = x if x is y else [ite(c, u, v) for u, v in zip(x, y)]
     for name, _ in REQUEST_ROW_FIELDS + REQUEST_BLOCK_FIELDS + RECORD_ROW_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
-        fields[name] = x if x is y else [row_x if row_x is row_y else [ite(c, u, v) for u, v in zip(row_x, row_y)]
-                                         for row_x, row_y in zip(x, y)]
+        fields[name] = (
+            x
+            if x is y
+            else [
+                row_x if row_x is row_y else [ite(c, u, v) for u, v in zip(row_x, row_y)] for row_x, row_y in zip(x, y)
+            ]
+        )
     return State(sh, **fields)
 
 
@@ -211,10 +219,19 @@ def waiting_head(s: State) -> Any:
         if sh.is_priority:
             key_r = (s.priority[r], s.arrival_time[r])
             # Against a later id r may tie (ids break ties); against an earlier one it must be less.
-            is_min = land(s.in_waiting[r], *(
-                limplies(s.in_waiting[c], _key_le(key_r, (s.priority[c], s.arrival_time[c])) if r < c
-                         else _key_lt(key_r, (s.priority[c], s.arrival_time[c])))
-                for c in sh.slots if c != r))
+            is_min = land(
+                s.in_waiting[r],
+                *(
+                    limplies(
+                        s.in_waiting[c],
+                        _key_le(key_r, (s.priority[c], s.arrival_time[c]))
+                        if r < c
+                        else _key_lt(key_r, (s.priority[c], s.arrival_time[c])),
+                    )
+                    for c in sh.slots
+                    if c != r
+                ),
+            )
         else:
             is_min = land(s.in_waiting[r], eq(s.waiting_pos[r], 0))
         out = ite(is_min, r, out)
@@ -231,6 +248,7 @@ def _key_le(a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
 
 # ------------------------------------------------------------------ queues
 
+
 def remove_from_running(s: State, q: Any) -> State:
     """``running.remove(q)`` / ``del running[i]``: later requests move up one place."""
     pos_q = at(s.running_pos, q)
@@ -238,8 +256,14 @@ def remove_from_running(s: State, q: Any) -> State:
     sh = s.shape
     return s.replace(
         in_running=put(s.in_running, q, False),
-        running_pos=[ite(land(in_q, lnot(eq(q, r)), s.in_running[r], s.running_pos[r] > pos_q),
-                         s.running_pos[r] - 1, s.running_pos[r]) for r in sh.slots],
+        running_pos=[
+            ite(
+                land(in_q, lnot(eq(q, r)), s.in_running[r], s.running_pos[r] > pos_q),
+                s.running_pos[r] - 1,
+                s.running_pos[r],
+            )
+            for r in sh.slots
+        ],
     )
 
 
@@ -257,8 +281,14 @@ def remove_from_waiting(s: State, q: Any) -> State:
     in_q = at(s.in_waiting, q, False)
     return s.replace(
         in_waiting=put(s.in_waiting, q, False),
-        waiting_pos=[ite(land(in_q, lnot(eq(q, r)), s.in_waiting[r], s.waiting_pos[r] > pos_q),
-                         s.waiting_pos[r] - 1, s.waiting_pos[r]) for r in sh.slots],
+        waiting_pos=[
+            ite(
+                land(in_q, lnot(eq(q, r)), s.in_waiting[r], s.waiting_pos[r] > pos_q),
+                s.waiting_pos[r] - 1,
+                s.waiting_pos[r],
+            )
+            for r in sh.slots
+        ],
     )
 
 
@@ -287,7 +317,9 @@ STONE = "stepping stone: "
 """Prefix of the stepping stones added for issue 14 (speed); ``proofs.PLAIN`` leaves them out."""
 
 
-def count_steps(s: State, post: State, taken: dict[int, Any] | None = None, freed: dict[int, Any] | None = None) -> Check:
+def count_steps(
+    s: State, post: State, taken: dict[int, Any] | None = None, freed: dict[int, Any] | None = None
+) -> Check:
     """A stepping stone for the counting goals: per block, "held" (``ref_cnt > 0``) and "free" change by one exactly when it is taken or freed.
 
     ``inv_block_conservation`` compares sums of per-block indicators before
@@ -306,13 +338,22 @@ def count_steps(s: State, post: State, taken: dict[int, Any] | None = None, free
     def ind(x: Any) -> Any:
         return count([x])
 
-    return (STONE + "per block, held and free change by the blocks taken and freed", land(*(
-        land(eq(ind(o.lt(0, post.ref_cnt[b])), ind(o.lt(0, s.ref_cnt[b])) + ind(taken[b]) - ind(freed[b])),
-             eq(ind(post.in_free[b]), ind(s.in_free[b]) - ind(taken[b]) + ind(freed[b])))
-        for b in s.shape.blocks)))
+    return (
+        STONE + "per block, held and free change by the blocks taken and freed",
+        land(
+            *(
+                land(
+                    eq(ind(o.lt(0, post.ref_cnt[b])), ind(o.lt(0, s.ref_cnt[b])) + ind(taken[b]) - ind(freed[b])),
+                    eq(ind(post.in_free[b]), ind(s.in_free[b]) - ind(taken[b]) + ind(freed[b])),
+                )
+                for b in s.shape.blocks
+            )
+        ),
+    )
 
 
 # ------------------------------------------------------------------ block pool
+
 
 def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[int, Any], list[Check], list[Any]]:
     """``BlockPool.get_new_blocks(n)``: pop ``n`` blocks from the front, evict their hashes, set ref_cnt 1.
@@ -329,7 +370,10 @@ def pool_get_new_blocks(s: State, n: Any) -> tuple[State, dict[int, Any], dict[i
     popped = {b: land(s.in_free[b], rank[b] < n) for b in blocks}
     checks = [
         ("get_new_blocks: num_blocks <= free blocks", land(0 <= n, n <= s.num_free_blocks)),
-        ("get_new_blocks: popped blocks have ref_cnt 0", land(*(limplies(popped[b], eq(s.ref_cnt[b], 0)) for b in blocks))),
+        (
+            "get_new_blocks: popped blocks have ref_cnt 0",
+            land(*(limplies(popped[b], eq(s.ref_cnt[b], 0)) for b in blocks)),
+        ),
     ]
     # _maybe_evict_cached_block, only with caching: drop the hash and the map entry.
     evict = {b: land(s.enable_prefix_caching, popped[b], s.cached[b]) for b in blocks}
@@ -356,16 +400,31 @@ def rank_abstraction(s: State, rank: dict[int, Any]) -> Abstraction:
     blocks = list(s.shape.blocks)
 
     def facts(x: dict[Any, Any]) -> list[Check]:
-        return [("free rank: ranks are non-negative and follow the free queue's order",
-                 land(*(0 <= x[b] for b in blocks),
-                      *(limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), x[b] < x[c])
-                        for b in blocks for c in blocks if b != c)))]
+        return [
+            (
+                "free rank: ranks are non-negative and follow the free queue's order",
+                land(
+                    *(0 <= x[b] for b in blocks),
+                    *(
+                        limplies(land(s.in_free[b], s.in_free[c], s.free_key[b] < s.free_key[c]), x[b] < x[c])
+                        for b in blocks
+                        for c in blocks
+                        if b != c
+                    ),
+                ),
+            )
+        ]
 
     return Abstraction(dict(rank), facts)
 
 
-def order_abstraction(front: dict[int, Any], back: dict[int, Any], pos: dict[int, Any], rank_front: dict[int, Any],
-                      rank_back: dict[int, Any]) -> Abstraction:
+def order_abstraction(
+    front: dict[int, Any],
+    back: dict[int, Any],
+    pos: dict[int, Any],
+    rank_front: dict[int, Any],
+    rank_back: dict[int, Any],
+) -> Abstraction:
     """The places of the freed blocks in the order they are given (``order_rank``: counts over the table) as unknowns.
 
     What the goals need is ``theorem_order`` for each group (front, back): a
@@ -378,11 +437,17 @@ def order_abstraction(front: dict[int, Any], back: dict[int, Any], pos: dict[int
     def facts(x: dict[Any, Any]) -> list[Check]:
         def group(members: dict[int, Any], key: str) -> Any:
             rank = {b: x[(key, b)] for b in blocks}
-            return land(theorem_order(members, pos, descending=True, rank=rank),
-                        *(limplies(members[b], 0 <= rank[b]) for b in blocks))
+            return land(
+                theorem_order(members, pos, descending=True, rank=rank),
+                *(limplies(members[b], 0 <= rank[b]) for b in blocks),
+            )
 
-        return [("freed blocks: each group in table order from its tail, every place below the group's size",
-                 land(group(front, "front"), group(back, "back")))]
+        return [
+            (
+                "freed blocks: each group in table order from its tail, every place below the group's size",
+                land(group(front, "front"), group(back, "back")),
+            )
+        ]
 
     return Abstraction(terms, facts)
 
@@ -396,15 +461,21 @@ def pool_touch(s: State, hits: Hits) -> tuple[State, list[Check]]:
     blocks = list(sh.blocks)
     cnt = {b: count(hits[b]) for b in blocks}
     removed = {b: land(cnt[b] > 0, eq(s.ref_cnt[b], 0)) for b in blocks}
-    checks = [("touch: a block at ref_cnt 0 is in the free queue",
-               land(*(limplies(removed[b], s.in_free[b]) for b in blocks)))]
+    checks = [
+        (
+            "touch: a block at ref_cnt 0 is in the free queue",
+            land(*(limplies(removed[b], s.in_free[b]) for b in blocks)),
+        )
+    ]
     post = s.replace(
         ref_cnt=[s.ref_cnt[0]] + [s.ref_cnt[b] + cnt[b] for b in blocks],
         in_free=[s.in_free[0]] + [land(s.in_free[b], lnot(removed[b])) for b in blocks],
         num_free_blocks=s.num_free_blocks - count(removed[b] for b in blocks),
     )
-    once = (STONE + "touch: a block is hit at most once (its references grow by 0 or 1)",
-            land(*(eq(cnt[b], count([lor(*hits[b])])) for b in blocks)))
+    once = (
+        STONE + "touch: a block is hit at most once (its references grow by 0 or 1)",
+        land(*(eq(cnt[b], count([lor(*hits[b])])) for b in blocks)),
+    )
     return post, checks + [once, count_steps(s, post, taken=removed)]
 
 
@@ -430,15 +501,25 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
     # Earlier in the given order = later in the table.
     rank_front = {b: order_rank(front, pos, b, descending=True) for b in blocks}
     rank_back = {b: order_rank(back, pos, b, descending=True) for b in blocks}
-    checks = [("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks))),
-              (PREMISE + "order of the freed blocks", land(theorem_order(front, pos, descending=True, rank=rank_front),
-                                                          theorem_order(back, pos, descending=True, rank=rank_back))),
-              (ABSTRACTION + "order of the freed blocks", order_abstraction(front, back, pos, rank_front, rank_back))]
+    checks = [
+        ("free_blocks: ref_cnt stays >= 0", land(*(limplies(held[b], s.ref_cnt[b] >= 1) for b in blocks))),
+        (
+            PREMISE + "order of the freed blocks",
+            land(
+                theorem_order(front, pos, descending=True, rank=rank_front),
+                theorem_order(back, pos, descending=True, rank=rank_back),
+            ),
+        ),
+        (ABSTRACTION + "order of the freed blocks", order_abstraction(front, back, pos, rank_front, rank_back)),
+    ]
     post = s.replace(
         ref_cnt=[s.ref_cnt[0]] + [ite(held[b], s.ref_cnt[b] - 1, s.ref_cnt[b]) for b in blocks],
         in_free=[s.in_free[0]] + [lor(s.in_free[b], reach0[b]) for b in blocks],
-        free_key=[s.free_key[0]] + [ite(front[b], s.free_lo - num_front + rank_front[b],
-                                        ite(back[b], s.free_hi + rank_back[b], s.free_key[b])) for b in blocks],
+        free_key=[s.free_key[0]]
+        + [
+            ite(front[b], s.free_lo - num_front + rank_front[b], ite(back[b], s.free_hi + rank_back[b], s.free_key[b]))
+            for b in blocks
+        ],
         free_lo=s.free_lo - num_front - 1,
         free_hi=s.free_hi + num_back + 1,
         num_free_blocks=s.num_free_blocks + count(reach0.values()),
@@ -448,17 +529,26 @@ def pool_free_table(s: State, q: Any) -> tuple[State, list[Check]]:
 
 # ------------------------------------------------------------------ KV cache manager
 
-def kv_append_blocks(s: State, q: Any, popped: dict[int, Any], rank: dict[int, Any], n: Any) -> tuple[State, list[Check]]:
+
+def kv_append_blocks(
+    s: State, q: Any, popped: dict[int, Any], rank: dict[int, Any], n: Any
+) -> tuple[State, list[Check]]:
     """``table.extend(new_blocks)`` for slot ``q`` (``KVCacheManager.allocate_slots``): popped block of rank ``j`` at ``num_blocks + j``."""
     sh = s.shape
     nb = at(s.num_blocks, q)
     held_q = {b: at([s.held[r][b] for r in sh.slots], q, False) for b in sh.blocks}
-    checks = [("allocate_slots: a new block is not already in the table",
-               land(*(limplies(popped[b], lnot(held_q[b])) for b in sh.blocks)))]
+    checks = [
+        (
+            "allocate_slots: a new block is not already in the table",
+            land(*(limplies(popped[b], lnot(held_q[b])) for b in sh.blocks)),
+        )
+    ]
     post = s.replace(
         held=[[s.held[r][0]] + [lor(s.held[r][b], land(eq(q, r), popped[b])) for b in sh.blocks] for r in sh.slots],
-        table_pos=[[s.table_pos[r][0]] + [ite(land(eq(q, r), popped[b]), nb + rank[b], s.table_pos[r][b])
-                                          for b in sh.blocks] for r in sh.slots],
+        table_pos=[
+            [s.table_pos[r][0]] + [ite(land(eq(q, r), popped[b]), nb + rank[b], s.table_pos[r][b]) for b in sh.blocks]
+            for r in sh.slots
+        ],
         num_blocks=put(s.num_blocks, q, nb + n),
     )
     return post, checks
@@ -488,10 +578,17 @@ def kv_cache_blocks(s: State, q: Any, num_tokens: Any) -> tuple[State, list[Chec
         indexed.append(lor(s.indexed[b], cache[b]))
         block_hash.append(ite(cache[b], select(hashes, pos, hashes[0]), s.block_hash[b]))
         order.append(ite(cache[b], s.next_insert + (pos - num_cached), s.insert_order[b]))
-    checks = [("cache_full_blocks: a block is cached once (block_hash is None)",
-               land(*(limplies(cache[b], lnot(s.cached[b])) for b in sh.blocks)))]
+    checks = [
+        (
+            "cache_full_blocks: a block is cached once (block_hash is None)",
+            land(*(limplies(cache[b], lnot(s.cached[b])) for b in sh.blocks)),
+        )
+    ]
     post = s.replace(
-        cached=cached, indexed=indexed, block_hash=block_hash, insert_order=order,
+        cached=cached,
+        indexed=indexed,
+        block_hash=block_hash,
+        insert_order=order,
         next_insert=ite(do, s.next_insert + (num_full - num_cached), s.next_insert),
         num_cached_blocks=put(s.num_cached_blocks, q, ite(do, num_full, num_cached)),
     )
@@ -503,7 +600,8 @@ def kv_free(s: State, q: Any) -> tuple[State, list[Check]]:
     sh = s.shape
     post, checks = pool_free_table(s, q)
     post = post.replace(
-        has_table=put(post.has_table, q, False), num_blocks=put(post.num_blocks, q, 0),
+        has_table=put(post.has_table, q, False),
+        num_blocks=put(post.num_blocks, q, 0),
         num_cached_blocks=put(post.num_cached_blocks, q, 0),
         held=[[post.held[r][0]] + [land(post.held[r][b], lnot(eq(q, r))) for b in sh.blocks] for r in sh.slots],
     )
@@ -538,7 +636,9 @@ def computed_blocks(s: State, q: Any) -> tuple[Any, Hits, list[Any]]:
         present = lor(*under.values())
         going = land(going, i < max_hit_blocks, present)
         for b in blocks:
-            first = land(under[b], *(limplies(under[c], s.insert_order[b] < s.insert_order[c]) for c in blocks if c != b))
+            first = land(
+                under[b], *(limplies(under[c], s.insert_order[b] < s.insert_order[c]) for c in blocks if c != b)
+            )
             hits[b].append(land(going, first))
         present_at.append(present)
         num_hits.append(going)
@@ -566,14 +666,33 @@ def hit_abstraction(s: State, q: Any, k: Any, hits: Hits) -> Abstraction:
             return x[("hit", b, i)]
 
         return [
-            ("prefix hit: the hit count is within the lookup (none without caching)",
-             land(0 <= x["k"], x["k"] <= max_hit_blocks, limplies(lnot(s.enable_prefix_caching), eq(x["k"], 0)))),
-            ("prefix hit: a hit is below the count, an indexed cached block under the request's hash of its position",
-             land(*(limplies(hit(b, i), land(i < x["k"], s.indexed[b], s.cached[b], eq(s.block_hash[b], hashes[i])))
-                    for b in sh.blocks for i in range(n)))),
-            ("prefix hit: at most one block per position and one position per block",
-             land(*(lnot(land(hit(b, i), hit(c, i))) for i in range(n) for b in sh.blocks for c in sh.blocks if b < c),
-                  *(lnot(land(hit(b, i), hit(b, j))) for b in sh.blocks for i in range(n) for j in range(i + 1, n)))),
+            (
+                "prefix hit: the hit count is within the lookup (none without caching)",
+                land(0 <= x["k"], x["k"] <= max_hit_blocks, limplies(lnot(s.enable_prefix_caching), eq(x["k"], 0))),
+            ),
+            (
+                "prefix hit: a hit is below the count, an indexed cached block under the request's hash of its position",
+                land(
+                    *(
+                        limplies(hit(b, i), land(i < x["k"], s.indexed[b], s.cached[b], eq(s.block_hash[b], hashes[i])))
+                        for b in sh.blocks
+                        for i in range(n)
+                    )
+                ),
+            ),
+            (
+                "prefix hit: at most one block per position and one position per block",
+                land(
+                    *(
+                        lnot(land(hit(b, i), hit(c, i)))
+                        for i in range(n)
+                        for b in sh.blocks
+                        for c in sh.blocks
+                        if b < c
+                    ),
+                    *(lnot(land(hit(b, i), hit(b, j))) for b in sh.blocks for i in range(n) for j in range(i + 1, n)),
+                ),
+            ),
         ]
 
     return Abstraction(terms, facts)
@@ -591,24 +710,43 @@ def kv_adopt_hits(s: State, q: Any, hits: Hits, k: Any) -> tuple[State, list[Che
         where[b] = w
     held_q = {b: at([s.held[r][b] for r in sh.slots], q, False) for b in sh.blocks}
     n = sh.num_blocks
-    checks = [("allocate_slots: hit blocks differ and are not already in the table",
-               land(*(land(lnot(land(adopted[b], held_q[b])),
-                           *(lnot(land(hits[b][i], hits[b][j])) for i in range(n) for j in range(i + 1, n)))
-                      for b in sh.blocks)))]
-    checks.append((STONE + "allocate_slots: one hit per table position",
-                   land(*(lnot(land(hits[b][i], hits[c][i])) for i in range(n) for b in sh.blocks for c in sh.blocks
-                          if b < c))))
+    checks = [
+        (
+            "allocate_slots: hit blocks differ and are not already in the table",
+            land(
+                *(
+                    land(
+                        lnot(land(adopted[b], held_q[b])),
+                        *(lnot(land(hits[b][i], hits[b][j])) for i in range(n) for j in range(i + 1, n)),
+                    )
+                    for b in sh.blocks
+                )
+            ),
+        )
+    ]
+    checks.append(
+        (
+            STONE + "allocate_slots: one hit per table position",
+            land(
+                *(lnot(land(hits[b][i], hits[c][i])) for i in range(n) for b in sh.blocks for c in sh.blocks if b < c)
+            ),
+        )
+    )
     post = s.replace(
         held=[[s.held[r][0]] + [lor(s.held[r][b], land(eq(q, r), adopted[b])) for b in sh.blocks] for r in sh.slots],
-        table_pos=[[s.table_pos[r][0]] + [ite(land(eq(q, r), adopted[b]), where[b], s.table_pos[r][b])
-                                          for b in sh.blocks] for r in sh.slots],
-        num_blocks=put(s.num_blocks, q, k), num_cached_blocks=put(s.num_cached_blocks, q, k),
+        table_pos=[
+            [s.table_pos[r][0]] + [ite(land(eq(q, r), adopted[b]), where[b], s.table_pos[r][b]) for b in sh.blocks]
+            for r in sh.slots
+        ],
+        num_blocks=put(s.num_blocks, q, k),
+        num_cached_blocks=put(s.num_cached_blocks, q, k),
         has_table=put(s.has_table, q, True),
     )
     return post, checks
 
 
 # ------------------------------------------------------------------ scheduler pieces
+
 
 def select_victim(s: State) -> Any:
     """``Scheduler.select_victim``: FCFS the tail of running; priority the first maximal (priority, arrival)."""
@@ -618,11 +756,22 @@ def select_victim(s: State) -> Any:
     out: Any = -1
     for r in reversed(sh.slots):
         key_r = (s.priority[r], s.arrival_time[r])
-        is_victim = land(s.in_running[r], *(
-            limplies(s.in_running[c], land(
-                _key_le((s.priority[c], s.arrival_time[c]), key_r),
-                limplies(s.running_pos[c] < s.running_pos[r], _key_lt((s.priority[c], s.arrival_time[c]), key_r))))
-            for c in sh.slots if c != r))
+        is_victim = land(
+            s.in_running[r],
+            *(
+                limplies(
+                    s.in_running[c],
+                    land(
+                        _key_le((s.priority[c], s.arrival_time[c]), key_r),
+                        limplies(
+                            s.running_pos[c] < s.running_pos[r], _key_lt((s.priority[c], s.arrival_time[c]), key_r)
+                        ),
+                    ),
+                )
+                for c in sh.slots
+                if c != r
+            ),
+        )
         out = ite(is_victim, r, out)
     return out
 
@@ -651,14 +800,18 @@ def preempt_victim(s: State, victim: Any) -> tuple[State, list[Check]]:
     rec = s.replace(
         rec_num_candidates=put(s.rec_num_candidates, k, n),
         rec_victim_pos=put(s.rec_victim_pos, k, vpos),
-        rec_priority=[[ite(eq(k, kk), priorities[j], s.rec_priority[kk][j]) for j in range(sh.num_reqs)]
-                      for kk in sh.slots],
-        rec_arrival=[[ite(eq(k, kk), arrivals[j], s.rec_arrival[kk][j]) for j in range(sh.num_reqs)]
-                     for kk in sh.slots],
+        rec_priority=[
+            [ite(eq(k, kk), priorities[j], s.rec_priority[kk][j]) for j in range(sh.num_reqs)] for kk in sh.slots
+        ],
+        rec_arrival=[
+            [ite(eq(k, kk), arrivals[j], s.rec_arrival[kk][j]) for j in range(sh.num_reqs)] for kk in sh.slots
+        ],
         num_preemptions=k + 1,
     )
-    checks: list[Check] = [("preemption records fit R slots", k < sh.num_reqs),
-                           ("a victim exists", slot_in_range(s, victim))]
+    checks: list[Check] = [
+        ("preemption records fit R slots", k < sh.num_reqs),
+        ("a victim exists", slot_in_range(s, victim)),
+    ]
     if sh.is_priority:
         sched_v = at(s.num_scheduled, victim)
         was_scheduled = sched_v > 0
@@ -715,10 +868,15 @@ def running_start(s: State, inp: dict[str, Any]) -> Outcome:
     num_new = imin(num_new, s.token_budget)
     num_new = imin(num_new, s.max_model_len - 1 - comp)
     skip = eq(num_new, 0)
-    post = merge(skip, s.replace(req_index=s.req_index + 1),
-                 s.replace(alloc_active=True, alloc_request=q, alloc_num_new=num_new))
-    return Outcome(post, guard, [("running loop: num_new_tokens >= 0", num_new >= 0)],
-                   {"request": q, "num_new_tokens": num_new, "skipped": skip})
+    post = merge(
+        skip, s.replace(req_index=s.req_index + 1), s.replace(alloc_active=True, alloc_request=q, alloc_num_new=num_new)
+    )
+    return Outcome(
+        post,
+        guard,
+        [("running loop: num_new_tokens >= 0", num_new >= 0)],
+        {"request": q, "num_new_tokens": num_new, "skipped": skip},
+    )
 
 
 def _slots_needed(s: State, q: Any) -> Any:
@@ -739,9 +897,13 @@ def running_allocate(s: State, inp: dict[str, Any]) -> Outcome:
     post, popped, rank, c1, _ = pool_get_new_blocks(s, needed)
     post, c2 = kv_append_blocks(post, q, popped, rank, needed)
     post, c3 = kv_cache_blocks(post, q, imin(comp + num_new, ntok))
-    post = post.replace(num_scheduled=put(post.num_scheduled, q, num_new), token_budget=post.token_budget - num_new,
-                        total_num_scheduled=post.total_num_scheduled + num_new, req_index=post.req_index + 1,
-                        alloc_active=False)
+    post = post.replace(
+        num_scheduled=put(post.num_scheduled, q, num_new),
+        token_budget=post.token_budget - num_new,
+        total_num_scheduled=post.total_num_scheduled + num_new,
+        req_index=post.req_index + 1,
+        alloc_active=False,
+    )
     return Outcome(post, guard, c1 + c2 + c3, {"request": q, "num_new_tokens": num_new, "new_blocks": needed})
 
 
@@ -757,19 +919,27 @@ def running_preempt(s: State, inp: dict[str, Any]) -> Outcome:
     q, is_case = pinned(inp, CASE_REQUEST, s.alloc_request)
     victim, is_victim_case = pinned(inp, CASE_VICTIM, select_victim(s))
     # alloc_active implies the running loop (lemma_step); said here so that the proofs pin the phase.
-    guard = land(eq(s.phase, RUNNING_LOOP), s.alloc_active, _slots_needed(s, q) > s.num_free_blocks, is_case,
-                 is_victim_case)
+    guard = land(
+        eq(s.phase, RUNNING_LOOP), s.alloc_active, _slots_needed(s, q) > s.num_free_blocks, is_case, is_victim_case
+    )
     post, checks = preempt_victim(s, victim)
     is_self = eq(victim, q)
     was_scheduled = at(s.num_scheduled, victim) > 0
     post = post.replace(alloc_active=lnot(is_self))
     if not sh.is_priority:
         post = post.replace(running_done=lor(post.running_done, is_self))
-    return Outcome(post, guard, checks, {
-        "request": q, "victim": victim, "self_preempted": is_self,
-        "victim_was_scheduled": land(was_scheduled, sh.is_priority),
-        "victim_before_cursor": at(s.running_pos, victim) < s.req_index,
-    })
+    return Outcome(
+        post,
+        guard,
+        checks,
+        {
+            "request": q,
+            "victim": victim,
+            "self_preempted": is_self,
+            "victim_was_scheduled": land(was_scheduled, sh.is_priority),
+            "victim_before_cursor": at(s.running_pos, victim) < s.req_index,
+        },
+    )
 
 
 def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
@@ -798,16 +968,28 @@ def running_iteration(s: State, inp: dict[str, Any]) -> Outcome:
         victim_was_scheduled = lor(victim_was_scheduled, land(active, pre.guard, pre.facts["victim_was_scheduled"]))
         cur = merge(active, merge(alloc.guard, alloc.post, pre.post), cur)
     checks.append(("allocation loop ends within R + 1 attempts", lnot(cur.alloc_active)))
-    return Outcome(cur, start.guard, checks, {
-        "request": start.facts["request"], "num_new_tokens": start.facts["num_new_tokens"],
-        "self_preempted": self_preempted, "victim_was_scheduled": victim_was_scheduled,
-        "skipped": start.facts["skipped"]}, premises)
+    return Outcome(
+        cur,
+        start.guard,
+        checks,
+        {
+            "request": start.facts["request"],
+            "num_new_tokens": start.facts["num_new_tokens"],
+            "self_preempted": self_preempted,
+            "victim_was_scheduled": victim_was_scheduled,
+            "skipped": start.facts["skipped"],
+        },
+        premises,
+    )
 
 
 def end_running_loop(s: State, inp: dict[str, Any]) -> Outcome:
     """The running loop ends (its condition fails or it broke); the waiting loop runs only if nobody was preempted."""
-    guard = land(eq(s.phase, RUNNING_LOOP), lnot(s.alloc_active),
-                 lor(s.running_done, s.req_index >= s.num_running(), s.token_budget <= 0))
+    guard = land(
+        eq(s.phase, RUNNING_LOOP),
+        lnot(s.alloc_active),
+        lor(s.running_done, s.req_index >= s.num_running(), s.token_budget <= 0),
+    )
     post = s.replace(phase=WAITING_LOOP, waiting_done=s.num_preemptions > 0)
     return Outcome(post, guard)
 
@@ -857,12 +1039,25 @@ def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
         ("waiting loop: num_new_tokens > 0", limplies(land(lnot(at_cap), lnot(too_long)), num_new > 0)),
     ]
     return {
-        "request": q, "ntok": ntok, "hit_blocks": k, "hits": hits, "adopted": adopted, "num_computed": num_computed,
-        "num_new_tokens": num_new, "need_slot": need_slot, "total_computed": total_computed,
-        "evictable": evictable, "slot_needed": slot_needed, "full_needed": full_needed, "stop": stop,
-        "refused": land(lnot(at_cap), lnot(too_long), refused), "checks": checks, "is_case": is_case,
-        "whole_prompt_cached": land(eq(ntok - nfull * bs, 0),
-                                    *(limplies(i < nfull, present[i]) for i in range(sh.num_blocks))),
+        "request": q,
+        "ntok": ntok,
+        "hit_blocks": k,
+        "hits": hits,
+        "adopted": adopted,
+        "num_computed": num_computed,
+        "num_new_tokens": num_new,
+        "need_slot": need_slot,
+        "total_computed": total_computed,
+        "evictable": evictable,
+        "slot_needed": slot_needed,
+        "full_needed": full_needed,
+        "stop": stop,
+        "refused": land(lnot(at_cap), lnot(too_long), refused),
+        "checks": checks,
+        "is_case": is_case,
+        "whole_prompt_cached": land(
+            eq(ntok - nfull * bs, 0), *(limplies(i < nfull, present[i]) for i in range(sh.num_blocks))
+        ),
         "num_free_blocks": s.num_free_blocks,
     }
 
@@ -872,8 +1067,17 @@ def _waiting_guard(s: State) -> Any:
 
 
 def _waiting_facts(plan: dict[str, Any], admitted: Any) -> dict[str, Any]:
-    keys = ("request", "hit_blocks", "num_new_tokens", "whole_prompt_cached", "evictable", "slot_needed",
-            "full_needed", "refused", "num_free_blocks")
+    keys = (
+        "request",
+        "hit_blocks",
+        "num_new_tokens",
+        "whole_prompt_cached",
+        "evictable",
+        "slot_needed",
+        "full_needed",
+        "refused",
+        "num_free_blocks",
+    )
     return {"admitted": admitted, **{k: plan[k] for k in keys}}
 
 
@@ -891,24 +1095,37 @@ def waiting_admit(s: State, inp: dict[str, Any]) -> Outcome:
     a, popped, rank, c3, _ = pool_get_new_blocks(a, num_new_blocks)
     # Stepping stones for the proofs (each is also a fact of the model):
     steps = [
-        ("allocate_slots: the adopted hit blocks are cached",
-         land(*(limplies(plan["adopted"][b], s.cached[b]) for b in sh.blocks))),
-        ("allocate_slots: the popped blocks are in no table",
-         land(*(limplies(popped[b], lnot(s.held[r][b])) for b in sh.blocks for r in sh.slots))),
-        ("allocate_slots: the new blocks come after the hit blocks in the table",
-         land(*(limplies(popped[b], k <= k + rank[b]) for b in sh.blocks))),
+        (
+            "allocate_slots: the adopted hit blocks are cached",
+            land(*(limplies(plan["adopted"][b], s.cached[b]) for b in sh.blocks)),
+        ),
+        (
+            "allocate_slots: the popped blocks are in no table",
+            land(*(limplies(popped[b], lnot(s.held[r][b])) for b in sh.blocks for r in sh.slots)),
+        ),
+        (
+            "allocate_slots: the new blocks come after the hit blocks in the table",
+            land(*(limplies(popped[b], k <= k + rank[b]) for b in sh.blocks)),
+        ),
     ]
     a, c4 = kv_append_blocks(a, q, popped, rank, num_new_blocks)
     a, c5 = kv_cache_blocks(a, q, imin(plan["total_computed"] + num_new, plan["ntok"]))
     a = remove_from_waiting(a, q)
     a = append_running(a, q)
     a = a.replace(
-        num_scheduled=put(a.num_scheduled, q, num_new), token_budget=a.token_budget - num_new,
-        total_num_scheduled=a.total_num_scheduled + num_new, status=put(a.status, q, RUNNING),
+        num_scheduled=put(a.num_scheduled, q, num_new),
+        token_budget=a.token_budget - num_new,
+        total_num_scheduled=a.total_num_scheduled + num_new,
+        status=put(a.status, q, RUNNING),
         num_computed_tokens=put(a.num_computed_tokens, q, plan["num_computed"]),
     )
-    return Outcome(a, guard, plan["checks"] + c2 + c1 + c3 + steps + c4 + c5, _waiting_facts(plan, True),
-                   abstractions=[hit_abstraction(s, q, k, plan["hits"]), rank_abstraction(touched, rank)])
+    return Outcome(
+        a,
+        guard,
+        plan["checks"] + c2 + c1 + c3 + steps + c4 + c5,
+        _waiting_facts(plan, True),
+        abstractions=[hit_abstraction(s, q, k, plan["hits"]), rank_abstraction(touched, rank)],
+    )
 
 
 def waiting_stop(s: State, inp: dict[str, Any]) -> Outcome:
@@ -923,8 +1140,13 @@ def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
     admit = waiting_admit(s, inp)
     stop = waiting_stop(s, inp)
     facts = {k: ite(admit.guard, v, stop.facts[k]) if k != "admitted" else admit.guard for k, v in admit.facts.items()}
-    return Outcome(merge(admit.guard, admit.post, stop.post), lor(admit.guard, stop.guard),
-                   under(admit.guard, admit.checks), facts, admit.premises)
+    return Outcome(
+        merge(admit.guard, admit.post, stop.post),
+        lor(admit.guard, stop.guard),
+        under(admit.guard, admit.checks),
+        facts,
+        admit.premises,
+    )
 
 
 def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
@@ -933,11 +1155,20 @@ def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
     sh = s.shape
     post = s.replace(
         phase=PENDING,
-        num_computed_tokens=[ite(land(s.live(r), s.num_scheduled[r] > 0), s.num_computed_tokens[r] + s.num_scheduled[r],
-                                 s.num_computed_tokens[r]) for r in sh.slots],
+        num_computed_tokens=[
+            ite(
+                land(s.live(r), s.num_scheduled[r] > 0),
+                s.num_computed_tokens[r] + s.num_scheduled[r],
+                s.num_computed_tokens[r],
+            )
+            for r in sh.slots
+        ],
     )
-    return Outcome(post, guard, facts={"budget_exhausted": eq(s.token_budget, 0),
-                                       "total_scheduled": s.max_num_batched_tokens - s.token_budget})
+    return Outcome(
+        post,
+        guard,
+        facts={"budget_exhausted": eq(s.token_budget, 0), "total_scheduled": s.max_num_batched_tokens - s.token_budget},
+    )
 
 
 def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
@@ -945,9 +1176,16 @@ def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
     sh = s.shape
     lone = s.num_running() + s.num_waiting() <= 1
     post = s.replace(
-        phase=RUNNING_LOOP, step=s.step + 1, token_budget=s.max_num_batched_tokens, req_index=0,
-        threshold=ite(lone, 0, s.long_prefill_token_threshold), num_preemptions=0, running_done=False,
-        waiting_done=False, num_scheduled=[0] * sh.num_reqs, total_num_scheduled=0,
+        phase=RUNNING_LOOP,
+        step=s.step + 1,
+        token_budget=s.max_num_batched_tokens,
+        req_index=0,
+        threshold=ite(lone, 0, s.long_prefill_token_threshold),
+        num_preemptions=0,
+        running_done=False,
+        waiting_done=False,
+        num_scheduled=[0] * sh.num_reqs,
+        total_num_scheduled=0,
     )
     return Outcome(post, eq(s.phase, IDLE))
 
@@ -972,16 +1210,22 @@ def append_token(s: State, inp: dict[str, Any]) -> Outcome:
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
     old_hashes = row_of(s.hashes, q)
     nfull = fdiv(ntok, bs)
-    guard = land(eq(s.phase, UPDATING), slot_in_range(s, q), lor(*(land(eq(q, r), s.live(r)) for r in sh.slots)),
-                 at(s.num_scheduled, q) > 0,
-                 *(limplies(i < nfull, lnot(eq(new_hash, old_hashes[i]))) for i in range(sh.num_blocks)))
+    guard = land(
+        eq(s.phase, UPDATING),
+        slot_in_range(s, q),
+        lor(*(land(eq(q, r), s.live(r)) for r in sh.slots)),
+        at(s.num_scheduled, q) > 0,
+        *(limplies(i < nfull, lnot(eq(new_hash, old_hashes[i]))) for i in range(sh.num_blocks)),
+    )
     samples = comp >= ntok
     n1 = ntok + 1
     completes = fdiv(n1, bs) > nfull
     grown = s.replace(
         num_tokens=put(s.num_tokens, q, n1),
-        hashes=[[ite(land(eq(q, r), completes, eq(i, nfull)), new_hash, s.hashes[r][i]) for i in range(sh.num_blocks)]
-                for r in sh.slots],
+        hashes=[
+            [ite(land(eq(q, r), completes, eq(i, nfull)), new_hash, s.hashes[r][i]) for i in range(sh.num_blocks)]
+            for r in sh.slots
+        ],
     )
     length = lor(n1 >= s.max_model_len, n1 - at(s.num_prompt_tokens, q) >= at(s.max_tokens, q))
     stopped = lor(is_stop, length)
@@ -991,12 +1235,20 @@ def append_token(s: State, inp: dict[str, Any]) -> Outcome:
     post = merge(samples, after, s)
     post = post.replace(num_scheduled=put(post.num_scheduled, q, 0))
     checks = under(land(samples, stopped), c1)
-    return Outcome(post, guard, checks, {
-        "request": q, "samples": samples, "stopped": land(samples, stopped),
-        "length_capped_at_max_model_len": land(samples, lnot(is_stop), n1 >= s.max_model_len,
-                                               n1 - at(s.num_prompt_tokens, q) < at(s.max_tokens, q)),
-        "num_tokens_before": ntok,
-    })
+    return Outcome(
+        post,
+        guard,
+        checks,
+        {
+            "request": q,
+            "samples": samples,
+            "stopped": land(samples, stopped),
+            "length_capped_at_max_model_len": land(
+                samples, lnot(is_stop), n1 >= s.max_model_len, n1 - at(s.num_prompt_tokens, q) < at(s.max_tokens, q)
+            ),
+            "num_tokens_before": ntok,
+        },
+    )
 
 
 def end_update(s: State, inp: dict[str, Any]) -> Outcome:
@@ -1049,17 +1301,27 @@ def add_request(s: State, inp: dict[str, Any]) -> Outcome:
     hashes = inp["hashes"]
     nfull = fdiv(n, sh.block_size)
     guard = land(
-        _phase_is(s, IDLE, PENDING), slot_in_range(s, q), eq(at(s.status, q, 0), DEAD),
+        _phase_is(s, IDLE, PENDING),
+        slot_in_range(s, q),
+        eq(at(s.status, q, 0), DEAD),
         # An id aborted in the pending step is refused until its output is applied.
         eq(at(s.num_scheduled, q), 0),
-        1 <= n, n <= s.max_model_len - 1, inp["max_tokens"] >= 1,
-        *(limplies(j < nfull, lnot(eq(hashes[i], hashes[j])))
-          for i in range(sh.num_blocks) for j in range(i + 1, sh.num_blocks)),
+        1 <= n,
+        n <= s.max_model_len - 1,
+        inp["max_tokens"] >= 1,
+        *(
+            limplies(j < nfull, lnot(eq(hashes[i], hashes[j])))
+            for i in range(sh.num_blocks)
+            for j in range(i + 1, sh.num_blocks)
+        ),
     )
     post = s.replace(
-        status=put(s.status, q, WAITING), num_tokens=put(s.num_tokens, q, n),
-        num_prompt_tokens=put(s.num_prompt_tokens, q, n), max_tokens=put(s.max_tokens, q, inp["max_tokens"]),
-        num_computed_tokens=put(s.num_computed_tokens, q, 0), priority=put(s.priority, q, inp["priority"]),
+        status=put(s.status, q, WAITING),
+        num_tokens=put(s.num_tokens, q, n),
+        num_prompt_tokens=put(s.num_prompt_tokens, q, n),
+        max_tokens=put(s.max_tokens, q, inp["max_tokens"]),
+        num_computed_tokens=put(s.num_computed_tokens, q, 0),
+        priority=put(s.priority, q, inp["priority"]),
         arrival_time=put(s.arrival_time, q, inp["arrival_time"]),
         hashes=[[ite(eq(q, r), hashes[i], s.hashes[r][i]) for i in range(sh.num_blocks)] for r in sh.slots],
     )
@@ -1067,6 +1329,7 @@ def add_request(s: State, inp: dict[str, Any]) -> Outcome:
 
 
 # --------------------------------------------------------- block-pool transitions
+
 
 def _running_slot(s: State, q: Any) -> Any:
     return lor(*(land(eq(q, r), s.live(r), eq(s.status[r], RUNNING)) for r in s.shape.slots))
@@ -1099,8 +1362,13 @@ def touch(s: State, inp: dict[str, Any]) -> Outcome:
     post, checks = pool_touch(s, hits)
     post, more = kv_adopt_hits(post, q, hits, k)
     checks = checks + more
-    guard = land(slot_in_range(s, q), _running_slot(s, q), eq(at(s.num_blocks, q), 0),
-                 eq(at(s.num_computed_tokens, q), 0), eq(at(s.num_scheduled, q), 0))
+    guard = land(
+        slot_in_range(s, q),
+        _running_slot(s, q),
+        eq(at(s.num_blocks, q), 0),
+        eq(at(s.num_computed_tokens, q), 0),
+        eq(at(s.num_scheduled, q), 0),
+    )
     return Outcome(post, guard, checks, {"hit_blocks": k}, abstractions=[hit_abstraction(s, q, k, hits)])
 
 
@@ -1124,8 +1392,13 @@ def cache_full_blocks(s: State, inp: dict[str, Any]) -> Outcome:
     """``KVCacheManager.cache_blocks(request, n)`` for a RUNNING request whose table covers ``n <= num_tokens`` tokens."""
     q, n = inp["slot"], inp["num_tokens"]
     post, checks = kv_cache_blocks(s, q, n)
-    guard = land(slot_in_range(s, q), _running_slot(s, q), 0 <= n, n <= at(s.num_tokens, q),
-                 n <= at(s.num_blocks, q) * s.shape.block_size)
+    guard = land(
+        slot_in_range(s, q),
+        _running_slot(s, q),
+        0 <= n,
+        n <= at(s.num_tokens, q),
+        n <= at(s.num_blocks, q) * s.shape.block_size,
+    )
     return Outcome(post, guard, checks)
 
 
@@ -1145,18 +1418,24 @@ def _slot_input(shape: Shape, tag: str) -> dict[str, Any]:
 def _slot_n_input(name: str) -> Inputs:
     def make(shape: Shape, tag: str) -> dict[str, Any]:
         return {"slot": z3.Int(f"{tag}.slot"), name: z3.Int(f"{tag}.{name}")}
+
     return make
 
 
 def _append_inputs(shape: Shape, tag: str) -> dict[str, Any]:
-    return {"slot": z3.Int(f"{tag}.slot"), "stop_token": z3.Bool(f"{tag}.stop_token"),
-            "new_hash": z3.Int(f"{tag}.new_hash")}
+    return {
+        "slot": z3.Int(f"{tag}.slot"),
+        "stop_token": z3.Bool(f"{tag}.stop_token"),
+        "new_hash": z3.Int(f"{tag}.new_hash"),
+    }
 
 
 def _add_inputs(shape: Shape, tag: str) -> dict[str, Any]:
     return {
-        "slot": z3.Int(f"{tag}.slot"), "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
-        "max_tokens": z3.Int(f"{tag}.max_tokens"), "priority": z3.Int(f"{tag}.priority"),
+        "slot": z3.Int(f"{tag}.slot"),
+        "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
+        "max_tokens": z3.Int(f"{tag}.max_tokens"),
+        "priority": z3.Int(f"{tag}.priority"),
         "arrival_time": z3.Int(f"{tag}.arrival_time"),
         "hashes": [z3.Int(f"{tag}.hash[{i}]") for i in range(shape.num_blocks)],
     }
@@ -1184,33 +1463,117 @@ class Transition:
         return out
 
 
-TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
-    Transition("get_new_blocks", get_new_blocks, _slot_n_input("num_blocks"), "spec/v1/block_pool.py BlockPool.get_new_blocks", actor=("slot",)),
-    Transition("evict_on_reuse", evict_on_reuse, _slot_n_input("num_blocks"), "spec/v1/block_pool.py _maybe_evict_cached_block", actor=("slot",)),
-    Transition("touch", touch, _slot_input, "spec/v1/block_pool.py BlockPool.touch; spec/v1/kv_cache.py allocate_slots", actor=("slot",)),
-    Transition("free", free_table, _slot_input, "spec/v1/kv_cache.py KVCacheManager.free; spec/v1/scheduler.py _preempt_request", actor=("slot",)),
-    Transition("cache_full_blocks", cache_full_blocks, _slot_n_input("num_tokens"), "spec/v1/kv_cache.py cache_blocks; spec/v1/block_pool.py cache_full_blocks", actor=("slot",)),
-    Transition("begin_step", begin_step, _no_inputs, "spec/v1/scheduler.py schedule (start)"),
-    Transition("running_start", running_start, _no_inputs, "spec/v1/scheduler.py _schedule_running (loop body, steps 1-3)", actor=("case_request",)),
-    Transition("running_allocate", running_allocate, _no_inputs, "spec/v1/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)", actor=("case_request",)),
-    Transition("running_preempt", running_preempt, _no_inputs, "spec/v1/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim", actor=("case_request", "case_victim")),
-    Transition("end_running_loop", end_running_loop, _no_inputs, "spec/v1/scheduler.py schedule (between the loops)"),
-    Transition("waiting_admit", waiting_admit, _no_inputs, "spec/v1/scheduler.py _schedule_waiting (admission); spec/v1/kv_cache.py allocate_slots", actor=("case_request",)),
-    Transition("waiting_stop", waiting_stop, _no_inputs, "spec/v1/scheduler.py _schedule_waiting (break)", actor=("case_request",)),
-    Transition("end_schedule", end_schedule, _no_inputs, "spec/v1/scheduler.py _update_after_schedule"),
-    Transition("begin_update", begin_update, _no_inputs, "spec/v1/scheduler.py update_from_output (start)"),
-    Transition("append_token", append_token, _append_inputs, "spec/v1/scheduler.py update_from_output, _append_output_tokens; spec/v1/stop.py", actor=("slot",)),
-    Transition("end_update", end_update, _no_inputs, "spec/v1/scheduler.py update_from_output (end)"),
-    Transition("add_request", add_request, _add_inputs, "spec/v1/scheduler.py add_request", actor=("slot",)),
-    Transition("abort", abort_idle, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)),
-    Transition("abort_pending", abort_pending, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)),
-)}
+TRANSITIONS: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        Transition(
+            "get_new_blocks",
+            get_new_blocks,
+            _slot_n_input("num_blocks"),
+            "spec/v1/block_pool.py BlockPool.get_new_blocks",
+            actor=("slot",),
+        ),
+        Transition(
+            "evict_on_reuse",
+            evict_on_reuse,
+            _slot_n_input("num_blocks"),
+            "spec/v1/block_pool.py _maybe_evict_cached_block",
+            actor=("slot",),
+        ),
+        Transition(
+            "touch",
+            touch,
+            _slot_input,
+            "spec/v1/block_pool.py BlockPool.touch; spec/v1/kv_cache.py allocate_slots",
+            actor=("slot",),
+        ),
+        Transition(
+            "free",
+            free_table,
+            _slot_input,
+            "spec/v1/kv_cache.py KVCacheManager.free; spec/v1/scheduler.py _preempt_request",
+            actor=("slot",),
+        ),
+        Transition(
+            "cache_full_blocks",
+            cache_full_blocks,
+            _slot_n_input("num_tokens"),
+            "spec/v1/kv_cache.py cache_blocks; spec/v1/block_pool.py cache_full_blocks",
+            actor=("slot",),
+        ),
+        Transition("begin_step", begin_step, _no_inputs, "spec/v1/scheduler.py schedule (start)"),
+        Transition(
+            "running_start",
+            running_start,
+            _no_inputs,
+            "spec/v1/scheduler.py _schedule_running (loop body, steps 1-3)",
+            actor=("case_request",),
+        ),
+        Transition(
+            "running_allocate",
+            running_allocate,
+            _no_inputs,
+            "spec/v1/scheduler.py _allocate_or_preempt (success), _schedule_running (commit)",
+            actor=("case_request",),
+        ),
+        Transition(
+            "running_preempt",
+            running_preempt,
+            _no_inputs,
+            "spec/v1/scheduler.py _allocate_or_preempt (one victim), select_victim, _remove_priority_victim",
+            actor=("case_request", "case_victim"),
+        ),
+        Transition(
+            "end_running_loop", end_running_loop, _no_inputs, "spec/v1/scheduler.py schedule (between the loops)"
+        ),
+        Transition(
+            "waiting_admit",
+            waiting_admit,
+            _no_inputs,
+            "spec/v1/scheduler.py _schedule_waiting (admission); spec/v1/kv_cache.py allocate_slots",
+            actor=("case_request",),
+        ),
+        Transition(
+            "waiting_stop",
+            waiting_stop,
+            _no_inputs,
+            "spec/v1/scheduler.py _schedule_waiting (break)",
+            actor=("case_request",),
+        ),
+        Transition("end_schedule", end_schedule, _no_inputs, "spec/v1/scheduler.py _update_after_schedule"),
+        Transition("begin_update", begin_update, _no_inputs, "spec/v1/scheduler.py update_from_output (start)"),
+        Transition(
+            "append_token",
+            append_token,
+            _append_inputs,
+            "spec/v1/scheduler.py update_from_output, _append_output_tokens; spec/v1/stop.py",
+            actor=("slot",),
+        ),
+        Transition("end_update", end_update, _no_inputs, "spec/v1/scheduler.py update_from_output (end)"),
+        Transition("add_request", add_request, _add_inputs, "spec/v1/scheduler.py add_request", actor=("slot",)),
+        Transition("abort", abort_idle, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)),
+        Transition(
+            "abort_pending", abort_pending, _slot_input, "spec/v1/scheduler.py abort, finish_requests", actor=("slot",)
+        ),
+    )
+}
 
 
-COMPOSED: dict[str, Transition] = {t.name: t for t in (
-    Transition("running_iteration", running_iteration, _no_inputs,
-               "spec/v1/scheduler.py _schedule_running + _allocate_or_preempt (one whole iteration)"),
-    Transition("waiting_admission", waiting_admission, _no_inputs,
-               "spec/v1/scheduler.py _schedule_waiting (one whole iteration)"),
-)}
+COMPOSED: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        Transition(
+            "running_iteration",
+            running_iteration,
+            _no_inputs,
+            "spec/v1/scheduler.py _schedule_running + _allocate_or_preempt (one whole iteration)",
+        ),
+        Transition(
+            "waiting_admission",
+            waiting_admission,
+            _no_inputs,
+            "spec/v1/scheduler.py _schedule_waiting (one whole iteration)",
+        ),
+    )
+}
 """Whole loop iterations, composed of the steps above; proved at smaller bounds (``--composed``)."""

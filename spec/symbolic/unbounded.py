@@ -72,6 +72,7 @@ MUTANTS = ("priority_victim_min", "fcfs_victim_head", "budget_not_restored")
 
 # ------------------------------------------------------------------ arrays on two backends
 
+
 class PyArray:
     """A total map from ints to Python values: a default and the entries that differ (immutable)."""
 
@@ -112,8 +113,24 @@ def store2(a: Any, i: Any, j: Any, v: Any) -> Any:
 
 # ------------------------------------------------------------------ the skeleton state
 
-SCALARS = ("M", "S", "B", "R", "out", "nf", "total", "budget", "npre", "scan_on", "scan_c", "scan_best",
-           "nrun", "g_free", "g_held", "g_sched")
+SCALARS = (
+    "M",
+    "S",
+    "B",
+    "R",
+    "out",
+    "nf",
+    "total",
+    "budget",
+    "npre",
+    "scan_on",
+    "scan_c",
+    "scan_best",
+    "nrun",
+    "g_free",
+    "g_held",
+    "g_sched",
+)
 """``M`` max_num_batched_tokens, ``S`` max_num_seqs, ``B``/``R`` the sizes, ``out`` the step's scheduled
 tokens are visible (``State.has_output``), ``nf`` num_free_blocks, ``total``/``budget`` the view's
 total_num_scheduled_tokens / remaining_token_budget, ``npre`` preemption records, the scan's state,
@@ -124,10 +141,13 @@ ARRAYS = ("ref", "free", "status", "inrun", "sched", "hold", "g_hold", "rec_n", 
 (``DEAD`` or a view code), ``inrun``, ``sched``; per slot and block: ``hold`` (times the table holds
 the block); per record ``k``: candidate count, victim position, and per candidate its key."""
 BOOL_SCALARS = ("out", "scan_on")
-SORTS = {"free": (z3.IntSort(), z3.BoolSort()), "inrun": (z3.IntSort(), z3.BoolSort()),
-         "hold": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
-         "rec_p": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
-         "rec_a": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort()))}
+SORTS = {
+    "free": (z3.IntSort(), z3.BoolSort()),
+    "inrun": (z3.IntSort(), z3.BoolSort()),
+    "hold": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
+    "rec_p": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
+    "rec_a": (z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
+}
 
 
 class Skel:
@@ -188,6 +208,7 @@ MODE = _Mode()
 
 def _points(t: Skel, kinds: str) -> list[tuple[list[Any], Any]]:
     """(point, domain condition) pairs a Z3 ``forall`` ranges over in the current mode."""
+
     def dom(kind: str, x: Any) -> Any:
         return in_blocks(t, x) if kind == "b" else in_reqs(t, x)
 
@@ -252,6 +273,7 @@ def rec_key(t: Skel, k: Any, c: Any) -> tuple[Any, Any]:
 
 # ------------------------------------------------------------------ ghost counters
 
+
 @dataclass(frozen=True)
 class Ghost:
     """A counter standing for ``sum(term(t, x) for x in domain)``; ``per_block``: one per block ``b``,
@@ -298,16 +320,30 @@ def update_ghosts(pre: Skel, post: Skel, touched: dict[str, Any]) -> tuple[Skel,
                 raise AssertionError("no micro-step resets tables")
             if pts:
                 (q,) = pts
-                frames.append((f"frame:{g.name}", forall(post, "rb", lambda r, b, q=q: limplies(
-                    lnot(r == q) if is_z3(r) or is_z3(q) else r != q, g.term(post, r, b) == g.term(pre, r, b)))))
+                frames.append(
+                    (
+                        f"frame:{g.name}",
+                        forall(
+                            post,
+                            "rb",
+                            lambda r, b, q=q: limplies(
+                                lnot(r == q) if is_z3(r) or is_z3(q) else r != q,
+                                g.term(post, r, b) == g.term(pre, r, b),
+                            ),
+                        ),
+                    )
+                )
                 if is_z3(old):
                     b = z3.Int(f"b!{next(_BOUND)}")
                     out[g.name] = z3.Lambda([b], z3.Select(old, b) + g.term(post, q, b) - g.term(pre, q, b))
                 else:
-                    out[g.name] = PyArray(0, {b: old.get(b) + g.term(post, q, b) - g.term(pre, q, b)
-                                              for b in range(0, pre.B + 1)})
+                    out[g.name] = PyArray(
+                        0, {b: old.get(b) + g.term(post, q, b) - g.term(pre, q, b) for b in range(0, pre.B + 1)}
+                    )
             else:
-                frames.append((f"frame:{g.name}", forall(post, "rb", lambda r, b: g.term(post, r, b) == g.term(pre, r, b))))
+                frames.append(
+                    (f"frame:{g.name}", forall(post, "rb", lambda r, b: g.term(post, r, b) == g.term(pre, r, b)))
+                )
                 out[g.name] = old
             continue
         if pts == ALL:
@@ -316,8 +352,18 @@ def update_ghosts(pre: Skel, post: Skel, touched: dict[str, Any]) -> tuple[Skel,
             continue
         if pts:
             (p,) = pts
-            frames.append((f"frame:{g.name}", forall(post, g.domain, lambda x, p=p: limplies(
-                lnot(x == p) if is_z3(x) or is_z3(p) else x != p, g.term(post, x) == g.term(pre, x)))))
+            frames.append(
+                (
+                    f"frame:{g.name}",
+                    forall(
+                        post,
+                        g.domain,
+                        lambda x, p=p: limplies(
+                            lnot(x == p) if is_z3(x) or is_z3(p) else x != p, g.term(post, x) == g.term(pre, x)
+                        ),
+                    ),
+                )
+            )
             out[g.name] = old + g.term(post, p) - g.term(pre, p)
         else:
             frames.append((f"frame:{g.name}", forall(post, g.domain, lambda x: g.term(post, x) == g.term(pre, x))))
@@ -344,11 +390,19 @@ def sum_facts(t: Skel) -> list[Any]:
 
 # ------------------------------------------------------------------ the rules, for every size
 
+
 def inv_token_budget(t: Skel, policy: str) -> Any:
     """spec/v1/invariants.py inv_token_budget; nothing is scheduled outside a step's output."""
-    return land(t.total <= t.M, 0 <= t.budget, t.total + t.budget == t.M, t.g_sched == t.total,
-                limplies(lnot(t.out), land(t.total == 0, t.npre == 0, lnot(t.scan_on),
-                                           forall(t, "r", lambda r: sel(t.sched, r) == 0))))
+    return land(
+        t.total <= t.M,
+        0 <= t.budget,
+        t.total + t.budget == t.M,
+        t.g_sched == t.total,
+        limplies(
+            lnot(t.out),
+            land(t.total == 0, t.npre == 0, lnot(t.scan_on), forall(t, "r", lambda r: sel(t.sched, r) == 0)),
+        ),
+    )
 
 
 def inv_max_num_seqs(t: Skel, policy: str) -> Any:
@@ -358,7 +412,9 @@ def inv_max_num_seqs(t: Skel, policy: str) -> Any:
 
 def inv_scheduled_only_running(t: Skel, policy: str) -> Any:
     """spec/v1/invariants.py inv_scheduled_only_running."""
-    return forall(t, "r", lambda r: land(0 <= sel(t.sched, r), limplies(0 < sel(t.sched, r), sel(t.status, r) == RUNNING)))
+    return forall(
+        t, "r", lambda r: land(0 <= sel(t.sched, r), limplies(0 < sel(t.sched, r), sel(t.status, r) == RUNNING))
+    )
 
 
 def inv_block_conservation(t: Skel, policy: str) -> Any:
@@ -373,9 +429,11 @@ def inv_free_iff_unreferenced(t: Skel, policy: str) -> Any:
 
 def inv_ref_cnt_matches_tables(t: Skel, policy: str) -> Any:
     """spec/v1/invariants.py inv_ref_cnt_matches_tables: ref_cnt = holders, nobody holds the null block, no orphan table."""
-    return land(forall(t, "b", lambda b: sel(t.ref, b) == sel(t.g_hold, b)),
-                forall(t, "r", lambda r: sel2(t.hold, r, 0) == 0),
-                forall(t, "rb", lambda r, b: limplies(sel(t.status, r) == DEAD, sel2(t.hold, r, b) == 0)))
+    return land(
+        forall(t, "b", lambda b: sel(t.ref, b) == sel(t.g_hold, b)),
+        forall(t, "r", lambda r: sel2(t.hold, r, 0) == 0),
+        forall(t, "rb", lambda r, b: limplies(sel(t.status, r) == DEAD, sel2(t.hold, r, b) == 0)),
+    )
 
 
 def inv_no_double_hold(t: Skel, policy: str) -> Any:
@@ -385,27 +443,44 @@ def inv_no_double_hold(t: Skel, policy: str) -> Any:
 
 def inv_victim_order(t: Skel, policy: str) -> Any:
     """spec/v1/invariants.py inv_victim_order, for records of any length."""
+
     def ok(k: Any) -> Any:
         n, v = sel(t.rec_n, k), sel(t.rec_v, k)
         if policy == "fcfs":
             right = v == n - 1
         else:
-            right = land(forall_below(t, v, lambda c: key_lt(rec_key(t, k, c), rec_key(t, k, v))),
-                         forall_below(t, n, lambda c: key_le(rec_key(t, k, c), rec_key(t, k, v)), lo=v))
+            right = land(
+                forall_below(t, v, lambda c: key_lt(rec_key(t, k, c), rec_key(t, k, v))),
+                forall_below(t, n, lambda c: key_le(rec_key(t, k, c), rec_key(t, k, v)), lo=v),
+            )
         return land(0 <= v, v < n, right)
+
     return land(0 <= t.npre, forall_below(t, t.npre, ok))
 
 
 def lemma_skeleton(t: Skel, policy: str) -> Any:
     """Well-formedness: sizes and configuration; status codes; running iff RUNNING; only RUNNING holds blocks; the scan's invariant."""
-    scan = land(t.out, 0 <= t.scan_best, t.scan_best < t.scan_c, t.scan_c <= sel(t.rec_n, t.npre),
-                forall_below(t, t.scan_best, lambda c: key_lt(rec_key(t, t.npre, c), rec_key(t, t.npre, t.scan_best))),
-                forall_below(t, t.scan_c, lambda c: key_le(rec_key(t, t.npre, c), rec_key(t, t.npre, t.scan_best))))
+    scan = land(
+        t.out,
+        0 <= t.scan_best,
+        t.scan_best < t.scan_c,
+        t.scan_c <= sel(t.rec_n, t.npre),
+        forall_below(t, t.scan_best, lambda c: key_lt(rec_key(t, t.npre, c), rec_key(t, t.npre, t.scan_best))),
+        forall_below(t, t.scan_c, lambda c: key_le(rec_key(t, t.npre, c), rec_key(t, t.npre, t.scan_best))),
+    )
     return land(
-        1 <= t.B, 1 <= t.R, 1 <= t.M, 1 <= t.S,
-        forall(t, "r", lambda r: land(
-            lor(*(sel(t.status, r) == code for code in (DEAD, WAITING, RUNNING, PREEMPTED))),
-            sel(t.inrun, r) == (sel(t.status, r) == RUNNING))),
+        1 <= t.B,
+        1 <= t.R,
+        1 <= t.M,
+        1 <= t.S,
+        forall(
+            t,
+            "r",
+            lambda r: land(
+                lor(*(sel(t.status, r) == code for code in (DEAD, WAITING, RUNNING, PREEMPTED))),
+                sel(t.inrun, r) == (sel(t.status, r) == RUNNING),
+            ),
+        ),
         forall(t, "rb", lambda r, b: limplies(lnot(sel(t.status, r) == RUNNING), sel2(t.hold, r, b) == 0)),
         limplies(t.scan_on, scan) if policy == "priority" else lnot(t.scan_on),
     )
@@ -413,14 +488,23 @@ def lemma_skeleton(t: Skel, policy: str) -> Any:
 
 INVARIANTS: dict[str, Callable[[Skel, str], Any]] = {
     fn.__name__.removeprefix("inv_").removeprefix("lemma_"): fn
-    for fn in (inv_token_budget, inv_max_num_seqs, inv_scheduled_only_running, inv_block_conservation,
-               inv_free_iff_unreferenced, inv_ref_cnt_matches_tables, inv_no_double_hold, inv_victim_order,
-               lemma_skeleton)
+    for fn in (
+        inv_token_budget,
+        inv_max_num_seqs,
+        inv_scheduled_only_running,
+        inv_block_conservation,
+        inv_free_iff_unreferenced,
+        inv_ref_cnt_matches_tables,
+        inv_no_double_hold,
+        inv_victim_order,
+        lemma_skeleton,
+    )
 }
 """The rules proved for every size, under the names of ``spec/v1/invariants.py`` (plus ``skeleton``)."""
 
 
 # ------------------------------------------------------------------ micro-steps
+
 
 @dataclass
 class Step:
@@ -439,8 +523,7 @@ def step_begin_step(t: Skel, i: dict[str, Any], policy: str, mutant: str | None)
 def step_take_output(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
     """``update_from_output()`` takes the output (transitions.begin_update): nothing is scheduled any more."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0)) if is_z3(t.sched) else PyArray(0)
-    return Step(land(t.out, lnot(t.scan_on)), t.replace(out=False, sched=zero, total=0, budget=t.M, npre=0),
-                {"s": ALL})
+    return Step(land(t.out, lnot(t.scan_on)), t.replace(out=False, sched=zero, total=0, budget=t.M, npre=0), {"s": ALL})
 
 
 def step_schedule_tokens(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
@@ -457,8 +540,9 @@ def step_unschedule(t: Skel, i: dict[str, Any], policy: str, mutant: str | None)
     q = i["q"]
     s = sel(t.sched, q)
     budget = t.budget if mutant == "budget_not_restored" else t.budget + s
-    return Step(land(t.out, in_reqs(t, q)), t.replace(sched=store(t.sched, q, 0), total=t.total - s, budget=budget),
-                {"s": [q]})
+    return Step(
+        land(t.out, in_reqs(t, q)), t.replace(sched=store(t.sched, q, 0), total=t.total - s, budget=budget), {"s": [q]}
+    )
 
 
 def step_record_fcfs(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
@@ -466,18 +550,33 @@ def step_record_fcfs(t: Skel, i: dict[str, Any], policy: str, mutant: str | None
     n = i["n"]
     k = t.npre
     victim = 0 if mutant == "fcfs_victim_head" else n - 1
-    return Step(land(t.out, lnot(t.scan_on), n == t.nrun, 1 <= n),
-                t.replace(rec_n=store(t.rec_n, k, n), rec_v=store(t.rec_v, k, victim),
-                          rec_p=store(t.rec_p, k, i["kp"]), rec_a=store(t.rec_a, k, i["ka"]), npre=k + 1))
+    return Step(
+        land(t.out, lnot(t.scan_on), n == t.nrun, 1 <= n),
+        t.replace(
+            rec_n=store(t.rec_n, k, n),
+            rec_v=store(t.rec_v, k, victim),
+            rec_p=store(t.rec_p, k, i["kp"]),
+            rec_a=store(t.rec_a, k, i["ka"]),
+            npre=k + 1,
+        ),
+    )
 
 
 def step_scan_start(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
     """Priority ``select_victim`` = ``max(running, key=victim_key)`` starts: candidate 0 is the best so far."""
     n = i["n"]
     k = t.npre
-    return Step(land(t.out, lnot(t.scan_on), n == t.nrun, 1 <= n),
-                t.replace(scan_on=True, scan_c=1, scan_best=0, rec_n=store(t.rec_n, k, n),
-                          rec_p=store(t.rec_p, k, i["kp"]), rec_a=store(t.rec_a, k, i["ka"])))
+    return Step(
+        land(t.out, lnot(t.scan_on), n == t.nrun, 1 <= n),
+        t.replace(
+            scan_on=True,
+            scan_c=1,
+            scan_best=0,
+            rec_n=store(t.rec_n, k, n),
+            rec_p=store(t.rec_p, k, i["kp"]),
+            rec_a=store(t.rec_a, k, i["ka"]),
+        ),
+    )
 
 
 def step_scan_next(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
@@ -490,8 +589,10 @@ def step_scan_next(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) 
 
 def step_scan_end(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
     """``max`` returns; the record keeps the victim's position."""
-    return Step(land(t.scan_on, t.scan_c == sel(t.rec_n, t.npre)),
-                t.replace(scan_on=False, rec_v=store(t.rec_v, t.npre, t.scan_best), npre=t.npre + 1))
+    return Step(
+        land(t.scan_on, t.scan_c == sel(t.rec_n, t.npre)),
+        t.replace(scan_on=False, rec_v=store(t.rec_v, t.npre, t.scan_best), npre=t.npre + 1),
+    )
 
 
 def step_pop_block(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
@@ -499,8 +600,12 @@ def step_pop_block(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) 
     hit block: the same effect): the block leaves the free queue with ref_cnt 1."""
     q, b = i["q"], i["b"]
     guard = land(in_reqs(t, q), in_blocks(t, b), sel(t.status, q) == RUNNING, sel(t.free, b))
-    post = t.replace(free=store(t.free, b, False), ref=store(t.ref, b, sel(t.ref, b) + 1), nf=t.nf - 1,
-                     hold=store2(t.hold, q, b, sel2(t.hold, q, b) + 1))
+    post = t.replace(
+        free=store(t.free, b, False),
+        ref=store(t.ref, b, sel(t.ref, b) + 1),
+        nf=t.nf - 1,
+        hold=store2(t.hold, q, b, sel2(t.hold, q, b) + 1),
+    )
     return Step(guard, post, {"b": [b], "t": [q]})
 
 
@@ -511,8 +616,9 @@ def step_touch_block(t: Skel, i: dict[str, Any], policy: str, mutant: str | None
     from the hash lemmas, which the bounded proofs prove (``allocate_slots: hit blocks differ``).
     """
     q, b = i["q"], i["b"]
-    guard = land(in_reqs(t, q), in_blocks(t, b), sel(t.status, q) == RUNNING, lnot(sel(t.free, b)),
-                 sel2(t.hold, q, b) == 0)
+    guard = land(
+        in_reqs(t, q), in_blocks(t, b), sel(t.status, q) == RUNNING, lnot(sel(t.free, b)), sel2(t.hold, q, b) == 0
+    )
     post = t.replace(ref=store(t.ref, b, sel(t.ref, b) + 1), hold=store2(t.hold, q, b, sel2(t.hold, q, b) + 1))
     return Step(guard, post, {"b": [b], "t": [q]})
 
@@ -522,8 +628,12 @@ def step_release_block(t: Skel, i: dict[str, Any], policy: str, mutant: str | No
     ref_cnt drops, a block reaching 0 enters the free queue."""
     q, b = i["q"], i["b"]
     ref = sel(t.ref, b) - 1
-    post = t.replace(hold=store2(t.hold, q, b, sel2(t.hold, q, b) - 1), ref=store(t.ref, b, ref),
-                     free=store(t.free, b, ref == 0), nf=t.nf + ite(ref == 0, 1, 0))
+    post = t.replace(
+        hold=store2(t.hold, q, b, sel2(t.hold, q, b) - 1),
+        ref=store(t.ref, b, ref),
+        free=store(t.free, b, ref == 0),
+        nf=t.nf + ite(ref == 0, 1, 0),
+    )
     return Step(land(in_reqs(t, q), in_blocks(t, b), sel2(t.hold, q, b) >= 1), post, {"b": [b], "t": [q]})
 
 
@@ -537,8 +647,13 @@ def step_admit(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> S
 def step_leave_running(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
     """A RUNNING request whose table is freed leaves ``running``: preempted, finished or aborted."""
     q, to = i["q"], i["to"]
-    guard = land(in_reqs(t, q), sel(t.status, q) == RUNNING, sel(t.sched, q) == 0, lor(to == PREEMPTED, to == DEAD),
-                 forall(t, "b", lambda b: sel2(t.hold, q, b) == 0))
+    guard = land(
+        in_reqs(t, q),
+        sel(t.status, q) == RUNNING,
+        sel(t.sched, q) == 0,
+        lor(to == PREEMPTED, to == DEAD),
+        forall(t, "b", lambda b: sel2(t.hold, q, b) == 0),
+    )
     return Step(guard, t.replace(status=store(t.status, q, to), inrun=store(t.inrun, q, False)), {"r": [q]})
 
 
@@ -552,28 +667,53 @@ def step_leave_waiting(t: Skel, i: dict[str, Any], policy: str, mutant: str | No
 def step_add(t: Skel, i: dict[str, Any], policy: str, mutant: str | None) -> Step:
     """``add_request`` fills a dead slot with a WAITING request."""
     q = i["q"]
-    return Step(land(in_reqs(t, q), sel(t.status, q) == DEAD, sel(t.sched, q) == 0),
-                t.replace(status=store(t.status, q, WAITING)), {"r": [q]})
+    return Step(
+        land(in_reqs(t, q), sel(t.status, q) == DEAD, sel(t.sched, q) == 0),
+        t.replace(status=store(t.status, q, WAITING)),
+        {"r": [q]},
+    )
 
 
 STEPS: dict[str, Callable[[Skel, dict[str, Any], str, str | None], Step]] = {
     fn.__name__.removeprefix("step_"): fn
-    for fn in (step_begin_step, step_take_output, step_schedule_tokens, step_unschedule, step_record_fcfs,
-               step_scan_start, step_scan_next, step_scan_end, step_pop_block, step_touch_block,
-               step_release_block, step_admit, step_leave_running, step_leave_waiting, step_add)
+    for fn in (
+        step_begin_step,
+        step_take_output,
+        step_schedule_tokens,
+        step_unschedule,
+        step_record_fcfs,
+        step_scan_start,
+        step_scan_next,
+        step_scan_end,
+        step_pop_block,
+        step_touch_block,
+        step_release_block,
+        step_admit,
+        step_leave_running,
+        step_leave_waiting,
+        step_add,
+    )
 }
-POLICY_STEPS = {"fcfs": [n for n in STEPS if not n.startswith("scan_")],
-                "priority": [n for n in STEPS if n != "record_fcfs"]}
+POLICY_STEPS = {
+    "fcfs": [n for n in STEPS if not n.startswith("scan_")],
+    "priority": [n for n in STEPS if n != "record_fcfs"],
+}
 
 
 def fresh_inputs(tag: str) -> dict[str, Any]:
-    return {"q": z3.Int(f"{tag}.q"), "b": z3.Int(f"{tag}.b"), "n": z3.Int(f"{tag}.n"), "to": z3.Int(f"{tag}.to"),
-            "kp": z3.Array(f"{tag}.kp", z3.IntSort(), z3.IntSort()),
-            "ka": z3.Array(f"{tag}.ka", z3.IntSort(), z3.IntSort())}
+    return {
+        "q": z3.Int(f"{tag}.q"),
+        "b": z3.Int(f"{tag}.b"),
+        "n": z3.Int(f"{tag}.n"),
+        "to": z3.Int(f"{tag}.to"),
+        "kp": z3.Array(f"{tag}.kp", z3.IntSort(), z3.IntSort()),
+        "ka": z3.Array(f"{tag}.ka", z3.IntSort(), z3.IntSort()),
+    }
 
 
-def apply_step(name: str, t: Skel, inputs: dict[str, Any], policy: str,
-               mutant: str | None = None) -> tuple[Any, Skel, list[tuple[str, Any]]]:
+def apply_step(
+    name: str, t: Skel, inputs: dict[str, Any], policy: str, mutant: str | None = None
+) -> tuple[Any, Skel, list[tuple[str, Any]]]:
     """(guard, next state with ghosts moved, frame conditions) of micro-step ``name``."""
     st = STEPS[name](t, inputs, policy, mutant)
     post, frames = update_ghosts(t, st.post, st.touched)
@@ -581,6 +721,7 @@ def apply_step(name: str, t: Skel, inputs: dict[str, Any], policy: str,
 
 
 # ------------------------------------------------------------------ proofs
+
 
 @dataclass
 class StepResult:
@@ -611,8 +752,15 @@ def _dedup(terms: list[Any]) -> list[Any]:
     return out
 
 
-def prove_goal(name: str, policy: str, goal: str, fn: Callable[[Skel], Any] | None, timeout_ms: int,
-               mutant: str | None, invariants: dict[str, Callable[[Skel, str], Any]]) -> str:
+def prove_goal(
+    name: str,
+    policy: str,
+    goal: str,
+    fn: Callable[[Skel], Any] | None,
+    timeout_ms: int,
+    mutant: str | None,
+    invariants: dict[str, Callable[[Skel, str], Any]],
+) -> str:
     """One goal of a micro-step, as a query without quantifiers (see :class:`_Mode`), in a solver of its own."""
     t = fresh_skel("pre")
     inputs = fresh_inputs("in")
@@ -636,8 +784,13 @@ def prove_goal(name: str, policy: str, goal: str, fn: Callable[[Skel], Any] | No
     return PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
 
 
-def prove_step(name: str, policy: str, timeout_s: float = 60.0, mutant: str | None = None,
-               extra: dict[str, Callable[[Skel, str], Any]] | None = None) -> StepResult:
+def prove_step(
+    name: str,
+    policy: str,
+    timeout_s: float = 60.0,
+    mutant: str | None = None,
+    extra: dict[str, Callable[[Skel, str], Any]] | None = None,
+) -> StepResult:
     """``Inv(t) and Lemma 2(t) and guard => frame conditions and Inv(t')`` for all R, B; one query per goal.
 
     A rule whose formula after the micro-step is the same term as before is its own premise. Every
@@ -676,8 +829,9 @@ def prove_step(name: str, policy: str, timeout_s: float = 60.0, mutant: str | No
     return result
 
 
-def prove_all_steps(policy: str, timeout_s: float = 60.0, mutant: str | None = None, workers: int = 1,
-                    extra: str | None = None) -> list[StepResult]:
+def prove_all_steps(
+    policy: str, timeout_s: float = 60.0, mutant: str | None = None, workers: int = 1, extra: str | None = None
+) -> list[StepResult]:
     """Every micro-step of ``policy``, each in a fresh process (Z3's global context slows a proof that
     runs after many others in one process, as in ``proofs.prove_isolated``). ``extra`` names a rule of
     :data:`FALSE_RULES` to add (the tests' deliberately false invariant)."""
@@ -711,6 +865,7 @@ def _b(f: Any) -> z3.BoolRef:
 
 # ------------------------------------------------------------------ refinement: encoding -> skeleton
 
+
 class RefinementError(AssertionError):
     """A transition of the encoding is not a sequence of enabled skeleton micro-steps."""
 
@@ -722,9 +877,22 @@ def abstract(s: State) -> Skel:
     out = bool(s.has_output())
     k_max = s.num_preemptions if out else 0
     t = Skel(
-        M=s.max_num_batched_tokens, S=s.max_num_seqs, B=sh.num_blocks, R=sh.num_reqs, out=out,
-        nf=s.num_free_blocks, total=v.total_num_scheduled_tokens, budget=v.remaining_token_budget, npre=k_max,
-        scan_on=False, scan_c=0, scan_best=0, nrun=0, g_free=0, g_held=0, g_sched=0,
+        M=s.max_num_batched_tokens,
+        S=s.max_num_seqs,
+        B=sh.num_blocks,
+        R=sh.num_reqs,
+        out=out,
+        nf=s.num_free_blocks,
+        total=v.total_num_scheduled_tokens,
+        budget=v.remaining_token_budget,
+        npre=k_max,
+        scan_on=False,
+        scan_c=0,
+        scan_best=0,
+        nrun=0,
+        g_free=0,
+        g_held=0,
+        g_sched=0,
         ref=PyArray(0, {b: s.ref_cnt[b] for b in sh.blocks}),
         free=PyArray(False, {b: bool(s.in_free[b]) for b in sh.blocks}),
         status=PyArray(DEAD, {r: v.status(r) for r in sh.slots}),
@@ -811,8 +979,14 @@ def differences(a: Skel, b: Skel) -> list[str]:
     idle_scan = ("scan_c", "scan_best") if not (a.scan_on or b.scan_on) else ()
     out = [n for n in SCALARS if getattr(a, n) != getattr(b, n) and n not in idle_scan]
     slots, blocks = range(a.R), range(1, a.B + 1)
-    for name, dom in (("ref", blocks), ("free", blocks), ("g_hold", blocks), ("status", slots), ("inrun", slots),
-                      ("sched", slots)):
+    for name, dom in (
+        ("ref", blocks),
+        ("free", blocks),
+        ("g_hold", blocks),
+        ("status", slots),
+        ("inrun", slots),
+        ("sched", slots),
+    ):
         if any(getattr(a, name).get(x) != getattr(b, name).get(x) for x in dom):
             out.append(name)
     if any(a.hold.get(r).get(x) != b.hold.get(r).get(x) for r in slots for x in range(0, a.B + 1)):
@@ -820,8 +994,9 @@ def differences(a: Skel, b: Skel) -> list[str]:
     for k in range(min(a.npre, b.npre)):
         n = a.rec_n.get(k)
         if (n, a.rec_v.get(k)) != (b.rec_n.get(k), b.rec_v.get(k)) or any(
-                (a.rec_p.get(k).get(c), a.rec_a.get(k).get(c)) != (b.rec_p.get(k).get(c), b.rec_a.get(k).get(c))
-                for c in range(n)):
+            (a.rec_p.get(k).get(c), a.rec_a.get(k).get(c)) != (b.rec_p.get(k).get(c), b.rec_a.get(k).get(c))
+            for c in range(n)
+        ):
             out.append(f"record {k}")
     return out
 
@@ -844,6 +1019,7 @@ def check_refinement(name: str, pre: State, post: State) -> list[str]:
 
 def refining(inner: Callable[..., Any], seen: dict[str, set[tuple[str, ...]]] | None = None) -> Callable[..., Any]:
     """An evaluator (``drive.Evaluator``) that also checks every enabled transition against the skeleton."""
+
     def ev(name: str, state: State, inputs: dict[str, Any]) -> Any:
         guard, post, facts = inner(name, state, inputs)
         if guard:
@@ -851,14 +1027,18 @@ def refining(inner: Callable[..., Any], seen: dict[str, set[tuple[str, ...]]] | 
             if seen is not None:
                 seen.setdefault(name, set()).add(tuple(dict.fromkeys(steps)))
         return guard, post, facts
+
     return ev
 
 
 # ------------------------------------------------------------------ CLI
 
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: prove every micro-step for every size and print the table."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.unbounded", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.unbounded", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per micro-step")
     parser.add_argument("--policy", default="fcfs,priority")
     parser.add_argument("--mutant", default=None, choices=MUTANTS)
@@ -869,8 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policy.split(","):
         for res in prove_all_steps(policy, args.timeout, args.mutant, args.workers):
             bad = {g: s for g, s in res.goals.items() if s != PROVED}
-            print(f"| {res.step} | {policy} | {res.status}{' ' + str(bad) if bad else ''} | {res.seconds:.2f} |",
-                  flush=True)
+            print(
+                f"| {res.step} | {policy} | {res.status}{' ' + str(bad) if bad else ''} | {res.seconds:.2f} |",
+                flush=True,
+            )
             code |= res.status != PROVED
     return code
 

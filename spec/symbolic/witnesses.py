@@ -56,6 +56,7 @@ PROFILE = "vllm-0.33"
 
 # ------------------------------------------------------------------ detectors
 
+
 class RecordingKV(KVCacheManager):
     """The model's KV cache manager, recording every ``allocate_slots`` decision (read-only)."""
 
@@ -63,23 +64,38 @@ class RecordingKV(KVCacheManager):
         self.__dict__.update(base.__dict__)
         self.calls: list[dict[str, Any]] = []
 
-    def allocate_slots(self, request, num_new_tokens, hit=None, num_lookahead_tokens=0,  # noqa: ANN001
-                       full_sequence_must_fit=False):  # noqa: ANN001
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens,
+        hit=None,
+        num_lookahead_tokens=0,  # noqa: ANN001
+        full_sequence_must_fit=False,
+    ):  # noqa: ANN001
         from schedconf.spec.v1.kv_cache import NO_HIT
 
         hit = hit if hit is not None else NO_HIT
         num_free = self.pool.get_num_free_blocks()
         evictable = sum(1 for b in hit.blocks if b.ref_cnt == 0 and not b.is_null)
-        last_cached = (request.num_tokens % self.block_size == 0 and len(request.block_hashes) > 0
-                       and self.pool.get_cached_block(request.block_hashes[-1]) is not None)
+        last_cached = (
+            request.num_tokens % self.block_size == 0
+            and len(request.block_hashes) > 0
+            and self.pool.get_cached_block(request.block_hashes[-1]) is not None
+        )
         result = super().allocate_slots(request, num_new_tokens, hit, num_lookahead_tokens, full_sequence_must_fit)
-        self.calls.append({
-            "request_id": request.request_id, "num_tokens": request.num_tokens,
-            "num_prompt_tokens": request.num_prompt_tokens, "hit_tokens": hit.num_tokens, "evictable": evictable,
-            "num_free": num_free, "refused": isinstance(result, NoSpace),
-            "needed": result.num_blocks_needed if isinstance(result, NoSpace) else None,
-            "all_blocks_cached": last_cached,
-        })
+        self.calls.append(
+            {
+                "request_id": request.request_id,
+                "num_tokens": request.num_tokens,
+                "num_prompt_tokens": request.num_prompt_tokens,
+                "hit_tokens": hit.num_tokens,
+                "evictable": evictable,
+                "num_free": num_free,
+                "refused": isinstance(result, NoSpace),
+                "needed": result.num_blocks_needed if isinstance(result, NoSpace) else None,
+                "all_blocks_cached": last_cached,
+            }
+        )
         return result
 
 
@@ -92,8 +108,14 @@ class RecordingScheduler(Scheduler):
         self.victims: list[dict[str, Any]] = []
 
     def _remove_priority_victim(self, st, victim, req_index):  # noqa: ANN001, ANN201
-        self.victims.append({"victim_id": victim.request_id, "victim_index": self.running.index(victim),
-                             "req_index": req_index, "was_scheduled": victim in st.scheduled_running_reqs})
+        self.victims.append(
+            {
+                "victim_id": victim.request_id,
+                "victim_index": self.running.index(victim),
+                "req_index": req_index,
+                "was_scheduled": victim in st.scheduled_running_reqs,
+            }
+        )
         return super()._remove_priority_victim(st, victim, req_index)
 
 
@@ -112,10 +134,15 @@ def detect_self_preemption(s: RecordingScheduler, event: str, payload: Any) -> s
 def detect_budget_exact(s: RecordingScheduler, event: str, payload: Any) -> str | None:
     if event == "schedule":
         out = payload
-        if (out.total_num_scheduled_tokens == s.config.max_num_batched_tokens and len(out.num_scheduled_tokens) > 1
-                and all(not s.requests[r].is_prefill_chunk for r in out.num_scheduled_tokens)):
-            return (f"step {s.current_step}: {len(out.num_scheduled_tokens)} requests get all they lack, "
-                    f"{out.total_num_scheduled_tokens} tokens = max_num_batched_tokens")
+        if (
+            out.total_num_scheduled_tokens == s.config.max_num_batched_tokens
+            and len(out.num_scheduled_tokens) > 1
+            and all(not s.requests[r].is_prefill_chunk for r in out.num_scheduled_tokens)
+        ):
+            return (
+                f"step {s.current_step}: {len(out.num_scheduled_tokens)} requests get all they lack, "
+                f"{out.total_num_scheduled_tokens} tokens = max_num_batched_tokens"
+            )
     return None
 
 
@@ -124,10 +151,17 @@ def detect_full_prompt_hit(s: RecordingScheduler, event: str, payload: Any) -> s
         bs = s.config.block_size
         for call in s.kv_cache_manager.calls:
             n = call["num_tokens"]
-            if (not call["refused"] and call["num_tokens"] == call["num_prompt_tokens"] and n % bs == 0
-                    and call["all_blocks_cached"] and call["hit_tokens"] == n - bs > 0):
-                return (f"step {s.current_step}: {call['request_id']}'s whole {n}-token prompt is cached, "
-                        f"the hit stops at {n - bs} tokens and its last block ({bs} tokens) is recomputed")
+            if (
+                not call["refused"]
+                and call["num_tokens"] == call["num_prompt_tokens"]
+                and n % bs == 0
+                and call["all_blocks_cached"]
+                and call["hit_tokens"] == n - bs > 0
+            ):
+                return (
+                    f"step {s.current_step}: {call['request_id']}'s whole {n}-token prompt is cached, "
+                    f"the hit stops at {n - bs} tokens and its last block ({bs} tokens) is recomputed"
+                )
     return None
 
 
@@ -136,10 +170,15 @@ def detect_max_model_len(s: RecordingScheduler, event: str, payload: Any) -> str
         before, outputs = payload
         mml = s.config.max_model_len
         for o in outputs:
-            if (o.finish_reason == "length" and before.get(o.req_id, (0, 0))[0] == mml - 1
-                    and before[o.req_id][1] + len(o.new_token_ids) < before[o.req_id][2]):
-                return (f"step {s.current_step}: {o.req_id} ran at max_model_len - 1 = {mml - 1} tokens, sampled "
-                        f"one more and stopped on max_model_len, below its max_tokens")
+            if (
+                o.finish_reason == "length"
+                and before.get(o.req_id, (0, 0))[0] == mml - 1
+                and before[o.req_id][1] + len(o.new_token_ids) < before[o.req_id][2]
+            ):
+                return (
+                    f"step {s.current_step}: {o.req_id} ran at max_model_len - 1 = {mml - 1} tokens, sampled "
+                    f"one more and stopped on max_model_len, below its max_tokens"
+                )
     return None
 
 
@@ -147,19 +186,27 @@ def detect_priority_victim_scheduled(s: RecordingScheduler, event: str, payload:
     if event == "schedule":
         for v in s.victims:
             if v["was_scheduled"] and v["victim_index"] < v["req_index"]:
-                return (f"step {s.current_step}: priority victim {v['victim_id']} had been scheduled earlier in "
-                        f"the step (index {v['victim_index']} < cursor {v['req_index']}); its tokens are given back")
+                return (
+                    f"step {s.current_step}: priority victim {v['victim_id']} had been scheduled earlier in "
+                    f"the step (index {v['victim_index']} < cursor {v['req_index']}); its tokens are given back"
+                )
     return None
 
 
 def detect_evictable_hits(s: RecordingScheduler, event: str, payload: Any) -> str | None:
     if event == "schedule":
         for call in s.kv_cache_manager.calls:
-            if (call["refused"] and call["hit_tokens"] > 0 and call["evictable"] > 0
-                    and call["needed"] - call["evictable"] <= call["num_free"]):
-                return (f"step {s.current_step}: {call['request_id']} is refused: it needs {call['needed']} blocks "
-                        f"with {call['evictable']} hit block(s) still in the free queue counted, "
-                        f"{call['num_free']} are free")
+            if (
+                call["refused"]
+                and call["hit_tokens"] > 0
+                and call["evictable"] > 0
+                and call["needed"] - call["evictable"] <= call["num_free"]
+            ):
+                return (
+                    f"step {s.current_step}: {call['request_id']} is refused: it needs {call['needed']} blocks "
+                    f"with {call['evictable']} hit block(s) still in the free queue counted, "
+                    f"{call['num_free']} are free"
+                )
     return None
 
 
@@ -185,6 +232,7 @@ def replay_detect(trace: Trace, detector: Detector) -> str | None:
 
 # ------------------------------------------------------------------ queries
 
+
 @dataclass(frozen=True)
 class Witness:
     """A named corner case: its query, its detector, and what its trace shows."""
@@ -199,72 +247,130 @@ class Witness:
 
 
 def _scheduled_all_complete(s: State, out: Outcome) -> Any:
-    return land(*(limplies(s.num_scheduled[r] > 0, s.num_computed_tokens[r] + s.num_scheduled[r] >= s.num_tokens[r])
-                  for r in s.shape.slots), count(s.num_scheduled[r] > 0 for r in s.shape.slots) >= 2)
+    return land(
+        *(
+            limplies(s.num_scheduled[r] > 0, s.num_computed_tokens[r] + s.num_scheduled[r] >= s.num_tokens[r])
+            for r in s.shape.slots
+        ),
+        count(s.num_scheduled[r] > 0 for r in s.shape.slots) >= 2,
+    )
 
 
 def _whole_prompt_hit(s: State, out: Outcome) -> Any:
     f = out.facts
     q = f["request"]
     ntok = at(s.num_tokens, q)
-    return land(f["admitted"], f["whole_prompt_cached"], eq(ntok, at(s.num_prompt_tokens, q)),
-                eq(f["hit_blocks"], fdiv(ntok, s.shape.block_size) - 1), f["hit_blocks"] >= 1)
+    return land(
+        f["admitted"],
+        f["whole_prompt_cached"],
+        eq(ntok, at(s.num_prompt_tokens, q)),
+        eq(f["hit_blocks"], fdiv(ntok, s.shape.block_size) - 1),
+        f["hit_blocks"] >= 1,
+    )
 
 
 def _evictable_refusal(s: State, out: Outcome) -> Any:
     f = out.facts
-    return land(f["refused"], f["evictable"] > 0, f["hit_blocks"] > 0,
-                f["slot_needed"] - f["evictable"] <= f["num_free_blocks"],
-                lnot(s.reserve_full_sequence))
+    return land(
+        f["refused"],
+        f["evictable"] > 0,
+        f["hit_blocks"] > 0,
+        f["slot_needed"] - f["evictable"] <= f["num_free_blocks"],
+        lnot(s.reserve_full_sequence),
+    )
 
 
 def _max_model_len_cap(s: State, out: Outcome) -> Any:
     return land(out.facts["length_capped_at_max_model_len"], eq(out.facts["num_tokens_before"], s.max_model_len - 1))
 
 
-WITNESSES: dict[str, Witness] = {w.name: w for w in (
-    Witness("self_preemption",
+WITNESSES: dict[str, Witness] = {
+    w.name: w
+    for w in (
+        Witness(
+            "self_preemption",
             "A running request needs a block, none is free, and the FCFS victim (the tail of running) is the "
             "request itself: it preempts itself and the running loop ends.",
-            Shape(3, 4, 2, "fcfs"), "running_preempt",
-            lambda s, out: out.facts["self_preempted"], detect_self_preemption),
-    Witness("budget_exhausted_exactly",
+            Shape(3, 4, 2, "fcfs"),
+            "running_preempt",
+            lambda s, out: out.facts["self_preempted"],
+            detect_self_preemption,
+        ),
+        Witness(
+            "budget_exhausted_exactly",
             "A step whose scheduled tokens add up to exactly max_num_batched_tokens while every scheduled "
             "request gets all the tokens it lacks (nobody is cut short by the budget).",
-            Shape(3, 4, 2, "fcfs"), "end_schedule",
-            lambda s, out: land(out.facts["budget_exhausted"], _scheduled_all_complete(s, out)), detect_budget_exact),
-    Witness("full_prompt_prefix_hit",
+            Shape(3, 4, 2, "fcfs"),
+            "end_schedule",
+            lambda s, out: land(out.facts["budget_exhausted"], _scheduled_all_complete(s, out)),
+            detect_budget_exact,
+        ),
+        Witness(
+            "full_prompt_prefix_hit",
             "A new request whose whole prompt (a multiple of block_size) is in the prefix cache: the hit is capped "
             "below num_tokens, so it stops one block short and that whole block is recomputed.",
-            Shape(3, 4, 2, "fcfs"), "waiting_admit", _whole_prompt_hit, detect_full_prompt_hit),
-    Witness("max_model_len_minus_one",
+            Shape(3, 4, 2, "fcfs"),
+            "waiting_admit",
+            _whole_prompt_hit,
+            detect_full_prompt_hit,
+        ),
+        Witness(
+            "max_model_len_minus_one",
             "A request runs at num_tokens = max_model_len - 1 (the longest a live request can be), samples one "
             "more token and is length-capped by max_model_len although max_tokens is not reached.",
-            Shape(3, 4, 2, "fcfs"), "append_token", _max_model_len_cap, detect_max_model_len,
-            extra=lambda s, inp: [lnot(inp["stop_token"])]),
-    Witness("priority_victim_scheduled_earlier",
+            Shape(3, 4, 2, "fcfs"),
+            "append_token",
+            _max_model_len_cap,
+            detect_max_model_len,
+            extra=lambda s, inp: [lnot(inp["stop_token"])],
+        ),
+        Witness(
+            "priority_victim_scheduled_earlier",
             "Under the priority policy a request needs a block and the victim (maximal (priority, arrival)) "
             "stands before it in running and was already scheduled in this step: it is preempted, its tokens "
             "go back to the budget and the cursor moves back.",
-            Shape(3, 4, 2, "priority"), "running_preempt",
-            lambda s, out: land(out.facts["victim_was_scheduled"], out.facts["victim_before_cursor"],
-                                lnot(out.facts["self_preempted"])), detect_priority_victim_scheduled),
-    Witness("evictable_hit_blocks_counted",
+            Shape(3, 4, 2, "priority"),
+            "running_preempt",
+            lambda s, out: land(
+                out.facts["victim_was_scheduled"], out.facts["victim_before_cursor"], lnot(out.facts["self_preempted"])
+            ),
+            detect_priority_victim_scheduled,
+        ),
+        Witness(
+            "evictable_hit_blocks_counted",
             "A waiting request's prefix hit lies in blocks that are still in the free queue; allocate_slots counts "
             "them against the free blocks (touching them takes them out of it), so the request is refused although "
             "the blocks it needs beyond its hit are free.",
-            Shape(3, 4, 2, "fcfs"), "waiting_stop", _evictable_refusal, detect_evictable_hits),
-)}
+            Shape(3, 4, 2, "fcfs"),
+            "waiting_stop",
+            _evictable_refusal,
+            detect_evictable_hits,
+        ),
+    )
+}
 
 
 def _realistic(s: State) -> list[Any]:
     """Small numbers and dense tables, so the witness reads well and seeds small workloads."""
     sh = s.shape
-    pins = [s.step < 20, s.max_num_batched_tokens <= 8, s.long_prefill_token_threshold == 0,
-            s.num_lookahead_tokens == 0, s.free_lo > -50, s.free_hi < 50, s.next_insert < 50]
+    pins = [
+        s.step < 20,
+        s.max_num_batched_tokens <= 8,
+        s.long_prefill_token_threshold == 0,
+        s.num_lookahead_tokens == 0,
+        s.free_lo > -50,
+        s.free_hi < 50,
+        s.next_insert < 50,
+    ]
     for r in sh.slots:
-        pins += [count(s.held[r][b] for b in sh.blocks) == s.num_blocks[r], s.max_tokens[r] <= 20,
-                 s.priority[r] >= 0, s.priority[r] <= 3, s.arrival_time[r] >= 0, s.arrival_time[r] <= 5]
+        pins += [
+            count(s.held[r][b] for b in sh.blocks) == s.num_blocks[r],
+            s.max_tokens[r] <= 20,
+            s.priority[r] >= 0,
+            s.priority[r] <= 3,
+            s.arrival_time[r] >= 0,
+            s.arrival_time[r] <= 5,
+        ]
     return pins
 
 
@@ -276,19 +382,32 @@ def find_witness(w: Witness, timeout_s: float = 60.0) -> tuple[State, dict[str, 
     out = transition.apply(pre, inputs)
     solver = z3.Solver()
     solver.set("timeout", int(timeout_s * 1000))
-    solver.add(*premises(pre), out.guard, *[p for p in out.premises if is_z3(p)], w.fact(pre, out),
-               *w.extra(pre, inputs), *_realistic(pre))
+    solver.add(
+        *premises(pre),
+        out.guard,
+        *[p for p in out.premises if is_z3(p)],
+        w.fact(pre, out),
+        *w.extra(pre, inputs),
+        *_realistic(pre),
+    )
     if solver.check() != z3.sat:
         return None
     model = solver.model()
     state = evaluate(pre, model)
-    values = {k: ([value_of(model.eval(x, model_completion=True)) for x in v] if isinstance(v, list)
-                  else value_of(model.eval(v, model_completion=True))) for k, v in inputs.items()}
+    values = {
+        k: (
+            [value_of(model.eval(x, model_completion=True)) for x in v]
+            if isinstance(v, list)
+            else value_of(model.eval(v, model_completion=True))
+        )
+        for k, v in inputs.items()
+    }
     facts = {k: value_of(model.eval(v, model_completion=True)) if is_z3(v) else v for k, v in out.facts.items()}
     return state, values, facts
 
 
 # ------------------------------------------------------------------ realisation
+
 
 def realise(w: Witness, state: State, tries: int = 400) -> tuple[Trace, str] | None:
     """The first workload seeded by the witness state whose trace makes the model reach the corner."""
@@ -328,7 +447,9 @@ def confirm_on_model(w: Witness, state: State, inputs: dict[str, Any]) -> str | 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: find, print, confirm and realise each witness; ``--write`` writes the traces."""
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.witnesses", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.witnesses", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--write", action="store_true", help=f"write the traces under {VECTORS}")
     parser.add_argument("--out", default=str(VECTORS), help="where --write puts them")
     parser.add_argument("--only", default="", help="comma-separated witness names")

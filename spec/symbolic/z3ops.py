@@ -119,8 +119,9 @@ class Z3Ops(LexMixin):
         """Number of true Booleans."""
         return count(xs)
 
-    def forall(self, domain: Iterable[Any], predicate: Callable[[Any], Any],
-               describe: Callable[[Any], str] | None = None) -> Any:
+    def forall(
+        self, domain: Iterable[Any], predicate: Callable[[Any], Any], describe: Callable[[Any], str] | None = None
+    ) -> Any:
         """Conjunction of ``predicate(x)`` over the finite domain; each conjunct is recorded."""
         parts = []
         for x in domain:

@@ -196,9 +196,11 @@ class PrefixCachingBlockAllocator:
         if self.cached_blocks.get(content_hash) != block_id:
             # vLLM asserts content_hash_to_evict in _cached_blocks and that it maps to the block:
             # a stale heap entry of a reused block can break both (see evictor.py).
-            raise EngineCrash("engine_evictor_stale_entry",
-                              "vLLM's evictor returned a stale entry and its allocator assertion fails",
-                              block_id=block_id)
+            raise EngineCrash(
+                "engine_evictor_stale_entry",
+                "vLLM's evictor returned a stale entry and its allocator assertion fails",
+                block_id=block_id,
+            )
         del self.cached_blocks[content_hash]
         self.refcounts[block_id] += 1
         self._track_block_id(block_id, computed=False)
@@ -216,8 +218,9 @@ class PrefixCachingBlockAllocator:
         assert block_id is not None and block.content_hash in self.cached_blocks
         self.refcounts[block_id] -= 1
         if self.refcounts[block_id] == 0:
-            self.evictor.add(block_id, block.content_hash, block.num_tokens_total,
-                             self.block_tracker[block_id].last_accessed)
+            self.evictor.add(
+                block_id, block.content_hash, block.num_tokens_total, self.block_tracker[block_id].last_accessed
+            )
             self._untrack_block_id(block_id)
         block.block_id = None
 
@@ -289,7 +292,9 @@ class PrefixCachingBlockAllocator:
         count = 0
         for block in blocks:
             h = block.content_hash
-            if block.is_full and (h is None or not self.is_block_cached(block) or self.cached_blocks[h] in self.evictor):
+            if block.is_full and (
+                h is None or not self.is_block_cached(block) or self.cached_blocks[h] in self.evictor
+            ):
                 count += 1
         return count
 
@@ -313,9 +318,12 @@ class PrefixCachingBlockAllocator:
             tracker = self.block_tracker.get(block_id)
             if tracker is None:
                 # vLLM indexes its GPU tracker with a CPU block id: KeyError.
-                raise EngineCrash("engine_abort_swapped_prefix_cache",
-                                  "vLLM marks a swapped sequence's CPU blocks as accessed on the GPU allocator "
-                                  "(KeyError) when it is freed", block_id=block_id)
+                raise EngineCrash(
+                    "engine_abort_swapped_prefix_cache",
+                    "vLLM marks a swapped sequence's CPU blocks as accessed on the GPU allocator "
+                    "(KeyError) when it is freed",
+                    block_id=block_id,
+                )
             if tracker.active:
                 tracker.last_accessed = now
             elif block_id in self.evictor:
@@ -340,6 +348,7 @@ class PrefixCachingBlockAllocator:
         block evicted before a deeper one), the bisection answers what vLLM
         answers, not the true prefix.
         """
+
         def is_uncached(h: bytes) -> bool:
             block_id = self.cached_blocks.get(h)
             return block_id is None or not self.block_is_computed(block_id)

@@ -55,13 +55,13 @@ class BlockTable:
             # Naive allocates every full block's id first, then builds them (same order).
             ids = [allocator.allocate_block_id() for _ in range(num_full)]
             for i, block_id in enumerate(ids):
-                prev = Block(prev, bs, list(token_ids[i * bs:(i + 1) * bs]), block_id)
+                prev = Block(prev, bs, list(token_ids[i * bs : (i + 1) * bs]), block_id)
                 self.blocks.append(prev)
         else:
             for i in range(num_full):
-                prev = allocator.allocate_immutable_block(prev, list(token_ids[i * bs:(i + 1) * bs]), bs)
+                prev = allocator.allocate_immutable_block(prev, list(token_ids[i * bs : (i + 1) * bs]), bs)
                 self.blocks.append(prev)
-        tail = token_ids[num_full * bs:]
+        tail = token_ids[num_full * bs :]
         if tail:
             block = allocator.allocate_mutable_block(prev, bs)
             allocator.append_token_ids(block, list(tail))
@@ -70,7 +70,7 @@ class BlockTable:
 
     def get_unseen_token_ids(self, sequence_token_ids: list[int]) -> list[int]:
         """The tokens of the sequence not yet in the table."""
-        return sequence_token_ids[self.num_full_slots:]
+        return sequence_token_ids[self.num_full_slots :]
 
     def get_num_blocks_touched_by_append_slots(self, num_token_ids: int) -> int:
         """``1 + ceil((k - first_chunk) / block_size)``: 1 for any decode, 0 or 1 for none."""
@@ -88,7 +88,7 @@ class BlockTable:
         first_chunk_size = self.block_size - (self.num_full_slots % self.block_size)
         chunks = [token_ids[:first_chunk_size]] if token_ids else []
         rest = token_ids[first_chunk_size:]
-        chunks += [rest[i:i + self.block_size] for i in range(0, len(rest), self.block_size)]
+        chunks += [rest[i : i + self.block_size] for i in range(0, len(rest), self.block_size)]
         for i, chunk in enumerate(chunks):
             allocator.append_token_ids(self.blocks[index + i], list(chunk))
         self.num_full_slots += len(token_ids)
@@ -121,7 +121,7 @@ class ComputedBlocksTracker:
         parent = hashes[-1] if hashes else NONE_HASH
         bs = self.block_size
         for i in range(len(hashes), len(token_ids) // bs):
-            parent = compute_block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            parent = compute_block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)
         self.seq_id_to_blocks_hashes[seq.seq_id] = hashes
 
@@ -142,10 +142,12 @@ class ComputedBlocksTracker:
             return
         if seq_id not in self.seq_id_to_blocks_hashes or seq_id not in self.seq_id_to_num_tokens_computed:
             # vLLM asserts the sequence is tracked.
-            raise EngineCrash("engine_computed_blocks_tracker_assertion",
-                              "vLLM's ComputedBlocksTracker.remove_seq asserts on a sequence it no longer tracks "
-                              "(a swapped decode dropped from the tracker twice, or freed after being dropped)",
-                              seq_id=seq_id)
+            raise EngineCrash(
+                "engine_computed_blocks_tracker_assertion",
+                "vLLM's ComputedBlocksTracker.remove_seq asserts on a sequence it no longer tracks "
+                "(a swapped decode dropped from the tracker twice, or freed after being dropped)",
+                seq_id=seq_id,
+            )
         del self.seq_id_to_blocks_hashes[seq_id]
         del self.seq_id_to_num_tokens_computed[seq_id]
 
@@ -153,8 +155,9 @@ class ComputedBlocksTracker:
 class SelfAttnBlockSpaceManager:
     """Allocation, appends, swaps and prefix-cache bookkeeping for every sequence."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 watermark_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int, enable_caching: bool
+    ) -> None:
         self.block_size = block_size
         self.num_total_gpu_blocks = num_gpu_blocks
         self.num_total_cpu_blocks = num_cpu_blocks
@@ -185,8 +188,13 @@ class SelfAttnBlockSpaceManager:
         """Blocks for the whole (re-)prefill, worst case (prefix hits ignored), above the watermark."""
         seq = seq_group.get_seqs(SequenceStatus.WAITING)[0]
         required = cdiv(seq.get_len(), self.block_size)
-        return self._decide(self.num_total_gpu_blocks, self.gpu_allocator.get_num_free_blocks(), required,
-                            self.watermark_blocks, never_if_below=True)
+        return self._decide(
+            self.num_total_gpu_blocks,
+            self.gpu_allocator.get_num_free_blocks(),
+            required,
+            self.watermark_blocks,
+            never_if_below=True,
+        )
 
     def allocate(self, seq_group: SequenceGroup) -> None:
         """A table for the waiting sequence's tokens (``allocate``)."""
@@ -203,7 +211,9 @@ class SelfAttnBlockSpaceManager:
         touched = 0
         for seq in seq_group.get_seqs(SequenceStatus.RUNNING):
             table = self.block_tables[seq.seq_id]
-            touched += table.get_num_blocks_touched_by_append_slots(len(table.get_unseen_token_ids(seq.get_token_ids())))
+            touched += table.get_num_blocks_touched_by_append_slots(
+                len(table.get_unseen_token_ids(seq.get_token_ids()))
+            )
         return touched <= self.gpu_allocator.get_num_free_blocks()
 
     def append_slots(self, seq: SequenceGroup) -> list[tuple[int, int]]:
@@ -247,29 +257,35 @@ class SelfAttnBlockSpaceManager:
         """The first ``cached_tokens // block_size`` blocks of the (single) sequence."""
         num_cached_tokens = self.get_num_cached_tokens(seq)
         assert num_cached_tokens % self.block_size == 0
-        return self.block_tables[seq.seq_id].physical_block_ids[:num_cached_tokens // self.block_size]
+        return self.block_tables[seq.seq_id].physical_block_ids[: num_cached_tokens // self.block_size]
 
     # -- swapping
-    def _can_swap(self, seq_group: SequenceGroup, allocator: Allocator, total: int, status: SequenceStatus,
-                  watermark: int) -> AllocStatus:
+    def _can_swap(
+        self, seq_group: SequenceGroup, allocator: Allocator, total: int, status: SequenceStatus, watermark: int
+    ) -> AllocStatus:
         touched = 0
         blocks: list[Block] = []
         for seq in seq_group.get_seqs(status):
             table = self.block_tables[seq.seq_id]
-            touched += table.get_num_blocks_touched_by_append_slots(len(table.get_unseen_token_ids(seq.get_token_ids())))
+            touched += table.get_num_blocks_touched_by_append_slots(
+                len(table.get_unseen_token_ids(seq.get_token_ids()))
+            )
             blocks.extend(table.blocks)
         touched += allocator.get_num_full_blocks_touched(blocks)
         return self._decide(total, allocator.get_num_free_blocks(), touched, watermark, never_if_below=False)
 
     def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
-        return self._can_swap(seq_group, self.gpu_allocator, self.num_total_gpu_blocks, SequenceStatus.SWAPPED,
-                              self.watermark_blocks)
+        return self._can_swap(
+            seq_group, self.gpu_allocator, self.num_total_gpu_blocks, SequenceStatus.SWAPPED, self.watermark_blocks
+        )
 
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
         status = self._can_swap(seq_group, self.cpu_allocator, self.num_total_cpu_blocks, SequenceStatus.RUNNING, 0)
         return status is AllocStatus.OK
 
-    def _swap(self, seq_group: SequenceGroup, status: SequenceStatus, src: Allocator, dst: Allocator) -> list[tuple[int, int]]:
+    def _swap(
+        self, seq_group: SequenceGroup, status: SequenceStatus, src: Allocator, dst: Allocator
+    ) -> list[tuple[int, int]]:
         mapping: list[tuple[int, int]] = []
         offset = self.num_total_gpu_blocks
         for seq in seq_group.get_seqs(status):
@@ -284,7 +300,9 @@ class SelfAttnBlockSpaceManager:
                 assert s is not None and d is not None, "a swapped block has an id on both devices"
                 pairs[s] = d
             # Physical ids: GPU ids as they are, CPU ids relative to the CPU pool.
-            mapping.extend((s - offset if s >= offset else s, d - offset if d >= offset else d) for s, d in pairs.items())
+            mapping.extend(
+                (s - offset if s >= offset else s, d - offset if d >= offset else d) for s, d in pairs.items()
+            )
         return mapping
 
     def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:

@@ -29,8 +29,10 @@ class SchedulingBudget:
     def can_schedule(self, num_new_tokens: int, num_new_seqs: int) -> bool:
         """Do ``num_new_tokens`` uncached tokens and ``num_new_seqs`` seats still fit?"""
         assert num_new_tokens >= 0 and num_new_seqs != 0
-        return (self.num_batched_tokens + num_new_tokens <= self.token_budget
-                and self.num_curr_seqs + num_new_seqs <= self.max_num_seqs)
+        return (
+            self.num_batched_tokens + num_new_tokens <= self.token_budget
+            and self.num_curr_seqs + num_new_seqs <= self.max_num_seqs
+        )
 
     def remaining_token_budget(self) -> int:
         return self.token_budget - self.num_batched_tokens
@@ -75,17 +77,20 @@ class PartialPrefillMetadata:
 
     def can_schedule(self, seq_group: SequenceGroup) -> bool:
         """False for a long prompt once the long quota is used (only with partial prefills > 1)."""
-        return not (self._is_long(seq_group)
-                    and self.long_prefills >= self.config.max_long_partial_prefills
-                    and self.config.max_num_partial_prefills > 1)
+        return not (
+            self._is_long(seq_group)
+            and self.long_prefills >= self.config.max_long_partial_prefills
+            and self.config.max_num_partial_prefills > 1
+        )
 
     def maybe_increment_partial_prefills(self, seq_group: SequenceGroup) -> None:
         if self._is_long(seq_group):
             self.long_prefills += 1
 
     @classmethod
-    def from_queues(cls, running: list[SequenceGroup], waiting: list[SequenceGroup],
-                    config: V0SchedulerConfig) -> PartialPrefillMetadata:
+    def from_queues(
+        cls, running: list[SequenceGroup], waiting: list[SequenceGroup], config: V0SchedulerConfig
+    ) -> PartialPrefillMetadata:
         """Count running prefills, then peek into waiting up to ``max_num_partial_prefills``."""
         threshold = config.effective_long_prefill_token_threshold
         prefills = long_prefills = waiting_long_prefills = 0

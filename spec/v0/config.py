@@ -43,62 +43,155 @@ class V0SchedulerConfig:
 
     def __post_init__(self) -> None:
         self._require_types()
-        require(self.block_size >= 1, InvalidConfig, "invalid_block_size",
-                "block_size must be >= 1", field="block_size", value=self.block_size)
-        require(self.num_gpu_blocks >= 1, InvalidConfig, "invalid_num_gpu_blocks",
-                "num_gpu_blocks must be >= 1", field="num_gpu_blocks", value=self.num_gpu_blocks)
-        require(self.num_cpu_blocks >= 0, InvalidConfig, "invalid_num_cpu_blocks",
-                "num_cpu_blocks must be >= 0", field="num_cpu_blocks", value=self.num_cpu_blocks)
-        require(self.max_num_batched_tokens >= 1, InvalidConfig, "invalid_token_budget",
-                "max_num_batched_tokens must be >= 1", value=self.max_num_batched_tokens)
-        require(self.max_num_seqs >= 1, InvalidConfig, "invalid_max_num_seqs",
-                "max_num_seqs must be >= 1", value=self.max_num_seqs)
-        require(self.max_model_len >= 1, InvalidConfig, "invalid_max_model_len",
-                "max_model_len must be >= 1", value=self.max_model_len)
-        require(self.long_prefill_token_threshold >= 0, InvalidConfig, "invalid_threshold",
-                "long_prefill_token_threshold must be >= 0", value=self.long_prefill_token_threshold)
+        require(
+            self.block_size >= 1,
+            InvalidConfig,
+            "invalid_block_size",
+            "block_size must be >= 1",
+            field="block_size",
+            value=self.block_size,
+        )
+        require(
+            self.num_gpu_blocks >= 1,
+            InvalidConfig,
+            "invalid_num_gpu_blocks",
+            "num_gpu_blocks must be >= 1",
+            field="num_gpu_blocks",
+            value=self.num_gpu_blocks,
+        )
+        require(
+            self.num_cpu_blocks >= 0,
+            InvalidConfig,
+            "invalid_num_cpu_blocks",
+            "num_cpu_blocks must be >= 0",
+            field="num_cpu_blocks",
+            value=self.num_cpu_blocks,
+        )
+        require(
+            self.max_num_batched_tokens >= 1,
+            InvalidConfig,
+            "invalid_token_budget",
+            "max_num_batched_tokens must be >= 1",
+            value=self.max_num_batched_tokens,
+        )
+        require(
+            self.max_num_seqs >= 1,
+            InvalidConfig,
+            "invalid_max_num_seqs",
+            "max_num_seqs must be >= 1",
+            value=self.max_num_seqs,
+        )
+        require(
+            self.max_model_len >= 1,
+            InvalidConfig,
+            "invalid_max_model_len",
+            "max_model_len must be >= 1",
+            value=self.max_model_len,
+        )
+        require(
+            self.long_prefill_token_threshold >= 0,
+            InvalidConfig,
+            "invalid_threshold",
+            "long_prefill_token_threshold must be >= 0",
+            value=self.long_prefill_token_threshold,
+        )
         # SchedulerConfig._verify_args, in its order.
-        require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
-                InvalidConfig, "budget_below_max_model_len",
-                "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
-                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
-        require(self.max_num_batched_tokens >= self.max_num_seqs, InvalidConfig, "budget_below_max_num_seqs",
-                "max_num_batched_tokens must be >= max_num_seqs",
-                max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
-        require(self.max_num_partial_prefills >= 1, InvalidConfig, "invalid_max_num_partial_prefills",
-                "max_num_partial_prefills must be >= 1", value=self.max_num_partial_prefills)
+        require(
+            self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+            InvalidConfig,
+            "budget_below_max_model_len",
+            "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
+        require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            InvalidConfig,
+            "budget_below_max_num_seqs",
+            "max_num_batched_tokens must be >= max_num_seqs",
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+        )
+        require(
+            self.max_num_partial_prefills >= 1,
+            InvalidConfig,
+            "invalid_max_num_partial_prefills",
+            "max_num_partial_prefills must be >= 1",
+            value=self.max_num_partial_prefills,
+        )
         if self.max_num_partial_prefills > 1:
-            require(self.enable_chunked_prefill, InvalidConfig, "partial_prefills_without_chunked_prefill",
-                    "max_num_partial_prefills > 1 needs chunked prefill", value=self.max_num_partial_prefills)
-            require(self.long_prefill_token_threshold <= self.max_model_len, InvalidConfig,
-                    "threshold_above_max_model_len",
-                    "long_prefill_token_threshold must be <= max_model_len",
-                    threshold=self.long_prefill_token_threshold, max_model_len=self.max_model_len)
-        require(1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills, InvalidConfig,
-                "invalid_max_long_partial_prefills",
-                "max_long_partial_prefills must be in [1, max_num_partial_prefills]",
-                value=self.max_long_partial_prefills)
+            require(
+                self.enable_chunked_prefill,
+                InvalidConfig,
+                "partial_prefills_without_chunked_prefill",
+                "max_num_partial_prefills > 1 needs chunked prefill",
+                value=self.max_num_partial_prefills,
+            )
+            require(
+                self.long_prefill_token_threshold <= self.max_model_len,
+                InvalidConfig,
+                "threshold_above_max_model_len",
+                "long_prefill_token_threshold must be <= max_model_len",
+                threshold=self.long_prefill_token_threshold,
+                max_model_len=self.max_model_len,
+            )
+        require(
+            1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills,
+            InvalidConfig,
+            "invalid_max_long_partial_prefills",
+            "max_long_partial_prefills must be in [1, max_num_partial_prefills]",
+            value=self.max_long_partial_prefills,
+        )
         # worker.raise_if_cache_size_invalid: the engine does not start.
-        require(self.max_model_len <= self.block_size * self.num_gpu_blocks, InvalidConfig,
-                "pool_below_max_model_len",
-                "block_size * num_gpu_blocks must be >= max_model_len",
-                num_gpu_blocks=self.num_gpu_blocks, block_size=self.block_size, max_model_len=self.max_model_len)
+        require(
+            self.max_model_len <= self.block_size * self.num_gpu_blocks,
+            InvalidConfig,
+            "pool_below_max_model_len",
+            "block_size * num_gpu_blocks must be >= max_model_len",
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
 
     def _require_types(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("enable_chunked_prefill", "enable_prefix_caching"):
-                require(isinstance(value, bool), InvalidConfig, "invalid_config_type",
-                        f"{f.name} must be a boolean", field=f.name, value=value)
+                require(
+                    isinstance(value, bool),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be a boolean",
+                    field=f.name,
+                    value=value,
+                )
             elif f.name == "policy":
-                require(value in ("fcfs", "priority"), InvalidConfig, "invalid_policy",
-                        "policy must be 'fcfs' or 'priority'", field=f.name, value=value)
+                require(
+                    value in ("fcfs", "priority"),
+                    InvalidConfig,
+                    "invalid_policy",
+                    "policy must be 'fcfs' or 'priority'",
+                    field=f.name,
+                    value=value,
+                )
             elif f.name == "preemption_mode":
-                require(value in (None, "swap", "recompute"), InvalidConfig, "invalid_preemption_mode",
-                        "preemption_mode must be null, 'swap' or 'recompute'", field=f.name, value=value)
+                require(
+                    value in (None, "swap", "recompute"),
+                    InvalidConfig,
+                    "invalid_preemption_mode",
+                    "preemption_mode must be null, 'swap' or 'recompute'",
+                    field=f.name,
+                    value=value,
+                )
             else:
-                require(isinstance(value, int) and not isinstance(value, bool), InvalidConfig,
-                        "invalid_config_type", f"{f.name} must be an integer", field=f.name, value=value)
+                require(
+                    isinstance(value, int) and not isinstance(value, bool),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be an integer",
+                    field=f.name,
+                    value=value,
+                )
 
     @property
     def effective_long_prefill_token_threshold(self) -> int:
@@ -121,10 +214,19 @@ class V0SchedulerConfig:
         """Build a config from a dict that has exactly the known fields."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
-        require(not unknown, InvalidConfig, "unknown_config_field",
-                f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                fields=unknown)
+        require(
+            not unknown,
+            InvalidConfig,
+            "unknown_config_field",
+            f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            fields=unknown,
+        )
         missing = sorted(known - set(data))
-        require(not missing, InvalidConfig, "missing_config_field",
-                f"missing config field(s): {', '.join(missing)}", fields=missing)
+        require(
+            not missing,
+            InvalidConfig,
+            "missing_config_field",
+            f"missing config field(s): {', '.join(missing)}",
+            fields=missing,
+        )
         return cls(**data)

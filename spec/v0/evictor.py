@@ -80,8 +80,9 @@ class LRUEvictor:
 
     def get_eviction_order(self) -> list[int]:
         """Free block ids in the order ``evict`` would hand them out (ignoring stale heap entries)."""
-        return sorted(self.free_table, key=lambda b: (self.free_table[b].last_accessed,
-                                                      -self.free_table[b].num_hashed_tokens, b))
+        return sorted(
+            self.free_table, key=lambda b: (self.free_table[b].last_accessed, -self.free_table[b].num_hashed_tokens, b)
+        )
 
     def _cleanup(self) -> None:
         """Rebuild the heap from ``free_table`` (drops every stale entry)."""

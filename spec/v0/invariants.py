@@ -49,7 +49,9 @@ def inv_cpu_block_conservation(s: Any, o: Any) -> Any:
 def inv_ref_count_matches_tables(s: Any, o: Any) -> Any:
     """Every block's ref count equals the number of block tables holding it; no table outlives its group."""
     return o.and_(
-        o.forall([*s.gpu_blocks, *s.cpu_blocks], lambda b: o.eq(s.refcount(b), s.num_holders(b)), lambda b: f"block {b}"),
+        o.forall(
+            [*s.gpu_blocks, *s.cpu_blocks], lambda b: o.eq(s.refcount(b), s.num_holders(b)), lambda b: f"block {b}"
+        ),
         o.eq(s.orphan_tables, 0),
     )
 
@@ -64,14 +66,18 @@ def inv_prefix_cache_map(s: Any, o: Any) -> Any:
 
 def inv_one_queue(s: Any, o: Any) -> Any:
     """A live group sits in exactly one queue, once, and its status fits it (a SWAPPED group in waiting is vLLM's priority-swap bug)."""
+
     def fits(r: str) -> Any:
         total = s.queue_count(r, QUEUE_WAITING) + s.queue_count(r, QUEUE_RUNNING) + s.queue_count(r, QUEUE_SWAPPED)
         return o.and_(
             o.eq(total, 1),
             o.implies(o.eq(s.queue_count(r, QUEUE_RUNNING), 1), o.eq(s.status(r), RUNNING)),
             o.implies(o.eq(s.queue_count(r, QUEUE_SWAPPED), 1), o.eq(s.status(r), SWAPPED)),
-            o.implies(o.eq(s.queue_count(r, QUEUE_WAITING), 1), o.or_(o.eq(s.status(r), WAITING), o.eq(s.status(r), SWAPPED))),
+            o.implies(
+                o.eq(s.queue_count(r, QUEUE_WAITING), 1), o.or_(o.eq(s.status(r), WAITING), o.eq(s.status(r), SWAPPED))
+            ),
         )
+
     return o.forall(s.groups, fits, lambda r: f"request {r}")
 
 
@@ -130,10 +136,12 @@ def inv_step_budget(s: Any, o: Any) -> Any:
 
 def inv_victim_order(s: Any, o: Any) -> Any:
     """A victim is the tail of running (itself when running is empty); priority preemption takes the tail of running sorted by (priority, arrival)."""
+
     def right(p: Any) -> Any:
         if p.candidates:
             return o.eq(p.victim_id, p.candidates[-1])
         return o.eq(p.victim_id, p.requester_id)
+
     return o.forall(s.preemptions, right, lambda p: f"preemption of {p.victim_id} for {p.requester_id}")
 
 
@@ -168,5 +176,9 @@ def check_invariants(scheduler: Any, names: list[str] | None = None) -> None:
         ops = ConcreteOps()
         if not INVARIANTS[name](view, ops):
             subject = " / ".join(reversed(ops.failures)) or "the step as a whole"
-            raise InvariantViolation(invariant=name, step=view.step, subject=subject,
-                                     message=f"{get_rule(name)} Violated by {subject} at step {view.step}.")
+            raise InvariantViolation(
+                invariant=name,
+                step=view.step,
+                subject=subject,
+                message=f"{get_rule(name)} Violated by {subject} at step {view.step}.",
+            )

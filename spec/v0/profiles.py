@@ -29,6 +29,7 @@ def get_v0_profile(name: str | V0Profile) -> V0Profile:
     if isinstance(name, V0Profile):
         return name
     if name not in V0_PROFILES:
-        raise InvalidConfig("unknown_profile", f"unknown v0 profile {name!r}; known: {', '.join(sorted(V0_PROFILES))}",
-                            profile=name)
+        raise InvalidConfig(
+            "unknown_profile", f"unknown v0 profile {name!r}; known: {', '.join(sorted(V0_PROFILES))}", profile=name
+        )
     return V0_PROFILES[name]

@@ -25,8 +25,10 @@ def render_v0_scheduler_output(output: V0SchedulerOutput) -> str:
           decode r0 +1 blocks=[0 1]
           preempted: 1
     """
-    lines = [f"step {output.step}: {len(output.scheduled_seq_groups)} group(s) ({output.num_prefill_groups} prefill), "
-             f"{output.num_batched_tokens} token(s), running={output.running_queue_size}"]
+    lines = [
+        f"step {output.step}: {len(output.scheduled_seq_groups)} group(s) ({output.num_prefill_groups} prefill), "
+        f"{output.num_batched_tokens} token(s), running={output.running_queue_size}"
+    ]
     for g in output.scheduled_seq_groups:
         kind = "prompt" if g.is_prompt else "decode"
         line = f"  {kind} {g.request_id} +{g.token_chunk_size}{'' if g.do_sample else ' no-sample'} blocks={_ids(g.block_table)}"
@@ -64,5 +66,7 @@ def render_v0_queues(queues: dict[str, Any]) -> str:
     """The three queues in order, then each live group's counters."""
     lines = [f"{name}: {' '.join(queues[name]) or '-'}" for name in ("waiting", "running", "swapped")]
     for rid, g in queues["groups"].items():
-        lines.append(f"{rid}: {g['status']} {g['stage']} computed={g['num_computed_tokens']} len={g['len']} outputs={g['outputs']}")
+        lines.append(
+            f"{rid}: {g['status']} {g['stage']} computed={g['num_computed_tokens']} len={g['len']} outputs={g['outputs']}"
+        )
     return "\n".join(lines)

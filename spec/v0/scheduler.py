@@ -112,14 +112,19 @@ class Scheduler:
         self.profile = get_v0_profile(profile)
         self.config = config
         self.block_manager = SelfAttnBlockSpaceManager(
-            config.block_size, config.num_gpu_blocks, config.num_cpu_blocks,
-            config.watermark_blocks, config.enable_prefix_caching)
+            config.block_size,
+            config.num_gpu_blocks,
+            config.num_cpu_blocks,
+            config.watermark_blocks,
+            config.enable_prefix_caching,
+        )
         self.waiting: deque[SequenceGroup] = deque()
         self.running: deque[SequenceGroup] = deque()
         self.swapped: deque[SequenceGroup] = deque()
         self._finished_requests_ids: list[str] = []
         self.partial_prefill_budget_lookup_list = [config.max_num_batched_tokens] + [
-            config.max_num_batched_tokens // i for i in range(1, config.max_num_partial_prefills + 1)]
+            config.max_num_batched_tokens // i for i in range(1, config.max_num_partial_prefills + 1)
+        ]
         self.seen_request_ids: set[str] = set()
         self.next_seq_id = 0
         self.current_step = 0
@@ -135,8 +140,9 @@ class Scheduler:
 
     def _require_alive(self) -> None:
         if self.crashed is not None:
-            raise EngineCrash("engine_dead", f"the engine died at an earlier call ({self.crashed})",
-                              crashed=self.crashed)
+            raise EngineCrash(
+                "engine_dead", f"the engine died at an earlier call ({self.crashed})", crashed=self.crashed
+            )
 
     def _crash(self, exc: EngineCrash) -> EngineCrash:
         self.crashed = exc.code
@@ -167,35 +173,98 @@ class Scheduler:
         """
         self._require_alive()
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
-            require(not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"), InvalidEvent,
-                    "invalid_field_type", f"{name} must be a list of token ids", request_id=request_id, field=name)
-        require(isinstance(ignore_eos, bool), InvalidEvent, "invalid_field_type", "ignore_eos must be a boolean",
-                request_id=request_id, field="ignore_eos")
+            require(
+                not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"),
+                InvalidEvent,
+                "invalid_field_type",
+                f"{name} must be a list of token ids",
+                request_id=request_id,
+                field=name,
+            )
+        require(
+            isinstance(ignore_eos, bool),
+            InvalidEvent,
+            "invalid_field_type",
+            "ignore_eos must be a boolean",
+            request_id=request_id,
+            field="ignore_eos",
+        )
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
-        require(isinstance(request_id, str) and request_id != "", InvalidEvent, "invalid_request_id",
-                "request id must be a non-empty string", request_id=request_id)
-        require(self._find_live(request_id) is None, InvalidEvent, "duplicate_request_id",
-                f"request {request_id!r} is already queued", request_id=request_id)
+        require(
+            isinstance(request_id, str) and request_id != "",
+            InvalidEvent,
+            "invalid_request_id",
+            "request id must be a non-empty string",
+            request_id=request_id,
+        )
+        require(
+            self._find_live(request_id) is None,
+            InvalidEvent,
+            "duplicate_request_id",
+            f"request {request_id!r} is already queued",
+            request_id=request_id,
+        )
         require(len(prompt) > 0, InvalidEvent, "empty_prompt", "the prompt has no tokens", request_id=request_id)
-        require(len(prompt) <= self.config.max_model_len, InvalidEvent, "prompt_too_long",
-                f"prompt of {len(prompt)} tokens is longer than max_model_len={self.config.max_model_len}",
-                request_id=request_id, prompt_len=len(prompt))
+        require(
+            len(prompt) <= self.config.max_model_len,
+            InvalidEvent,
+            "prompt_too_long",
+            f"prompt of {len(prompt)} tokens is longer than max_model_len={self.config.max_model_len}",
+            request_id=request_id,
+            prompt_len=len(prompt),
+        )
         for name, number in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            require(isinstance(number, int) and not isinstance(number, bool), InvalidEvent,
-                    "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
+            require(
+                isinstance(number, int) and not isinstance(number, bool),
+                InvalidEvent,
+                "invalid_field_type",
+                f"{name} must be an integer",
+                request_id=request_id,
+                field=name,
+            )
         # LLMEngine.add_request: "Got priority ... but Priority scheduling is not enabled."
-        require(priority == 0 or self.config.policy == "priority", InvalidEvent, "priority_without_priority_policy",
-                "a priority other than 0 needs policy 'priority'", request_id=request_id, priority=priority)
-        require(is_arrival_time(arrival_time), InvalidEvent, "invalid_field_type",
-                "arrival_time must be a finite number", request_id=request_id, field="arrival_time")
-        require(max_tokens >= 1, InvalidEvent, "invalid_max_tokens", "max_tokens must be >= 1",
-                request_id=request_id, max_tokens=max_tokens)
-        require(0 <= min_tokens <= max_tokens, InvalidEvent, "invalid_min_tokens",
-                "min_tokens must be in [0, max_tokens]", request_id=request_id, min_tokens=min_tokens)
+        require(
+            priority == 0 or self.config.policy == "priority",
+            InvalidEvent,
+            "priority_without_priority_policy",
+            "a priority other than 0 needs policy 'priority'",
+            request_id=request_id,
+            priority=priority,
+        )
+        require(
+            is_arrival_time(arrival_time),
+            InvalidEvent,
+            "invalid_field_type",
+            "arrival_time must be a finite number",
+            request_id=request_id,
+            field="arrival_time",
+        )
+        require(
+            max_tokens >= 1,
+            InvalidEvent,
+            "invalid_max_tokens",
+            "max_tokens must be >= 1",
+            request_id=request_id,
+            max_tokens=max_tokens,
+        )
+        require(
+            0 <= min_tokens <= max_tokens,
+            InvalidEvent,
+            "invalid_min_tokens",
+            "min_tokens must be in [0, max_tokens]",
+            request_id=request_id,
+            min_tokens=min_tokens,
+        )
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
-            require(is_token_id(token), InvalidEvent, "invalid_token_id",
-                    f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id, token=token)
+            require(
+                is_token_id(token),
+                InvalidEvent,
+                "invalid_token_id",
+                f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
+                request_id=request_id,
+                token=token,
+            )
         group = SequenceGroup(
             request_id=request_id,
             seq_id=self.next_seq_id,
@@ -222,8 +291,13 @@ class Scheduler:
         EngineCrash where vLLM crashes while freeing (README.md, "Engine crashes").
         """
         self._require_alive()
-        require(request_id in self.seen_request_ids, InvalidEvent, "unknown_request_id",
-                f"abort of request {request_id!r}, which was never added", request_id=request_id)
+        require(
+            request_id in self.seen_request_ids,
+            InvalidEvent,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+            request_id=request_id,
+        )
         try:
             return self.abort_seq_group([request_id])
         except EngineCrash as exc:
@@ -253,9 +327,13 @@ class Scheduler:
         EngineCrash where vLLM's scheduler crashes (README.md).
         """
         self._require_alive()
-        require(self.pending is None, InvalidEvent, "output_not_processed",
-                f"schedule() called before update_from_output() for step {self.current_step}",
-                step=self.current_step)
+        require(
+            self.pending is None,
+            InvalidEvent,
+            "output_not_processed",
+            f"schedule() called before update_from_output() for step {self.current_step}",
+            step=self.current_step,
+        )
         self.current_step += 1
         self._preemptions = []
         try:
@@ -273,12 +351,12 @@ class Scheduler:
             sg, chunk = scheduled.seq_group, scheduled.token_chunk_size
             block_table = self.block_manager.get_block_table(sg)
             self.block_manager.access_all_blocks_in_seq(sg, now)
-            computed = (self.block_manager.get_common_computed_block_ids(sg)
-                        if self.config.enable_prefix_caching else [])
+            computed = self.block_manager.get_common_computed_block_ids(sg) if self.config.enable_prefix_caching else []
             is_prompt = sg.is_prefill()
             do_sample = not (is_prompt and chunk + sg.num_computed_tokens < sg.get_len())
-            groups.append((sg, ScheduledSeqGroup(sg.request_id, chunk, is_prompt, do_sample,
-                                                  tuple(block_table), tuple(computed))))
+            groups.append(
+                (sg, ScheduledSeqGroup(sg.request_id, chunk, is_prompt, do_sample, tuple(block_table), tuple(computed)))
+            )
         if groups:
             self.block_manager.mark_blocks_as_computed()
         output = V0SchedulerOutput(
@@ -295,8 +373,14 @@ class Scheduler:
             preempted=outputs["preempted"],
             finished_requests_ids=tuple(self.get_and_reset_finished_requests_ids()),
         )
-        record = StepRecord(output, groups, list(outputs["ignored_seq_groups"]), list(self._preemptions),
-                            budget.num_batched_tokens, budget.num_curr_seqs)
+        record = StepRecord(
+            output,
+            groups,
+            list(outputs["ignored_seq_groups"]),
+            list(self._preemptions),
+            budget.num_batched_tokens,
+            budget.num_curr_seqs,
+        )
         self.pending = self.last_step = record
         return output
 
@@ -347,7 +431,10 @@ class Scheduler:
         return not self.swapped
 
     def _schedule_running_then_swapped(
-        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None,
+        self,
+        budget: SchedulingBudget,
+        enable_chunking: bool,
+        ppm: PartialPrefillMetadata | None = None,
     ) -> tuple[SchedulerRunningOutputs, SchedulerSwappedInOutputs]:
         """Both policies: the running groups first, then swap-ins, only in a step that preempted nobody."""
         running_scheduled = self._schedule_running(budget, enable_chunking=enable_chunking, ppm=ppm)
@@ -371,10 +458,16 @@ class Scheduler:
         self.running.extend(self._order_finishing_prefills_first(running_scheduled.prefill_seq_groups))
         self.running.extend(s.seq_group for s in prefills.seq_groups)
         self.swapped.extend(running_scheduled.swapped_out)
-        scheduled = [*prefills.seq_groups, *running_scheduled.prefill_seq_groups, *swapped_in.prefill_seq_groups,
-                     *running_scheduled.decode_seq_groups, *swapped_in.decode_seq_groups]
-        num_prefill_groups = (len(prefills.seq_groups) + len(swapped_in.prefill_seq_groups)
-                              + len(running_scheduled.prefill_seq_groups))
+        scheduled = [
+            *prefills.seq_groups,
+            *running_scheduled.prefill_seq_groups,
+            *swapped_in.prefill_seq_groups,
+            *running_scheduled.decode_seq_groups,
+            *swapped_in.decode_seq_groups,
+        ]
+        num_prefill_groups = (
+            len(prefills.seq_groups) + len(swapped_in.prefill_seq_groups) + len(running_scheduled.prefill_seq_groups)
+        )
         return {
             "scheduled_seq_groups": scheduled,
             "num_prefill_groups": num_prefill_groups,
@@ -394,15 +487,17 @@ class Scheduler:
 
     # ------------------------------------------------------------- the loops
 
-    def _schedule_running(self, budget: SchedulingBudget, enable_chunking: bool,
-                          ppm: PartialPrefillMetadata | None = None) -> SchedulerRunningOutputs:
+    def _schedule_running(
+        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None
+    ) -> SchedulerRunningOutputs:
         """Walk ``running`` front to back; preempt from the tail when blocks run short."""
         ret = SchedulerRunningOutputs()
         queue = self.running
         while queue:
             sg = queue[0]
             num_running_tokens, _ = self._get_num_new_uncached_and_cached_tokens(
-                sg, SequenceStatus.RUNNING, enable_chunking, budget, ppm)
+                sg, SequenceStatus.RUNNING, enable_chunking, budget, ppm
+            )
             if num_running_tokens == 0:
                 break  # no budget left: stop the whole loop
             queue.popleft()
@@ -415,7 +510,9 @@ class Scheduler:
                 else:
                     victim, cont_loop = sg, False  # nobody left: preempt itself
                 mode = self._preempt(victim, ret.blocks_to_swap_out)
-                self._preemptions.append(PreemptionRecord(sg.request_id, victim.request_id, "running", mode, candidates))
+                self._preemptions.append(
+                    PreemptionRecord(sg.request_id, victim.request_id, "running", mode, candidates)
+                )
                 (ret.preempted if mode == "recompute" else ret.swapped_out).append(victim)
                 if not cont_loop:
                     break
@@ -472,8 +569,9 @@ class Scheduler:
             return self.config.max_model_len
         return min(self.config.max_model_len, self.config.max_num_batched_tokens)
 
-    def _schedule_prefills(self, budget: SchedulingBudget, enable_chunking: bool,
-                           ppm: PartialPrefillMetadata | None = None) -> SchedulerPrefillOutputs:
+    def _schedule_prefills(
+        self, budget: SchedulingBudget, enable_chunking: bool, ppm: PartialPrefillMetadata | None = None
+    ) -> SchedulerPrefillOutputs:
         """Admit groups from the head of ``waiting`` while budget, seats and blocks last."""
         ret = SchedulerPrefillOutputs()
         if budget.remaining_token_budget() == 0:
@@ -484,15 +582,19 @@ class Scheduler:
             sg = queue[0]
             waiting_seqs = sg.get_seqs(SequenceStatus.WAITING)
             if len(waiting_seqs) != 1:
-                raise EngineCrash("engine_swapped_group_in_waiting",
-                                  "vLLM asserts that a waiting group has one WAITING sequence; priority "
-                                  "preemption in swap mode put a SWAPPED group into waiting", request_id=sg.request_id)
+                raise EngineCrash(
+                    "engine_swapped_group_in_waiting",
+                    "vLLM asserts that a waiting group has one WAITING sequence; priority "
+                    "preemption in swap mode put a SWAPPED group into waiting",
+                    request_id=sg.request_id,
+                )
             if ppm is not None and not ppm.can_schedule(sg):
                 leftover.appendleft(sg)
                 queue.popleft()
                 continue
             uncached, cached = self._get_num_new_uncached_and_cached_tokens(
-                sg, SequenceStatus.WAITING, enable_chunking, budget, ppm)
+                sg, SequenceStatus.WAITING, enable_chunking, budget, ppm
+            )
             num_new_tokens = uncached + cached
             if not enable_chunking:
                 assert num_new_tokens == sg.get_len()
@@ -545,20 +647,29 @@ class Scheduler:
             uncached, _ = self._get_num_new_uncached_and_cached_tokens(sg, SequenceStatus.WAITING, False, budget)
             while running_queue and running_queue[-1].get_priority() > sg.get_priority():
                 if not sg.get_seqs(SequenceStatus.WAITING):
-                    raise EngineCrash("engine_swapped_group_in_waiting",
-                                      "vLLM's can_allocate indexes the WAITING sequences of a SWAPPED group "
-                                      "that priority preemption put into waiting", request_id=sg.request_id)
-                if (uncached > 0 and self.block_manager.can_allocate(sg) is AllocStatus.OK
-                        and budget.can_schedule(uncached, num_new_seqs)):
+                    raise EngineCrash(
+                        "engine_swapped_group_in_waiting",
+                        "vLLM's can_allocate indexes the WAITING sequences of a SWAPPED group "
+                        "that priority preemption put into waiting",
+                        request_id=sg.request_id,
+                    )
+                if (
+                    uncached > 0
+                    and self.block_manager.can_allocate(sg) is AllocStatus.OK
+                    and budget.can_schedule(uncached, num_new_seqs)
+                ):
                     break
                 candidates = tuple(g.request_id for g in running_queue)
                 victim = running_queue.pop()
                 victim_tokens, _ = self._get_num_new_uncached_and_cached_tokens(
-                    victim, SequenceStatus.RUNNING, False, budget)
+                    victim, SequenceStatus.RUNNING, False, budget
+                )
                 budget.subtract_num_batched_tokens(victim.request_id, victim_tokens)
                 budget.subtract_num_seqs(victim.request_id, victim.get_max_num_running_seqs())
                 mode = self._preempt(victim, swap_out_discarded)
-                self._preemptions.append(PreemptionRecord(sg.request_id, victim.request_id, "priority", mode, candidates))
+                self._preemptions.append(
+                    PreemptionRecord(sg.request_id, victim.request_id, "priority", mode, candidates)
+                )
                 self.waiting.appendleft(victim)
                 count += 1
             self.waiting.appendleft(sg)
@@ -570,8 +681,12 @@ class Scheduler:
     # ------------------------------------------------------------ token counts
 
     def _get_num_new_uncached_and_cached_tokens(
-        self, sg: SequenceGroup, status: SequenceStatus, enable_chunking: bool,
-        budget: SchedulingBudget, ppm: PartialPrefillMetadata | None = None,
+        self,
+        sg: SequenceGroup,
+        status: SequenceStatus,
+        enable_chunking: bool,
+        budget: SchedulingBudget,
+        ppm: PartialPrefillMetadata | None = None,
     ) -> tuple[int, int]:
         """(uncached, cached) tokens to schedule; a full prefix hit still recomputes one token."""
         uncached = cached = 0
@@ -586,12 +701,15 @@ class Scheduler:
                 continue
             num_cached_seq = self.block_manager.get_num_cached_tokens(seq)
             if num_cached_seq < seq.num_computed_tokens and not (
-                    seq.is_prefill() and seq.status is SequenceStatus.RUNNING and self.config.enable_chunked_prefill):
+                seq.is_prefill() and seq.status is SequenceStatus.RUNNING and self.config.enable_chunked_prefill
+            ):
                 # vLLM's sanity assertion: only a running chunked prefill may have computed past its cached count.
-                raise EngineCrash("engine_cached_below_computed",
-                                  "vLLM asserts that a sequence has no fewer cached than computed tokens unless it "
-                                  "is a running chunked prefill (a prefill chunk swapped out trips it)",
-                                  request_id=seq.request_id)
+                raise EngineCrash(
+                    "engine_cached_below_computed",
+                    "vLLM asserts that a sequence has no fewer cached than computed tokens unless it "
+                    "is a running chunked prefill (a prefill chunk swapped out trips it)",
+                    request_id=seq.request_id,
+                )
             cached_new = max(0, num_cached_seq - seq.num_computed_tokens)
             uncached += all_new - cached_new
             cached += cached_new
@@ -601,8 +719,9 @@ class Scheduler:
             uncached = self._chunk_new_tokens_to_schedule(budget, uncached, ppm)
         return uncached, cached
 
-    def _chunk_new_tokens_to_schedule(self, budget: SchedulingBudget, num_new_tokens: int,
-                                      ppm: PartialPrefillMetadata | None) -> int:
+    def _chunk_new_tokens_to_schedule(
+        self, budget: SchedulingBudget, num_new_tokens: int, ppm: PartialPrefillMetadata | None
+    ) -> int:
         """Cut to the remaining budget and the prefill slot (block-aligned with prefix caching)."""
         remaining = budget.remaining_token_budget()
         slot = remaining if ppm is None else self.partial_prefill_budget_lookup_list[ppm.schedulable_prefills]
@@ -645,9 +764,11 @@ class Scheduler:
 
     def _swap_out(self, sg: SequenceGroup, blocks_to_swap_out: list[tuple[int, int]]) -> None:
         if not self.block_manager.can_swap_out(sg):
-            raise EngineCrash("engine_swap_space_exhausted",
-                              "Aborted due to the lack of CPU swap space (vLLM raises RuntimeError)",
-                              request_id=sg.request_id)
+            raise EngineCrash(
+                "engine_swap_space_exhausted",
+                "Aborted due to the lack of CPU swap space (vLLM raises RuntimeError)",
+                request_id=sg.request_id,
+            )
         blocks_to_swap_out.extend(self.block_manager.swap_out(sg))
         for seq in sg.get_seqs(SequenceStatus.RUNNING):
             seq.status = SequenceStatus.SWAPPED
@@ -681,8 +802,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
 
-    def update_from_output(self, scheduler_output: V0SchedulerOutput,
-                           model_output: ModelRunnerOutput) -> list[RequestOutput]:
+    def update_from_output(
+        self, scheduler_output: V0SchedulerOutput, model_output: ModelRunnerOutput
+    ) -> list[RequestOutput]:
         """Apply the model output as ``LLMEngine._process_model_outputs`` does (no async).
 
         Per scheduled group in order (groups aborted since the schedule are
@@ -694,8 +816,13 @@ class Scheduler:
         """
         self._require_alive()
         record = self.pending
-        require(record is not None and scheduler_output is record.output, InvalidEvent, "unexpected_model_output",
-                "update_from_output() needs the output of the last schedule() call, once", step=self.current_step)
+        require(
+            record is not None and scheduler_output is record.output,
+            InvalidEvent,
+            "unexpected_model_output",
+            "update_from_output() needs the output of the last schedule() call, once",
+            step=self.current_step,
+        )
         assert record is not None
         self._validate_model_output(record, model_output)
         self.pending = None
@@ -726,26 +853,48 @@ class Scheduler:
     def _validate_model_output(self, record: StepRecord, model_output: ModelRunnerOutput) -> None:
         """One sampled token per live sampling group, none for anybody else; no drafts."""
         for request_id in model_output.draft_token_ids:
-            raise InvalidEvent("drafts_without_spec_decode", "the v0 model has no speculative decoding",
-                               request_id=request_id)
+            raise InvalidEvent(
+                "drafts_without_spec_decode", "the v0 model has no speculative decoding", request_id=request_id
+            )
         by_id = {meta.request_id: (sg, meta) for sg, meta in record.groups}
         for request_id, tokens in model_output.sampled_token_ids.items():
             entry = by_id.get(request_id)
-            require(entry is not None and entry[1].do_sample, InvalidEvent, "unscheduled_model_output",
-                    f"sampled tokens for {request_id!r}, which was not scheduled to sample this step",
-                    request_id=request_id, step=record.output.step)
-            require(len(tokens) <= 1, InvalidEvent, "bad_num_sampled_tokens",
-                    f"request {request_id!r} samples one token per step, got {len(tokens)}",
-                    request_id=request_id, step=record.output.step)
+            require(
+                entry is not None and entry[1].do_sample,
+                InvalidEvent,
+                "unscheduled_model_output",
+                f"sampled tokens for {request_id!r}, which was not scheduled to sample this step",
+                request_id=request_id,
+                step=record.output.step,
+            )
+            require(
+                len(tokens) <= 1,
+                InvalidEvent,
+                "bad_num_sampled_tokens",
+                f"request {request_id!r} samples one token per step, got {len(tokens)}",
+                request_id=request_id,
+                step=record.output.step,
+            )
             for token in tokens:
-                require(is_token_id(token), InvalidEvent, "invalid_token_id",
-                        f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id, token=token)
+                require(
+                    is_token_id(token),
+                    InvalidEvent,
+                    "invalid_token_id",
+                    f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]",
+                    request_id=request_id,
+                    token=token,
+                )
         for sg, meta in record.groups:
             if meta.do_sample and not sg.is_finished():
                 got = len(model_output.sampled_token_ids.get(meta.request_id, ()))
-                require(got == 1, InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {meta.request_id!r} samples this step and needs exactly 1 token, got {got}",
-                        request_id=meta.request_id, step=record.output.step)
+                require(
+                    got == 1,
+                    InvalidEvent,
+                    "bad_num_sampled_tokens",
+                    f"request {meta.request_id!r} samples this step and needs exactly 1 token, got {got}",
+                    request_id=meta.request_id,
+                    step=record.output.step,
+                )
 
     # ----------------------------------------------------------------- queries
 
@@ -794,9 +943,16 @@ class Scheduler:
 
     def get_queues(self) -> dict[str, Any]:
         """Queue orders and per-group counters (golden files, debugging)."""
+
         def describe(sg: SequenceGroup) -> dict[str, Any]:
-            return {"status": sg.status.name, "stage": sg.stage.name, "num_computed_tokens": sg.num_computed_tokens,
-                    "len": sg.get_len(), "outputs": sg.get_output_len()}
+            return {
+                "status": sg.status.name,
+                "stage": sg.stage.name,
+                "num_computed_tokens": sg.num_computed_tokens,
+                "len": sg.get_len(),
+                "outputs": sg.get_output_len(),
+            }
+
         return {
             "waiting": [sg.request_id for sg in self.waiting],
             "running": [sg.request_id for sg in self.running],

@@ -54,8 +54,11 @@ class ConcreteV0View:
 
         groups: dict[str, SequenceGroup] = {}
         self._queue_count: dict[str, list[int]] = {}
-        for q_index, queue in ((QUEUE_WAITING, scheduler.waiting), (QUEUE_RUNNING, scheduler.running),
-                               (QUEUE_SWAPPED, scheduler.swapped)):
+        for q_index, queue in (
+            (QUEUE_WAITING, scheduler.waiting),
+            (QUEUE_RUNNING, scheduler.running),
+            (QUEUE_SWAPPED, scheduler.swapped),
+        ):
             for sg in queue:
                 groups.setdefault(sg.request_id, sg)
                 self._queue_count.setdefault(sg.request_id, [0, 0, 0])[q_index] += 1
@@ -76,8 +79,12 @@ class ConcreteV0View:
                     if block.is_full:
                         allocator = bm.get_allocator(block.block_id)
                         content = get_content_hash(block)
-                        ok = (ok and content is not None and isinstance(allocator, PrefixCachingBlockAllocator)
-                              and allocator.cached_blocks.get(content) == block.block_id)
+                        ok = (
+                            ok
+                            and content is not None
+                            and isinstance(allocator, PrefixCachingBlockAllocator)
+                            and allocator.cached_blocks.get(content) == block.block_id
+                        )
             self._hash_ok[rid] = ok
         self._holders = {b: 0 for b in self._refcount}
         for table in self._table.values():

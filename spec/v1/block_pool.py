@@ -133,8 +133,9 @@ class BlockPool:
             return None
         return next(iter(blocks.values()))
 
-    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[bytes],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
+    def cache_full_blocks(
+        self, blocks: list[KVCacheBlock], block_hashes: list[bytes], num_cached_blocks: int, num_full_blocks: int
+    ) -> None:
         """Give ``blocks[num_cached_blocks:num_full_blocks]`` their hashes and index them."""
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]

@@ -70,71 +70,169 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold_adaptive",
-                          "use_v2_model_runner"):
-                require(isinstance(value, bool), InvalidConfig, "invalid_config_type",
-                        f"{f.name} must be a boolean", field=f.name, value=value)
+            if f.name in (
+                "enable_chunked_prefill",
+                "enable_prefix_caching",
+                "long_prefill_token_threshold_adaptive",
+                "use_v2_model_runner",
+            ):
+                require(
+                    isinstance(value, bool),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be a boolean",
+                    field=f.name,
+                    value=value,
+                )
             elif f.name == "scheduler_reserve_full_isl":
-                require(value is None or isinstance(value, bool), InvalidConfig,
-                        "invalid_config_type", f"{f.name} must be a boolean or null",
-                        field=f.name, value=value)
+                require(
+                    value is None or isinstance(value, bool),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be a boolean or null",
+                    field=f.name,
+                    value=value,
+                )
             elif f.name == "max_num_active_seqs":
-                require(value is None or (isinstance(value, int) and not isinstance(value, bool)), InvalidConfig,
-                        "invalid_config_type", f"{f.name} must be an integer or null", field=f.name, value=value)
+                require(
+                    value is None or (isinstance(value, int) and not isinstance(value, bool)),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be an integer or null",
+                    field=f.name,
+                    value=value,
+                )
             elif f.name == "policy":
-                require(value in ("fcfs", "priority"), InvalidConfig, "invalid_policy",
-                        "policy must be 'fcfs' or 'priority'", field=f.name, value=value)
+                require(
+                    value in ("fcfs", "priority"),
+                    InvalidConfig,
+                    "invalid_policy",
+                    "policy must be 'fcfs' or 'priority'",
+                    field=f.name,
+                    value=value,
+                )
             else:
-                require(isinstance(value, int) and not isinstance(value, bool), InvalidConfig,
-                        "invalid_config_type", f"{f.name} must be an integer",
-                        field=f.name, value=value)
+                require(
+                    isinstance(value, int) and not isinstance(value, bool),
+                    InvalidConfig,
+                    "invalid_config_type",
+                    f"{f.name} must be an integer",
+                    field=f.name,
+                    value=value,
+                )
         # A block holds at least one token.
-        require(self.block_size >= 1, InvalidConfig, "invalid_block_size",
-                "block_size must be >= 1", field="block_size", value=self.block_size)
+        require(
+            self.block_size >= 1,
+            InvalidConfig,
+            "invalid_block_size",
+            "block_size must be >= 1",
+            field="block_size",
+            value=self.block_size,
+        )
         # Block 0 is the null block; at least one usable block must remain.
-        require(self.num_gpu_blocks >= 2, InvalidConfig, "invalid_num_gpu_blocks",
-                "num_gpu_blocks must be >= 2 (block 0 is the null block)",
-                field="num_gpu_blocks", value=self.num_gpu_blocks)
-        require(self.max_num_batched_tokens >= 1, InvalidConfig, "invalid_token_budget",
-                "max_num_batched_tokens must be >= 1", field="max_num_batched_tokens",
-                value=self.max_num_batched_tokens)
-        require(self.max_num_seqs >= 1, InvalidConfig, "invalid_max_num_seqs",
-                "max_num_seqs must be >= 1", field="max_num_seqs", value=self.max_num_seqs)
-        require(self.max_model_len >= 1, InvalidConfig, "invalid_max_model_len",
-                "max_model_len must be >= 1", field="max_model_len", value=self.max_model_len)
-        require(self.long_prefill_token_threshold >= 0, InvalidConfig, "invalid_threshold",
-                "long_prefill_token_threshold must be >= 0 (0 disables it)",
-                field="long_prefill_token_threshold", value=self.long_prefill_token_threshold)
-        require(self.num_spec_tokens >= 0, InvalidConfig, "invalid_num_spec_tokens",
-                "num_spec_tokens must be >= 0", field="num_spec_tokens", value=self.num_spec_tokens)
-        require(self.max_num_active_seqs is None or 1 <= self.max_num_active_seqs <= self.max_num_seqs,
-                InvalidConfig, "invalid_max_num_active_seqs",
-                "max_num_active_seqs must be null or in [1, max_num_seqs]", field="max_num_active_seqs",
-                value=self.max_num_active_seqs)
-        require(self.max_concurrent_batches >= 1, InvalidConfig, "invalid_max_concurrent_batches",
-                "max_concurrent_batches must be >= 1 (1 = synchronous)", field="max_concurrent_batches",
-                value=self.max_concurrent_batches)
-        require(self.num_lookahead_tokens >= 0, InvalidConfig, "invalid_num_lookahead_tokens",
-                "num_lookahead_tokens must be >= 0", field="num_lookahead_tokens",
-                value=self.num_lookahead_tokens)
+        require(
+            self.num_gpu_blocks >= 2,
+            InvalidConfig,
+            "invalid_num_gpu_blocks",
+            "num_gpu_blocks must be >= 2 (block 0 is the null block)",
+            field="num_gpu_blocks",
+            value=self.num_gpu_blocks,
+        )
+        require(
+            self.max_num_batched_tokens >= 1,
+            InvalidConfig,
+            "invalid_token_budget",
+            "max_num_batched_tokens must be >= 1",
+            field="max_num_batched_tokens",
+            value=self.max_num_batched_tokens,
+        )
+        require(
+            self.max_num_seqs >= 1,
+            InvalidConfig,
+            "invalid_max_num_seqs",
+            "max_num_seqs must be >= 1",
+            field="max_num_seqs",
+            value=self.max_num_seqs,
+        )
+        require(
+            self.max_model_len >= 1,
+            InvalidConfig,
+            "invalid_max_model_len",
+            "max_model_len must be >= 1",
+            field="max_model_len",
+            value=self.max_model_len,
+        )
+        require(
+            self.long_prefill_token_threshold >= 0,
+            InvalidConfig,
+            "invalid_threshold",
+            "long_prefill_token_threshold must be >= 0 (0 disables it)",
+            field="long_prefill_token_threshold",
+            value=self.long_prefill_token_threshold,
+        )
+        require(
+            self.num_spec_tokens >= 0,
+            InvalidConfig,
+            "invalid_num_spec_tokens",
+            "num_spec_tokens must be >= 0",
+            field="num_spec_tokens",
+            value=self.num_spec_tokens,
+        )
+        require(
+            self.max_num_active_seqs is None or 1 <= self.max_num_active_seqs <= self.max_num_seqs,
+            InvalidConfig,
+            "invalid_max_num_active_seqs",
+            "max_num_active_seqs must be null or in [1, max_num_seqs]",
+            field="max_num_active_seqs",
+            value=self.max_num_active_seqs,
+        )
+        require(
+            self.max_concurrent_batches >= 1,
+            InvalidConfig,
+            "invalid_max_concurrent_batches",
+            "max_concurrent_batches must be >= 1 (1 = synchronous)",
+            field="max_concurrent_batches",
+            value=self.max_concurrent_batches,
+        )
+        require(
+            self.num_lookahead_tokens >= 0,
+            InvalidConfig,
+            "invalid_num_lookahead_tokens",
+            "num_lookahead_tokens must be >= 0",
+            field="num_lookahead_tokens",
+            value=self.num_lookahead_tokens,
+        )
         # vLLM's SchedulerConfig rejects this: without chunking, a prompt of
         # max_model_len tokens could never be scheduled.
-        require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
-                InvalidConfig, "budget_below_max_model_len",
-                "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
-                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
+        require(
+            self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+            InvalidConfig,
+            "budget_below_max_model_len",
+            "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
         # vLLM's SchedulerConfig (all releases) wants a token per seat.
-        require(self.max_num_batched_tokens >= self.max_num_seqs, InvalidConfig, "budget_below_max_num_seqs",
-                "max_num_batched_tokens must be >= max_num_seqs",
-                max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
+        require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            InvalidConfig,
+            "budget_below_max_num_seqs",
+            "max_num_batched_tokens must be >= max_num_seqs",
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+        )
         # vLLM refuses to start when the KV cache cannot hold one sequence of
         # max_model_len tokens; a smaller pool would let a lone request preempt
         # itself forever.
-        require(cdiv(self.max_model_len, self.block_size) <= self.num_gpu_blocks - 1,
-                InvalidConfig, "pool_below_max_model_len",
-                "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
-                num_gpu_blocks=self.num_gpu_blocks, block_size=self.block_size,
-                max_model_len=self.max_model_len)
+        require(
+            cdiv(self.max_model_len, self.block_size) <= self.num_gpu_blocks - 1,
+            InvalidConfig,
+            "pool_below_max_model_len",
+            "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
 
     @property
     def num_usable_blocks(self) -> int:
@@ -159,7 +257,11 @@ class SchedulerConfig:
         """Build a config from a dict, refusing unknown fields by name."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
-        require(not unknown, InvalidConfig, "unknown_config_field",
-                f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                fields=unknown)
+        require(
+            not unknown,
+            InvalidConfig,
+            "unknown_config_field",
+            f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            fields=unknown,
+        )
         return cls(**data)

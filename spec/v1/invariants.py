@@ -42,10 +42,13 @@ def inv_scheduled_only_running(s: Any, o: Any) -> Any:
         s.requests,
         lambda r: o.and_(
             o.le(0, s.num_scheduled_tokens(r)),
-            o.implies(o.lt(0, s.num_scheduled_tokens(r)),
-                      o.or_(o.eq(s.status(r), RUNNING),
-                            o.and_(o.eq(s.status(r), PREEMPTED),
-                                   o.le(s.num_scheduled_tokens(r), s.num_stale_output_tokens(r))))),
+            o.implies(
+                o.lt(0, s.num_scheduled_tokens(r)),
+                o.or_(
+                    o.eq(s.status(r), RUNNING),
+                    o.and_(o.eq(s.status(r), PREEMPTED), o.le(s.num_scheduled_tokens(r), s.num_stale_output_tokens(r))),
+                ),
+            ),
         ),
         lambda r: f"request {r}",
     )

@@ -196,4 +196,3 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
-

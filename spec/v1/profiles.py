@@ -260,7 +260,6 @@ APHRODITE_0_24 = Profile(
 )
 
 
-
 def make_async_profile(release: Profile) -> Profile:
     """The release's rules driven by ``AsyncScheduler``: ``<name>-async``."""
     return replace(release, name=f"{release.name}-async", async_scheduling=True)
@@ -280,28 +279,46 @@ def check_config_for_profile(config: SchedulerConfig, profile: Profile) -> None:
     from schedconf.spec.errors import require
 
     # 0.32.0/0.33.0 refuse a threshold above max_model_len.
-    require(not profile.refuse_threshold_above_max_model_len
-            or config.long_prefill_token_threshold <= config.max_model_len,
-            InvalidConfig, "threshold_above_max_model_len",
-            "long_prefill_token_threshold cannot exceed max_model_len under this profile",
-            long_prefill_token_threshold=config.long_prefill_token_threshold, max_model_len=config.max_model_len)
-    late_knobs = [name for name, on in (("max_num_active_seqs", config.max_num_active_seqs is not None),
-                                        ("long_prefill_token_threshold_adaptive",
-                                         config.long_prefill_token_threshold_adaptive),
-                                        ("use_v2_model_runner", config.use_v2_model_runner)) if on]
-    require(profile.has_0_32_scheduler_knobs or not late_knobs, InvalidConfig, "knob_not_in_release",
-            f"{', '.join(late_knobs)}: not a knob of {profile.name}'s release", fields=late_knobs, profile=profile.name)
+    require(
+        not profile.refuse_threshold_above_max_model_len or config.long_prefill_token_threshold <= config.max_model_len,
+        InvalidConfig,
+        "threshold_above_max_model_len",
+        "long_prefill_token_threshold cannot exceed max_model_len under this profile",
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        max_model_len=config.max_model_len,
+    )
+    late_knobs = [
+        name
+        for name, on in (
+            ("max_num_active_seqs", config.max_num_active_seqs is not None),
+            ("long_prefill_token_threshold_adaptive", config.long_prefill_token_threshold_adaptive),
+            ("use_v2_model_runner", config.use_v2_model_runner),
+        )
+        if on
+    ]
+    require(
+        profile.has_0_32_scheduler_knobs or not late_knobs,
+        InvalidConfig,
+        "knob_not_in_release",
+        f"{', '.join(late_knobs)}: not a knob of {profile.name}'s release",
+        fields=late_knobs,
+        profile=profile.name,
+    )
     in_flight = config.max_concurrent_batches > 1
     # DEVIATION(vllm 0.33.0): the plain scheduler with a batch queue (pipeline
     # parallelism) and spec decode gets its drafts through EngineCore.post_step
     # after whichever batch returned; not modelled. AsyncScheduler with spec
     # decode is (its drafts never reach the scheduler).
     spec_in_flight_modelled = config.num_spec_tokens == 0 or profile.async_scheduling
-    require(not in_flight or (profile.models_in_flight and spec_in_flight_modelled), InvalidConfig,
-            "in_flight_not_modelled",
-            f"steps in flight (max_concurrent_batches={config.max_concurrent_batches}) are not modelled "
-            + ("with spec decode" if profile.models_in_flight else f"under profile {profile.name}"),
-            max_concurrent_batches=config.max_concurrent_batches, profile=profile.name)
+    require(
+        not in_flight or (profile.models_in_flight and spec_in_flight_modelled),
+        InvalidConfig,
+        "in_flight_not_modelled",
+        f"steps in flight (max_concurrent_batches={config.max_concurrent_batches}) are not modelled "
+        + ("with spec decode" if profile.models_in_flight else f"under profile {profile.name}"),
+        max_concurrent_batches=config.max_concurrent_batches,
+        profile=profile.name,
+    )
     # Not refused: a long_prefill_token_threshold of at most num_spec_tokens.
     # 0.32.0/0.33.0 accept it and crash later, in schedule(), on the first
     # padded admission the threshold cuts; the scheduler models that crash

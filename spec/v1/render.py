@@ -71,7 +71,10 @@ def render_blocks(observation: dict) -> str:
 
 def render_queues(observation: dict) -> str:
     """The running list and the waiting queue in order, with each request's counters."""
-    lines = [f"running: {' '.join(observation['running']) or '-'}", f"waiting: {' '.join(observation['waiting']) or '-'}"]
+    lines = [
+        f"running: {' '.join(observation['running']) or '-'}",
+        f"waiting: {' '.join(observation['waiting']) or '-'}",
+    ]
     for rid, r in observation["requests"].items():
         lines.append(
             f"{rid}: {r['status']} computed={r['num_computed_tokens']} tokens={r['num_tokens']} outputs={r['num_output_tokens']}"
@@ -92,8 +95,10 @@ def render_in_flight(scheduler: Any) -> str:
     lines = []
     for rid, r in sorted(scheduler.requests.items()):
         if r.num_output_placeholders or r.num_in_flight_tokens or r.num_stale_output_tokens:
-            lines.append(f"{rid}: placeholders={r.num_output_placeholders} in-flight={r.num_in_flight_tokens} "
-                         f"stale={r.num_stale_output_tokens}")
+            lines.append(
+                f"{rid}: placeholders={r.num_output_placeholders} in-flight={r.num_in_flight_tokens} "
+                f"stale={r.num_stale_output_tokens}"
+            )
     if scheduler.in_flight:
         lines.append("steps in flight: " + " ".join(str(record.step) for record in scheduler.in_flight))
     return "".join("\n" + line for line in lines)
@@ -108,7 +113,9 @@ class StepTable:
 
     def add_step(self, output: SchedulerOutput, outputs: Sequence[RequestOutput], num_free_blocks: int) -> None:
         """Record one step: per request what happened, plus free blocks and events."""
-        self.add_canonical_step(output.step, output.to_canonical(), [o.to_canonical() for o in outputs], num_free_blocks)
+        self.add_canonical_step(
+            output.step, output.to_canonical(), [o.to_canonical() for o in outputs], num_free_blocks
+        )
 
     def add_canonical_step(self, step: int, expect: dict, outputs: Sequence[dict], num_free_blocks: int) -> None:
         """Record one step from its canonical (trace) form."""

@@ -58,8 +58,14 @@ FINISH_REASONS = {
 LEGAL_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     # admitted by the waiting loop; finished from outside while queued (finish_requests: aborted, or
     # any other finished status the engine gives, as vLLM's own tests stop waiting requests)
-    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED,
-                                      RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED}),
+    RequestStatus.WAITING: frozenset(
+        {
+            RequestStatus.RUNNING,
+            RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH_CAPPED,
+        }
+    ),
     # preempted by the running loop; stopped by update_from_output; aborted
     RequestStatus.RUNNING: frozenset(
         {

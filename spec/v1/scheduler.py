@@ -180,42 +180,102 @@ class Scheduler:
         self._require_alive()
         # Field types first: a prompt and stop ids are sequences, ignore_eos a boolean.
         for name, value in (("prompt_token_ids", prompt_token_ids), ("stop_token_ids", stop_token_ids)):
-            require(not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"), InvalidEvent,
-                    "invalid_field_type", f"{name} must be a list of token ids", request_id=request_id, field=name)
-        require(isinstance(ignore_eos, bool), InvalidEvent, "invalid_field_type", "ignore_eos must be a boolean",
-                request_id=request_id, field="ignore_eos")
+            require(
+                not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__"),
+                InvalidEvent,
+                "invalid_field_type",
+                f"{name} must be a list of token ids",
+                request_id=request_id,
+                field=name,
+            )
+        require(
+            isinstance(ignore_eos, bool),
+            InvalidEvent,
+            "invalid_field_type",
+            "ignore_eos must be a boolean",
+            request_id=request_id,
+            field="ignore_eos",
+        )
         prompt = tuple(prompt_token_ids)
         stops = tuple(stop_token_ids)
-        require(isinstance(request_id, str) and request_id != "", InvalidEvent, "invalid_request_id",
-                "request id must be a non-empty string", request_id=request_id)
-        require(request_id not in self.requests, InvalidEvent, "duplicate_request_id",
-                f"request {request_id!r} is already known to the scheduler", request_id=request_id)
-        require(len(prompt) > 0, InvalidEvent, "empty_prompt", "the prompt has no tokens",
-                request_id=request_id)
-        require(len(prompt) < self.max_model_len, InvalidEvent, "prompt_too_long",
-                f"prompt of {len(prompt)} tokens leaves no room to generate within "
-                f"max_model_len={self.max_model_len}", request_id=request_id, prompt_len=len(prompt))
+        require(
+            isinstance(request_id, str) and request_id != "",
+            InvalidEvent,
+            "invalid_request_id",
+            "request id must be a non-empty string",
+            request_id=request_id,
+        )
+        require(
+            request_id not in self.requests,
+            InvalidEvent,
+            "duplicate_request_id",
+            f"request {request_id!r} is already known to the scheduler",
+            request_id=request_id,
+        )
+        require(len(prompt) > 0, InvalidEvent, "empty_prompt", "the prompt has no tokens", request_id=request_id)
+        require(
+            len(prompt) < self.max_model_len,
+            InvalidEvent,
+            "prompt_too_long",
+            f"prompt of {len(prompt)} tokens leaves no room to generate within max_model_len={self.max_model_len}",
+            request_id=request_id,
+            prompt_len=len(prompt),
+        )
         for name, number in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            require(isinstance(number, int) and not isinstance(number, bool), InvalidEvent,
-                    "invalid_field_type", f"{name} must be an integer", request_id=request_id, field=name)
-        require(is_arrival_time(arrival_time), InvalidEvent, "invalid_field_type",
-                "arrival_time must be a finite number (int or float; not a boolean, NaN or infinity)",
-                request_id=request_id, field="arrival_time")
-        require(max_tokens >= 1, InvalidEvent, "invalid_max_tokens", "max_tokens must be >= 1",
-                request_id=request_id, max_tokens=max_tokens)
-        require(0 <= min_tokens <= max_tokens, InvalidEvent, "invalid_min_tokens",
-                "min_tokens must be in [0, max_tokens]", request_id=request_id, min_tokens=min_tokens)
+            require(
+                isinstance(number, int) and not isinstance(number, bool),
+                InvalidEvent,
+                "invalid_field_type",
+                f"{name} must be an integer",
+                request_id=request_id,
+                field=name,
+            )
+        require(
+            is_arrival_time(arrival_time),
+            InvalidEvent,
+            "invalid_field_type",
+            "arrival_time must be a finite number (int or float; not a boolean, NaN or infinity)",
+            request_id=request_id,
+            field="arrival_time",
+        )
+        require(
+            max_tokens >= 1,
+            InvalidEvent,
+            "invalid_max_tokens",
+            "max_tokens must be >= 1",
+            request_id=request_id,
+            max_tokens=max_tokens,
+        )
+        require(
+            0 <= min_tokens <= max_tokens,
+            InvalidEvent,
+            "invalid_min_tokens",
+            "min_tokens must be in [0, max_tokens]",
+            request_id=request_id,
+            min_tokens=min_tokens,
+        )
         for token in (*prompt, *stops, *(() if eos_token_id is None else (eos_token_id,))):
-            require(is_token_id(token), InvalidEvent, "invalid_token_id",
-                    f"token ids must be integers in [0, {MAX_TOKEN_ID}]", request_id=request_id, token=token)
+            require(
+                is_token_id(token),
+                InvalidEvent,
+                "invalid_token_id",
+                f"token ids must be integers in [0, {MAX_TOKEN_ID}]",
+                request_id=request_id,
+                token=token,
+            )
         # DEVIATION(vllm 0.33.0): vLLM looks outputs up by id, so a request
         # re-added under the id of one aborted (or finished) while a step that
         # scheduled it is in flight would receive that step's sampled tokens
         # and its in-flight counters. We refuse the re-add until every such
         # step's model output has been applied.
-        require(not self.is_scheduled_in_flight(request_id), InvalidEvent, "request_id_in_flight",
-                f"request {request_id!r} was aborted while a step that scheduled it is in flight; "
-                f"apply that step's model output first", request_id=request_id)
+        require(
+            not self.is_scheduled_in_flight(request_id),
+            InvalidEvent,
+            "request_id_in_flight",
+            f"request {request_id!r} was aborted while a step that scheduled it is in flight; "
+            f"apply that step's model output first",
+            request_id=request_id,
+        )
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt,
@@ -241,8 +301,13 @@ class Scheduler:
         already finished does nothing (the race vLLM tolerates).
         """
         self._require_alive()
-        require(request_id in self.seen_request_ids, InvalidEvent, "unknown_request_id",
-                f"abort of request {request_id!r}, which was never added", request_id=request_id)
+        require(
+            request_id in self.seen_request_ids,
+            InvalidEvent,
+            "unknown_request_id",
+            f"abort of request {request_id!r}, which was never added",
+            request_id=request_id,
+        )
         return self.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> list[str]:
@@ -268,9 +333,13 @@ class Scheduler:
         Traces abort one id per event.
         """
         self._require_alive()
-        require(isinstance(finished_status, RequestStatus) and finished_status.is_finished, InvalidEvent,
-                "invalid_finish_status", f"finish_requests needs a FINISHED_* status, got {finished_status!r}",
-                status=finished_status)
+        require(
+            isinstance(finished_status, RequestStatus) and finished_status.is_finished,
+            InvalidEvent,
+            "invalid_finish_status",
+            f"finish_requests needs a FINISHED_* status, got {finished_status!r}",
+            status=finished_status,
+        )
         if request_ids is None:
             ids: list[str] = list(self.requests)
         elif isinstance(request_ids, str):
@@ -305,11 +374,15 @@ class Scheduler:
         dead afterwards.
         """
         self._require_alive()
-        require(len(self.in_flight) < self.config.max_concurrent_batches, InvalidEvent, "output_not_processed",
-                f"schedule() called while {len(self.in_flight)} step(s) await their model output "
-                f"(oldest: step {self.in_flight[0].step if self.in_flight else None}; "
-                f"max_concurrent_batches={self.config.max_concurrent_batches})",
-                step=self.current_step)
+        require(
+            len(self.in_flight) < self.config.max_concurrent_batches,
+            InvalidEvent,
+            "output_not_processed",
+            f"schedule() called while {len(self.in_flight)} step(s) await their model output "
+            f"(oldest: step {self.in_flight[0].step if self.in_flight else None}; "
+            f"max_concurrent_batches={self.config.max_concurrent_batches})",
+            step=self.current_step,
+        )
         self.current_step += 1
         st = _StepState(token_budget=self.config.max_num_batched_tokens)
         threshold = self.get_long_prefill_token_threshold()
@@ -349,8 +422,13 @@ class Scheduler:
         if step is not None:
             return self.get_in_flight_output(step)
         self._require_alive()
-        require(bool(self.in_flight), InvalidEvent, "unexpected_model_output",
-                "model output without a step in flight", step=self.current_step)
+        require(
+            bool(self.in_flight),
+            InvalidEvent,
+            "unexpected_model_output",
+            "model output without a step in flight",
+            step=self.current_step,
+        )
         return self.in_flight[0].output
 
     def get_in_flight_output(self, step: int) -> SchedulerOutput:
@@ -362,23 +440,42 @@ class Scheduler:
         engine applies outputs in schedule order).
         """
         self._require_alive()
-        require(isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= self.current_step,
-                InvalidEvent, "unscheduled_step",
-                f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
-                step=step)
+        require(
+            isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= self.current_step,
+            InvalidEvent,
+            "unscheduled_step",
+            f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
+            step=step,
+        )
         in_flight = [record.step for record in self.in_flight]
-        require(step in in_flight, InvalidEvent, "duplicate_model_output",
-                f"model output for step {step}, whose output was already applied", step=step)
-        require(step == in_flight[0], InvalidEvent, "model_output_out_of_order",
-                f"model output for step {step} while step {in_flight[0]} is still in flight "
-                f"(outputs are applied in schedule order)", step=step, oldest=in_flight[0])
+        require(
+            step in in_flight,
+            InvalidEvent,
+            "duplicate_model_output",
+            f"model output for step {step}, whose output was already applied",
+            step=step,
+        )
+        require(
+            step == in_flight[0],
+            InvalidEvent,
+            "model_output_out_of_order",
+            f"model output for step {step} while step {in_flight[0]} is still in flight "
+            f"(outputs are applied in schedule order)",
+            step=step,
+            oldest=in_flight[0],
+        )
         return self.in_flight[0].output
 
     def _require_alive(self) -> None:
         """Refuse every call once the engine has crashed (``engine_dead``)."""
-        require(self.crashed is None, EngineCrash, "engine_dead",
-                f"the engine core died in step {self.current_step} ({self.crashed}); it takes no more calls",
-                step=self.current_step, crash=self.crashed)
+        require(
+            self.crashed is None,
+            EngineCrash,
+            "engine_dead",
+            f"the engine core died in step {self.current_step} ({self.crashed}); it takes no more calls",
+            step=self.current_step,
+            crash=self.crashed,
+        )
 
     def get_long_prefill_token_threshold(self) -> int:
         """The step's effective long-prefill threshold (§4.0 step 4); 0 means none.
@@ -418,7 +515,8 @@ class Scheduler:
                 # Computed past its tokens (empty output with drafts, _reject_drafts):
                 # 0.32/0.33 clamp the count at 0 and skip the request.
                 assert request.num_computed_tokens > request.num_tokens_with_spec + request.num_output_placeholders, (
-                    f"request {request.request_id} is past max_model_len")
+                    f"request {request.request_id} is past max_model_len"
+                )
                 num_new_tokens = 0
             if num_new_tokens == 0:
                 # continue, not break: later requests may still run.
@@ -535,11 +633,20 @@ class Scheduler:
         dropped rather than delivered: they may resume at once.
         """
         self._require_alive()
-        require(isinstance(reset_running_requests, bool), InvalidEvent, "invalid_field_type",
-                "reset_running_requests must be a boolean", field="reset_running_requests")
-        require(not reset_running_requests or self.profile.has_0_32_scheduler_knobs, InvalidEvent,
-                "knob_not_in_release", f"reset_running_requests is not a parameter of {self.profile.name}'s "
-                "reset_prefix_cache", profile=self.profile.name)
+        require(
+            isinstance(reset_running_requests, bool),
+            InvalidEvent,
+            "invalid_field_type",
+            "reset_running_requests must be a boolean",
+            field="reset_running_requests",
+        )
+        require(
+            not reset_running_requests or self.profile.has_0_32_scheduler_knobs,
+            InvalidEvent,
+            "knob_not_in_release",
+            f"reset_running_requests is not a parameter of {self.profile.name}'s reset_prefix_cache",
+            profile=self.profile.name,
+        )
         if reset_running_requests:
             while self.running:
                 self._preempt_request(self.running.pop(), drop_stale_output=True)
@@ -566,7 +673,8 @@ class Scheduler:
         # preemption; an undrained dropped share stays dropped). Assigned, not
         # added: num_in_flight_tokens already holds any undrained stale share.
         request.drop_stale_output = drop_stale_output or (
-            request.drop_stale_output and request.num_stale_output_tokens > 0)
+            request.drop_stale_output and request.num_stale_output_tokens > 0
+        )
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
         request.num_preemptions += 1
@@ -596,8 +704,7 @@ class Scheduler:
         in flight (each of which will become a real token or be rolled back):
         ``num_new_tokens + num_computed_tokens - num_tokens - num_output_placeholders``.
         """
-        return (num_new_tokens + request.num_computed_tokens - request.num_tokens
-                - request.num_output_placeholders)
+        return num_new_tokens + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
 
     def _schedule_waiting(self, st: _StepState, threshold: int) -> None:
         """The waiting loop (§4.3): admit from the head while budget, seats and blocks last.
@@ -710,7 +817,9 @@ class Scheduler:
             f"{1 + self.config.num_spec_tokens} tokens and cut to {num_new_tokens} by "
             f"long_prefill_token_threshold={self.config.long_prefill_token_threshold}; vLLM fails "
             f"assert num_new_tokens == 1 + num_spec_tokens and its engine core dies",
-            request_id=request.request_id, step=self.current_step, num_new_tokens=num_new_tokens,
+            request_id=request.request_id,
+            step=self.current_step,
+            num_new_tokens=num_new_tokens,
             num_spec_tokens=self.config.num_spec_tokens,
             long_prefill_token_threshold=self.config.long_prefill_token_threshold,
         )
@@ -803,7 +912,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
 
-    def update_from_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> list[RequestOutput]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
+    ) -> list[RequestOutput]:
         """Apply the model's output for the oldest in-flight step (§5), then its drafts (§7).
 
         Per scheduled request, in schedule order: release its in-flight tokens
@@ -815,10 +926,13 @@ class Scheduler:
         appended and may stop the request, but no counter moves (§6).
         """
         self._require_alive()
-        require(bool(self.in_flight) and scheduler_output is self.in_flight[0].output, InvalidEvent,
-                "unexpected_model_output",
-                "update_from_output() needs the output of the oldest step in flight, once",
-                step=self.current_step)
+        require(
+            bool(self.in_flight) and scheduler_output is self.in_flight[0].output,
+            InvalidEvent,
+            "unexpected_model_output",
+            "update_from_output() needs the output of the oldest step in flight, once",
+            step=self.current_step,
+        )
         self._validate_model_output(scheduler_output, model_output)
         self.in_flight.popleft()
 
@@ -844,8 +958,9 @@ class Scheduler:
                 spec_decoding.observe_draft(len(drafts), max(len(generated) - 1, 0))
             if not is_stale:
                 # A stale rejection count predates the preemption's reset.
-                self._reject_drafts(request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()),
-                                    generated)
+                self._reject_drafts(
+                    request, scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()), generated
+                )
             status_before = request.status
             new_token_ids, stopped = generated, False
             if generated:
@@ -856,12 +971,14 @@ class Scheduler:
                         if self.config.num_spec_tokens > 0 or had_placeholders:
                             # 0.33, the base class: only tokens whose output has been applied are final.
                             self.kv_cache_manager.cache_blocks(
-                                request, request.num_computed_tokens - request.num_in_flight_tokens)
+                                request, request.num_computed_tokens - request.num_in_flight_tokens
+                            )
                     elif self.profile.async_scheduling:
                         # 0.32: AsyncScheduler._update_request_with_output caches for
                         # every running request, up to computed - placeholders.
                         self.kv_cache_manager.cache_blocks(
-                            request, request.num_computed_tokens - request.num_output_placeholders)
+                            request, request.num_computed_tokens - request.num_output_placeholders
+                        )
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before is RequestStatus.RUNNING else stopped_preempted).add(request)
@@ -894,7 +1011,8 @@ class Scheduler:
         """
         if self.profile.has_0_32_scheduler_knobs:
             self.last_scheduler_stats = render_scheduler_stats(
-                len(self.running), len(self.waiting), len(self.deferred_waiting), self.prefix_cache_stats, spec_decoding)
+                len(self.running), len(self.waiting), len(self.deferred_waiting), self.prefix_cache_stats, spec_decoding
+            )
         self.prefix_cache_stats = PrefixCacheStats()
 
     def _validate_model_output(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
@@ -908,13 +1026,23 @@ class Scheduler:
         record = self.in_flight[0]
         scheduled = scheduler_output.num_scheduled_tokens
         for request_id, tokens in model_output.sampled_token_ids.items():
-            require(request_id in scheduled, InvalidEvent, "unscheduled_model_output",
-                    f"sampled tokens for {request_id!r}, which was not scheduled this step",
-                    request_id=request_id, step=record.step)
+            require(
+                request_id in scheduled,
+                InvalidEvent,
+                "unscheduled_model_output",
+                f"sampled tokens for {request_id!r}, which was not scheduled this step",
+                request_id=request_id,
+                step=record.step,
+            )
             for token in tokens:
-                require(is_token_id(token), InvalidEvent, "invalid_token_id",
-                        f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]",
-                        request_id=request_id, token=token)
+                require(
+                    is_token_id(token),
+                    InvalidEvent,
+                    "invalid_token_id",
+                    f"sampled token ids must be integers in [0, {MAX_TOKEN_ID}]",
+                    request_id=request_id,
+                    token=token,
+                )
         for request_id in scheduled:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
@@ -924,38 +1052,78 @@ class Scheduler:
             if record.samples[request_id]:
                 # An empty list is what vLLM skips: no token, no stop, no output
                 # (update_from_output guards on ``if new_token_ids``).
-                require(got <= 1 + num_drafts, InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {request_id!r} reached the end of its sequence and may sample "
-                        f"0 to {1 + num_drafts} tokens, got {got}", request_id=request_id, step=record.step)
+                require(
+                    got <= 1 + num_drafts,
+                    InvalidEvent,
+                    "bad_num_sampled_tokens",
+                    f"request {request_id!r} reached the end of its sequence and may sample "
+                    f"0 to {1 + num_drafts} tokens, got {got}",
+                    request_id=request_id,
+                    step=record.step,
+                )
                 # DEVIATION(vllm 0.33.0): under AsyncScheduler an empty list
                 # would leave the step's placeholder unresolved forever (vLLM
                 # resolves one per returned token), and no model runner returns
                 # one for a request that samples: refused.
-                require(got > 0 or not self.profile.async_scheduling, InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {request_id!r} samples in step {record.step} under async scheduling "
-                        f"and must return at least one token", request_id=request_id, step=record.step)
+                require(
+                    got > 0 or not self.profile.async_scheduling,
+                    InvalidEvent,
+                    "bad_num_sampled_tokens",
+                    f"request {request_id!r} samples in step {record.step} under async scheduling "
+                    f"and must return at least one token",
+                    request_id=request_id,
+                    step=record.step,
+                )
                 # With drafts scheduled, an empty list is accepted as vLLM
                 # accepts it; what it does to the request is _reject_drafts'.
             else:
-                require(got == 0, InvalidEvent, "bad_num_sampled_tokens",
-                        f"request {request_id!r} ran a prefill chunk and samples nothing, got {got} tokens",
-                        request_id=request_id, step=record.step)
+                require(
+                    got == 0,
+                    InvalidEvent,
+                    "bad_num_sampled_tokens",
+                    f"request {request_id!r} ran a prefill chunk and samples nothing, got {got} tokens",
+                    request_id=request_id,
+                    step=record.step,
+                )
         for request_id, drafts in model_output.draft_token_ids.items():
-            require(self.config.num_spec_tokens > 0, InvalidEvent, "drafts_without_spec_decode",
-                    "draft tokens given but num_spec_tokens is 0", request_id=request_id)
-            require(not (drafts and self.profile.async_scheduling), InvalidEvent, "drafts_under_async_scheduling",
-                    f"draft tokens for {request_id!r} under {self.profile.name}: AsyncScheduler's drafts stay "
-                    "in the worker (vLLM's engine core never hands them to the scheduler)",
-                    request_id=request_id)
-            require(request_id in scheduled, InvalidEvent, "unscheduled_draft_tokens",
-                    f"draft tokens for {request_id!r}, which was not scheduled this step", request_id=request_id)
-            require(len(drafts) <= self.config.num_spec_tokens, InvalidEvent, "too_many_draft_tokens",
-                    f"{len(drafts)} drafts exceed num_spec_tokens={self.config.num_spec_tokens}",
-                    request_id=request_id)
+            require(
+                self.config.num_spec_tokens > 0,
+                InvalidEvent,
+                "drafts_without_spec_decode",
+                "draft tokens given but num_spec_tokens is 0",
+                request_id=request_id,
+            )
+            require(
+                not (drafts and self.profile.async_scheduling),
+                InvalidEvent,
+                "drafts_under_async_scheduling",
+                f"draft tokens for {request_id!r} under {self.profile.name}: AsyncScheduler's drafts stay "
+                "in the worker (vLLM's engine core never hands them to the scheduler)",
+                request_id=request_id,
+            )
+            require(
+                request_id in scheduled,
+                InvalidEvent,
+                "unscheduled_draft_tokens",
+                f"draft tokens for {request_id!r}, which was not scheduled this step",
+                request_id=request_id,
+            )
+            require(
+                len(drafts) <= self.config.num_spec_tokens,
+                InvalidEvent,
+                "too_many_draft_tokens",
+                f"{len(drafts)} drafts exceed num_spec_tokens={self.config.num_spec_tokens}",
+                request_id=request_id,
+            )
             for token in drafts:
-                require(is_token_id(token), InvalidEvent, "invalid_token_id",
-                        f"draft token ids must be integers in [0, {MAX_TOKEN_ID}]",
-                        request_id=request_id, token=token)
+                require(
+                    is_token_id(token),
+                    InvalidEvent,
+                    "invalid_token_id",
+                    f"draft token ids must be integers in [0, {MAX_TOKEN_ID}]",
+                    request_id=request_id,
+                    token=token,
+                )
 
     def _reject_drafts(self, request: Request, drafts: tuple[int, ...], generated: list[int]) -> None:
         """Roll ``num_computed_tokens`` back over rejected drafts (§5 step 3).
@@ -986,7 +1154,9 @@ class Scheduler:
             # more than was drafted; the last token is recomputed.
             request.num_computed_tokens -= len(drafts) - (len(generated) - 1)
 
-    def _append_output_tokens(self, request: Request, generated: list[int], is_stale: bool = False) -> tuple[list[int], bool]:
+    def _append_output_tokens(
+        self, request: Request, generated: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
         """Append sampled tokens one by one, stopping at the first stop (§5 step 4).
 
         Tokens after the stopping one are discarded, and (0.33)
@@ -1066,8 +1236,7 @@ class Scheduler:
             "running": [r.request_id for r in self.running],
             "waiting": [r.request_id for r in self.waiting],
             "block_tables": {
-                rid: [b.block_id for b in blocks]
-                for rid, blocks in sorted(self.kv_cache_manager.req_to_blocks.items())
+                rid: [b.block_id for b in blocks] for rid, blocks in sorted(self.kv_cache_manager.req_to_blocks.items())
             },
             "requests": {
                 rid: {

@@ -48,8 +48,12 @@ class PrefixCacheStats:
 
     def to_canonical(self) -> dict[str, Any]:
         return {
-            "reset": self.reset, "requests": self.requests, "queries": self.queries, "hits": self.hits,
-            "preempted_requests": self.preempted_requests, "preempted_queries": self.preempted_queries,
+            "reset": self.reset,
+            "requests": self.requests,
+            "queries": self.queries,
+            "hits": self.hits,
+            "preempted_requests": self.preempted_requests,
+            "preempted_queries": self.preempted_queries,
             "preempted_hits": self.preempted_hits,
         }
 
@@ -81,15 +85,21 @@ class SpecDecodingStats:
 
     def to_canonical(self) -> dict[str, Any]:
         return {
-            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
             "num_draft_tokens_per_pos": list(self.num_draft_tokens_per_pos),
         }
 
 
-def render_scheduler_stats(num_running_reqs: int, num_waiting: int, num_deferred: int, prefix_cache: PrefixCacheStats,
-                           spec_decoding: SpecDecodingStats | None) -> dict[str, Any]:
+def render_scheduler_stats(
+    num_running_reqs: int,
+    num_waiting: int,
+    num_deferred: int,
+    prefix_cache: PrefixCacheStats,
+    spec_decoding: SpecDecodingStats | None,
+) -> dict[str, Any]:
     """The canonical ``SchedulerStats`` of one update (the trace's ``model_output.expect.stats``).
 
     vLLM counts the waiting requests a waiting loop skipped and left waiting

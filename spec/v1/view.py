@@ -89,10 +89,14 @@ class ConcreteView:
         self._stale = {rid: r.num_stale_output_tokens for rid, r in reqs.items()}
         records = list(getattr(scheduler, "in_flight", ()))
         self._in_flight_scheduled = {
-            rid: sum(rec.output.num_scheduled_tokens.get(rid, 0) for rec in records) for rid in reqs}
+            rid: sum(rec.output.num_scheduled_tokens.get(rid, 0) for rec in records) for rid in reqs
+        }
         self._in_flight_samples = {
-            rid: sum(1 + len(rec.output.scheduled_spec_decode_tokens.get(rid, ())) for rec in records
-                     if rec.samples.get(rid)) for rid in reqs}
+            rid: sum(
+                1 + len(rec.output.scheduled_spec_decode_tokens.get(rid, ())) for rec in records if rec.samples.get(rid)
+            )
+            for rid in reqs
+        }
         self._tables = {rid: [b.block_id for b in kv.req_to_blocks.get(rid, [])] for rid in reqs}
         self.orphan_tables = len([rid for rid in kv.req_to_blocks if rid not in reqs])
         self._req_hashes = {rid: r.block_hashes for rid, r in reqs.items()}

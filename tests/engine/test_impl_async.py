@@ -40,13 +40,25 @@ from schedconf.spec.v1.config import SchedulerConfig
 
 ROOT = Path(__file__).parents[2]
 SCENARIOS = sorted((ROOT / "conformance" / "testdata" / "scenarios").glob("*.txt"))
-IN_FLIGHT_SCENARIOS = ("async_placeholders.txt", "async_stale_output.txt", "in_flight_plain.txt",
-                       "reset_prefix_cache.txt", "knobs_0_32.txt")
+IN_FLIGHT_SCENARIOS = (
+    "async_placeholders.txt",
+    "async_stale_output.txt",
+    "in_flight_plain.txt",
+    "reset_prefix_cache.txt",
+    "knobs_0_32.txt",
+)
 
 
 def _sched(profile: str = "vllm-0.33-async", **overrides: Any) -> FastScheduler:
-    config = dict(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=16,
-                  enable_prefix_caching=False, max_concurrent_batches=2)
+    config = dict(
+        block_size=4,
+        num_gpu_blocks=9,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        max_model_len=16,
+        enable_prefix_caching=False,
+        max_concurrent_batches=2,
+    )
     config.update(overrides)
     return FastScheduler(SchedulerConfig(**config), profile)
 
@@ -68,9 +80,14 @@ def _refused(fn, *args, **kwargs) -> str:
 
 def _state(sched: FastScheduler) -> tuple:
     """Everything a refusal must leave unchanged."""
-    return (sched.observe(), sched.waiting_ids(), [r.req_id for r in sched.running], sched.current_step,
-            [o.step for o in sched.in_flight],
-            {rid: (_counters(sched, rid), r.status) for rid, r in sched.requests.items()})
+    return (
+        sched.observe(),
+        sched.waiting_ids(),
+        [r.req_id for r in sched.running],
+        sched.current_step,
+        [o.step for o in sched.in_flight],
+        {rid: (_counters(sched, rid), r.status) for rid, r in sched.requests.items()},
+    )
 
 
 # ----------------------------------------------------------------- the fast scheduler, by hand
@@ -259,8 +276,9 @@ def test_reset_prefix_cache_drops_the_output_in_flight_and_resumes_at_once_by_ha
     assert _entries(s3) == [("r0", 4, 0, 4, [2])]
     c3 = s3.to_canonical()
     assert c3["preempted_req_ids"] == ["r0"]
-    assert c3["scheduled_cached_reqs"] == [{"req_id": "r0", "resumed": True, "new_block_ids": [2],
-                                            "num_computed_tokens": 0, "num_output_tokens": 0}]
+    assert c3["scheduled_cached_reqs"] == [
+        {"req_id": "r0", "resumed": True, "new_block_ids": [2], "num_computed_tokens": 0, "num_output_tokens": 0}
+    ]
     assert sched.update_from_output(s2, [[101]]) == []  # the last dropped share: ST 1 -> 0
     assert sched.update_from_output(s3, [[102]]) == [("r0", [102], None, None)]
     assert _counters(sched, "r0") == (4, 5, 0, 0, 0)
@@ -275,8 +293,13 @@ def test_0_32_scheduler_knobs_by_hand():
     # The adaptive threshold: with 2 requests present the cap 2 is floored at
     # 16 // 2 = 8: each 10-token prompt gets an 8-token chunk (without it: 2).
     for adaptive, chunk in ((True, 8), (False, 2)):
-        sched = _sched("vllm-0.33", num_gpu_blocks=20, max_model_len=32, long_prefill_token_threshold=2,
-                       long_prefill_token_threshold_adaptive=adaptive)
+        sched = _sched(
+            "vllm-0.33",
+            num_gpu_blocks=20,
+            max_model_len=32,
+            long_prefill_token_threshold=2,
+            long_prefill_token_threshold_adaptive=adaptive,
+        )
         sched.add_request("r0", range(10), max_tokens=2)
         sched.add_request("r1", range(20, 30), max_tokens=2)
         assert [(e[0], e[1]) for e in _entries(sched.schedule())] == [("r0", chunk), ("r1", chunk)]
@@ -290,8 +313,10 @@ def test_0_32_scheduler_knobs_by_hand():
     # Waiting: r0 (at the head) takes [1, 2] for its 5 tokens, r1 then [3];
     # the output lists the new r1 first, then r0.
     c = sched.schedule().to_canonical()
-    assert c["scheduled_new_reqs"] == [{"req_id": "r1", "block_ids": [3], "num_computed_tokens": 0},
-                                       {"req_id": "r0", "block_ids": [1, 2], "num_computed_tokens": 0}]
+    assert c["scheduled_new_reqs"] == [
+        {"req_id": "r1", "block_ids": [3], "num_computed_tokens": 0},
+        {"req_id": "r0", "block_ids": [1, 2], "num_computed_tokens": 0},
+    ]
     assert c["scheduled_cached_reqs"] == []
 
 
@@ -317,8 +342,7 @@ def test_async_spec_decode_placeholder_drafts_and_rejections_by_hand():
         # them over), an empty list is not; an async request that samples must
         # return a token. Nothing changes.
         before = _state(sched)
-        assert _refused(sched.validate_model_output, s1, {"r0": [100]}, {"r0": [7]}) == \
-            "drafts_under_async_scheduling"
+        assert _refused(sched.validate_model_output, s1, {"r0": [100]}, {"r0": [7]}) == "drafts_under_async_scheduling"
         assert _refused(sched.validate_model_output, s1, {}, {}) == "bad_num_sampled_tokens"
         sched.validate_model_output(s1, {"r0": [100]}, {"r0": []})
         assert _state(sched) == before
@@ -408,8 +432,9 @@ class _Lockstep:
         if name == "config":
             kv = dict(a.split("=", 1) for a in args)
             profile = kv.pop("profile", "vllm-0.33")
-            fields = {k: (v if k == "policy" else (v == "true") if v in ("true", "false") else int(v))
-                      for k, v in kv.items()}
+            fields = {
+                k: (v if k == "policy" else (v == "true") if v in ("true", "false") else int(v)) for k, v in kv.items()
+            }
             self.ref, self.impl = ReferenceSut(), ImplSchedulerSut()
             ref = self._call(self.ref, "start", fields, profile)
             try:
@@ -428,11 +453,14 @@ class _Lockstep:
             rid, *rest = args
             opts = dict((a.partition("=")[0], a.partition("=")[2]) for a in rest)
             event = {
-                "request_id": rid, "prompt_token_ids": parse_tokens(opts["prompt"]),
-                "max_tokens": int(opts["max-tokens"]), "priority": int(opts.get("priority", 0)),
+                "request_id": rid,
+                "prompt_token_ids": parse_tokens(opts["prompt"]),
+                "max_tokens": int(opts["max-tokens"]),
+                "priority": int(opts.get("priority", 0)),
                 "arrival_time": int(opts.get("arrival", 0)),
                 "eos_token_id": int(opts["eos"]) if "eos" in opts else None,
-                "ignore_eos": "ignore-eos" in opts, "stop_token_ids": parse_tokens(opts.get("stop", "-")),
+                "ignore_eos": "ignore-eos" in opts,
+                "stop_token_ids": parse_tokens(opts.get("stop", "-")),
                 "min_tokens": int(opts.get("min-tokens", 0)),
             }
             calls = [("add_request", (event,), {})]
@@ -517,8 +545,9 @@ def test_generated_async_spec_decode_workloads_replay_strict(profile):
         except InvalidConfig:
             continue
         trace = run_workload(workload.replace(config=config))
-        multi += sum(len(t) > 1 for e in trace.events if e["kind"] == "model_output"
-                     for t in e["sampled_token_ids"].values())
+        multi += sum(
+            len(t) > 1 for e in trace.events if e["kind"] == "model_output" for t in e["sampled_token_ids"].values()
+        )
         result = replay(trace, ImplSchedulerSut(), "strict")
         if result.verdict != PASS and len(failures) < 3:
             failures.append(render_divergence(trace, result))
@@ -532,17 +561,24 @@ def test_generated_async_spec_decode_workloads_replay_strict(profile):
 def test_overlapped_engine_tokens_equal_the_dense_oracle(tiny_model):
     """Async profiles on the worker thread (2 and 3 steps in flight), a plain batch queue, the sync loop, a reset."""
     seen = {"holes_from_runner": 0, "preemptions": 0, "stale": 0, "repaired": 0}
-    variants = [("vllm-0.33-async", 2, True, None), ("vllm-0.32-async", 2, True, None),
-                ("vllm-0.33-async", 3, True, None), ("vllm-0.33", 2, True, None), ("vllm-0.33-async", 2, False, None),
-                ("vllm-0.33-async", 2, True, 4)]  # reset_prefix_cache(True) at the 5th call: dropped output
+    variants = [
+        ("vllm-0.33-async", 2, True, None),
+        ("vllm-0.32-async", 2, True, None),
+        ("vllm-0.33-async", 3, True, None),
+        ("vllm-0.33", 2, True, None),
+        ("vllm-0.33-async", 2, False, None),
+        ("vllm-0.33-async", 2, True, 4),
+    ]  # reset_prefix_cache(True) at the 5th call: dropped output
     for seed in range(12):
         config, arrivals = random_async_workload(seed)
         for profile, batches, overlap, reset_at in variants:
-            engine = run_overlapped_workload(tiny_model, {**config, "max_concurrent_batches": batches}, arrivals,
-                                             profile, overlap, reset_at)
+            engine = run_overlapped_workload(
+                tiny_model, {**config, "max_concurrent_batches": batches}, arrivals, profile, overlap, reset_at
+            )
             for record in engine.records:
-                dense = dense_generate(tiny_model, record.prompt, record.max_tokens, max_model_len=40,
-                                       eos_token_id=record.eos_token_id)
+                dense = dense_generate(
+                    tiny_model, record.prompt, record.max_tokens, max_model_len=40, eos_token_id=record.eos_token_id
+                )
                 assert record.output_tokens == dense.tokens, (seed, profile, batches, record.req_id)
                 assert record.finish_reason == dense.finish_reason
             seen["holes_from_runner"] += engine.runner.num_holes_from_runner
@@ -651,8 +687,9 @@ def test_teacher_forced_adapter_detects_wrong_placeholder_inputs():
         result = replay(trace, sut, "strict")
         failed += result.verdict == FAIL or bool(sut.failures)
         if result.verdict == FAIL:
-            assert "EngineMismatch" in result.detail or "engine logits" in result.detail or "greedy token" in \
-                result.detail, result.detail
+            assert (
+                "EngineMismatch" in result.detail or "engine logits" in result.detail or "greedy token" in result.detail
+            ), result.detail
     assert failed >= 5
 
 
@@ -667,7 +704,7 @@ class _OracleDrafter:
         n, last = self.lengths.get(req_id, (len(tokens), tokens[-1] if tokens else -1))
         n += len(new_tokens)
         self.lengths[req_id] = (n, new_tokens[-1] if new_tokens else last)
-        drafts = self.truth[req_id][n: n + min(limit, self.k)]
+        drafts = self.truth[req_id][n : n + min(limit, self.k)]
         return [t + 1 if (n + j) % 5 == 3 else t for j, t in enumerate(drafts)]  # every 5th position wrong
 
     def context_tail(self, req_id: str) -> tuple[int, int] | None:
@@ -681,19 +718,31 @@ def test_overlapped_engine_with_async_spec_decode_equals_the_dense_oracle(tiny_m
     """AsyncScheduler + spec decode: the runner's drafts replace the -1s, positions move back over rejections."""
     seen = {"shifted": 0, "substituted": 0, "accepted": 0, "holes_from_runner": 0, "stale": 0}
     # (profile, steps in flight, k, overlapped loop, reset at call, oracle drafter)
-    variants = [("vllm-0.33-async", 2, 2, True, None, False), ("vllm-0.32-async", 2, 3, True, None, False),
-                ("vllm-0.33-async", 3, 3, True, None, True), ("vllm-0.32-async", 2, 2, True, None, True),
-                ("vllm-0.33-async", 2, 1, False, None, True),
-                ("vllm-0.33-async", 2, 2, True, 4, True)]  # reset_prefix_cache(True): dropped output
+    variants = [
+        ("vllm-0.33-async", 2, 2, True, None, False),
+        ("vllm-0.32-async", 2, 3, True, None, False),
+        ("vllm-0.33-async", 3, 3, True, None, True),
+        ("vllm-0.32-async", 2, 2, True, None, True),
+        ("vllm-0.33-async", 2, 1, False, None, True),
+        ("vllm-0.33-async", 2, 2, True, 4, True),
+    ]  # reset_prefix_cache(True): dropped output
     for seed in range(8):
         config, arrivals = random_async_workload(seed)
-        dense = {rid: dense_generate(tiny_model, prompt, kw["max_tokens"], max_model_len=40,
-                                     eos_token_id=kw["eos_token_id"]) for _, rid, prompt, kw in arrivals}
+        dense = {
+            rid: dense_generate(tiny_model, prompt, kw["max_tokens"], max_model_len=40, eos_token_id=kw["eos_token_id"])
+            for _, rid, prompt, kw in arrivals
+        }
         truth = {rid: list(prompt) + dense[rid].tokens for _, rid, prompt, _ in arrivals}
         for profile, batches, k, overlap, reset_at, oracle in variants:
-            engine = run_overlapped_workload(tiny_model, {**config, "max_concurrent_batches": batches,
-                                                          "num_spec_tokens": k}, arrivals, profile, overlap, reset_at,
-                                             drafter=_OracleDrafter(truth, k) if oracle else None)
+            engine = run_overlapped_workload(
+                tiny_model,
+                {**config, "max_concurrent_batches": batches, "num_spec_tokens": k},
+                arrivals,
+                profile,
+                overlap,
+                reset_at,
+                drafter=_OracleDrafter(truth, k) if oracle else None,
+            )
             for record in engine.records:
                 assert record.output_tokens == dense[record.req_id].tokens, (seed, profile, batches, k, record.req_id)
                 assert record.finish_reason == dense[record.req_id].finish_reason
@@ -747,14 +796,19 @@ def test_teacher_forced_adapter_runs_async_spec_decode_traces_and_catches_unmove
     assert checked > 300 and shifted > 20 and caught >= 3, (checked, shifted, caught)
 
 
-
 # ----------------------------------------------------------------- gpu_checks/async_check.py without a GPU
 
 
 def test_async_check_without_a_gpu_checks_nothing_and_says_so(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "schedconf.gpu_checks.async_check", "--out", str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "schedconf.gpu_checks.async_check", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
     report = json.loads((tmp_path / "async_check.json").read_text())
@@ -763,8 +817,12 @@ def test_async_check_without_a_gpu_checks_nothing_and_says_so(tmp_path):
 
 def test_async_check_cpu_dry_run_runs_every_stage(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # bench/ is imported from the repository root, as on the GPU machine
-    assert async_check_main(["--out", str(tmp_path), "--device", "cpu", "--allow-cpu", "--seeds", "2",
-                             "--batch-sizes", "4"]) == 0
+    assert (
+        async_check_main(
+            ["--out", str(tmp_path), "--device", "cpu", "--allow-cpu", "--seeds", "2", "--batch-sizes", "4"]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "async_check.json").read_text())
     assert report["info"]["dry_run_on_cpu"] is True and report["verdict"] == "pass"
     # 2 seeds x (4 variants + a reset + 2 with spec decode)
@@ -791,7 +849,17 @@ def test_impl_engine_passes_the_async_corpus_and_300_generated_async_traces(tmp_
     for path in corpus:
         result = replay(read_trace(path), ImplEngineSut())
         assert result.verdict == PASS, (path.name, result.divergence)
-    summary = run_campaign(CampaignSpec(sut="impl-engine", profile="vllm-0.33-async", examples=300, seed=13, jobs=1,
-                                        out_dir=str(tmp_path), run_id="impl-async", quiet=True))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="impl-engine",
+            profile="vllm-0.33-async",
+            examples=300,
+            seed=13,
+            jobs=1,
+            out_dir=str(tmp_path),
+            run_id="impl-async",
+            quiet=True,
+        )
+    )
     assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
     assert summary["passed"] >= 290 and summary["features"].get("stale_output", 0) > 0, summary["features"]

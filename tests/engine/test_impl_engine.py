@@ -33,9 +33,17 @@ CORPUS = sorted((ROOT / "conformance" / "traces" / "vectors").rglob("*.jsonl"))
 
 
 def _dense(model, record, max_model_len, limit=None):
-    return dense_generate(model, record.prompt, record.max_tokens, max_model_len=max_model_len,
-                          eos_token_id=record.eos_token_id, ignore_eos=record.ignore_eos,
-                          stop_token_ids=record.stop_token_ids, min_tokens=record.min_tokens, limit=limit)
+    return dense_generate(
+        model,
+        record.prompt,
+        record.max_tokens,
+        max_model_len=max_model_len,
+        eos_token_id=record.eos_token_id,
+        ignore_eos=record.ignore_eos,
+        stop_token_ids=record.stop_token_ids,
+        min_tokens=record.min_tokens,
+        limit=limit,
+    )
 
 
 def _run(engine: Engine, arrivals: list[tuple[int, str, list[int], dict]]) -> Counter:
@@ -62,8 +70,15 @@ def test_engine_tokens_equal_dense_through_chunks_hits_preemption_and_drafts(tin
     system = [rng.randrange(512) for _ in range(10)]
     # Repetitive prompts give the n-gram drafter matches.
     loop = [rng.randrange(512) for _ in range(5)]
-    config = SchedulerConfig(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=12, max_num_seqs=4,
-                             max_model_len=48, num_spec_tokens=3, long_prefill_token_threshold=8)
+    config = SchedulerConfig(
+        block_size=4,
+        num_gpu_blocks=16,
+        max_num_batched_tokens=12,
+        max_num_seqs=4,
+        max_model_len=48,
+        num_spec_tokens=3,
+        long_prefill_token_threshold=8,
+    )
     engine = Engine(config, tiny_model)
     arrivals = []
     for i in range(8):
@@ -83,13 +98,28 @@ def test_engine_tokens_equal_dense_through_chunks_hits_preemption_and_drafts(tin
 # caches blocks at scheduling time, and is preempted in the same step by a more
 # important request: its cached blocks were never computed, and r0 later resumes
 # on a prefix hit of exactly those blocks.
-HAZARD_CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=12, max_num_batched_tokens=16, max_num_seqs=4,
-                                max_model_len=32, long_prefill_token_threshold=8, policy="priority")
+HAZARD_CONFIG = SchedulerConfig(
+    block_size=4,
+    num_gpu_blocks=12,
+    max_num_batched_tokens=16,
+    max_num_seqs=4,
+    max_model_len=32,
+    long_prefill_token_threshold=8,
+    policy="priority",
+)
 HAZARD_REQUESTS = [
-    (3, "r0", [36, 1, 508, 69, 69, 8, 201, 328, 237, 177, 435, 503, 100, 245, 402, 355, 79, 264, 370, 437, 224, 118,
-               386], {"max_tokens": 10, "priority": 1, "arrival_time": 3}),
-    (3, "r1", [36, 1, 508, 69, 69, 8, 201, 328, 237, 177, 435, 503, 340, 345, 185, 78, 310, 411, 266, 1],
-     {"max_tokens": 5, "priority": 1, "arrival_time": 3}),
+    (
+        3,
+        "r0",
+        [36, 1, 508, 69, 69, 8, 201, 328, 237, 177, 435, 503, 100, 245, 402, 355, 79, 264, 370, 437, 224, 118, 386],
+        {"max_tokens": 10, "priority": 1, "arrival_time": 3},
+    ),
+    (
+        3,
+        "r1",
+        [36, 1, 508, 69, 69, 8, 201, 328, 237, 177, 435, 503, 340, 345, 185, 78, 310, 411, 266, 1],
+        {"max_tokens": 5, "priority": 1, "arrival_time": 3},
+    ),
     (1, "r2", [199, 194, 131], {"max_tokens": 8, "priority": 1, "arrival_time": 1}),
     (1, "r3", [211, 11, 242, 464, 446, 290, 71, 274, 303], {"max_tokens": 10, "priority": 2, "arrival_time": 1}),
 ]
@@ -108,8 +138,9 @@ def test_trusting_every_prefix_hit_gives_wrong_tokens_there(tiny_model):
     """The control: without the repair, the resumed request reads KV that was never written."""
     engine = Engine(HAZARD_CONFIG, tiny_model, repair_prefix_hits=False)
     _run(engine, HAZARD_REQUESTS)
-    wrong = [r.req_id for r in engine.records
-             if r.output_tokens != _dense(tiny_model, r, HAZARD_CONFIG.max_model_len).tokens]
+    wrong = [
+        r.req_id for r in engine.records if r.output_tokens != _dense(tiny_model, r, HAZARD_CONFIG.max_model_len).tokens
+    ]
     assert wrong == ["r0"]
 
 
@@ -117,16 +148,23 @@ def test_lockstep_engine_check_on_generated_workloads_and_corpus(tiny_model):
     workloads = [(f"gen-{s}-{p}", generate_workload(s, p)) for s in range(20) for p in ("vllm-0.33", "vllm-0.32")]
     workloads += [(f"impl-{s}", make_tight_workload(s, vocab_size=512)) for s in range(12)]
     workloads += [(f"example-{k}", f()) for k, f in sorted(EXAMPLES.items())]
-    workloads += [(str(p), workload_from_trace(t)) for p in CORPUS  # refused configs have no workload
-                  for t in [read_trace(p)] if t.profile in ("vllm-0.33", "vllm-0.32") and "expect_error" not in t.header
-                  and "liveness_" not in p.name]  # the liveness witnesses never finish (spec/symbolic/LIVENESS.md)
+    workloads += [
+        (str(p), workload_from_trace(t))
+        for p in CORPUS  # refused configs have no workload
+        for t in [read_trace(p)]
+        if t.profile in ("vllm-0.33", "vllm-0.32") and "expect_error" not in t.header and "liveness_" not in p.name
+    ]  # the liveness witnesses never finish (spec/symbolic/LIVENESS.md)
     totals: Counter = Counter()
     for name, workload in workloads:
         report = check_engine(workload, tiny_model, name=name, record_trace=False)
         assert report.ok, (name, report.divergence, report.token_mismatches)
         assert not report.near_ties, (name, report.near_ties)
-        totals.update(steps=report.steps, preemptions=report.num_preemptions,
-                      accepted=report.num_drafts_accepted, proposed=report.num_drafts_proposed)
+        totals.update(
+            steps=report.steps,
+            preemptions=report.num_preemptions,
+            accepted=report.num_drafts_accepted,
+            proposed=report.num_drafts_proposed,
+        )
     assert totals["preemptions"] > 0 and 0 < totals["accepted"] < totals["proposed"], totals
 
 
@@ -186,7 +224,8 @@ def test_near_ties_are_reported_with_their_margin():
     # argmax of equal values is the lowest id: token 0, runner-up 1, margin 0, at every output.
     assert engine.records[0].output_tokens == [0, 0, 0, 0]
     assert [(t.output_index, t.token, t.runner_up, t.margin) for t in engine.stats.near_ties] == [
-        (i, 0, 1, 0.0) for i in range(4)]
+        (i, 0, 1, 0.0) for i in range(4)
+    ]
     dense = _dense(model, engine.records[0], 32)
     assert dense.tokens == [0, 0, 0, 0] and len(dense.near_ties) == 4
 
@@ -244,6 +283,9 @@ def test_lower_precision_engine_runs_and_reports(dtype):
         if record.output_tokens != dense.tokens:
             # Allowed only where a near tie was reported, at or before the first difference.
             first = next(i for i, (a, b) in enumerate(zip(record.output_tokens, dense.tokens + [-1])) if a != b)
-            ties = [t for t in engine.stats.near_ties + dense.near_ties
-                    if t.req_id in (record.req_id, "") and t.output_index <= first]
+            ties = [
+                t
+                for t in engine.stats.near_ties + dense.near_ties
+                if t.req_id in (record.req_id, "") and t.output_index <= first
+            ]
             assert ties, (record.req_id, first)

@@ -13,8 +13,14 @@ ROOT = Path(__file__).parents[2]
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "schedconf.gpu_checks.engine_gpu", "--out", str(tmp_path), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.gpu_checks.engine_gpu", "--out", str(tmp_path), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_without_a_gpu_it_checks_nothing_and_says_so(tmp_path):
@@ -28,8 +34,20 @@ def test_without_a_gpu_it_checks_nothing_and_says_so(tmp_path):
 
 def test_cpu_dry_run_runs_every_stage(tmp_path):
     # The exported corpus is checked by test_impl_engine.py; here an empty folder keeps the run short.
-    proc = _run(["--device", "cpu", "--allow-cpu", "--seeds", "2", "--batch-sizes", "1,4",
-                 "--corpus", str(tmp_path / "no-corpus")], tmp_path)
+    proc = _run(
+        [
+            "--device",
+            "cpu",
+            "--allow-cpu",
+            "--seeds",
+            "2",
+            "--batch-sizes",
+            "1,4",
+            "--corpus",
+            str(tmp_path / "no-corpus"),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "engine_gpu.json").read_text())
     assert report["info"]["dry_run_on_cpu"] is True

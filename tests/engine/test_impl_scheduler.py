@@ -115,7 +115,9 @@ def _sched(**overrides: Any) -> FastScheduler:
 
 
 def _sample_all(sched: FastScheduler, out, token: int = 7):
-    return sched.update_from_output(out, [[token] if before + n >= ntok else [] for _, n, before, ntok, _ in out.entries])
+    return sched.update_from_output(
+        out, [[token] if before + n >= ntok else [] for _, n, before, ntok, _ in out.entries]
+    )
 
 
 def test_allocation_prefix_hit_and_free_queue_order_by_hand():
@@ -136,7 +138,9 @@ def test_allocation_prefix_hit_and_free_queue_order_by_hand():
     # popped from the front: block 3.
     sched.add_request("b", [*range(100, 108), 9], max_tokens=4)
     out = sched.schedule()
-    assert out.to_canonical()["scheduled_new_reqs"] == [{"req_id": "b", "block_ids": [1, 2, 3], "num_computed_tokens": 8}]
+    assert out.to_canonical()["scheduled_new_reqs"] == [
+        {"req_id": "b", "block_ids": [1, 2, 3], "num_computed_tokens": 8}
+    ]
     assert out.to_canonical()["num_scheduled_tokens"] == {"b": 1}
     assert sched.observe()["free_block_queue"] == [4, 5]
 
@@ -198,13 +202,33 @@ def test_an_empty_output_with_drafts_wedges_the_request_in_both():
     from schedconf.conformance.adapters.reference import ReferenceSut
     from schedconf.spec.v1.config import SchedulerConfig
 
-    config = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
-                             max_model_len=32, num_spec_tokens=2, enable_prefix_caching=False).to_dict()
-    add = {"kind": "add_request", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 8, "priority": 0,
-           "arrival_time": 0, "eos_token_id": None, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
+    config = SchedulerConfig(
+        block_size=4,
+        num_gpu_blocks=17,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        max_model_len=32,
+        num_spec_tokens=2,
+        enable_prefix_caching=False,
+    ).to_dict()
+    add = {
+        "kind": "add_request",
+        "prompt_token_ids": [1, 2, 3, 4],
+        "max_tokens": 8,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": None,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "min_tokens": 0,
+    }
     # (sampled, drafts) per step: a and b prefill; a decodes with drafts and samples nothing; b goes on
-    outputs = [({"a": [5], "b": [5]}, {"a": [6, 7], "b": [6, 7]}), ({"a": [], "b": [6, 7, 8]}, {"b": [9, 9]}),
-               ({"b": [9, 9, 9]}, {}), ({"b": [1]}, {})]
+    outputs = [
+        ({"a": [5], "b": [5]}, {"a": [6, 7], "b": [6, 7]}),
+        ({"a": [], "b": [6, 7, 8]}, {"b": [9, 9]}),
+        ({"b": [9, 9, 9]}, {}),
+        ({"b": [1]}, {}),
+    ]
     seen = []
     for sut in (ReferenceSut(), make_scheduler_sut()):
         sut.start(config, "vllm-0.33")

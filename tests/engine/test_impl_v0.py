@@ -41,14 +41,18 @@ def draw_config(rng: random.Random) -> dict[str, Any]:
         ngpu = rng.randint(min_gpu, min_gpu * 3)
         mpp = rng.choice([1, 1, 2, 3]) if chunked else 1
         cfg = {
-            "block_size": bs, "num_gpu_blocks": ngpu,
+            "block_size": bs,
+            "num_gpu_blocks": ngpu,
             "num_cpu_blocks": rng.choice([0, ngpu // 2, ngpu, ngpu * 4]),
-            "max_num_batched_tokens": mnbt, "max_num_seqs": rng.randint(1, min(6, mnbt)),
-            "max_model_len": mml, "enable_chunked_prefill": chunked,
+            "max_num_batched_tokens": mnbt,
+            "max_num_seqs": rng.randint(1, min(6, mnbt)),
+            "max_model_len": mml,
+            "enable_chunked_prefill": chunked,
             "enable_prefix_caching": rng.random() < 0.5,
             "policy": "fcfs" if chunked or rng.random() < 0.5 else "priority",
             "preemption_mode": rng.choice([None, "swap", "swap", "recompute"]),
-            "max_num_partial_prefills": mpp, "max_long_partial_prefills": rng.randint(1, mpp),
+            "max_num_partial_prefills": mpp,
+            "max_long_partial_prefills": rng.randint(1, mpp),
             "long_prefill_token_threshold": rng.choice([0, 2, 4, 8]),
         }
         try:
@@ -122,10 +126,20 @@ class Lockstep:
         if rng.random() < 0.03 and sampled:  # a refused model output changes nothing
             bad = dict(sampled)
             bad[next(iter(bad))] = []
-            self.same(lambda: self.ref.update_from_output(ref_out, ModelRunnerOutput(
-                {k: tuple(v) for k, v in bad.items()}, {})), lambda: self.sut.update_from_output(bad, {}), "bad update")
-        got = self.same(lambda: self.ref.update_from_output(ref_out, ModelRunnerOutput(
-            {k: tuple(v) for k, v in sampled.items()}, {})), lambda: self.sut.update_from_output(sampled, {}), "update")
+            self.same(
+                lambda: self.ref.update_from_output(
+                    ref_out, ModelRunnerOutput({k: tuple(v) for k, v in bad.items()}, {})
+                ),
+                lambda: self.sut.update_from_output(bad, {}),
+                "bad update",
+            )
+        got = self.same(
+            lambda: self.ref.update_from_output(
+                ref_out, ModelRunnerOutput({k: tuple(v) for k, v in sampled.items()}, {})
+            ),
+            lambda: self.sut.update_from_output(sampled, {}),
+            "update",
+        )
         if got is not None:
             ref_outputs, sut_outputs = got
             assert sut_outputs == [o.to_canonical() for o in ref_outputs], f"request outputs step {ref_out.step}"
@@ -142,13 +156,19 @@ def run_lockstep(rng: random.Random, num_steps: int = 40) -> Counter:
     for _ in range(num_steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
             n = rng.randint(1, mml + 2)
-            prompt = (prefix[:rng.randint(0, 16)] + [rng.randrange(40) for _ in range(n)])[:n]
+            prompt = (prefix[: rng.randint(0, 16)] + [rng.randrange(40) for _ in range(n)])[:n]
             max_tokens = rng.randint(1, 12)
-            kwargs = {"request_id": f"r{next_id}", "prompt_token_ids": prompt, "max_tokens": max_tokens,
-                      "priority": rng.randint(0, 3) if config["policy"] == "priority" or rng.random() < 0.03 else 0,
-                      "arrival_time": next_id,
-                      "eos_token_id": rng.choice([None, EOS]), "ignore_eos": rng.random() < 0.2,
-                      "stop_token_ids": rng.choice([[], [STOP]]), "min_tokens": rng.choice([0, 0, min(2, max_tokens)])}
+            kwargs = {
+                "request_id": f"r{next_id}",
+                "prompt_token_ids": prompt,
+                "max_tokens": max_tokens,
+                "priority": rng.randint(0, 3) if config["policy"] == "priority" or rng.random() < 0.03 else 0,
+                "arrival_time": next_id,
+                "eos_token_id": rng.choice([None, EOS]),
+                "ignore_eos": rng.random() < 0.2,
+                "stop_token_ids": rng.choice([[], [STOP]]),
+                "min_tokens": rng.choice([0, 0, min(2, max_tokens)]),
+            }
             if rng.random() < 0.03:
                 kwargs["max_tokens"] = 0  # refused (invalid_max_tokens)
             next_id += 1
@@ -235,13 +255,35 @@ def test_a_prefill_that_cannot_append_a_slot_is_preempted_forever(mode):
     tokens never fit the 4-token budget, so nothing is ever scheduled again. Recompute mode: it is
     re-admitted in step 3 and preempted again in step 4, forever.
     """
-    config = {"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": 8, "max_num_batched_tokens": 4,
-              "max_num_seqs": 4, "max_model_len": 16, "enable_chunked_prefill": True,
-              "enable_prefix_caching": False, "policy": "fcfs", "preemption_mode": mode,
-              "max_num_partial_prefills": 1, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 0}
+    config = {
+        "block_size": 4,
+        "num_gpu_blocks": 4,
+        "num_cpu_blocks": 8,
+        "max_num_batched_tokens": 4,
+        "max_num_seqs": 4,
+        "max_model_len": 16,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": False,
+        "policy": "fcfs",
+        "preemption_mode": mode,
+        "max_num_partial_prefills": 1,
+        "max_long_partial_prefills": 1,
+        "long_prefill_token_threshold": 0,
+    }
     ls = Lockstep(config)
-    ls.add({"request_id": "a", "prompt_token_ids": list(range(1, 14)), "max_tokens": 3, "priority": 0,
-            "arrival_time": 0, "eos_token_id": None, "ignore_eos": True, "stop_token_ids": [], "min_tokens": 0})
+    ls.add(
+        {
+            "request_id": "a",
+            "prompt_token_ids": list(range(1, 14)),
+            "max_tokens": 3,
+            "priority": 0,
+            "arrival_time": 0,
+            "eos_token_id": None,
+            "ignore_eos": True,
+            "stop_token_ids": [],
+            "min_tokens": 0,
+        }
+    )
     outputs = []
     for _ in range(8):
         out = ls.ref.schedule()

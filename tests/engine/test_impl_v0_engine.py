@@ -25,19 +25,37 @@ PROFILE = "vllm-0.10"
 
 
 def v0_config(**fields):
-    base = dict(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=4,
-                max_model_len=16, enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-                preemption_mode="swap", max_num_partial_prefills=1, max_long_partial_prefills=1,
-                long_prefill_token_threshold=0)
+    base = dict(
+        block_size=4,
+        num_gpu_blocks=4,
+        num_cpu_blocks=8,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        max_model_len=16,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        preemption_mode="swap",
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
     base.update(fields)
     return base
 
 
 def dense_tokens(model, record, max_model_len):
-    return dense_generate(model, record.prompt, record.max_tokens, max_model_len=max_model_len,
-                          eos_token_id=record.eos_token_id, ignore_eos=record.ignore_eos,
-                          stop_token_ids=record.stop_token_ids, min_tokens=record.min_tokens,
-                          defer_length_to_min_tokens=True)
+    return dense_generate(
+        model,
+        record.prompt,
+        record.max_tokens,
+        max_model_len=max_model_len,
+        eos_token_id=record.eos_token_id,
+        ignore_eos=record.ignore_eos,
+        stop_token_ids=record.stop_token_ids,
+        min_tokens=record.min_tokens,
+        defer_length_to_min_tokens=True,
+    )
 
 
 def swap_workload(model, **engine_kwargs) -> V0Engine:
@@ -164,7 +182,8 @@ def _engine_with_reference(model, config: dict, arrivals, seed: int) -> tuple[V0
             mine = engine.scheduler.update_from_output(out, result.sampled)
             theirs = ref.update_from_output(ref_out, ModelRunnerOutput(sampled, {}))
             assert [(o[0], list(o[1]), o[2], o[3]) for o in mine] == [
-                (o.req_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in theirs]
+                (o.req_id, list(o.new_token_ids), o.finish_reason, o.stop_reason) for o in theirs
+            ]
             for rid, _, reason, stop in mine:
                 if reason is not None:
                     record = next(r for r in reversed(engine.records) if r.req_id == rid)
@@ -185,25 +204,43 @@ def test_random_v0_workloads_generate_the_dense_tokens(tiny_model, chunked, cach
         rng = random.Random(seed * 10 + chunked * 2 + caching)
         mode = rng.choice(["swap", "swap", None])
         # (priority preemption in swap mode crashes vLLM 0.10.2: the scheduler tests cover that)
-        config = v0_config(block_size=rng.choice([2, 4]), num_gpu_blocks=12, num_cpu_blocks=64,
-                           max_num_batched_tokens=12 if chunked else 24, max_model_len=24, max_num_seqs=5,
-                           enable_chunked_prefill=chunked, enable_prefix_caching=caching, preemption_mode=mode,
-                           policy="priority" if not chunked and mode is None and seed % 2 == 0 else "fcfs",
-                           max_num_partial_prefills=2 if chunked and seed % 2 else 1)
+        config = v0_config(
+            block_size=rng.choice([2, 4]),
+            num_gpu_blocks=12,
+            num_cpu_blocks=64,
+            max_num_batched_tokens=12 if chunked else 24,
+            max_model_len=24,
+            max_num_seqs=5,
+            enable_chunked_prefill=chunked,
+            enable_prefix_caching=caching,
+            preemption_mode=mode,
+            policy="priority" if not chunked and mode is None and seed % 2 == 0 else "fcfs",
+            max_num_partial_prefills=2 if chunked and seed % 2 else 1,
+        )
         system = [rng.randrange(512) for _ in range(8)]
         arrivals = []
         for i in range(7):
-            prompt = system[:rng.choice([0, 4, 8])] + [rng.randrange(512) for _ in range(rng.randrange(1, 10))]
-            arrivals.append((i // 2, f"r{i}", prompt, {"max_tokens": rng.randrange(4, 14), "eos_token_id": 1,
-                                                       "priority": rng.randrange(3) if config["policy"] == "priority"
-                                                       else 0, "arrival_time": i,
-                                                       "min_tokens": rng.choice([0, 2])}))
+            prompt = system[: rng.choice([0, 4, 8])] + [rng.randrange(512) for _ in range(rng.randrange(1, 10))]
+            arrivals.append(
+                (
+                    i // 2,
+                    f"r{i}",
+                    prompt,
+                    {
+                        "max_tokens": rng.randrange(4, 14),
+                        "eos_token_id": 1,
+                        "priority": rng.randrange(3) if config["policy"] == "priority" else 0,
+                        "arrival_time": i,
+                        "min_tokens": rng.choice([0, 2]),
+                    },
+                )
+            )
         engine, s = _engine_with_reference(tiny_model, config, arrivals, seed)
         seen.update(s)
         for record in engine.records:
             dense = dense_tokens(tiny_model, record, config["max_model_len"])
             if record.finish_reason in ("abort", None):  # aborted, or cut by an engine crash
-                assert record.output_tokens == dense.tokens[:len(record.output_tokens)], record.req_id
+                assert record.output_tokens == dense.tokens[: len(record.output_tokens)], record.req_id
             else:
                 assert record.output_tokens == dense.tokens, (seed, record.req_id)
                 assert record.finish_reason == dense.finish_reason, (seed, record.req_id)
@@ -258,16 +295,26 @@ def test_prefix_hits_on_blocks_whose_kv_was_never_written_are_repaired(tiny_mode
     engine recomputes the invalid blocks of the context instead and matches the oracle.
     """
     rng = random.Random(16)
-    config = v0_config(block_size=2, num_gpu_blocks=40, num_cpu_blocks=64, max_num_batched_tokens=8,
-                       max_model_len=32, max_num_seqs=4, enable_chunked_prefill=True, enable_prefix_caching=True,
-                       preemption_mode=None, max_num_partial_prefills=2, max_long_partial_prefills=2,
-                       long_prefill_token_threshold=4)
+    config = v0_config(
+        block_size=2,
+        num_gpu_blocks=40,
+        num_cpu_blocks=64,
+        max_num_batched_tokens=8,
+        max_model_len=32,
+        max_num_seqs=4,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+        preemption_mode=None,
+        max_num_partial_prefills=2,
+        max_long_partial_prefills=2,
+        long_prefill_token_threshold=4,
+    )
     for draw in ([1, 2], [6, 8, 10], [1, 2, 3], [0, 4], [1, 2]):  # advance the generator as the search that found it
         rng.choice(draw)
     system = [rng.randrange(512) for _ in range(20)]
     arrivals = []
     for i in range(5):
-        prompt = system[:rng.choice([12, 16, 20])] + [rng.randrange(512) for _ in range(rng.randrange(1, 4))]
+        prompt = system[: rng.choice([12, 16, 20])] + [rng.randrange(512) for _ in range(rng.randrange(1, 4))]
         arrivals.append((i, f"r{i}", prompt, {"max_tokens": 4, "ignore_eos": True, "arrival_time": i}))
     assert (len(arrivals[0][2]), len(arrivals[1][2])) == (19, 18)
     repaired = V0Engine(make_config(config, PROFILE), tiny_model)
@@ -287,9 +334,29 @@ def test_swap_check_dry_run_on_the_cpu(tmp_path):
 
     from schedconf.gpu_checks import swap_check
 
-    rc = swap_check.main(["--device", "cpu", "--allow-cpu", "--out", str(tmp_path), "--model", "tiny",
-                          "--dtype", "float64", "--block-sizes", "2,8", "--blocks", "8", "--repeats", "1",
-                          "--tokens-model", "tiny", "--token-seeds", "2"])
+    rc = swap_check.main(
+        [
+            "--device",
+            "cpu",
+            "--allow-cpu",
+            "--out",
+            str(tmp_path),
+            "--model",
+            "tiny",
+            "--dtype",
+            "float64",
+            "--block-sizes",
+            "2,8",
+            "--blocks",
+            "8",
+            "--repeats",
+            "1",
+            "--tokens-model",
+            "tiny",
+            "--token-seeds",
+            "2",
+        ]
+    )
     report = json.loads((tmp_path / "swap_check.json").read_text())
     assert rc == 0 and report["verdict"] == "pass"
     assert [r["block_size"] for r in report["rows"]] == [2, 8] and all(r["round_trip_exact"] for r in report["rows"])
@@ -331,12 +398,24 @@ def test_impl_engine_passes_the_v0_corpus_and_300_generated_traces(tmp_path):
     from schedconf.conformance.runs.campaign import CampaignSpec, run_campaign
     from schedconf.conformance.traces.trace import read_trace
 
-    corpus = sorted((Path(__file__).parents[2] / "conformance" / "traces" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl"))
+    corpus = sorted(
+        (Path(__file__).parents[2] / "conformance" / "traces" / "vectors" / "v0" / "vllm-0.10").glob("*.jsonl")
+    )
     assert len(corpus) >= 50
     for path in corpus:
         result = replay(read_trace(path), ImplEngineSut())
         assert result.verdict == "pass", (path.name, result)
-    summary = run_campaign(CampaignSpec(sut="impl-engine", profile="vllm-0.10", examples=300, seed=11, jobs=1,
-                                        out_dir=str(tmp_path), run_id="impl-v0", quiet=True))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="impl-engine",
+            profile="vllm-0.10",
+            examples=300,
+            seed=11,
+            jobs=1,
+            out_dir=str(tmp_path),
+            run_id="impl-v0",
+            quiet=True,
+        )
+    )
     assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
     assert summary["passed"] >= 250 and summary["coverage"]["swap_in"] > 0, summary["coverage"]

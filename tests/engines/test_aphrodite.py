@@ -35,17 +35,36 @@ pytestmark = pytest.mark.engines
 VERSION = "0.24.1"
 SUT_NAME = f"aphrodite@{VERSION}"
 PROFILE = "vllm-0.32"
-CONFIG = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-          "max_model_len": 32, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-          "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-          "scheduler_reserve_full_isl": None}
+CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 16,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 HARNESS_ERROR_KINDS = ("sut_error", "sut_timeout", "sut_exited", "protocol_error", "harness_error")
 GOLDEN = REPO_ROOT / "conformance" / "traces" / "vectors" / "v2" / PROFILE
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
-    event = {"request_id": rid, "prompt_token_ids": prompt, "max_tokens": max_tokens, "priority": 0,
-             "arrival_time": 0, "eos_token_id": 1, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
+    event = {
+        "request_id": rid,
+        "prompt_token_ids": prompt,
+        "max_tokens": max_tokens,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": 1,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "min_tokens": 0,
+    }
     return {"kind": "add_request", **event, **extra}
 
 
@@ -72,7 +91,8 @@ def test_session_through_the_harness_adapter(sut: AphroditeSut) -> None:
         sut.update_from_output({"zz": [3]}, {})
     assert err.value.code == "unscheduled_model_output"
     assert sut.update_from_output({"a": [7]}, {}) == [
-        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}
+    ]
     sut.add_request(request("b", list(range(10, 18)) + [99], max_tokens=1))  # two full blocks shared with a
     second = sut.schedule()
     assert second["scheduled_new_reqs"] == [{"req_id": "b", "block_ids": [1, 2, 4], "num_computed_tokens": 8}]
@@ -80,11 +100,17 @@ def test_session_through_the_harness_adapter(sut: AphroditeSut) -> None:
     observed = sut.observe()
     assert observed is not None and observed["num_free_blocks"] == 15 - 4 and observed["free_block_queue"][0] == 5
     outs = sut.update_from_output({"a": [1], "b": [5]}, {})  # a samples its EOS, b reaches max_tokens
-    assert outs == [{"req_id": "a", "new_token_ids": [1], "finish_reason": "stop", "stop_reason": None},
-                    {"req_id": "b", "new_token_ids": [5], "finish_reason": "length", "stop_reason": None}]
-    for bad, code in ((request("c", []), "empty_prompt"), (request("c", list(range(32))), "prompt_too_long"),
-                      (request("c", [1], max_tokens=0), "invalid_max_tokens"), (request("c", [-1]), "invalid_token_id"),
-                      (request("", [1]), "invalid_request_id")):
+    assert outs == [
+        {"req_id": "a", "new_token_ids": [1], "finish_reason": "stop", "stop_reason": None},
+        {"req_id": "b", "new_token_ids": [5], "finish_reason": "length", "stop_reason": None},
+    ]
+    for bad, code in (
+        (request("c", []), "empty_prompt"),
+        (request("c", list(range(32))), "prompt_too_long"),
+        (request("c", [1], max_tokens=0), "invalid_max_tokens"),
+        (request("c", [-1]), "invalid_token_id"),
+        (request("", [1]), "invalid_request_id"),
+    ):
         with pytest.raises(SutInputError) as err:
             sut.add_request(bad)
         assert err.value.code == code, bad
@@ -101,8 +127,10 @@ def test_session_through_the_harness_adapter(sut: AphroditeSut) -> None:
     assert err.value.code == "unexpected_model_output"
 
 
-@pytest.mark.parametrize("profile, field, value", [("vllm-0.33", None, None), ("vllm-0.11", None, None),
-                                                    (PROFILE, "num_lookahead_tokens", 1)])
+@pytest.mark.parametrize(
+    "profile, field, value",
+    [("vllm-0.33", None, None), ("vllm-0.11", None, None), (PROFILE, "num_lookahead_tokens", 1)],
+)
 def test_unsupported_is_unknown(sut: AphroditeSut, profile: str, field: str | None, value: Any) -> None:
     config = dict(CONFIG) if field is None else {**CONFIG, field: value}
     with pytest.raises(SutUnsupported):
@@ -110,12 +138,13 @@ def test_unsupported_is_unknown(sut: AphroditeSut, profile: str, field: str | No
 
 
 def test_config_refusals_use_protocol_codes(sut: AphroditeSut) -> None:
-    for config, code in (({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
-                         ({**CONFIG, "enable_chunked_prefill": False, "max_num_batched_tokens": 16},
-                          "budget_below_max_model_len"),
-                         ({**CONFIG, "max_num_batched_tokens": 3}, "budget_below_max_num_seqs"),
-                         ({**CONFIG, "long_prefill_token_threshold": 33}, "threshold_above_max_model_len"),
-                         ({**CONFIG, "block_size": 0}, "invalid_block_size")):
+    for config, code in (
+        ({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
+        ({**CONFIG, "enable_chunked_prefill": False, "max_num_batched_tokens": 16}, "budget_below_max_model_len"),
+        ({**CONFIG, "max_num_batched_tokens": 3}, "budget_below_max_num_seqs"),
+        ({**CONFIG, "long_prefill_token_threshold": 33}, "threshold_above_max_model_len"),
+        ({**CONFIG, "block_size": 0}, "invalid_block_size"),
+    ):
         with pytest.raises(SutInputError) as err:
             sut.start(config, PROFILE)
         assert err.value.code == code
@@ -174,9 +203,29 @@ def test_golden_corpus_diverges_only_where_the_lone_request_rule_can(sut: Aphrod
 def test_campaign_has_no_harness_error(tmp_path: Path) -> None:
     """60 generated traces run to a verdict; every failure has a threshold set (the lone-request rule)."""
     ensure_env("aphrodite", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--profile", PROFILE,
-                           "--examples", "60", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--profile",
+            PROFILE,
+            "--examples",
+            "60",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     summaries = list(tmp_path.glob("*/summary.json"))
     assert summaries, proc.stderr[-3000:]
     summary = json.loads(summaries[0].read_text())
@@ -193,8 +242,28 @@ def test_strict_under_its_own_profile(tmp_path: Path) -> None:
     """Under aphrodite-0.24 (spec/v1/profiles.py: vllm-0.32 with the lone-request threshold rule)
     Aphrodite passes strict: the one rule explains every divergence from vllm-0.32."""
     ensure_env("aphrodite", VERSION)
-    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--profile", "aphrodite-0.24",
-                    "--examples", "60", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
-                   capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--profile",
+            "aphrodite-0.24",
+            "--examples",
+            "60",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert (summary["examples_run"], summary["passed"]) == (60, 60), summary["failures"][:3]

@@ -27,18 +27,37 @@ pytestmark = pytest.mark.engines
 
 VERSION = "20260210"
 SUT_NAME = f"nano-vllm@{VERSION}"
-CONFIG = {"block_size": 4, "num_gpu_blocks": 9, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-          "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
-          "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-          "scheduler_reserve_full_isl": None}
+CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 9,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 HARNESS_ERROR_KINDS = ("sut_error", "sut_timeout", "sut_exited", "protocol_error", "harness_error")
 ENGINE_FAILURE = "nano-vllm's Scheduler.schedule() "
 """How the driver words a failure of nano-vllm's own schedule() (an engine bug, not the driver's)."""
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
-    event = {"request_id": rid, "prompt_token_ids": prompt, "max_tokens": max_tokens, "priority": 0,
-             "arrival_time": 0, "eos_token_id": 1, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
+    event = {
+        "request_id": rid,
+        "prompt_token_ids": prompt,
+        "max_tokens": max_tokens,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": 1,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "min_tokens": 0,
+    }
     return {**event, **extra}
 
 
@@ -68,19 +87,27 @@ def test_session_through_the_harness_adapter(sut: NanoVllmSut) -> None:
         sut.update_from_output({"zz": [3]}, {})
     assert err.value.code == "unscheduled_model_output"
     outs = sut.update_from_output({"a": [7], "b": [1]}, {})  # b samples its EOS
-    assert outs == [{"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None},
-                    {"req_id": "b", "new_token_ids": [1], "finish_reason": "stop", "stop_reason": None}]
+    assert outs == [
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None},
+        {"req_id": "b", "new_token_ids": [1], "finish_reason": "stop", "stop_reason": None},
+    ]
     second = sut.schedule()
     assert second["finished_req_ids"] == ["b"]
-    assert second["scheduled_cached_reqs"] == [{"req_id": "a", "resumed": False, "new_block_ids": [],
-                                                "num_computed_tokens": 10, "num_output_tokens": 1}]
+    assert second["scheduled_cached_reqs"] == [
+        {"req_id": "a", "resumed": False, "new_block_ids": [], "num_computed_tokens": 10, "num_output_tokens": 1}
+    ]
     observed = sut.call("observe", {}) if _schema_knows_block_tables() else _raw_observe_after(second)
     assert observed["block_tables"] == {"a": [1, 2, 3]}
     assert observed["num_free_blocks"] == 5 and observed["free_block_queue"][0] == 4
     sut.update_from_output({"a": [8]}, {})
-    for bad, code in ((request("a", [1]), "duplicate_request_id"), (request("c", []), "empty_prompt"),
-                      (request("c", list(range(32))), "prompt_too_long"), (request("c", [1], max_tokens=0), "invalid_max_tokens"),
-                      (request("c", [-1]), "invalid_token_id"), (request("", [1]), "invalid_request_id")):
+    for bad, code in (
+        (request("a", [1]), "duplicate_request_id"),
+        (request("c", []), "empty_prompt"),
+        (request("c", list(range(32))), "prompt_too_long"),
+        (request("c", [1], max_tokens=0), "invalid_max_tokens"),
+        (request("c", [-1]), "invalid_token_id"),
+        (request("", [1]), "invalid_request_id"),
+    ):
         with pytest.raises(SutInputError) as err:
             sut.add_request({"kind": "add_request", **bad})
         assert err.value.code == code, bad
@@ -96,9 +123,18 @@ def test_session_through_the_harness_adapter(sut: NanoVllmSut) -> None:
     assert err.value.code == "unexpected_model_output"
 
 
-@pytest.mark.parametrize("field, value", [("policy", "priority"), ("num_spec_tokens", 2), ("num_lookahead_tokens", 1),
-                                          ("long_prefill_token_threshold", 4), ("enable_chunked_prefill", True),
-                                          ("enable_prefix_caching", False), ("block_size", 1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("policy", "priority"),
+        ("num_spec_tokens", 2),
+        ("num_lookahead_tokens", 1),
+        ("long_prefill_token_threshold", 4),
+        ("enable_chunked_prefill", True),
+        ("enable_prefix_caching", False),
+        ("block_size", 1),
+    ],
+)
 def test_unsupported_configs_are_unknown(sut: NanoVllmSut, field: str, value: Any) -> None:
     config = {**CONFIG, field: value}
     if field == "block_size":
@@ -108,9 +144,11 @@ def test_unsupported_configs_are_unknown(sut: NanoVllmSut, field: str, value: An
 
 
 def test_config_refusals_use_protocol_codes(sut: NanoVllmSut) -> None:
-    for config, code in (({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
-                         ({**CONFIG, "max_num_batched_tokens": 16}, "budget_below_max_model_len"),
-                         ({**CONFIG, "block_size": 0}, "invalid_block_size")):
+    for config, code in (
+        ({**CONFIG, "num_gpu_blocks": 8}, "pool_below_max_model_len"),
+        ({**CONFIG, "max_num_batched_tokens": 16}, "budget_below_max_model_len"),
+        ({**CONFIG, "block_size": 0}, "invalid_block_size"),
+    ):
         with pytest.raises(SutInputError) as err:
             sut.start(config, "vllm-0.33")
         assert err.value.code == code
@@ -125,7 +163,9 @@ def test_preemption_is_reported(sut: NanoVllmSut) -> None:
     sut.update_from_output({"a": [5], "b": [6]}, {})
     step = sut.schedule()
     assert step["preempted_req_ids"] == ["b"]
-    assert step["scheduled_cached_reqs"][0]["req_id"] == "a" and step["scheduled_cached_reqs"][0]["new_block_ids"] == [2]
+    assert step["scheduled_cached_reqs"][0]["req_id"] == "a" and step["scheduled_cached_reqs"][0]["new_block_ids"] == [
+        2
+    ]
 
 
 def _schema_knows_block_tables() -> bool:
@@ -151,8 +191,15 @@ def _raw_observe_after(expected_step: dict[str, Any]) -> dict[str, Any]:
         {"method": "shutdown", "params": {}},
     ]
     text = "".join(json.dumps({"id": i + 1, **m}) + "\n" for i, m in enumerate(lines))
-    proc = subprocess.run([str(python), "-m", "schedconf.conformance.engines.nanovllm_driver"], input=text, capture_output=True,
-                          text=True, env={**os.environ, **driver_env("nano-vllm", VERSION)}, timeout=120, check=True)
+    proc = subprocess.run(
+        [str(python), "-m", "schedconf.conformance.engines.nanovllm_driver"],
+        input=text,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **driver_env("nano-vllm", VERSION)},
+        timeout=120,
+        check=True,
+    )
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["id"] for r in replies] == list(range(1, len(lines) + 1))
     for msg, reply in zip(lines, replies):
@@ -167,9 +214,28 @@ def _raw_observe_after(expected_step: dict[str, Any]) -> dict[str, Any]:
 def test_campaign_of_300_traces_has_no_harness_error(tmp_path: Path) -> None:
     """Every generated trace runs to a verdict; only nano-vllm's own schedule() failures may be sut_error."""
     ensure_env("nano-vllm", VERSION)
-    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "300",
-                           "--comparison", "observable", "--shrink-budget", "0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--examples",
+            "300",
+            "--comparison",
+            "observable",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     summaries = list(tmp_path.glob("run-*/summary.json"))
     assert summaries, proc.stderr[-3000:]
     summary = json.loads(summaries[0].read_text())
@@ -190,16 +256,41 @@ def test_safety_campaign_finds_only_the_two_known_bugs(tmp_path: Path) -> None:
     again (known_requests). A driver mistake would show as any other kind, and a fixed fork as no
     progress failure."""
     ensure_env("nano-vllm", VERSION)
-    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "200",
-                    "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
-                   capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--examples",
+            "200",
+            "--comparison",
+            "safety",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
     assert summary["examples_run"] == 200 and summary["passed"] > 100
-    unexplained = [f for f in summary["failures"] if not (
-        (f["signature"] == "sut_error" and ENGINE_FAILURE in f["message"])
-        or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
-        or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
-        or f["signature"] == "safety:known_requests")]
+    unexplained = [
+        f
+        for f in summary["failures"]
+        if not (
+            (f["signature"] == "sut_error" and ENGINE_FAILURE in f["message"])
+            or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
+            or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
+            or f["signature"] == "safety:known_requests"
+        )
+    ]
     assert not unexplained, [f["message"][:300] for f in unexplained]
     assert any("is scheduled for 0 tokens" in f["message"] for f in summary["failures"])
 
@@ -231,7 +322,8 @@ def test_guidance_pair_runs_with_its_twin_and_shares_its_token(cfg_sut: NanoVllm
     # a's two blocks, the twin's prefix hit on block 1 and its own partial block: 3 of 16 held
     assert cfg_sut.call("observe", {})["num_free_blocks"] == 13
     assert cfg_sut.update_from_output({"a": [7]}, {}) == [
-        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}
+    ]
     assert cfg_sut.schedule()["num_scheduled_tokens"] == {"a": 1}
     assert cfg_sut.update_from_output({"a": [8]}, {})[0]["finish_reason"] == "length"
     assert cfg_sut.schedule()["finished_req_ids"] == ["a"]
@@ -251,16 +343,44 @@ def test_guidance_pairs_overflow_max_num_seqs(cfg_sut: NanoVllmSut) -> None:
 def test_guidance_pair_safety_campaign(tmp_path: Path) -> None:
     """Every request a guidance pair: the failures are the fork's known bugs and the pair seat overflow."""
     ensure_env("nano-vllm", VERSION)
-    subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", "300",
-                    "--comparison", "safety", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"],
-                   capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env={**os.environ, CFG_ENV: "3"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--examples",
+            "300",
+            "--comparison",
+            "safety",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+        env={**os.environ, CFG_ENV: "3"},
+    )
     summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
     assert summary["examples_run"] == 300 and summary["passed"] > 10
-    unexplained = [f for f in summary["failures"] if not (
-        (f["signature"] == "sut_error" and ("guidance-pair safety property seats" in f["message"]
-                                            or ENGINE_FAILURE in f["message"]))
-        or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
-        or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
-        or f["signature"] == "safety:known_requests")]
+    unexplained = [
+        f
+        for f in summary["failures"]
+        if not (
+            (
+                f["signature"] == "sut_error"
+                and ("guidance-pair safety property seats" in f["message"] or ENGINE_FAILURE in f["message"])
+            )
+            or (f["signature"] == "safety:progress" and "is scheduled for 0 tokens" in f["message"])
+            or (f["signature"] == "safety:progress" and "in the step that preempts it" in f["message"])
+            or f["signature"] == "safety:known_requests"
+        )
+    ]
     assert not unexplained, [f["message"][:300] for f in unexplained]
     assert any("guidance-pair safety property seats" in f["message"] for f in summary["failures"])

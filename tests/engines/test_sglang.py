@@ -26,17 +26,36 @@ pytestmark = pytest.mark.engines
 
 VERSION = "0.5.23"
 SUT_NAME = f"sglang@{VERSION}"
-CONFIG = {"block_size": 1, "num_gpu_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-          "max_model_len": 32, "enable_chunked_prefill": False, "long_prefill_token_threshold": 0,
-          "enable_prefix_caching": True, "policy": "fcfs", "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-          "scheduler_reserve_full_isl": None}
+CONFIG = {
+    "block_size": 1,
+    "num_gpu_blocks": 64,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": False,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
 HARNESS_ERROR_KINDS = ("sut_error", "sut_timeout", "sut_exited", "protocol_error", "harness_error")
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
-    event = {"kind": "add_request", "request_id": rid, "prompt_token_ids": prompt, "max_tokens": max_tokens,
-             "priority": 0, "arrival_time": 0, "eos_token_id": 1, "ignore_eos": False, "stop_token_ids": [],
-             "min_tokens": 0}
+    event = {
+        "kind": "add_request",
+        "request_id": rid,
+        "prompt_token_ids": prompt,
+        "max_tokens": max_tokens,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": 1,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "min_tokens": 0,
+    }
     return {**event, **extra}
 
 
@@ -60,7 +79,8 @@ def test_session_through_the_harness_adapter(sut: SglangSut) -> None:
         sut.schedule()
     assert err.value.code == "output_not_processed"
     assert sut.update_from_output({"a": [7]}, {}) == [
-        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}
+    ]
     # b shares a's first 6 tokens: RadixCache hands it a's slots for them
     sut.add_request(request("b", [*range(10, 16), 90, 91], max_tokens=2))
     second = sut.schedule()
@@ -77,10 +97,14 @@ def test_session_through_the_harness_adapter(sut: SglangSut) -> None:
     # b's own 2 slots went to the radix tree unlocked (evictable): reported free, as vLLM reports cached free blocks
     assert observed["num_free_blocks"] + 11 == CONFIG["num_gpu_blocks"] - 1
     sut.update_from_output({"a": [8]}, {})
-    for bad, code in ((request("a", [1]), "duplicate_request_id"), (request("c", []), "empty_prompt"),
-                      (request("c", list(range(32))), "prompt_too_long"),
-                      (request("c", [1], max_tokens=0), "invalid_max_tokens"),
-                      (request("c", [-1]), "invalid_token_id"), (request("", [1]), "invalid_request_id")):
+    for bad, code in (
+        (request("a", [1]), "duplicate_request_id"),
+        (request("c", []), "empty_prompt"),
+        (request("c", list(range(32))), "prompt_too_long"),
+        (request("c", [1], max_tokens=0), "invalid_max_tokens"),
+        (request("c", [-1]), "invalid_token_id"),
+        (request("", [1]), "invalid_request_id"),
+    ):
         with pytest.raises(SutInputError) as err:
             sut.add_request(bad)
         assert err.value.code == code, bad
@@ -93,9 +117,15 @@ def test_session_through_the_harness_adapter(sut: SglangSut) -> None:
     assert sut.update_from_output({}, {}) == []
 
 
-@pytest.mark.parametrize("changes", [{"num_spec_tokens": 2}, {"num_lookahead_tokens": 1},
-                                     {"long_prefill_token_threshold": 4},
-                                     {"enable_chunked_prefill": True, "block_size": 4, "max_num_batched_tokens": 30}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_spec_tokens": 2},
+        {"num_lookahead_tokens": 1},
+        {"long_prefill_token_threshold": 4},
+        {"enable_chunked_prefill": True, "block_size": 4, "max_num_batched_tokens": 30},
+    ],
+)
 def test_unsupported_configs_are_unknown(sut: SglangSut, changes: dict[str, Any]) -> None:
     with pytest.raises(SutUnsupported):
         sut.start({**CONFIG, **changes}, "vllm-0.33")
@@ -121,8 +151,15 @@ def test_chunked_prefill_runs_over_several_steps_as_prefill_adder_cuts_it(sut: S
     assert err.value.code == "bad_num_sampled_tokens"
     assert sut.update_from_output({}, {}) == []
     second, outputs = step(sut, {})
-    assert second["scheduled_cached_reqs"] == [{"req_id": "a", "resumed": False, "new_block_ids": list(range(9, 17)),
-                                               "num_computed_tokens": 8, "num_output_tokens": 0}]
+    assert second["scheduled_cached_reqs"] == [
+        {
+            "req_id": "a",
+            "resumed": False,
+            "new_block_ids": list(range(9, 17)),
+            "num_computed_tokens": 8,
+            "num_output_tokens": 0,
+        }
+    ]
     assert second["num_scheduled_tokens"] == {"a": 8} and outputs == []
     third, outputs = step(sut, {"a": [7]})  # a's last chunk samples; b's first chunk does not
     assert third["num_scheduled_tokens"] == {"a": 4, "b": 4}
@@ -186,8 +223,9 @@ def test_priority_preemption_by_a_more_important_request(sut: SglangSut) -> None
 def test_radix_repointing_is_reported_as_a_replaced_table(sut: SglangSut) -> None:
     """RadixCache.checkpoint repoints a running request's row onto the tree's copy of the same tokens' KV
     (freeing its own duplicate slot): its next step hands the table over whole (``resumed: true``)."""
-    sut.start({**CONFIG, "num_gpu_blocks": 8, "max_model_len": 5, "max_num_batched_tokens": 6, "max_num_seqs": 2},
-              "vllm-0.33")
+    sut.start(
+        {**CONFIG, "num_gpu_blocks": 8, "max_model_len": 5, "max_num_batched_tokens": 6, "max_num_seqs": 2}, "vllm-0.33"
+    )
     sut.add_request(request("r1", [1000, 1001, 1002], max_tokens=1, eos_token_id=3))
     first = sut.schedule()
     assert first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
@@ -207,9 +245,29 @@ def test_radix_repointing_is_reported_as_a_replaced_table(sut: SglangSut) -> Non
 def run_safety_campaign(out: Path, examples: int, *sets: str) -> dict[str, Any]:
     ensure_env("sglang", VERSION)
     args = [arg for value in sets for arg in ("--set", value)]
-    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", SUT_NAME, "--examples", str(examples),
-                           "--comparison", "safety", "--shrink-budget", "0", "--out", str(out), *args],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            SUT_NAME,
+            "--examples",
+            str(examples),
+            "--comparison",
+            "safety",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     summaries = list(out.glob("run-*/summary.json"))
     assert summaries, proc.stderr[-3000:]
     summary = json.loads(summaries[0].read_text())

@@ -47,33 +47,55 @@ class Repro:
 
 
 REPROS = [
-    Repro("repro_aphrodite_0_24_1_lone_padded_admission.py", "aphrodite", "0.24.1", {
-        "test_a_lone_request_with_a_prefix_hit_does_not_crash_the_scheduler":
-            "Aphrodite's schedule() crashed on a lone request: AssertionError at "
-            "aphrodite/v1/core/sched/scheduler.py:1102 (assert num_new_tokens == 1 + self.num_spec_tokens)"}),
-    Repro("repro_f7_aphrodite_0_24_1.py", "aphrodite", "0.24.1", {
-        "test_prefix_hit_kv_was_computed":
-            "Rule broken at step 6 [prefix_hit_kv_was_computed]: request 'r0' is scheduled with 20 computed "
+    Repro(
+        "repro_aphrodite_0_24_1_lone_padded_admission.py",
+        "aphrodite",
+        "0.24.1",
+        {
+            "test_a_lone_request_with_a_prefix_hit_does_not_crash_the_scheduler": "Aphrodite's schedule() crashed on a lone request: AssertionError at "
+            "aphrodite/v1/core/sched/scheduler.py:1102 (assert num_new_tokens == 1 + self.num_spec_tokens)"
+        },
+    ),
+    Repro(
+        "repro_f7_aphrodite_0_24_1.py",
+        "aphrodite",
+        "0.24.1",
+        {
+            "test_prefix_hit_kv_was_computed": "Rule broken at step 6 [prefix_hit_kv_was_computed]: request 'r0' is scheduled with 20 computed "
             "tokens (a prefix-cache hit or tokens kept from earlier steps), but block 3, which holds its tokens "
-            "16-19, has no KV computed for its token 16"}),
-    Repro("repro_lmdeploy_0_18_0_prealloc_liveness.py", "lmdeploy", "0.18.0", {
-        "test_a_request_within_the_session_length_is_admitted":
-            "a 40-token prompt with max_new_tokens 8 fits the engine's session length of 48 tokens, yet 1000 "
+            "16-19, has no KV computed for its token 16"
+        },
+    ),
+    Repro(
+        "repro_lmdeploy_0_18_0_prealloc_liveness.py",
+        "lmdeploy",
+        "0.18.0",
+        {
+            "test_a_request_within_the_session_length_is_admitted": "a 40-token prompt with max_new_tokens 8 fits the engine's session length of 48 tokens, yet 1000 "
             "prefill turns on an idle engine admitted nothing: with prefill_interval 32 > block_size 16 it needs "
-            "5 blocks"}),
-    Repro("repro_nanovllm_20260210.py", "nano-vllm", "20260210", {
-        "test_a_preempted_sequence_leaves_the_running_queue":
-            "b was preempted (WAITING, blocks freed, at the front of waiting) but is still in Scheduler.running",
-        "test_a_wholly_cached_prompt_still_computes_a_token":
-            "the prompt of 8 tokens is wholly served from the prefix cache (num_cached_tokens=8)",
-        "test_a_guidance_pair_keeps_the_batch_within_max_num_seqs":
-            "the prefill batch holds 4 sequences with max_num_seqs=3"}),
-    Repro("repro_sglang_0_5_23.py", "sglang", "0.5.23", {
-        "test_an_ignore_eos_request_that_intake_accepts_is_admitted":
-            "PrefillAdder.add_one_req answered AddReqResult.NO_TOKEN for an ignore_eos request on an EMPTY pool",
-        "test_the_ignore_eos_path_keeps_max_prefill_tokens":
-            "one prefill batch admitted ['e', 'f'] = 5 prompt tokens under max_prefill_tokens=4",
-        "test_by_design_ignore_eos_also_ignores_stop_token_ids": "PASS"}),
+            "5 blocks"
+        },
+    ),
+    Repro(
+        "repro_nanovllm_20260210.py",
+        "nano-vllm",
+        "20260210",
+        {
+            "test_a_preempted_sequence_leaves_the_running_queue": "b was preempted (WAITING, blocks freed, at the front of waiting) but is still in Scheduler.running",
+            "test_a_wholly_cached_prompt_still_computes_a_token": "the prompt of 8 tokens is wholly served from the prefix cache (num_cached_tokens=8)",
+            "test_a_guidance_pair_keeps_the_batch_within_max_num_seqs": "the prefill batch holds 4 sequences with max_num_seqs=3",
+        },
+    ),
+    Repro(
+        "repro_sglang_0_5_23.py",
+        "sglang",
+        "0.5.23",
+        {
+            "test_an_ignore_eos_request_that_intake_accepts_is_admitted": "PrefillAdder.add_one_req answered AddReqResult.NO_TOKEN for an ignore_eos request on an EMPTY pool",
+            "test_the_ignore_eos_path_keeps_max_prefill_tokens": "one prefill batch admitted ['e', 'f'] = 5 prompt tokens under max_prefill_tokens=4",
+            "test_by_design_ignore_eos_also_ignores_stop_token_ids": "PASS",
+        },
+    ),
 ]
 IDS = [r.name for r in REPROS]
 

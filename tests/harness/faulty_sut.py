@@ -89,8 +89,11 @@ def main() -> int:
     parser.add_argument("--mode", default="none")
     parser.add_argument("--at", type=int, default=1)
     parser.add_argument("--delay", type=float, default=3.0)
-    parser.add_argument("--once-file", default=None,
-                        help="strike only once over all processes: not if this file exists (it is made on striking)")
+    parser.add_argument(
+        "--once-file",
+        default=None,
+        help="strike only once over all processes: not if this file exists (it is made on striking)",
+    )
     args = parser.parse_args()
     record_pid(os.getpid())
     if args.mode in ("hang", "grandchild"):

@@ -18,7 +18,8 @@ def test_async_corpus_matches_the_model():
             committed = (ASYNC_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the model change is deliberate, run "
-                "`python -m schedconf.conformance.traces.vectors --rebuild-async` and bump ASYNC_CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild-async` and bump ASYNC_CORPUS_VERSION"
+            )
             assert entry == manifest_entry(name, trace)
 
 
@@ -27,9 +28,21 @@ def test_async_corpus_covers_the_in_flight_cases():
     for profile in ("vllm-0.33-async", "vllm-0.32-async"):
         entries = manifest["profiles"][profile]
         feats = {f for e in entries for f in e["features"]}
-        assert {"steps_in_flight", "scheduled_in_flight", "preempted_in_flight", "stale_output",
-                "aborted_in_flight", "finished_in_flight", "preemption", "resume", "prefix_cache_reset",
-                "prefix_cache_reset_running", "spec_decode", "drafts_in_flight", "drafts_rejected_in_flight"} <= feats, profile
+        assert {
+            "steps_in_flight",
+            "scheduled_in_flight",
+            "preempted_in_flight",
+            "stale_output",
+            "aborted_in_flight",
+            "finished_in_flight",
+            "preemption",
+            "resume",
+            "prefix_cache_reset",
+            "prefix_cache_reset_running",
+            "spec_decode",
+            "drafts_in_flight",
+            "drafts_rejected_in_flight",
+        } <= feats, profile
         # Every depth of the batch queue the generator draws: 1, 2 and 3 steps in flight.
         assert {e.get("max_concurrent_batches", 1) for e in entries} == {1, 2, 3}, profile
 

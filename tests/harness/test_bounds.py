@@ -25,14 +25,40 @@ from schedconf.conformance.cli import main
 from schedconf.conformance.runs.campaign import exit_code
 
 REPO = Path(__file__).resolve().parents[2]
-HEADER = {"kind": "header", "format": "schedconf-trace", "version": 1, "profile": "vllm-0.33", "seed": 0,
-          "origin": "test"}
-CONFIG = {"block_size": 4, "num_gpu_blocks": 17, "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
-          "enable_chunked_prefill": True, "enable_prefix_caching": True, "policy": "fcfs",
-          "long_prefill_token_threshold": 0, "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-          "scheduler_reserve_full_isl": None}
-ADD = {"kind": "add_request", "request_id": "r0", "prompt_token_ids": [1, 2, 3], "max_tokens": 2, "priority": 0,
-       "arrival_time": 0, "eos_token_id": None, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
+HEADER = {
+    "kind": "header",
+    "format": "schedconf-trace",
+    "version": 1,
+    "profile": "vllm-0.33",
+    "seed": 0,
+    "origin": "test",
+}
+CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 17,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "long_prefill_token_threshold": 0,
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_reserve_full_isl": None,
+}
+ADD = {
+    "kind": "add_request",
+    "request_id": "r0",
+    "prompt_token_ids": [1, 2, 3],
+    "max_tokens": 2,
+    "priority": 0,
+    "arrival_time": 0,
+    "eos_token_id": None,
+    "ignore_eos": False,
+    "stop_token_ids": [],
+    "min_tokens": 0,
+}
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str]:
@@ -50,11 +76,18 @@ def write_lines(path: Path, *objects: dict) -> Path:
 
 
 def run_cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.conformance", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ files
+
 
 def test_a_device_is_refused_without_being_read():
     """/dev/zero never ends: the old reader filled the memory; now it is refused before one byte is read."""
@@ -120,14 +153,16 @@ def test_a_scenario_that_is_a_folder_is_refused(tmp_path, capsys):
 
 # ----------------------------------------------------------- trace content
 
+
 def test_a_header_only_trace_is_refused_but_a_refused_config_trace_is_not(tmp_path, capsys):
     lone = write_lines(tmp_path / "lone.jsonl", dict(HEADER, config=CONFIG))
     code, err = run_main(["replay", str(lone)], capsys)
     assert code == 2 and "expected at least one event after the header" in err
     # 0 usable blocks... one unit past the pool limit: the reference refuses it, so the trace passes
-    refused = write_lines(tmp_path / "refused.jsonl",
-                          dict(HEADER, config=dict(CONFIG, num_gpu_blocks=1, max_model_len=4),
-                               expect_error="invalid_num_gpu_blocks"))
+    refused = write_lines(
+        tmp_path / "refused.jsonl",
+        dict(HEADER, config=dict(CONFIG, num_gpu_blocks=1, max_model_len=4), expect_error="invalid_num_gpu_blocks"),
+    )
     code, out = run_main(["replay", str(refused)], capsys)
     assert code == 0, out
 
@@ -149,13 +184,13 @@ def test_deeply_nested_json_is_a_trace_error(tmp_path, capsys):
 
 def test_a_duplicate_key_is_refused(tmp_path, capsys):
     path = tmp_path / "dup.jsonl"
-    path.write_text(json.dumps(dict(HEADER, config=CONFIG)) + "\n"
-                    + json.dumps(ADD)[:-1] + ', "max_tokens": 5}\n')
+    path.write_text(json.dumps(dict(HEADER, config=CONFIG)) + "\n" + json.dumps(ADD)[:-1] + ', "max_tokens": 5}\n')
     code, err = run_main(["replay", str(path)], capsys)
     assert code == 2 and f"{path}:2: max_tokens: expected each key once per object, found it twice" in err
 
 
 # ------------------------------------------------------------- config sizes
+
 
 @pytest.mark.parametrize("field_name,scheduler", [("num_gpu_blocks", "v1"), ("num_cpu_blocks", "v0")])
 def test_a_pool_past_the_bound_is_refused_in_a_header(field_name, scheduler, tmp_path, capsys):
@@ -180,8 +215,20 @@ def test_a_billion_blocks_in_a_trace_is_refused_before_anything_is_built(tmp_pat
 
 
 def test_a_pool_past_the_bound_is_refused_in_set(capsys, tmp_path):
-    code, err = run_main(["run", "--sut", "reference", "--examples", "1", "--out", str(tmp_path),
-                          "--set", f"num_gpu_blocks={bounds.MAX_POOL_BLOCKS + 1}"], capsys)
+    code, err = run_main(
+        [
+            "run",
+            "--sut",
+            "reference",
+            "--examples",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--set",
+            f"num_gpu_blocks={bounds.MAX_POOL_BLOCKS + 1}",
+        ],
+        capsys,
+    )
     assert code == 2 and f"expected at most {bounds.MAX_POOL_BLOCKS} blocks" in err
 
 
@@ -191,16 +238,19 @@ def test_the_shrinker_never_proposes_a_pool_past_the_bound():
     from schedconf.conformance.traces.examples import EXAMPLES
 
     workload = EXAMPLES["mixed"]()
-    big = workload.replace(config=dc_replace(workload.config, block_size=1024,
-                                             num_gpu_blocks=bounds.MAX_POOL_BLOCKS - 10))
+    big = workload.replace(
+        config=dc_replace(workload.config, block_size=1024, num_gpu_blocks=bounds.MAX_POOL_BLOCKS - 10)
+    )
     sizes = [c.config.num_gpu_blocks for c in _candidates(big)]
     assert sizes and max(sizes) <= bounds.MAX_POOL_BLOCKS
 
 
 def test_a_scenario_config_past_the_bound_is_refused(tmp_path, capsys):
     path = tmp_path / "big.txt"
-    path.write_text(f"config block_size=4 num_gpu_blocks={bounds.MAX_POOL_BLOCKS + 1} max_num_batched_tokens=8 "
-                    "max_num_seqs=2 max_model_len=16\n----\nok\n")
+    path.write_text(
+        f"config block_size=4 num_gpu_blocks={bounds.MAX_POOL_BLOCKS + 1} max_num_batched_tokens=8 "
+        "max_num_seqs=2 max_model_len=16\n----\nok\n"
+    )
     code, err = run_main(["scenario", str(path)], capsys)
     assert code == 2 and f"expected at most {bounds.MAX_POOL_BLOCKS} blocks" in err
 
@@ -213,6 +263,7 @@ def test_a_scenario_token_range_past_the_bound_is_refused(tmp_path, capsys):
 
 
 # ----------------------------------------------------------- dumps and jobs
+
 
 def test_the_reference_state_dump_is_truncated(tmp_path):
     """With 200,000 blocks the free queue alone is a line of over a megabyte; the report cuts it and says so."""
@@ -244,8 +295,23 @@ def test_render_truncated_lines_says_what_it_left_out():
 
 
 def test_workers_are_capped_at_the_number_of_traces(tmp_path):
-    proc = run_cli(["run", "--sut", "reference", "--examples", "3", "--jobs", "1000", "--out", str(tmp_path),
-                    "--shrink-budget", "0"], tmp_path, timeout=300)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            "reference",
+            "--examples",
+            "3",
+            "--jobs",
+            "1000",
+            "--out",
+            str(tmp_path),
+            "--shrink-budget",
+            "0",
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3 worker(s) for 3 trace(s) (--jobs 1000)" in proc.stderr
     cpus = os.cpu_count() or 1
@@ -261,15 +327,19 @@ def test_compute_jobs():
     assert bounds.compute_jobs(4, 1, 8) == (1, None)
 
 
-@pytest.mark.parametrize("run_id,words", [("a\nb", "printable characters only"), ("x" * 300, "at most 200"),
-                                          ("a/b", "without a path separator")])
+@pytest.mark.parametrize(
+    "run_id,words",
+    [("a\nb", "printable characters only"), ("x" * 300, "at most 200"), ("a/b", "without a path separator")],
+)
 def test_a_bad_run_id_is_refused(run_id, words, tmp_path, capsys):
-    code, err = run_main(["run", "--sut", "reference", "--examples", "1", "--out", str(tmp_path),
-                          "--run-id", run_id], capsys)
+    code, err = run_main(
+        ["run", "--sut", "reference", "--examples", "1", "--out", str(tmp_path), "--run-id", run_id], capsys
+    )
     assert code == 2 and words in err
 
 
 # -------------------------------------------------------------- wording
+
 
 def test_a_divergence_at_init_says_at_init(tmp_path):
     from schedconf.conformance.checking.replay import render_where
@@ -307,6 +377,7 @@ def test_run_takes_q(tmp_path, capsys):
 
 # ---------------------------------------------------------- interruptions
 
+
 def test_interrupted_wins_over_failed_in_the_exit_code():
     summary = {"failed": 3, "interrupted": True, "interrupted_by": "SIGTERM", "status": "fail"}
     assert exit_code(summary) == 143
@@ -331,10 +402,28 @@ def wait_for(proc: subprocess.Popen, words: str, timeout_s: float = 120) -> str:
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_campaign_interrupted_while_it_shrinks_exits_as_interrupted(sig, code, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "mutant:fcfs_victim_head", "--examples", "40",
-         "--shrink-budget", "300", "--out", str(tmp_path), "--run-id", "r"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            "mutant:fcfs_victim_head",
+            "--examples",
+            "40",
+            "--shrink-budget",
+            "300",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(proc, "shrinking failure #")
         time.sleep(1.0)  # within the first shrink (it takes several seconds)
@@ -353,16 +442,36 @@ def test_a_campaign_interrupted_while_it_shrinks_exits_as_interrupted(sig, code,
 
 
 def test_ctrl_c_on_shrink_keeps_the_best_trace_so_far(tmp_path):
-    first = run_cli(["run", "--sut", "mutant:fcfs_victim_head", "--examples", "40", "--shrink-budget", "0",
-                     "--out", str(tmp_path), "--run-id", "r", "-q"], tmp_path, timeout=300)
+    first = run_cli(
+        [
+            "run",
+            "--sut",
+            "mutant:fcfs_victim_head",
+            "--examples",
+            "40",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+            "-q",
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert first.returncode == 1, first.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     chosen = max(summary["failures"], key=lambda f: f["events"])
     failing = tmp_path / "r" / chosen["trace_file"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "schedconf.conformance", "shrink", str(failing), "--sut", "mutant:fcfs_victim_head"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(proc, "shrink: ")
         proc.send_signal(signal.SIGINT)
@@ -386,8 +495,14 @@ def test_a_safety_run_stops_at_the_step_bound_with_unknown(monkeypatch):
     from schedconf.conformance.traces.trace import parse_trace_text
 
     monkeypatch.setattr(bounds, "MAX_SAFETY_STEPS", 50)
-    config = dict(CONFIG, block_size=1_000_000, num_gpu_blocks=1001, max_model_len=10**9,
-                  max_num_batched_tokens=10**9, enable_prefix_caching=False)
+    config = dict(
+        CONFIG,
+        block_size=1_000_000,
+        num_gpu_blocks=1001,
+        max_model_len=10**9,
+        max_num_batched_tokens=10**9,
+        enable_prefix_caching=False,
+    )
     lines = (dict(HEADER, config=config), dict(ADD, max_tokens=10**9), dict(ADD, request_id="r1"))
     trace = parse_trace_text("\n".join(json.dumps(o) for o in lines), "t.jsonl")
     t0 = time.monotonic()
@@ -405,8 +520,10 @@ def test_a_divergence_report_shows_at_most_20_fields():
 
     trace = run_workload(EXAMPLES["mixed"]())
     diffs = tuple(FieldDiff(f"f{i}", i, i + 1) for i in range(25))
-    result = ReplayResult(verdict=FAIL, divergence=Divergence(event_index=1, line=3, step=1, kind="scheduler_output",
-                                                              diffs=diffs, message="m"))
+    result = ReplayResult(
+        verdict=FAIL,
+        divergence=Divergence(event_index=1, line=3, step=1, kind="scheduler_output", diffs=diffs, message="m"),
+    )
     text = render_divergence(trace, result)
     assert "f19 " in text and "f20 " not in text and "... 5 more differing fields" in text
 
@@ -416,7 +533,7 @@ def test_the_stderr_kept_of_a_scheduler_is_its_last_200_lines(tmp_path):
     from schedconf.conformance.checking.replay import FAIL, replay
 
     script = tmp_path / "noisy.sh"
-    script.write_text("#!/bin/sh\nfor i in $(seq 500); do echo \"line $i\" >&2; done\nexec sleep 30\n")
+    script.write_text('#!/bin/sh\nfor i in $(seq 500); do echo "line $i" >&2; done\nexec sleep 30\n')
     script.chmod(0o755)
     sut = StdioSut(str(script), timeout_s=2.0)
     try:

@@ -63,22 +63,38 @@ class DevToolsPipe:
         child_w = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
         for fd in (to_browser_r, from_browser_w):
             os.close(fd)
-        args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={user_data_dir}", f"--window-size={window[0]},{window[1]}",
-                "--remote-debugging-pipe", "about:blank"]
+        args = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={user_data_dir}",
+            f"--window-size={window[0]},{window[1]}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         redirect = f'exec "$@" 3<&{child_r} 4>&{child_w} {child_r}<&- {child_w}>&-'
-        self.proc = subprocess.Popen(["bash", "-c", redirect, "bash", *args], pass_fds=(child_r, child_w),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            ["bash", "-c", redirect, "bash", *args],
+            pass_fds=(child_r, child_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         os.close(child_r)
         os.close(child_w)
         self.to_browser, self.from_browser = to_browser_w, from_browser_r
         self.buffer = b""
         self.last_id = 0
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout_s: float = 30.0) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout_s: float = 30.0
+    ) -> dict[str, Any]:
         """Send one command and return its result (events in between are skipped)."""
         self.last_id += 1
         message: dict[str, Any] = {"id": self.last_id, "method": method, "params": params or {}}
@@ -181,8 +197,9 @@ LAYOUT_JS = """
 def failing_report(tmp_path_factory):
     """A real small failing campaign (the FCFS victim-order mutant), shrunk: its folder and summary."""
     out = tmp_path_factory.mktemp("browser-runs")
-    summary = run_campaign(CampaignSpec(sut=SUT, examples=30, seed=1, out_dir=str(out), run_id="mut", quiet=True,
-                                        shrink_budget_s=15))
+    summary = run_campaign(
+        CampaignSpec(sut=SUT, examples=30, seed=1, out_dir=str(out), run_id="mut", quiet=True, shrink_budget_s=15)
+    )
     assert summary["status"] == "fail" and any(f["shrunk_file"] for f in summary["failures"])
     return out / "mut", summary
 
@@ -197,8 +214,12 @@ def test_first_screen_shows_the_verdict_and_what_differed(chromium, failing_repo
     browser = DevToolsPipe(chromium, tmp_path / "chromium-profile", WINDOW)
     try:
         session = browser.open_page((run_dir / "report.html").resolve().as_uri())
-        selectors = ["#verdict", "#first-difference", "#first-difference code.expected",
-                     "#first-difference code.actual"]
+        selectors = [
+            "#verdict",
+            "#first-difference",
+            "#first-difference code.expected",
+            "#first-difference code.actual",
+        ]
         layout = browser.evaluate(session, LAYOUT_JS % json.dumps(selectors))
         png = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"}, session)["data"])
     finally:

@@ -14,8 +14,22 @@ HERE = Path(__file__).parent
 
 
 def test_reference_campaign_passes(tmp_path, capsys):
-    code = main(["run", "--sut", "reference", "--examples", "30", "--seed", "3", "--out", str(tmp_path),
-                 "--run-id", "ok", "--quiet"])
+    code = main(
+        [
+            "run",
+            "--sut",
+            "reference",
+            "--examples",
+            "30",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "ok",
+            "--quiet",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
     assert summary["status"] == "pass" and summary["passed"] + summary["discarded"] == 30
@@ -28,8 +42,24 @@ def test_reference_campaign_passes(tmp_path, capsys):
 def test_in_flight_override_skips_configs_the_release_refuses(tmp_path, capsys):
     """--set max_concurrent_batches=2 under vllm-0.33: the drawn configs with spec decode (refused by the
     profile: in_flight_not_modelled) are replaced by fresh draws, and every trace runs two steps in flight."""
-    code = main(["run", "--sut", "reference", "--examples", "40", "--seed", "5", "--out", str(tmp_path),
-                 "--run-id", "pp", "--quiet", "--set", "max_concurrent_batches=2"])
+    code = main(
+        [
+            "run",
+            "--sut",
+            "reference",
+            "--examples",
+            "40",
+            "--seed",
+            "5",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "pp",
+            "--quiet",
+            "--set",
+            "max_concurrent_batches=2",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "pp" / "summary.json").read_text())
     assert summary["passed"] + summary["discarded"] == 40
@@ -38,8 +68,22 @@ def test_in_flight_override_skips_configs_the_release_refuses(tmp_path, capsys):
 
 def test_a_scheduler_without_in_flight_support_gets_no_in_flight_trace(tmp_path, capsys):
     """Campaigns against a scheduler that does not declare in_flight force max_concurrent_batches 1."""
-    code = main(["run", "--sut", "module:broken_adapter:OneStepAtATimeSut", "--examples", "60", "--seed", "5",
-                 "--out", str(tmp_path), "--run-id", "sync", "--quiet"])
+    code = main(
+        [
+            "run",
+            "--sut",
+            "module:broken_adapter:OneStepAtATimeSut",
+            "--examples",
+            "60",
+            "--seed",
+            "5",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "sync",
+            "--quiet",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "sync" / "summary.json").read_text())
     assert summary["spec"]["config_overrides"].get("max_concurrent_batches") == 1
@@ -49,9 +93,26 @@ def test_a_scheduler_without_in_flight_support_gets_no_in_flight_trace(tmp_path,
 def test_broken_adapter_is_caught_shrunk_and_reported(tmp_path, capsys):
     """The kept broken adapter: exit 1, a minimal trace of <= 10 events, JUnit naming the trace."""
     junit = tmp_path / "junit.xml"
-    code = main(["run", "--sut", "module:broken_adapter:BrokenSut", "--examples", "40", "--seed", "1",
-                 "--out", str(tmp_path), "--run-id", "broken", "--junit-xml", str(junit), "--quiet",
-                 "--shrink-budget", "30"])
+    code = main(
+        [
+            "run",
+            "--sut",
+            "module:broken_adapter:BrokenSut",
+            "--examples",
+            "40",
+            "--seed",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "broken",
+            "--junit-xml",
+            str(junit),
+            "--quiet",
+            "--shrink-budget",
+            "30",
+        ]
+    )
     assert code == 1
     summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
     assert summary["failed"] > 0
@@ -70,13 +131,24 @@ def test_broken_adapter_is_caught_shrunk_and_reported(tmp_path, capsys):
 
 
 def test_shrink_command(tmp_path, capsys):
-    run_campaign(CampaignSpec(sut="module:broken_adapter:BrokenSut", examples=30, seed=1, out_dir=str(tmp_path),
-                              run_id="r", quiet=True, shrink_budget_s=0))
+    run_campaign(
+        CampaignSpec(
+            sut="module:broken_adapter:BrokenSut",
+            examples=30,
+            seed=1,
+            out_dir=str(tmp_path),
+            run_id="r",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     original = tmp_path / "r" / summary["failures"][0]["trace_file"]
     out = tmp_path / "min.jsonl"
-    assert main(["shrink", str(original), "--sut", "module:broken_adapter:BrokenSut", "--out", str(out),
-                 "--budget", "30"]) == 1
+    assert (
+        main(["shrink", str(original), "--sut", "module:broken_adapter:BrokenSut", "--out", str(out), "--budget", "30"])
+        == 1
+    )
     text = capsys.readouterr().out
     assert out.exists() and "first divergence" in text
 
@@ -93,8 +165,17 @@ def test_bad_input_exits_2_without_traceback(tmp_path, capsys):
 
 
 def test_raising_sut_is_a_recorded_failure_and_the_campaign_goes_on(tmp_path):
-    summary = run_campaign(CampaignSpec(sut="module:broken_adapter:RaisingSut", examples=12, seed=2,
-                                        out_dir=str(tmp_path), run_id="raise", quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="module:broken_adapter:RaisingSut",
+            examples=12,
+            seed=2,
+            out_dir=str(tmp_path),
+            run_id="raise",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert summary["examples_run"] == 12
     crashes = [f for f in summary["failures"] if f["signature"] == "sut_error"]
     assert crashes
@@ -103,8 +184,18 @@ def test_raising_sut_is_a_recorded_failure_and_the_campaign_goes_on(tmp_path):
 
 
 def test_hanging_sut_hits_the_step_timeout(tmp_path):
-    summary = run_campaign(CampaignSpec(sut="module:broken_adapter:HangingSut", examples=2, seed=2, step_timeout=0.5,
-                                        out_dir=str(tmp_path), run_id="hang", quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="module:broken_adapter:HangingSut",
+            examples=2,
+            seed=2,
+            step_timeout=0.5,
+            out_dir=str(tmp_path),
+            run_id="hang",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert summary["failed"] >= 1
     report = (tmp_path / "hang" / summary["failures"][0]["report_file"]).read_text()
     assert summary["failures"][0]["signature"] == "sut_timeout" and "no answer to schedule within 0.5 s" in report
@@ -142,10 +233,30 @@ def test_generate_and_vectors_export(tmp_path, capsys):
 
 
 def test_jobs_two_gives_the_same_verdicts(tmp_path):
-    one = run_campaign(CampaignSpec(sut="module:broken_adapter:BrokenSut", examples=20, seed=5, jobs=1,
-                                    out_dir=str(tmp_path), run_id="j1", quiet=True, shrink_budget_s=0))
-    two = run_campaign(CampaignSpec(sut="module:broken_adapter:BrokenSut", examples=20, seed=5, jobs=2,
-                                    out_dir=str(tmp_path), run_id="j2", quiet=True, shrink_budget_s=0))
+    one = run_campaign(
+        CampaignSpec(
+            sut="module:broken_adapter:BrokenSut",
+            examples=20,
+            seed=5,
+            jobs=1,
+            out_dir=str(tmp_path),
+            run_id="j1",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
+    two = run_campaign(
+        CampaignSpec(
+            sut="module:broken_adapter:BrokenSut",
+            examples=20,
+            seed=5,
+            jobs=2,
+            out_dir=str(tmp_path),
+            run_id="j2",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert sorted(f["index"] for f in one["failures"]) == sorted(f["index"] for f in two["failures"])
     assert one["passed"] == two["passed"]
 
@@ -165,8 +276,11 @@ def test_pool_headroom_adds_blocks_to_every_generated_pool_and_keeps_forced_ones
     plain = generate_workloads(base)
     roomy = generate_workloads(replace(base, pool_headroom_blocks=2))
     assert len(plain) == len(roomy)
-    grown = [(a.config.num_gpu_blocks, b.config.num_gpu_blocks) for a, b in zip(plain, roomy)
-             if a.config.num_gpu_blocks != b.config.num_gpu_blocks]
+    grown = [
+        (a.config.num_gpu_blocks, b.config.num_gpu_blocks)
+        for a, b in zip(plain, roomy)
+        if a.config.num_gpu_blocks != b.config.num_gpu_blocks
+    ]
     # every pool that can take two more blocks gets them (a refused-config pool is drawn after, from its own stream)
     assert len(grown) >= len(plain) // 2 and all(b == a + 2 for a, b in grown)
     forced = generate_workloads(replace(base, pool_headroom_blocks=2, config_overrides={"num_gpu_blocks": 64}))

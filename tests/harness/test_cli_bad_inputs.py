@@ -17,15 +17,31 @@ import pytest
 
 from schedconf.conformance.cli import main
 
-HEADER = {"kind": "header", "format": "schedconf-trace", "version": 1, "profile": "vllm-0.33", "seed": 0,
-          "origin": "test"}
+HEADER = {
+    "kind": "header",
+    "format": "schedconf-trace",
+    "version": 1,
+    "profile": "vllm-0.33",
+    "seed": 0,
+    "origin": "test",
+}
 
 
 def config(**fields):
-    base = {"block_size": 4, "num_gpu_blocks": 17, "max_num_batched_tokens": 32, "max_num_seqs": 4,
-            "max_model_len": 32, "enable_chunked_prefill": True, "enable_prefix_caching": True, "policy": "fcfs",
-            "long_prefill_token_threshold": 0, "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-            "scheduler_reserve_full_isl": None}
+    base = {
+        "block_size": 4,
+        "num_gpu_blocks": 17,
+        "max_num_batched_tokens": 32,
+        "max_num_seqs": 4,
+        "max_model_len": 32,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "policy": "fcfs",
+        "long_prefill_token_threshold": 0,
+        "num_spec_tokens": 0,
+        "num_lookahead_tokens": 0,
+        "scheduler_reserve_full_isl": None,
+    }
     base.update(fields)
     return base
 
@@ -65,20 +81,29 @@ ROWS = [
     (["run", "--sut", "reference", "--timeout", "-1"], "--timeout: expected a finite number of seconds > 0"),
     (["run", "--sut", "reference", "--timeout", "0"], "--timeout: expected a finite number of seconds > 0"),
     (["run", "--sut", "reference", "--timeout", "nan"], "--timeout: expected a finite number of seconds > 0"),
-    (["run", "--sut", "reference", "--shrink-budget", "-1"], "--shrink-budget: expected a finite number of seconds >= 0"),
+    (
+        ["run", "--sut", "reference", "--shrink-budget", "-1"],
+        "--shrink-budget: expected a finite number of seconds >= 0",
+    ),
     (["run", "--sut", "nonsense"], "unknown --sut 'nonsense'"),
     (["run", "--sut", "stdio:"], "expected stdio:'COMMAND ARGS'"),
     (["run", "--sut", "module:no_such_module_here:Factory"], "cannot import"),
     (["run", "--sut", "reference", "--profile", "vllm-9.9"], "--profile 'vllm-9.9': unknown profile"),
     (["run", "--sut", "reference", "--set", "nonsense"], "expected KEY=VALUE"),
-    (["run", "--sut", "reference", "--examples", "1", "--set", "block_size=-1", "--out", "{tmp}/r"],
-     "block_size must be >= 1"),
+    (
+        ["run", "--sut", "reference", "--examples", "1", "--set", "block_size=-1", "--out", "{tmp}/r"],
+        "block_size must be >= 1",
+    ),
     (["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/a_file"], "--out {tmp}/a_file: not a folder"),
     (["run", "--sut", "reference", "--examples", "1", "--out", "/proc/no/such/place"], "cannot create the folder"),
-    (["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/reports", "--run-id", "taken"],
-     "already holds a run"),
-    (["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/reports", "--run-id", "../escape"],
-     "expected a plain folder name"),
+    (
+        ["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/reports", "--run-id", "taken"],
+        "already holds a run",
+    ),
+    (
+        ["run", "--sut", "reference", "--examples", "1", "--out", "{tmp}/reports", "--run-id", "../escape"],
+        "expected a plain folder name",
+    ),
     (["replay", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl"),
     (["replay", "{tmp}"], "{tmp}: (file): expected a regular trace file, found a folder"),
     (["replay", "{tmp}/not_json.jsonl"], "{tmp}/not_json.jsonl:1"),
@@ -148,8 +173,9 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
 
     monkeypatch.setattr(campaign, "make_run_id", lambda spec: "run-fixed")  # the same second, twice
     first = campaign.run_campaign(campaign.CampaignSpec(sut="reference", examples=2, out_dir=str(tmp_path), quiet=True))
-    second = campaign.run_campaign(campaign.CampaignSpec(sut="reference", examples=2, out_dir=str(tmp_path),
-                                                         quiet=True))
+    second = campaign.run_campaign(
+        campaign.CampaignSpec(sut="reference", examples=2, out_dir=str(tmp_path), quiet=True)
+    )
     assert first["run_dir"] != second["run_dir"]
     assert (tmp_path / "run-fixed" / "summary.json").exists() and (tmp_path / "run-fixed-2" / "summary.json").exists()
 
@@ -172,11 +198,22 @@ def test_all_unknown_exits_2_as_documented(tmp_path, capsys):
         "class Nope:\n"
         "    name = 'nope'\n"
         "    def start(self, config, profile): raise SutUnsupported('no config is supported')\n"
-        "    def close(self): pass\n")
+        "    def close(self): pass\n"
+    )
     sys.path.insert(0, str(tmp_path))
     try:
-        code = run_main(["run", "--sut", "module:unsupported_adapter:Nope", "--examples", "3", "--out",
-                         str(tmp_path / "r"), "--quiet"])
+        code = run_main(
+            [
+                "run",
+                "--sut",
+                "module:unsupported_adapter:Nope",
+                "--examples",
+                "3",
+                "--out",
+                str(tmp_path / "r"),
+                "--quiet",
+            ]
+        )
     finally:
         sys.path.remove(str(tmp_path))
     out = capsys.readouterr().out

@@ -29,21 +29,43 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.conformance", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=600,
+    )
 
 
 def test_a_scheduler_and_itself_differ_nowhere(tmp_path):
-    proc = run_cli(["diff", "--sut", "reference", "--against", "impl", "--examples", "30", "--out", str(tmp_path),
-                    "-q"], tmp_path)
+    proc = run_cli(
+        ["diff", "--sut", "reference", "--against", "impl", "--examples", "30", "--out", str(tmp_path), "-q"], tmp_path
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "diff.json").read_text())
     assert data["groups"] == [] and data["counts"]["different"] == 0 and data["counts"]["same"] >= 25
 
 
 def test_a_wrong_victim_is_one_group_with_a_minimal_trace_and_its_safety_breach(tmp_path):
-    proc = run_cli(["diff", "--sut", "reference", "--against", "mutant:fcfs_victim_head", "--examples", "60",
-                    "--shrink-budget", "20", "--out", str(tmp_path), "-q"], tmp_path)
+    proc = run_cli(
+        [
+            "diff",
+            "--sut",
+            "reference",
+            "--against",
+            "mutant:fcfs_victim_head",
+            "--examples",
+            "60",
+            "--shrink-budget",
+            "20",
+            "--out",
+            str(tmp_path),
+            "-q",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "diff.json").read_text())
     assert [g["signature"] for g in data["groups"]] == ["scheduler_output:preempted_req_ids"]
@@ -53,8 +75,9 @@ def test_a_wrong_victim_is_one_group_with_a_minimal_trace_and_its_safety_breach(
     assert group["safety"] == ["B: safety:progress"]
     assert "`preempted_req_ids`: A" in proc.stdout
     # the minimal trace still shows the same first difference
-    spec = DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
-                    against_profile="vllm-0.33")
+    spec = DiffSpec(
+        sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33", against_profile="vllm-0.33"
+    )
     from schedconf.conformance.adapters import make_sut
     from schedconf.conformance.runs.diff import RecordingSut, compare_runs, run_side
 
@@ -64,21 +87,37 @@ def test_a_wrong_victim_is_one_group_with_a_minimal_trace_and_its_safety_breach(
 
 
 def test_vllm_032_and_033_differ_only_by_the_priority_self_preemption_knob(tmp_path, monkeypatch):
-    spec = DiffSpec(sut="reference", against="reference", profile="vllm-0.32", against_profile="vllm-0.33",
-                    examples=300, seed=11, shrink_budget_s=0)
+    spec = DiffSpec(
+        sut="reference",
+        against="reference",
+        profile="vllm-0.32",
+        against_profile="vllm-0.33",
+        examples=300,
+        seed=11,
+        shrink_budget_s=0,
+    )
     groups, counts = run_diff(spec)
     assert [g.signature for g in groups] == ["scheduler_output:scheduled_cached_reqs"] and counts["different"] >= 1
     # the same traces with 0.33's one difference switched back to 0.32's: no difference left
-    same_but_break = dataclasses.replace(profiles.PROFILES["vllm-0.33"], name="vllm-0.33-break",
-                                         priority_self_preemption=profiles.PROFILES["vllm-0.32"].priority_self_preemption)
+    same_but_break = dataclasses.replace(
+        profiles.PROFILES["vllm-0.33"],
+        name="vllm-0.33-break",
+        priority_self_preemption=profiles.PROFILES["vllm-0.32"].priority_self_preemption,
+    )
     monkeypatch.setitem(profiles.PROFILES, "vllm-0.33-break", same_but_break)
     groups, counts = run_diff(dataclasses.replace(spec, against_profile="vllm-0.33-break"))
     assert groups == [] and counts["same"] == counts["traces"] - counts["unknown"]
 
 
 def test_the_report_names_both_sides_and_each_group(tmp_path):
-    spec = DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
-                    against_profile="vllm-0.33", examples=40, shrink_budget_s=0)
+    spec = DiffSpec(
+        sut="reference",
+        against="mutant:fcfs_victim_head",
+        profile="vllm-0.33",
+        against_profile="vllm-0.33",
+        examples=40,
+        shrink_budget_s=0,
+    )
     groups, counts = run_diff(spec)
     report = write_diff(spec, groups, counts, tmp_path).read_text()
     assert report.startswith("# schedconf diff: A = reference (vllm-0.33), B = mutant:fcfs_victim_head (vllm-0.33)")
@@ -89,9 +128,22 @@ def test_sides_that_force_a_field_differently_are_refused(tmp_path):
     (tmp_path / "forcing.py").write_text(
         "from schedconf.conformance.adapters.reference import ReferenceSut\n"
         "class Off(ReferenceSut):\n    forced_config = {'enable_prefix_caching': False}\n"
-        "class On(ReferenceSut):\n    forced_config = {'enable_prefix_caching': True}\n")
-    proc = run_cli(["diff", "--sut", "module:forcing:Off", "--against", "module:forcing:On", "--examples", "2",
-                    "--out", str(tmp_path / "d")], tmp_path)
+        "class On(ReferenceSut):\n    forced_config = {'enable_prefix_caching': True}\n"
+    )
+    proc = run_cli(
+        [
+            "diff",
+            "--sut",
+            "module:forcing:Off",
+            "--against",
+            "module:forcing:On",
+            "--examples",
+            "2",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 2 and "force enable_prefix_caching to different values" in proc.stderr
 
 
@@ -109,6 +161,14 @@ def test_the_traces_leave_the_pool_headroom_either_side_asks_for(monkeypatch):
     seen = []
     monkeypatch.setattr(ReferenceSut, "pool_headroom_blocks", 3, raising=False)
     monkeypatch.setattr(campaign, "generate_workloads", lambda spec: seen.append(spec) or [])
-    run_diff(DiffSpec(sut="reference", against="mutant:fcfs_victim_head", profile="vllm-0.33",
-                      against_profile="vllm-0.33", examples=1, seed=0))
+    run_diff(
+        DiffSpec(
+            sut="reference",
+            against="mutant:fcfs_victim_head",
+            profile="vllm-0.33",
+            against_profile="vllm-0.33",
+            examples=1,
+            seed=0,
+        )
+    )
     assert [spec.pool_headroom_blocks for spec in seen] == [3]

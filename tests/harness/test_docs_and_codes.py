@@ -35,11 +35,19 @@ def test_every_raised_code_is_in_the_table():
 
 def test_format_md_is_generated_from_the_schema():
     assert (ROOT / "conformance" / "FORMAT.md").read_text() == render_format_md(), (
-        "regenerate: python -m schedconf.conformance.traces.format_doc > conformance/FORMAT.md")
+        "regenerate: python -m schedconf.conformance.traces.format_doc > conformance/FORMAT.md"
+    )
 
 
 def test_protocol_md_lists_the_input_codes():
     text = (ROOT / "conformance" / "PROTOCOL.md").read_text()
-    for code in ("duplicate_request_id", "empty_prompt", "prompt_too_long", "unknown_request_id",
-                 "bad_num_sampled_tokens", "unsupported", "internal"):
+    for code in (
+        "duplicate_request_id",
+        "empty_prompt",
+        "prompt_too_long",
+        "unknown_request_id",
+        "bad_num_sampled_tokens",
+        "unsupported",
+        "internal",
+    ):
         assert f"`{code}`" in text, code

@@ -37,16 +37,28 @@ from schedconf.spec.errors import ERROR_CODES, EngineCrash
 from schedconf.spec.v1.config import SchedulerConfig
 from schedconf.spec.v1.scheduler import Scheduler
 
-CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_num_seqs=4,
-                         max_model_len=16, long_prefill_token_threshold=2, enable_prefix_caching=False,
-                         num_spec_tokens=2)
+CONFIG = SchedulerConfig(
+    block_size=4,
+    num_gpu_blocks=20,
+    max_num_batched_tokens=16,
+    max_num_seqs=4,
+    max_model_len=16,
+    long_prefill_token_threshold=2,
+    enable_prefix_caching=False,
+    num_spec_tokens=2,
+)
 """The reproduction of reports/findings.md divergence 3."""
 
 
 def repro(profile: str = "vllm-0.33", config: SchedulerConfig = CONFIG) -> Workload:
     """a decodes in step 2 while b, a one-token prompt, is admitted: padded to 3, cut to 2."""
-    return Workload(config=config, profile=profile, oracle=HashOracle(seed=3, eos_per_mille=0), origin="hand",
-                    requests=(RequestSpec("a", (1, 2, 3), 8), RequestSpec("b", (9,), 8, arrival_time=1, at_step=1)))
+    return Workload(
+        config=config,
+        profile=profile,
+        oracle=HashOracle(seed=3, eos_per_mille=0),
+        origin="hand",
+        requests=(RequestSpec("a", (1, 2, 3), 8), RequestSpec("b", (9,), 8, arrival_time=1, at_step=1)),
+    )
 
 
 def test_the_codes_are_in_the_table():
@@ -71,11 +83,14 @@ def test_0_11_has_no_padding_and_runs_to_the_end():
     assert step2["num_scheduled_tokens"]["b"] == 1 and "b" not in step2["scheduled_spec_decode_tokens"]
 
 
-@pytest.mark.parametrize("change,why", [
-    (dict(long_prefill_token_threshold=3), "threshold above num_spec_tokens: the padding is kept"),
-    (dict(long_prefill_token_threshold=0), "no threshold"),
-    (dict(max_num_batched_tokens=3, max_num_seqs=3), "a's 1 + 3 > 3: the padding does not fit, b waits"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (dict(long_prefill_token_threshold=3), "threshold above num_spec_tokens: the padding is kept"),
+        (dict(long_prefill_token_threshold=0), "no threshold"),
+        (dict(max_num_batched_tokens=3, max_num_seqs=3), "a's 1 + 3 > 3: the padding does not fit, b waits"),
+    ],
+)
 def test_no_crash_unless_the_threshold_cuts_a_padded_admission(change, why):
     trace = run_workload(repro(config=replace(CONFIG, **change)))
     assert "expect_error" not in trace.events[-1], why
@@ -87,8 +102,13 @@ def no_blocks_for_b(profile: str = "vllm-0.33") -> Workload:
     finds no block: vLLM's allocate_slots fails before its assertion, the loop
     ends, nothing crashes. b runs once a has finished (alone then: no padding)."""
     config = replace(CONFIG, num_gpu_blocks=4, max_model_len=12)
-    return Workload(config=config, profile=profile, oracle=HashOracle(seed=3, eos_per_mille=0), origin="hand",
-                    requests=(RequestSpec("a", tuple(range(1, 9)), 3), RequestSpec("b", (9,), 2, at_step=1)))
+    return Workload(
+        config=config,
+        profile=profile,
+        oracle=HashOracle(seed=3, eos_per_mille=0),
+        origin="hand",
+        requests=(RequestSpec("a", tuple(range(1, 9)), 3), RequestSpec("b", (9,), 2, at_step=1)),
+    )
 
 
 def test_no_crash_when_the_cut_admission_gets_no_blocks():
@@ -109,7 +129,10 @@ def test_crash_and_dead_engine_on_the_model():
             out = sched.schedule()
         else:
             from schedconf.spec.output import ModelRunnerOutput
-            sched.update_from_output(out, ModelRunnerOutput({k: tuple(v) for k, v in event["sampled_token_ids"].items()}))
+
+            sched.update_from_output(
+                out, ModelRunnerOutput({k: tuple(v) for k, v in event["sampled_token_ids"].items()})
+            )
     with pytest.raises(EngineCrash) as crash:
         sched.schedule()
     assert crash.value.code == "engine_assertion_padded_admission" and sched.crashed

@@ -34,8 +34,12 @@ def get_assigned_attributes(cls: type, methods: tuple[str, ...]) -> set[str]:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                 if isinstance(node.ctx, ast.Store):
                     names.add(node.attr)
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+            ):
                 todo.append(node.func.attr)
     return names
 

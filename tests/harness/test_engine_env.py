@@ -16,8 +16,13 @@ def _family(tmp_path: Path, text: str = "pkg==1.0\n") -> EngineFamily:
     envs.mkdir(exist_ok=True)
     (envs / "toy-1.0.txt").write_text(text)
     (envs / "toy-0.9.txt").write_text(text)
-    return EngineFamily(name="toy", label="Toy", driver_module="toy_driver",
-                        env_vars=lambda home: {"TOY_HOME": str(home)}, envs_dir=envs)
+    return EngineFamily(
+        name="toy",
+        label="Toy",
+        driver_module="toy_driver",
+        env_vars=lambda home: {"TOY_HOME": str(home)},
+        envs_dir=envs,
+    )
 
 
 @pytest.fixture
@@ -63,8 +68,12 @@ def test_build_is_idempotent_and_rebuilds_on_a_changed_list(tmp_path: Path, fake
     assert not engine_env.is_env_ready(fam, "1.0", tmp_path)
     python = engine_env.build_env(fam, "1.0", tmp_path)
     assert python == tmp_path / ".venvs" / "toy-1.0" / "bin" / "python"
-    assert fake_run == ["create venv", "upgrade pip", "pip install --no-deps",
-                        "self-check (import the engine, build one scheduler)"]
+    assert fake_run == [
+        "create venv",
+        "upgrade pip",
+        "pip install --no-deps",
+        "self-check (import the engine, build one scheduler)",
+    ]
     assert engine_env.is_env_ready(fam, "1.0", tmp_path)
     fake_run.clear()
     assert engine_env.ensure_env(fam, "1.0", tmp_path) == python and fake_run == []
@@ -114,8 +123,13 @@ def test_registry_names_the_adapter_without_importing_it() -> None:
 def test_a_release_can_have_its_own_driver(tmp_path: Path, fake_run: list[str]) -> None:
     assert engine_env.get_driver_module("vllm", "0.10.2") == "schedconf.conformance.engines.vllm_v0_driver"
     assert engine_env.get_driver_module("vllm", "0.33.0") == "schedconf.conformance.engines.vllm_driver"
-    fam = EngineFamily(name="toy", label="Toy", driver_module="other_driver",
-                       env_vars=lambda home: {"TOY_HOME": str(home)}, envs_dir=_family(tmp_path).envs_dir,
-                       release_drivers={"1.0": "toy_driver"})
+    fam = EngineFamily(
+        name="toy",
+        label="Toy",
+        driver_module="other_driver",
+        env_vars=lambda home: {"TOY_HOME": str(home)},
+        envs_dir=_family(tmp_path).envs_dir,
+        release_drivers={"1.0": "toy_driver"},
+    )
     engine_env.build_env(fam, "1.0", tmp_path)  # fake_run asserts the self-check runs toy_driver for 1.0
     assert engine_env.is_env_ready(fam, "1.0", tmp_path)

@@ -65,8 +65,6 @@ def survivors(pid_dir: Path, within_s: float = 0.0) -> list[int]:
         time.sleep(0.05)
 
 
-
-
 @pytest.fixture(scope="module")
 def trace():
     t = run_workload(EXAMPLES["mixed"]())
@@ -149,16 +147,40 @@ def test_slow_within_the_timeout_passes(trace, pid_dir):
 
 
 def run_cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.conformance", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_hanging_scheduler_cannot_hang_a_campaign(jobs, tmp_path, pid_dir):
     t0 = time.monotonic()
-    proc = run_cli(["run", "--sut", "stdio:" + faulty("hang"), "--examples", "2", "--timeout", "2", "--jobs",
-                    str(jobs), "--shrink-budget", "5", "--out", str(tmp_path / "r"), "--run-id", "hang"],
-                   cwd=tmp_path, timeout=120)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            "stdio:" + faulty("hang"),
+            "--examples",
+            "2",
+            "--timeout",
+            "2",
+            "--jobs",
+            str(jobs),
+            "--shrink-budget",
+            "5",
+            "--out",
+            str(tmp_path / "r"),
+            "--run-id",
+            "hang",
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stderr
     assert elapsed < 30, f"{elapsed:.1f} s"
@@ -172,9 +194,25 @@ def test_a_hanging_scheduler_cannot_hang_a_campaign(jobs, tmp_path, pid_dir):
 
 def test_an_exiting_scheduler_is_restarted_per_trace_quickly(tmp_path, pid_dir):
     t0 = time.monotonic()
-    proc = run_cli(["run", "--sut", "stdio:" + faulty("exit", at=3), "--examples", "3", "--timeout", "2",
-                    "--shrink-budget", "3", "--out", str(tmp_path / "r"), "--run-id", "exit"],
-                   cwd=tmp_path, timeout=120)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            "stdio:" + faulty("exit", at=3),
+            "--examples",
+            "3",
+            "--timeout",
+            "2",
+            "--shrink-budget",
+            "3",
+            "--out",
+            str(tmp_path / "r"),
+            "--run-id",
+            "exit",
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stderr
     assert elapsed < 30, f"{elapsed:.1f} s"
@@ -187,10 +225,29 @@ def test_an_exiting_scheduler_is_restarted_per_trace_quickly(tmp_path, pid_dir):
 def test_sigterm_leaves_an_interrupted_summary_and_no_process(jobs, tmp_path, pid_dir):
     run_dir = tmp_path / "r" / "term"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "stdio:" + faulty("slow", at=1, delay=0.02),
-         "--examples", "200", "--jobs", str(jobs), "--out", str(tmp_path / "r"), "--run-id", "term", "--quiet"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            "stdio:" + faulty("slow", at=1, delay=0.02),
+            "--examples",
+            "200",
+            "--jobs",
+            str(jobs),
+            "--out",
+            str(tmp_path / "r"),
+            "--run-id",
+            "term",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until the campaign is replaying
         if (run_dir / "summary.json").exists() and len(list(pid_dir.iterdir())) >= 1:

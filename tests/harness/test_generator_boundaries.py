@@ -33,8 +33,14 @@ from schedconf.spec.errors import InvalidConfig
 from schedconf.spec.v1.config import SchedulerConfig, cdiv
 from schedconf.spec.v1.scheduler import Scheduler
 
-BASE = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=16, max_num_seqs=4,
-                       max_model_len=32, enable_prefix_caching=True)
+BASE = SchedulerConfig(
+    block_size=4,
+    num_gpu_blocks=9,
+    max_num_batched_tokens=16,
+    max_num_seqs=4,
+    max_model_len=32,
+    enable_prefix_caching=True,
+)
 """Pool of 8 usable blocks = 32 tokens = exactly one max_model_len sequence."""
 
 
@@ -69,26 +75,58 @@ def boundary_features(config: dict) -> set[str]:
 # prompt (see test_max_model_len_one_admits_no_prompt).
 RULES = [
     ("block_size", replace(BASE, block_size=1, num_gpu_blocks=33), dict(block_size=0), "invalid_block_size"),
-    ("num_gpu_blocks", replace(BASE, num_gpu_blocks=2, max_model_len=4), dict(num_gpu_blocks=1, max_model_len=4),
-     "invalid_num_gpu_blocks"),
-    ("max_num_batched_tokens", replace(BASE, max_num_batched_tokens=1, max_num_seqs=1),
-     dict(max_num_batched_tokens=0, max_num_seqs=1), "invalid_token_budget"),
+    (
+        "num_gpu_blocks",
+        replace(BASE, num_gpu_blocks=2, max_model_len=4),
+        dict(num_gpu_blocks=1, max_model_len=4),
+        "invalid_num_gpu_blocks",
+    ),
+    (
+        "max_num_batched_tokens",
+        replace(BASE, max_num_batched_tokens=1, max_num_seqs=1),
+        dict(max_num_batched_tokens=0, max_num_seqs=1),
+        "invalid_token_budget",
+    ),
     ("max_num_seqs", replace(BASE, max_num_seqs=1), dict(max_num_seqs=0), "invalid_max_num_seqs"),
     ("max_model_len", replace(BASE, max_model_len=2, num_gpu_blocks=2), dict(max_model_len=0), "invalid_max_model_len"),
-    ("long_prefill_token_threshold", replace(BASE, long_prefill_token_threshold=0),
-     dict(long_prefill_token_threshold=-1), "invalid_threshold"),
+    (
+        "long_prefill_token_threshold",
+        replace(BASE, long_prefill_token_threshold=0),
+        dict(long_prefill_token_threshold=-1),
+        "invalid_threshold",
+    ),
     ("num_spec_tokens", replace(BASE, num_spec_tokens=0), dict(num_spec_tokens=-1), "invalid_num_spec_tokens"),
-    ("num_lookahead_tokens", replace(BASE, num_lookahead_tokens=0), dict(num_lookahead_tokens=-1),
-     "invalid_num_lookahead_tokens"),
-    ("budget_vs_max_model_len_unchunked", replace(BASE, enable_chunked_prefill=False, max_num_batched_tokens=32),
-     dict(enable_chunked_prefill=False, max_num_batched_tokens=31), "budget_below_max_model_len"),
-    ("budget_vs_max_num_seqs", replace(BASE, max_num_batched_tokens=4, max_num_seqs=4),
-     dict(max_num_batched_tokens=4, max_num_seqs=5), "budget_below_max_num_seqs"),
-    ("pool_blocks", replace(BASE, max_model_len=30), dict(max_model_len=30, num_gpu_blocks=8),
-     "pool_below_max_model_len"),
+    (
+        "num_lookahead_tokens",
+        replace(BASE, num_lookahead_tokens=0),
+        dict(num_lookahead_tokens=-1),
+        "invalid_num_lookahead_tokens",
+    ),
+    (
+        "budget_vs_max_model_len_unchunked",
+        replace(BASE, enable_chunked_prefill=False, max_num_batched_tokens=32),
+        dict(enable_chunked_prefill=False, max_num_batched_tokens=31),
+        "budget_below_max_model_len",
+    ),
+    (
+        "budget_vs_max_num_seqs",
+        replace(BASE, max_num_batched_tokens=4, max_num_seqs=4),
+        dict(max_num_batched_tokens=4, max_num_seqs=5),
+        "budget_below_max_num_seqs",
+    ),
+    (
+        "pool_blocks",
+        replace(BASE, max_model_len=30),
+        dict(max_model_len=30, num_gpu_blocks=8),
+        "pool_below_max_model_len",
+    ),
     ("pool_tokens", BASE, dict(max_model_len=33), "pool_below_max_model_len"),
-    ("threshold_vs_max_model_len", replace(BASE, long_prefill_token_threshold=32),
-     dict(long_prefill_token_threshold=33), "threshold_above_max_model_len"),
+    (
+        "threshold_vs_max_model_len",
+        replace(BASE, long_prefill_token_threshold=32),
+        dict(long_prefill_token_threshold=33),
+        "threshold_above_max_model_len",
+    ),
 ]
 # Not a start-up rule any more: a threshold of at most num_spec_tokens is accepted
 # by every profile; 0.32/0.33 crash in schedule() on the first padded admission it
@@ -110,8 +148,13 @@ def _long_workload(config: SchedulerConfig, profile: str = "vllm-0.33") -> Workl
         RequestSpec("long", tuple(range(100, 100 + half)), max_tokens=config.max_model_len, ignore_eos=True),
         RequestSpec("rival", tuple(range(100, 100 + half)), max_tokens=3, at_step=1),
     )
-    return Workload(config=config, profile=profile, requests=requests,
-                    oracle=HashOracle(seed=11, eos_per_mille=0), description="boundary config")
+    return Workload(
+        config=config,
+        profile=profile,
+        requests=requests,
+        oracle=HashOracle(seed=11, eos_per_mille=0),
+        description="boundary config",
+    )
 
 
 @pytest.mark.parametrize("name,accepted,refused,code", RULES, ids=[r[0] for r in RULES])
@@ -119,8 +162,14 @@ def test_at_the_limit_runs_one_past_it_is_refused(name, accepted, refused, code)
     # At the limit: accepted, a workload runs to the end, both schedulers agree step by step.
     trace = run_workload(_long_workload(accepted), check=True)
     assert trace.num_steps() > 0
-    long_out = [t for e in trace.events if e["kind"] == "model_output"
-                for o in e["expect"]["outputs"] if o["req_id"] == "long" for t in o["new_token_ids"]]
+    long_out = [
+        t
+        for e in trace.events
+        if e["kind"] == "model_output"
+        for o in e["expect"]["outputs"]
+        if o["req_id"] == "long"
+        for t in o["new_token_ids"]
+    ]
     assert long_out, name  # it produced output (length-capped at max_model_len at the latest)
     for sut in (ReferenceSut(), make_sut("impl")):
         result = replay(trace, sut, "strict")

@@ -35,8 +35,14 @@ from schedconf.spec.v1.config import SchedulerConfig
 SEEDS = range(300)
 """The measured sample: fixed seeds, so the shares below are the same on every machine."""
 
-IN_FLIGHT_FEATURES = ("in_flight_add", "in_flight_abort", "in_flight_abort_scheduled", "re_add",
-                      "re_add_refused_in_flight", "re_add_after_in_flight_abort")
+IN_FLIGHT_FEATURES = (
+    "in_flight_add",
+    "in_flight_abort",
+    "in_flight_abort_scheduled",
+    "re_add",
+    "re_add_refused_in_flight",
+    "re_add_after_in_flight_abort",
+)
 
 MIN_SHARE = {
     "in_flight_add": 0.20,
@@ -165,8 +171,11 @@ def test_the_forked_stream_leaves_the_main_draws_alone():
 
 
 def test_the_hypothesis_strategy_draws_in_flight_inputs_too():
-    found = find(workloads(), lambda w: any(r.in_flight for r in w.requests) and any(a.in_flight for a in w.aborts),
-                 settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+    found = find(
+        workloads(),
+        lambda w: any(r.in_flight for r in w.requests) and any(a.in_flight for a in w.aborts),
+        settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)),
+    )
     assert any(r.in_flight for r in found.requests)
 
 
@@ -180,14 +189,21 @@ def test_rates_are_fair():
 CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32)
 
 
-def _request(rid: str, at: int, in_flight: bool = False, n: int = 6, max_tokens: int = 4,
-             base: int = 100) -> RequestSpec:
+def _request(
+    rid: str, at: int, in_flight: bool = False, n: int = 6, max_tokens: int = 4, base: int = 100
+) -> RequestSpec:
     return RequestSpec(rid, tuple(range(base, base + n)), max_tokens, at_step=at, in_flight=in_flight)
 
 
 def _workload(requests=(), aborts=(), invalid=()) -> Workload:
-    return Workload(config=CONFIG, profile="vllm-0.33", requests=tuple(requests), aborts=tuple(aborts),
-                    invalid_inputs=tuple(invalid), oracle=HashOracle(seed=3, eos_per_mille=0))
+    return Workload(
+        config=CONFIG,
+        profile="vllm-0.33",
+        requests=tuple(requests),
+        aborts=tuple(aborts),
+        invalid_inputs=tuple(invalid),
+        oracle=HashOracle(seed=3, eos_per_mille=0),
+    )
 
 
 def _layout(trace: Trace) -> list[str]:
@@ -223,8 +239,15 @@ def test_an_in_flight_input_with_nothing_to_run_is_applied_at_once():
 def test_an_abort_while_scheduled_drops_its_output():
     # a: 6 prompt tokens at step 1; aborted while step 2 (its first decode) executes.
     trace = run_workload(_workload([_request("a", 0), _request("b", 0, base=200)], [AbortSpec("a", 1, in_flight=True)]))
-    assert _layout(trace)[:7] == ["add_request:a", "add_request:b", "step1", "model_output1", "step2", "abort:a",
-                                  "model_output2"]
+    assert _layout(trace)[:7] == [
+        "add_request:a",
+        "add_request:b",
+        "step1",
+        "model_output1",
+        "step2",
+        "abort:a",
+        "model_output2",
+    ]
     assert "a" in _step(trace, 2)["num_scheduled_tokens"]
     out2 = next(e for e in trace.events if e["kind"] == "model_output" and e["step"] == 2)
     assert "a" in out2["sampled_token_ids"]  # the model ran it ...
@@ -237,9 +260,13 @@ def test_an_abort_while_scheduled_drops_its_output():
 
 def test_a_re_add_in_the_abort_step_is_refused_then_valid_after_the_update():
     again = _request("a", 0, base=300)
-    trace = run_workload(_workload(
-        [_request("a", 0), _request("b", 0, base=200)], [AbortSpec("a", 1, in_flight=True)],
-        [InvalidInput({**again.to_event()}, 1, in_flight=True), InvalidInput({**again.to_event()}, 2)]))
+    trace = run_workload(
+        _workload(
+            [_request("a", 0), _request("b", 0, base=200)],
+            [AbortSpec("a", 1, in_flight=True)],
+            [InvalidInput({**again.to_event()}, 1, in_flight=True), InvalidInput({**again.to_event()}, 2)],
+        )
+    )
     layout = _layout(trace)
     assert layout[4:8] == ["step2", "abort:a", "add_request:a!request_id_in_flight", "model_output2"]
     assert layout[8] == "add_request:a" and layout[9] == "step3"  # after the update: accepted
@@ -248,11 +275,19 @@ def test_a_re_add_in_the_abort_step_is_refused_then_valid_after_the_update():
     assert [r["req_id"] for r in step3["scheduled_new_reqs"]] == ["a"]  # ... and the new one, in one step
     # The new request has its own text: the oracle keys it apart from the first "a".
     oracle = HashOracle(seed=3, eos_per_mille=0)
-    first = next(e["sampled_token_ids"]["a"] for e in trace.events
-                 if e["kind"] == "model_output" and "a" in e["sampled_token_ids"])
+    first = next(
+        e["sampled_token_ids"]["a"]
+        for e in trace.events
+        if e["kind"] == "model_output" and "a" in e["sampled_token_ids"]
+    )
     assert first == [oracle.token("a", 0)]
-    outputs = [o for e in trace.events if e["kind"] == "model_output" and e["step"] >= 3
-               for o in e["expect"]["outputs"] if o["req_id"] == "a"]
+    outputs = [
+        o
+        for e in trace.events
+        if e["kind"] == "model_output" and e["step"] >= 3
+        for o in e["expect"]["outputs"]
+        if o["req_id"] == "a"
+    ]
     assert [t for o in outputs for t in o["new_token_ids"]] == [oracle.token(oracle_id("a", 1), p) for p in range(4)]
     for sut in (ReferenceSut(), make_sut("impl")):
         assert replay(trace, sut).verdict == PASS
@@ -261,9 +296,12 @@ def test_a_re_add_in_the_abort_step_is_refused_then_valid_after_the_update():
 
 def test_a_re_add_in_flight_of_a_request_not_in_the_batch_is_valid():
     """Aborted before the step was scheduled, the id is not in flight: the re-add is accepted."""
-    trace = run_workload(_workload(
-        [_request("a", 0), _request("b", 0, base=200), _request("a", 1, in_flight=True, base=300)],
-        [AbortSpec("a", 1)]))
+    trace = run_workload(
+        _workload(
+            [_request("a", 0), _request("b", 0, base=200), _request("a", 1, in_flight=True, base=300)],
+            [AbortSpec("a", 1)],
+        )
+    )
     layout = _layout(trace)
     assert layout[3:8] == ["model_output1", "abort:a", "step2", "add_request:a", "model_output2"]
     assert "a" not in _step(trace, 2)["num_scheduled_tokens"]

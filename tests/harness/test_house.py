@@ -128,7 +128,9 @@ def test_cycle_finder_finds_a_two_module_cycle_and_nothing_in_a_chain():
 def test_import_graph_sees_function_level_imports_and_parent_packages():
     graph = compute_import_graph("conformance")
     # mutants imports the reference adapter at module level, which runs the registry's __init__ first
-    assert {"schedconf.conformance.adapters", "schedconf.conformance.adapters.reference"} <= graph["schedconf.conformance.checking.mutants"]
+    assert {"schedconf.conformance.adapters", "schedconf.conformance.adapters.reference"} <= graph[
+        "schedconf.conformance.checking.mutants"
+    ]
     # the registry imports the stdio adapter inside make_sut
     assert "schedconf.conformance.adapters.stdio" in graph["schedconf.conformance.adapters"]
 
@@ -140,8 +142,11 @@ def test_conformance_modules_import_each_other_without_a_cycle():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "impl").rglob("*.py")), ids=lambda p: p.name)
 def test_impl_module_does_not_import_the_harness(path):
-    harness = sorted(n for n in get_imported_names(path)
-                     if n.startswith(("schedconf.conformance", "schedconf.gpu_checks", "conformance", "gpu_checks")))
+    harness = sorted(
+        n
+        for n in get_imported_names(path)
+        if n.startswith(("schedconf.conformance", "schedconf.gpu_checks", "conformance", "gpu_checks"))
+    )
     assert harness == [], f"{path.relative_to(ROOT)} imports the harness: {harness}"
 
 
@@ -152,14 +157,15 @@ def test_impl_has_modules_to_check():
 
 
 def test_importing_the_registry_imports_no_adapter_and_no_torch():
-    code = ("import sys, schedconf.conformance, schedconf.conformance.adapters\n"
-            "loaded = sorted(m for m in ('torch', 'schedconf.impl', 'schedconf.conformance.checking.mutants',\n"
-            "                            'schedconf.conformance.adapters.impl',\n"
-            "                            'schedconf.conformance.adapters.vllm_v1') if m in sys.modules)\n"
-            "assert not loaded, loaded\n")
+    code = (
+        "import sys, schedconf.conformance, schedconf.conformance.adapters\n"
+        "loaded = sorted(m for m in ('torch', 'schedconf.impl', 'schedconf.conformance.checking.mutants',\n"
+        "                            'schedconf.conformance.adapters.impl',\n"
+        "                            'schedconf.conformance.adapters.vllm_v1') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -213,8 +219,9 @@ MODELS = sorted(p for p in (ROOT / "spec").rglob("*.py") if "symbolic" not in p.
 def test_the_models_import_nothing_of_ours_outside_spec(path):
     """The executable models stand alone. (``spec/symbolic/`` may write the traces that realise its
     witnesses with the trace format's own reader and writer.)"""
-    outside = sorted(n for n in get_imported_names(path)
-                     if n.startswith("schedconf.") and not n.startswith("schedconf.spec"))
+    outside = sorted(
+        n for n in get_imported_names(path) if n.startswith("schedconf.") and not n.startswith("schedconf.spec")
+    )
     assert outside == [], f"{path.relative_to(ROOT)} imports {outside}"
 
 
@@ -234,14 +241,26 @@ def test_the_v1_and_v0_models_do_not_import_each_other():
     crossings = []
     for mine, other in (("v1", "v0"), ("v0", "v1")):
         for path in sorted((ROOT / "spec" / mine).rglob("*.py")):
-            crossings += [f"{path.relative_to(ROOT)} -> {n}" for n in get_imported_names(path)
-                          if n.startswith(f"schedconf.spec.{other}")]
+            crossings += [
+                f"{path.relative_to(ROOT)} -> {n}"
+                for n in get_imported_names(path)
+                if n.startswith(f"schedconf.spec.{other}")
+            ]
     assert crossings == [], crossings
 
 
-IMPL_MAY_USE = {"schedconf.spec", "schedconf.spec.errors", "schedconf.spec.hashing", "schedconf.spec.tokens",
-                "schedconf.spec.v1", "schedconf.spec.v1.config", "schedconf.spec.v1.profiles",
-                "schedconf.spec.v0", "schedconf.spec.v0.config", "schedconf.spec.v0.profiles"}
+IMPL_MAY_USE = {
+    "schedconf.spec",
+    "schedconf.spec.errors",
+    "schedconf.spec.hashing",
+    "schedconf.spec.tokens",
+    "schedconf.spec.v1",
+    "schedconf.spec.v1.config",
+    "schedconf.spec.v1.profiles",
+    "schedconf.spec.v0",
+    "schedconf.spec.v0.config",
+    "schedconf.spec.v0.profiles",
+}
 
 
 def get_spec_module(name: str) -> str:
@@ -257,7 +276,9 @@ def get_spec_module(name: str) -> str:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "impl").rglob("*.py")), ids=lambda p: p.name)
 def test_impl_takes_only_the_vocabulary_of_the_models(path):
-    used = sorted({get_spec_module(n) for n in get_imported_names(path) if n.startswith("schedconf.spec")} - IMPL_MAY_USE)
+    used = sorted(
+        {get_spec_module(n) for n in get_imported_names(path) if n.startswith("schedconf.spec")} - IMPL_MAY_USE
+    )
     assert used == [], f"{path.relative_to(ROOT)} imports {used}: impl is checked against the models, not built on them"
 
 
@@ -296,10 +317,14 @@ def test_conformance_keeps_at_most_a_dozen_modules_at_its_root():
     assert len(modules) <= 12, f"{len(modules)} modules at conformance/'s root: {modules}"
 
 
-@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
+PACKAGE_CODE = sorted(p for top in OURS for p in (ROOT / top).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", PACKAGE_CODE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_long_module_says_why(path):
     lines = path.read_text(encoding="utf-8").splitlines()
     if len(lines) > 800:
         assert any(line.startswith("# Size:") for line in lines), (
             f"{path.relative_to(ROOT)}: {len(lines)} lines; split it where a reader wants two rooms, or say why "
-            "it is one (a '# Size:' comment)")
+            "it is one (a '# Size:' comment)"
+        )

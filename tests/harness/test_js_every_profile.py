@@ -60,7 +60,9 @@ def _generated(profile, seeds, **config_changes):
             trace = run_workload(workload)
         except WorkloadError:
             continue  # the reference itself cannot finish it: no verdict
-        trace.path = f"make_random_workload({seed}, {profile!r}){' with ' + str(config_changes) if config_changes else ''}"
+        trace.path = (
+            f"make_random_workload({seed}, {profile!r}){' with ' + str(config_changes) if config_changes else ''}"
+        )
         traces.append(trace)
     return traces
 
@@ -104,27 +106,40 @@ def test_refuses_configs_past_each_limit_with_the_rules_code(js, profile):
     assert set(verdicts.values()) == ({UNKNOWN} if profile in V0_PROFILES else {PASS}), verdicts
 
 
-BASE_CONFIG = {"block_size": 4, "num_gpu_blocks": 9, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-               "max_model_len": 32, "enable_prefix_caching": False}
+BASE_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 9,
+    "max_num_batched_tokens": 16,
+    "max_num_seqs": 4,
+    "max_model_len": 32,
+    "enable_prefix_caching": False,
+}
 
 # (profile, config changes): each start-up rule that differs between profiles, and the 0.32 fields' own checks.
 INIT_CASES = [
-    ("vllm-0.11", {"long_prefill_token_threshold": 33}),   # 0.11 accepts a threshold above max_model_len
-    ("vllm-0.32", {"long_prefill_token_threshold": 33}),   # 0.32 refuses it
-    ("vllm-0.11", {"max_num_active_seqs": 2}),             # a 0.32 knob under an older release
+    ("vllm-0.11", {"long_prefill_token_threshold": 33}),  # 0.11 accepts a threshold above max_model_len
+    ("vllm-0.32", {"long_prefill_token_threshold": 33}),  # 0.32 refuses it
+    ("vllm-0.11", {"max_num_active_seqs": 2}),  # a 0.32 knob under an older release
     ("aphrodite-0.24", {"use_v2_model_runner": True}),
     ("aphrodite-0.24", {"long_prefill_token_threshold": 4, "long_prefill_token_threshold_adaptive": True}),
-    ("vllm-0.11", {"max_concurrent_batches": 2}),          # steps in flight, not modelled for 0.11
+    ("vllm-0.11", {"max_concurrent_batches": 2}),  # steps in flight, not modelled for 0.11
     ("vllm-0.33", {"max_concurrent_batches": 2, "num_spec_tokens": 1}),  # nor with spec decode, unless async
     ("vllm-0.33-async", {"max_concurrent_batches": 2, "num_spec_tokens": 1}),
     ("vllm-0.33", {"max_concurrent_batches": 2}),
     ("vllm-0.33", {"max_concurrent_batches": 0}),
-    ("vllm-0.33", {"max_num_active_seqs": 5}),             # above max_num_seqs
+    ("vllm-0.33", {"max_num_active_seqs": 5}),  # above max_num_seqs
     ("vllm-0.33", {"max_num_active_seqs": 0}),
     ("vllm-0.33", {"max_num_active_seqs": "2"}),
     ("vllm-0.33", {"use_v2_model_runner": 1}),
-    ("vllm-0.33", {"max_num_active_seqs": 2, "use_v2_model_runner": True, "long_prefill_token_threshold": 4,
-                   "long_prefill_token_threshold_adaptive": True}),
+    (
+        "vllm-0.33",
+        {
+            "max_num_active_seqs": 2,
+            "use_v2_model_runner": True,
+            "long_prefill_token_threshold": 4,
+            "long_prefill_token_threshold_adaptive": True,
+        },
+    ),
     ("vllm-0.33", {"max_num_active_seqs": 2, "enable_prefix_caching": True}),
     ("vllm-0.33", {"enable_prefix_caching": True, "max_num_active_seqs": 9}),  # invalid and unsupported: the error
 ]
@@ -142,8 +157,9 @@ def _init_outcome(sut, config, profile):
         return ("unsupported", None)
 
 
-@pytest.mark.parametrize("profile, changes", INIT_CASES,
-                         ids=[f"{p}-{','.join(f'{k}={v}' for k, v in c.items())}" for p, c in INIT_CASES])
+@pytest.mark.parametrize(
+    "profile, changes", INIT_CASES, ids=[f"{p}-{','.join(f'{k}={v}' for k, v in c.items())}" for p, c in INIT_CASES]
+)
 def test_init_answers_like_the_reference_or_unsupported(js, profile, changes):
     """The reference's refusal, with its code; a config the reference accepts runs or is unsupported at init."""
     from schedconf.conformance.adapters.reference import ReferenceSut
@@ -156,8 +172,11 @@ def test_init_answers_like_the_reference_or_unsupported(js, profile, changes):
     else:
         assert actual[0] in ("ok", "unsupported"), actual
         # It runs exactly the vllm-0.33 configs without prefix caching and without steps in flight.
-        runs = profile == "vllm-0.33" and not config["enable_prefix_caching"] and config.get("max_concurrent_batches",
-                                                                                               1) == 1
+        runs = (
+            profile == "vllm-0.33"
+            and not config["enable_prefix_caching"]
+            and config.get("max_concurrent_batches", 1) == 1
+        )
         assert actual[0] == ("ok" if runs else "unsupported")
 
 
@@ -181,9 +200,20 @@ def test_the_corpus_refused_config_traces_pass_or_are_unsupported(js):
 @pytest.mark.parametrize("overrides", [{"enable_prefix_caching": False}, {}], ids=["set-no-prefix-caching", "no-set"])
 def test_a_campaign_of_every_profile_never_fails(tmp_path, profile, overrides):
     """`schedconf run --sut "stdio:node .../scheduler.js" --profile P --comparison observable [--set ...]`."""
-    summary = run_campaign(CampaignSpec(sut=SUT_NAME, profile=profile, examples=4, seed=11, comparison="observable",
-                                        config_overrides=dict(overrides), out_dir=str(tmp_path), run_id="js",
-                                        quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut=SUT_NAME,
+            profile=profile,
+            examples=4,
+            seed=11,
+            comparison="observable",
+            config_overrides=dict(overrides),
+            out_dir=str(tmp_path),
+            run_id="js",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     reports = [(tmp_path / "js" / f["report_file"]).read_text() for f in summary["failures"]]
     assert summary["failed"] == 0 and not summary.get("harness_error"), "\n\n".join(reports)
     assert summary["passed"] + summary["unknown"] + summary["discarded"] == 4

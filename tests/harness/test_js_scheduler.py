@@ -31,7 +31,6 @@ SUT_NAME = f"stdio:node {shlex.quote(str(SCRIPT))}"
 NUM_GENERATED = int(os.environ.get("SCHEDCONF_JS_EXAMPLES", "300"))
 
 
-
 @pytest.fixture(scope="module")
 def js():
     sut = make_sut(SUT_NAME)
@@ -104,7 +103,8 @@ def test_keeps_the_safety_properties(js):
             continue
         ref = replay(trace, reference, "safety")
         if ref.verdict != result.verdict or (ref.divergence and ref.divergence.signature()) != (
-                result.divergence and result.divergence.signature()):
+            result.divergence and result.divergence.signature()
+        ):
             failures.append(render_divergence(trace, result))
     assert not failures, f"{len(failures)} trace(s) break a safety property; the first:\n" + failures[0]
     assert checked >= NUM_GENERATED * 0.9
@@ -126,9 +126,17 @@ def test_answers_unsupported_for_what_it_leaves_out(js):
 # ------------------------------------------------ bad input, against the reference
 
 BASE_CONFIG = {
-    "block_size": 4, "num_gpu_blocks": 20, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-    "max_model_len": 16, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-    "enable_prefix_caching": False, "policy": "fcfs", "num_spec_tokens": 2, "num_lookahead_tokens": 0,
+    "block_size": 4,
+    "num_gpu_blocks": 20,
+    "max_num_batched_tokens": 16,
+    "max_num_seqs": 4,
+    "max_model_len": 16,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": False,
+    "policy": "fcfs",
+    "num_spec_tokens": 2,
+    "num_lookahead_tokens": 0,
     "scheduler_reserve_full_isl": None,
 }
 
@@ -143,10 +151,21 @@ def _outcome(call):
 
 
 BAD_CONFIGS = [
-    {"block_size": 0}, {"num_gpu_blocks": 1}, {"max_num_batched_tokens": 0}, {"max_num_seqs": 0},
-    {"max_model_len": 0}, {"long_prefill_token_threshold": -1}, {"num_spec_tokens": -1},
-    {"num_lookahead_tokens": -1}, {"policy": "lifo"}, {"bogus_field": 1}, {"block_size": "4"},
-    {"block_size": True}, {"block_size": 4.0}, {"enable_chunked_prefill": 1}, {"scheduler_reserve_full_isl": 0},
+    {"block_size": 0},
+    {"num_gpu_blocks": 1},
+    {"max_num_batched_tokens": 0},
+    {"max_num_seqs": 0},
+    {"max_model_len": 0},
+    {"long_prefill_token_threshold": -1},
+    {"num_spec_tokens": -1},
+    {"num_lookahead_tokens": -1},
+    {"policy": "lifo"},
+    {"bogus_field": 1},
+    {"block_size": "4"},
+    {"block_size": True},
+    {"block_size": 4.0},
+    {"enable_chunked_prefill": 1},
+    {"scheduler_reserve_full_isl": 0},
     {"num_gpu_blocks": 4},
     {"enable_chunked_prefill": False, "max_num_batched_tokens": 8},
 ]
@@ -165,9 +184,18 @@ def test_init_refuses_an_unknown_profile(js):
 
 
 def _request(rid="a", **changes):
-    event = {"kind": "add_request", "request_id": rid, "prompt_token_ids": [5, 6, 7, 8, 9], "max_tokens": 4,
-             "priority": 0, "arrival_time": 0, "eos_token_id": 1, "stop_token_ids": [], "ignore_eos": False,
-             "min_tokens": 0}
+    event = {
+        "kind": "add_request",
+        "request_id": rid,
+        "prompt_token_ids": [5, 6, 7, 8, 9],
+        "max_tokens": 4,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": 1,
+        "stop_token_ids": [],
+        "ignore_eos": False,
+        "min_tokens": 0,
+    }
     event.update(changes)
     return event
 
@@ -176,40 +204,40 @@ def _request(rid="a", **changes):
 # outcomes (result or error code) must be equal, and since a refused input
 # changes nothing, the valid calls after it must still agree.
 SESSION = [
-    ("update", {"a": [3]}, {}),                        # unexpected_model_output: no pending step
-    ("abort", "nobody"),                               # unknown_request_id
-    ("add", _request(prompt_token_ids=[])),            # empty_prompt
+    ("update", {"a": [3]}, {}),  # unexpected_model_output: no pending step
+    ("abort", "nobody"),  # unknown_request_id
+    ("add", _request(prompt_token_ids=[])),  # empty_prompt
     ("add", _request(prompt_token_ids=list(range(16)))),  # prompt_too_long
-    ("add", _request(max_tokens=0)),                   # invalid_max_tokens
-    ("add", _request(min_tokens=5)),                   # invalid_min_tokens
-    ("add", _request(min_tokens=-1)),                  # invalid_min_tokens
-    ("add", _request(prompt_token_ids=[5, -1])),       # invalid_token_id
-    ("add", _request(stop_token_ids=[-2])),            # invalid_token_id
-    ("add", _request(eos_token_id=-1)),                # invalid_token_id
-    ("add", _request(rid="")),                         # invalid_request_id
-    ("add", _request(max_tokens="4")),                 # invalid_field_type
-    ("add", _request(priority=True)),                  # invalid_field_type
-    ("add", _request(arrival_time="1.5")),             # invalid_field_type (a float 1.5 is valid)
-    ("add", _request(max_tokens=4.0)),                 # invalid_field_type: a float, even if integral
-    ("add", _request(prompt_token_ids=[5, 6.0])),      # invalid_token_id
+    ("add", _request(max_tokens=0)),  # invalid_max_tokens
+    ("add", _request(min_tokens=5)),  # invalid_min_tokens
+    ("add", _request(min_tokens=-1)),  # invalid_min_tokens
+    ("add", _request(prompt_token_ids=[5, -1])),  # invalid_token_id
+    ("add", _request(stop_token_ids=[-2])),  # invalid_token_id
+    ("add", _request(eos_token_id=-1)),  # invalid_token_id
+    ("add", _request(rid="")),  # invalid_request_id
+    ("add", _request(max_tokens="4")),  # invalid_field_type
+    ("add", _request(priority=True)),  # invalid_field_type
+    ("add", _request(arrival_time="1.5")),  # invalid_field_type (a float 1.5 is valid)
+    ("add", _request(max_tokens=4.0)),  # invalid_field_type: a float, even if integral
+    ("add", _request(prompt_token_ids=[5, 6.0])),  # invalid_token_id
     ("add", _request()),
-    ("add", _request()),                               # duplicate_request_id
+    ("add", _request()),  # duplicate_request_id
     ("add", _request(rid="b", prompt_token_ids=[11, 12])),
     ("schedule",),
-    ("schedule",),                                     # output_not_processed
-    ("update", {"nobody": [3]}, {}),                   # unscheduled_model_output
-    ("update", {"a": [3, 4]}, {}),                     # bad_num_sampled_tokens: no drafts were scheduled
-    ("update", {"a": [3], "b": [-4]}, {}),             # invalid_token_id
+    ("schedule",),  # output_not_processed
+    ("update", {"nobody": [3]}, {}),  # unscheduled_model_output
+    ("update", {"a": [3, 4]}, {}),  # bad_num_sampled_tokens: no drafts were scheduled
+    ("update", {"a": [3], "b": [-4]}, {}),  # invalid_token_id
     ("update", {"a": [3], "b": [4]}, {"nobody": [1]}),  # unscheduled_draft_tokens
     ("update", {"a": [3], "b": [4]}, {"a": [1, 2, 3]}),  # too_many_draft_tokens
     ("update", {"a": [3], "b": [4]}, {"a": [7, 8], "b": [9]}),
-    ("update", {"a": [3]}, {}),                        # unexpected_model_output: already applied
-    ("schedule",),                                     # a gets its 2 drafts scheduled
-    ("update", {"a": [7, 8, 6], "b": [1]}, {}),        # a: both drafts accepted, max_tokens; b: EOS
-    ("abort", "a"),                                    # already finished: accepted, no effect
-    ("add", _request()),                               # a finished id may be used again
-    ("add", _request(rid="c", arrival_time=2.5)),      # a float arrival time, as vLLM's time.time()
-    ("abort", "c"),                                    # aborted while waiting
+    ("update", {"a": [3]}, {}),  # unexpected_model_output: already applied
+    ("schedule",),  # a gets its 2 drafts scheduled
+    ("update", {"a": [7, 8, 6], "b": [1]}, {}),  # a: both drafts accepted, max_tokens; b: EOS
+    ("abort", "a"),  # already finished: accepted, no effect
+    ("add", _request()),  # a finished id may be used again
+    ("add", _request(rid="c", arrival_time=2.5)),  # a float arrival time, as vLLM's time.time()
+    ("abort", "c"),  # aborted while waiting
     ("schedule",),
     ("update", {"a": [3]}, {}),
 ]

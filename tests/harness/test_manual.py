@@ -62,10 +62,19 @@ def get_runnables(path: Path) -> list[Runnable]:
             continue
         options = dict(item.split("=", 1) for item in (match.group("options") or "").split() if "=" in item)
         fence = lines[number] if number < len(lines) else ""
-        assert fence.strip() in ("```sh", "```bash"), f"{path}:{number + 1}: a runnable marker must precede a ```sh block"
+        assert fence.strip() in ("```sh", "```bash"), (
+            f"{path}:{number + 1}: a runnable marker must precede a ```sh block"
+        )
         end = next(i for i in range(number + 1, len(lines)) if lines[i].strip() == "```")
-        found.append(Runnable(path, number + 2, "\n".join(lines[number + 1:end]),
-                              int(options.get("exit", 0)), float(options.get("timeout", 300))))
+        found.append(
+            Runnable(
+                path,
+                number + 2,
+                "\n".join(lines[number + 1 : end]),
+                int(options.get("exit", 0)),
+                float(options.get("timeout", 300)),
+            )
+        )
     return found
 
 
@@ -79,8 +88,14 @@ def run_runnable(runnable: Runnable, cwd: Path) -> subprocess.CompletedProcess[s
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("VIRTUAL_ENV", None)
-    return subprocess.run(["bash", "-e", "-c", runnable.command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=runnable.timeout_s)
+    return subprocess.run(
+        ["bash", "-e", "-c", runnable.command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=runnable.timeout_s,
+    )
 
 
 ALL_RUNNABLES = [r for source in get_manual_sources() for r in get_runnables(source)]
@@ -98,13 +113,16 @@ def test_runnable_command(runnable: Runnable, repo_copy: Path):
     done = run_runnable(runnable, repo_copy)
     assert done.returncode == runnable.exit_code, (
         f"{runnable}: `{runnable.command}` exited {done.returncode}, the page promises {runnable.exit_code}\n"
-        f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}")
+        f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    )
 
 
 def test_a_broken_command_fails_its_check(tmp_path: Path):
     page = tmp_path / "page.md"
-    page.write_text("Intro.\n\n<!-- runnable: timeout=30 -->\n```sh\nschedconf run --examples 0\n```\n\n"
-                    "<!-- runnable: exit=1 -->\n```sh\ntrue\n```\n")
+    page.write_text(
+        "Intro.\n\n<!-- runnable: timeout=30 -->\n```sh\nschedconf run --examples 0\n```\n\n"
+        "<!-- runnable: exit=1 -->\n```sh\ntrue\n```\n"
+    )
     first, second = get_runnables(page)
     assert (first.line, first.exit_code, second.exit_code) == (5, 0, 1)  # line 5: the command itself
     # --examples 0 is refused (exit 2), and `true` does not exit 1: both break their promise.
@@ -129,6 +147,7 @@ def test_a_stale_reference_page_is_caught(tmp_path: Path, monkeypatch, capsys):
     assert docs_reference.main(["--check", "--dir", str(tmp_path)]) == 0
     # A code change the page does not know of: a new error code.
     import schedconf.spec.errors
+
     monkeypatch.setitem(schedconf.spec.errors.ERROR_CODES, "a_code_added_today", "what it means")
     assert docs_reference.main(["--check", "--dir", str(tmp_path)]) == 1
     assert "error-codes.md: out of date" in capsys.readouterr().err
@@ -141,8 +160,14 @@ def test_a_stale_reference_page_is_caught(tmp_path: Path, monkeypatch, capsys):
 
 def build_manual(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_manual_builds_in_strict_mode(tmp_path: Path):
@@ -167,10 +192,12 @@ def test_a_broken_link_or_anchor_fails_the_build(repo_copy: Path, tmp_path: Path
 
 
 def test_no_page_speaks_of_internal_work_steps():
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in get_manual_sources()
-             for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1)
-             if INTERNAL_STEP.search(line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in get_manual_sources()
+        for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1)
+        if INTERNAL_STEP.search(line)
+    ]
     assert found == [], "\n".join(found)
 
 
@@ -188,6 +215,7 @@ def test_every_rule_names_a_function_of_the_models():
     import importlib
 
     from schedconf.spec.sources import RULES
+
     missing = []
     for rule in RULES:
         module, qualname = rule.model.split(":")

@@ -78,10 +78,13 @@ def at_repo_root(monkeypatch):
     monkeypatch.chdir(REPO)
 
 
-@pytest.mark.parametrize("name,kind,words", [
-    ("Aborts", "sut_exited", "the process was killed by SIGABRT before answering schedule"),
-    ("GrandchildThenHangs", "sut_timeout", "no answer to schedule within 2 s (process killed)"),
-])
+@pytest.mark.parametrize(
+    "name,kind,words",
+    [
+        ("Aborts", "sut_exited", "the process was killed by SIGABRT before answering schedule"),
+        ("GrandchildThenHangs", "sut_timeout", "no answer to schedule within 2 s (process killed)"),
+    ],
+)
 def test_a_module_that_crashes_or_hangs_with_a_grandchild_leaves_no_process(name, kind, words, trace, pid_dir):
     sut = make_sut(f"module:{MODULE}:{name}")
     try:
@@ -107,10 +110,26 @@ def test_a_daemon_a_module_detaches_does_not_outlive_it(trace, pid_dir):
 
 def test_a_module_hung_in_native_code_does_not_survive_a_killed_harness(tmp_path, pid_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "module:tests.harness.faulty_module:NativeHang",
-         "--examples", "2", "--timeout", "120", "--out", str(tmp_path), "-q"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            "module:tests.harness.faulty_module:NativeHang",
+            "--examples",
+            "2",
+            "--timeout",
+            "120",
+            "--out",
+            str(tmp_path),
+            "-q",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     # three hosts: the CLI's check and the campaign's probe (both closed), then the trace's, which hangs
     while time.monotonic() < deadline and (len(list(pid_dir.iterdir())) < 3 or not survivors(pid_dir)):
@@ -122,16 +141,25 @@ def test_a_module_hung_in_native_code_does_not_survive_a_killed_harness(tmp_path
     assert survivors(pid_dir, within_s=5.0) == []
 
 
-MACHINE_SETTINGS = settings(max_examples=3, stateful_step_count=8, phases=[Phase.generate], database=None,
-                            deadline=None, suppress_health_check=list(HealthCheck))
+MACHINE_SETTINGS = settings(
+    max_examples=3,
+    stateful_step_count=8,
+    phases=[Phase.generate],
+    database=None,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def test_the_stateful_machine_drives_a_module_scheduler_in_its_child_process():
-    run_state_machine_as_test(make_diff_machine("module:schedconf.conformance.adapters.reference:ReferenceSut"),
-                              settings=MACHINE_SETTINGS)
+    run_state_machine_as_test(
+        make_diff_machine("module:schedconf.conformance.adapters.reference:ReferenceSut"), settings=MACHINE_SETTINGS
+    )
 
 
 def test_the_stateful_machine_fails_a_module_scheduler_that_answers_floats():
     with pytest.raises(SutProtocolError, match="expected integer, found float"):
-        run_state_machine_as_test(make_diff_machine("module:tests.harness.faulty_module:Floats"),
-                                  settings=settings(MACHINE_SETTINGS, max_examples=30, stateful_step_count=12))
+        run_state_machine_as_test(
+            make_diff_machine("module:tests.harness.faulty_module:Floats"),
+            settings=settings(MACHINE_SETTINGS, max_examples=30, stateful_step_count=12),
+        )

@@ -43,8 +43,10 @@ class NotANumber(_FirstScheduleWrong):
 
 class IntegerKey(_FirstScheduleWrong):
     def spoil(self, result):  # noqa: ANN001, ANN201
-        return {**result, "num_scheduled_tokens": {index: n for index, n in
-                                                   enumerate(result["num_scheduled_tokens"].values())}}
+        return {
+            **result,
+            "num_scheduled_tokens": {index: n for index, n in enumerate(result["num_scheduled_tokens"].values())},
+        }
 
 
 class DeepList(_FirstScheduleWrong):
@@ -66,9 +68,9 @@ CASES = {
     "NotANumber": "result.total_num_scheduled_tokens: expected a finite number, found float nan",
     "IntegerKey": "result.num_scheduled_tokens: expected string keys, found key int 0",
     "DeepList": f"result.finished_req_ids[0][0][0][0][0][0...: expected at most {JSON_DEPTH_LIMIT} levels of "
-                "nesting, found more",
+    "nesting, found more",
     "HoldsItself": f"result.scheduled_new_reqs[0].scheduled_n...: expected at most {JSON_DEPTH_LIMIT} levels of "
-                   "nesting, found more",
+    "nesting, found more",
 }
 
 
@@ -92,14 +94,17 @@ def test_an_answer_json_cannot_carry_is_a_protocol_error(name, mode, trace, monk
     assert result.divergence.message.startswith("step: "), result.divergence.message  # the first schedule()
 
 
-@pytest.mark.parametrize("value,problem", [
-    ({"a": [1, "x", None, True, 1.5, (2, 3)], "b": {}}, None),
-    ({"a": [1, {2}]}, "result.a[1]: expected a JSON value, found set {2}"),
-    ({"a": set()}, "result.a: expected a JSON value, found set()"),
-    ({"a": float("inf")}, "result.a: expected a finite number, found float inf"),
-    ({(1, 2): 1}, "result: expected string keys, found key tuple (1, 2)"),
-    (object(), "result: expected a JSON value, found <object object at"),
-])
+@pytest.mark.parametrize(
+    "value,problem",
+    [
+        ({"a": [1, "x", None, True, 1.5, (2, 3)], "b": {}}, None),
+        ({"a": [1, {2}]}, "result.a[1]: expected a JSON value, found set {2}"),
+        ({"a": set()}, "result.a: expected a JSON value, found set()"),
+        ({"a": float("inf")}, "result.a: expected a finite number, found float inf"),
+        ({(1, 2): 1}, "result: expected string keys, found key tuple (1, 2)"),
+        (object(), "result: expected a JSON value, found <object object at"),
+    ],
+)
 def test_find_not_json_names_the_first_field_json_cannot_carry(value, problem):
     found = find_not_json(value)
     if problem is None:

@@ -48,15 +48,17 @@ def make_adapter_folder(tmp_path: Path) -> Path:
 def run_console_script(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_finds_a_module_sut_in_the_current_folder(tmp_path):
     folder = make_adapter_folder(tmp_path)
     out = tmp_path / "reports"
-    proc = run_console_script(SCHEDCONF_SCRIPT, ["run", "--sut", "module:my_adapter:MySut", "--examples", "3",
-                                                 "--out", str(out)], folder)
+    proc = run_console_script(
+        SCHEDCONF_SCRIPT, ["run", "--sut", "module:my_adapter:MySut", "--examples", "3", "--out", str(out)], folder
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "sut=module:my_adapter:MySut" in output and "3 passed" in output, output
@@ -64,9 +66,19 @@ def test_cli_finds_a_module_sut_in_the_current_folder(tmp_path):
 
 def test_pytest_plugin_finds_a_module_sut_in_the_current_folder(tmp_path):
     folder = make_adapter_folder(tmp_path)
-    proc = run_console_script(PYTEST_SCRIPT, ["-p", "no:cacheprovider", "-p", "schedconf.conformance.pytest_plugin",
-                                              "--schedconf-sut=module:my_adapter:MySut", "--schedconf-examples=2",
-                                              "--schedconf-no-corpus"], folder)
+    proc = run_console_script(
+        PYTEST_SCRIPT,
+        [
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "schedconf.conformance.pytest_plugin",
+            "--schedconf-sut=module:my_adapter:MySut",
+            "--schedconf-examples=2",
+            "--schedconf-no-corpus",
+        ],
+        folder,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the campaign items the plugin added ran (the folder has no test files of its own)
     passed = re.search(r"\b(\d+) passed", proc.stdout)

@@ -16,5 +16,7 @@ def test_mutant_is_killed_and_shrunk(name):
     assert row.killed, f"{name} survived {row.traces_tried} traces"
     assert row.seconds_to_kill is not None and row.seconds_to_kill <= 30, row
     assert row.shrunk_events is not None and row.shrunk_events <= 10, (row.killed_by, row.shrunk_events)
-    print(f"\n{name}: killed by {row.killed_by} in {row.seconds_to_kill:.2f} s "
-          f"after {row.traces_to_kill} traces; minimal trace {row.shrunk_events} events")
+    print(
+        f"\n{name}: killed by {row.killed_by} in {row.seconds_to_kill:.2f} s "
+        f"after {row.traces_to_kill} traces; minimal trace {row.shrunk_events} events"
+    )

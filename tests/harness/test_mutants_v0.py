@@ -31,8 +31,10 @@ def test_v0_mutant_is_killed_and_shrunk(name):
     assert row.seconds_to_kill is not None and row.seconds_to_kill <= 30, row
     assert row.shrunk_events is not None and row.shrunk_events <= 10, (row.killed_by, row.shrunk_events)
     assert row.minimal_trace is not None and row.minimal_trace.scheduler == "v0"
-    print(f"\n{name}: killed by {row.killed_by} in {row.seconds_to_kill:.2f} s "
-          f"after {row.traces_to_kill} traces; minimal trace {row.shrunk_events} events")
+    print(
+        f"\n{name}: killed by {row.killed_by} in {row.seconds_to_kill:.2f} s "
+        f"after {row.traces_to_kill} traces; minimal trace {row.shrunk_events} events"
+    )
 
 
 def test_the_v0_mutants_are_registered_for_the_v0_profile():
@@ -48,14 +50,31 @@ def _watermark_workload() -> Workload:
     # can_allocate says total - required = 0 < 1: NEVER, the reference finishes it
     # as ignored at step 1. With the watermark at 0 the mutant says OK and
     # prefills it (scheduled_seq_groups ["w"], 100 tokens).
-    config = make_config({
-        "block_size": 1, "num_gpu_blocks": 100, "num_cpu_blocks": 0, "max_num_batched_tokens": 100,
-        "max_num_seqs": 2, "max_model_len": 100, "enable_chunked_prefill": False, "enable_prefix_caching": False,
-        "policy": "fcfs", "preemption_mode": None, "max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
-        "long_prefill_token_threshold": 0}, "vllm-0.10")
-    return Workload(config=config, profile="vllm-0.10",
-                    requests=(RequestSpec("w", tuple(range(100, 200)), max_tokens=1),),
-                    oracle=HashOracle(seed=0, eos_per_mille=0), origin="example")
+    config = make_config(
+        {
+            "block_size": 1,
+            "num_gpu_blocks": 100,
+            "num_cpu_blocks": 0,
+            "max_num_batched_tokens": 100,
+            "max_num_seqs": 2,
+            "max_model_len": 100,
+            "enable_chunked_prefill": False,
+            "enable_prefix_caching": False,
+            "policy": "fcfs",
+            "preemption_mode": None,
+            "max_num_partial_prefills": 1,
+            "max_long_partial_prefills": 1,
+            "long_prefill_token_threshold": 0,
+        },
+        "vllm-0.10",
+    )
+    return Workload(
+        config=config,
+        profile="vllm-0.10",
+        requests=(RequestSpec("w", tuple(range(100, 200)), max_tokens=1),),
+        oracle=HashOracle(seed=0, eos_per_mille=0),
+        origin="example",
+    )
 
 
 def test_watermark_mutant_is_killed_by_a_pool_the_watermark_binds():
@@ -73,5 +92,15 @@ def test_watermark_mutant_is_killed_by_a_pool_the_watermark_binds():
 def test_a_v0_mutant_is_unsupported_on_a_v1_trace():
     sut = make_sut("mutant:v0_recompute_keeps_computed")
     with pytest.raises(SutUnsupported):
-        sut.start({"block_size": 4, "num_gpu_blocks": 8, "max_num_batched_tokens": 16, "max_num_seqs": 2,
-                   "max_model_len": 16, "enable_prefix_caching": False, "policy": "fcfs"}, "vllm-0.33")
+        sut.start(
+            {
+                "block_size": 4,
+                "num_gpu_blocks": 8,
+                "max_num_batched_tokens": 16,
+                "max_num_seqs": 2,
+                "max_model_len": 16,
+                "enable_prefix_caching": False,
+                "policy": "fcfs",
+            },
+            "vllm-0.33",
+        )

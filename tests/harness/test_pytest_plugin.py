@@ -22,9 +22,23 @@ def _plugin_args():
 def _run(tmp_path, sut, *extra, examples=20):
     (tmp_path / "conftest.py").write_text("")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), f"--schedconf-sut={sut}",
-         f"--schedconf-examples={examples}", f"--schedconf-out={tmp_path / 'out'}", *extra],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *_plugin_args(),
+            f"--schedconf-sut={sut}",
+            f"--schedconf-examples={examples}",
+            f"--schedconf-out={tmp_path / 'out'}",
+            *extra,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={"PYTHONPATH": f"{HERE}:{ROOT}", "PATH": "/usr/bin:/bin"},
     )
 
@@ -64,7 +78,7 @@ def test_every_failing_trace_is_its_own_failed_item(tmp_path):
     (session,) = (tmp_path / "out").iterdir()
     assert f"this session's failing traces are in {session}/" in r.stdout
     for name in failed:
-        index = name[len("schedconf-campaign[s0-"):-1]
+        index = name[len("schedconf-campaign[s0-") : -1]
         saved = session / f"campaign-s0-{index}.jsonl"
         minimal = session / f"campaign-s0-{index}.min.jsonl"
         assert saved.exists() and minimal.exists()
@@ -75,8 +89,16 @@ def test_every_failing_trace_is_its_own_failed_item(tmp_path):
 
 def test_xdist_workers_and_the_deprecated_shard_size_give_the_same_items(tmp_path):
     serial = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", examples=50)
-    spread = _run(tmp_path, "mutant:fcfs_victim_head", "--schedconf-no-corpus", "-rA", "-n", "2",
-                  "--schedconf-shard-size=10", examples=50)
+    spread = _run(
+        tmp_path,
+        "mutant:fcfs_victim_head",
+        "--schedconf-no-corpus",
+        "-rA",
+        "-n",
+        "2",
+        "--schedconf-shard-size=10",
+        examples=50,
+    )
     assert spread.returncode == 1, spread.stdout + spread.stderr
     assert _items(spread.stdout, "FAILED") == _items(serial.stdout, "FAILED")
     assert len(_items(spread.stdout, "FAILED")) > 2

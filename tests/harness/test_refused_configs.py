@@ -92,8 +92,9 @@ def _header(config: dict, code: str | None) -> str:
 def test_a_header_must_expect_exactly_the_models_refusal():
     refused = {**BASE_CONFIG.to_dict(), "block_size": 0}
     parse_trace_text(_header(refused, "invalid_block_size"))  # reads
-    with pytest.raises(TraceError, match="expect_error: expected the code the model refuses this config with, "
-                                         "invalid_block_size"):
+    with pytest.raises(
+        TraceError, match="expect_error: expected the code the model refuses this config with, invalid_block_size"
+    ):
         parse_trace_text(_header(refused, "pool_below_max_model_len"))
     with pytest.raises(TraceError, match="expect_error: expected no expect_error: the model accepts this config"):
         parse_trace_text(_header(BASE_CONFIG.to_dict(), "invalid_block_size"))
@@ -121,8 +122,16 @@ def test_shrinking_a_refused_config_trace_keeps_its_header(tmp_path, capsys):
 
     sys.path.insert(0, str(tmp_path))
     try:
-        code = main(["shrink", str(path), "--sut", "module:accepting_adapter:AcceptsAnyConfig", "--out",
-                     str(tmp_path / "min.jsonl")])
+        code = main(
+            [
+                "shrink",
+                str(path),
+                "--sut",
+                "module:accepting_adapter:AcceptsAnyConfig",
+                "--out",
+                str(tmp_path / "min.jsonl"),
+            ]
+        )
     finally:
         sys.path.remove(str(tmp_path))
     out = capsys.readouterr().out

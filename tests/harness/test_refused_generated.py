@@ -102,8 +102,10 @@ def test_each_refused_trace_is_one_step_past_a_limit_and_refused_with_its_code(d
         assert _is_one_step_from_accepted(w.config, profile), (w.rule, w.config)
 
 
-@pytest.mark.parametrize(("profile", "base", "table"), [("vllm-0.33", BASE_CONFIG.to_dict(), PAST_THE_LIMIT),
-                                                        ("vllm-0.10", V0_BASE_CONFIG, V0_PAST_THE_LIMIT)])
+@pytest.mark.parametrize(
+    ("profile", "base", "table"),
+    [("vllm-0.33", BASE_CONFIG.to_dict(), PAST_THE_LIMIT), ("vllm-0.10", V0_BASE_CONFIG, V0_PAST_THE_LIMIT)],
+)
 def test_every_rule_of_the_table_can_be_drawn(profile, base, table):
     """The corpus's base config can be taken past every rule its profile enforces, with the rule's code."""
     variants = get_refused_variants(base, profile)
@@ -132,8 +134,16 @@ def test_overrides_stay_in_force_and_rules_they_undo_are_not_drawn():
 
 
 def test_a_forced_config_of_the_scheduler_stays_in_force(tmp_path):
-    summary = run_campaign(CampaignSpec(sut="module:test_refused_generated:ForcesFields", examples=400, seed=2,
-                                        out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="module:test_refused_generated:ForcesFields",
+            examples=400,
+            seed=2,
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert summary["failed"] == summary["features"]["refused_config"] >= 8
     from schedconf.conformance.traces.trace import read_trace
 
@@ -145,23 +155,48 @@ def test_a_forced_config_of_the_scheduler_stays_in_force(tmp_path):
 @pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.10"])
 def test_a_scheduler_that_starts_on_any_config_fails_at_the_header(comparison, profile, tmp_path):
     """It runs every other trace as the reference does; each refused config fails at init (line 1)."""
-    summary = run_campaign(CampaignSpec(sut="module:test_refused_generated:AcceptsEveryConfig", profile=profile,
-                                        examples=80, seed=1, comparison=comparison, out_dir=str(tmp_path),
-                                        quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="module:test_refused_generated:AcceptsEveryConfig",
+            profile=profile,
+            examples=80,
+            seed=1,
+            comparison=comparison,
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     refused = summary["features"].get("refused_config", 0)
     assert refused >= 2 and summary["failed"] == refused, summary["failures"]
     assert summary["feature_shares"]["refused_config"] == round(refused / 80, 3)
     for f in summary["failures"]:
         assert f["section"] == "input_error:error" and f["line"] == 1 and f["step"] is None, f
         assert "init: expected error " in f["message"] and "the scheduler accepted the config" in f["message"]
-    reference = run_campaign(CampaignSpec(sut="reference", profile=profile, examples=80, seed=1, comparison=comparison,
-                                          out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
+    reference = run_campaign(
+        CampaignSpec(
+            sut="reference",
+            profile=profile,
+            examples=80,
+            seed=1,
+            comparison=comparison,
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert reference["failed"] == 0 and reference["features"]["refused_config"] == refused
 
 
 def test_the_refused_trace_of_a_workload_is_its_header_alone():
-    w = RefusedConfigWorkload(config={**BASE_CONFIG.to_dict(), "block_size": 0}, profile="vllm-0.33",
-                              rule="block_size", code="invalid_block_size", seed=7, origin="generate")
+    w = RefusedConfigWorkload(
+        config={**BASE_CONFIG.to_dict(), "block_size": 0},
+        profile="vllm-0.33",
+        rule="block_size",
+        code="invalid_block_size",
+        seed=7,
+        origin="generate",
+    )
     trace = run_workload(w)
     assert trace.events == [] and trace.header["seed"] == 7 and trace.header["config"]["block_size"] == 0
     assert "block_size limit" in trace.header["description"]
@@ -174,10 +209,22 @@ def test_refused_config_passes_alone_are_not_a_passing_run():
     from schedconf.conformance.runs.campaign import TraceOutcome, _account, _finish, exit_code
 
     def run(verdicts: list[tuple[str, list[str]]], tmp: Path) -> dict:
-        summary = {"examples_run": 0, "passed": 0, "failed": 0, "unknown": 0, "discarded": 0, "interrupted": False,
-                   "failures": [], "unknowns": [], "features": {}, "spec": {"profile": "vllm-0.33"}, "replay_s": 1.0}
-        outcomes = [TraceOutcome(index=i, verdict=v, steps=0, events=0, features=f)
-                    for i, (v, f) in enumerate(verdicts)]
+        summary = {
+            "examples_run": 0,
+            "passed": 0,
+            "failed": 0,
+            "unknown": 0,
+            "discarded": 0,
+            "interrupted": False,
+            "failures": [],
+            "unknowns": [],
+            "features": {},
+            "spec": {"profile": "vllm-0.33"},
+            "replay_s": 1.0,
+        }
+        outcomes = [
+            TraceOutcome(index=i, verdict=v, steps=0, events=0, features=f) for i, (v, f) in enumerate(verdicts)
+        ]
         for o in outcomes:
             _account(summary, o, tmp, [])
         _finish(summary, outcomes, 0.0)

@@ -63,15 +63,21 @@ def test_renaming_must_stay_consistent():
     r = BlockRenaming()
     assert r.match([1, 2], [7, 8])
     assert r.match([2], [8])
-    assert not r.match([1], [9])       # 1 was renamed to 7
-    assert not r.match([3], [7])       # 7 already stands for 1
+    assert not r.match([1], [9])  # 1 was renamed to 7
+    assert not r.match([3], [7])  # 7 already stands for 1
 
 
 def test_observable_still_catches_counts_and_sets():
     c = Comparator("observable")
-    expected = {"scheduled_new_reqs": [{"req_id": "a", "block_ids": [1, 2], "num_computed_tokens": 0}],
-                "scheduled_cached_reqs": [], "num_scheduled_tokens": {"a": 5}, "total_num_scheduled_tokens": 5,
-                "scheduled_spec_decode_tokens": {}, "finished_req_ids": [], "preempted_req_ids": []}
+    expected = {
+        "scheduled_new_reqs": [{"req_id": "a", "block_ids": [1, 2], "num_computed_tokens": 0}],
+        "scheduled_cached_reqs": [],
+        "num_scheduled_tokens": {"a": 5},
+        "total_num_scheduled_tokens": 5,
+        "scheduled_spec_decode_tokens": {},
+        "finished_req_ids": [],
+        "preempted_req_ids": [],
+    }
     actual = copy.deepcopy(expected)
     actual["scheduled_new_reqs"][0]["block_ids"] = [4]
     assert [d.field for d in c.compare_scheduler_output(expected, actual)] == ["scheduled_new_reqs.num_blocks.<a>"]

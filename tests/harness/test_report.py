@@ -26,8 +26,9 @@ SUT = "mutant:fcfs_victim_head"
 def failing_run(tmp_path_factory):
     """A real failing campaign: the FCFS victim-order mutant, shrunk."""
     out = tmp_path_factory.mktemp("runs")
-    summary = run_campaign(CampaignSpec(sut=SUT, examples=30, seed=1, out_dir=str(out), run_id="mut", quiet=True,
-                                        shrink_budget_s=15))
+    summary = run_campaign(
+        CampaignSpec(sut=SUT, examples=30, seed=1, out_dir=str(out), run_id="mut", quiet=True, shrink_budget_s=15)
+    )
     assert summary["status"] == "fail" and summary["failed"] >= 2
     return out / "mut", summary
 
@@ -35,12 +36,33 @@ def failing_run(tmp_path_factory):
 def _base_summary(**changes):
     """A summary as a campaign writes it, with no failures."""
     summary = {
-        "run_id": "synthetic", "run_dir": "reports/synthetic", "status": "pass", "examples_requested": 10,
-        "examples_run": 10, "passed": 10, "failed": 0, "unknown": 0, "discarded": 0, "interrupted": False,
-        "failures": [], "unknowns": [], "features": {"preemption": 4}, "feature_shares": {"preemption": 0.4},
-        "command": "schedconf run --sut reference", "duration_s": 1.5, "traces_per_s": 10.0, "steps_run": 99,
-        "spec": {"sut": "reference", "profile": "vllm-0.33", "comparison": "strict", "seed": 0,
-                 "generator": "random", "jobs": 1, "config_overrides": {}},
+        "run_id": "synthetic",
+        "run_dir": "reports/synthetic",
+        "status": "pass",
+        "examples_requested": 10,
+        "examples_run": 10,
+        "passed": 10,
+        "failed": 0,
+        "unknown": 0,
+        "discarded": 0,
+        "interrupted": False,
+        "failures": [],
+        "unknowns": [],
+        "features": {"preemption": 4},
+        "feature_shares": {"preemption": 0.4},
+        "command": "schedconf run --sut reference",
+        "duration_s": 1.5,
+        "traces_per_s": 10.0,
+        "steps_run": 99,
+        "spec": {
+            "sut": "reference",
+            "profile": "vllm-0.33",
+            "comparison": "strict",
+            "seed": 0,
+            "generator": "random",
+            "jobs": 1,
+            "config_overrides": {},
+        },
     }
     summary.update(changes)
     return summary
@@ -110,10 +132,23 @@ def test_summary_md_groups_failures_the_same_way(failing_run):
 
 
 def test_config_rule_keeps_what_matters_to_the_divergence():
-    header = {"profile": "vllm-0.32", "config": {
-        "block_size": 4, "num_gpu_blocks": 9, "max_num_batched_tokens": 32, "max_num_seqs": 3, "max_model_len": 20,
-        "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
-        "policy": "priority", "num_spec_tokens": 0, "num_lookahead_tokens": 0, "scheduler_reserve_full_isl": None}}
+    header = {
+        "profile": "vllm-0.32",
+        "config": {
+            "block_size": 4,
+            "num_gpu_blocks": 9,
+            "max_num_batched_tokens": 32,
+            "max_num_seqs": 3,
+            "max_model_len": 20,
+            "enable_chunked_prefill": True,
+            "long_prefill_token_threshold": 0,
+            "enable_prefix_caching": False,
+            "policy": "priority",
+            "num_spec_tokens": 0,
+            "num_lookahead_tokens": 0,
+            "scheduler_reserve_full_isl": None,
+        },
+    }
     preemption = {r["name"]: r for r in compute_relevant_config("scheduler_output:preempted_req_ids", header)}
     assert preemption["profile"]["value"] == "vllm-0.32" and preemption["policy"]["value"] == "priority"
     assert {"num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"} <= set(preemption)
@@ -126,10 +161,20 @@ def test_config_rule_keeps_what_matters_to_the_divergence():
 
 
 def test_smallest_original_trace_when_nothing_was_shrunk(tmp_path):
-    failures = [{"index": i, "trace_file": f"failures/trace-{i:05d}.jsonl", "events": events,
-                 "report_file": f"failures/trace-{i:05d}.txt", "signature": "scheduler_output:num_scheduled_tokens",
-                 "step": 3, "message": "step 3: schedule() differs", "shrunk_file": None, "shrunk_events": None}
-                for i, events in ((4, 80), (9, 12), (11, 40))]
+    failures = [
+        {
+            "index": i,
+            "trace_file": f"failures/trace-{i:05d}.jsonl",
+            "events": events,
+            "report_file": f"failures/trace-{i:05d}.txt",
+            "signature": "scheduler_output:num_scheduled_tokens",
+            "step": 3,
+            "message": "step 3: schedule() differs",
+            "shrunk_file": None,
+            "shrunk_events": None,
+        }
+        for i, events in ((4, 80), (9, 12), (11, 40))
+    ]
     summary = _base_summary(status="fail", failed=3, passed=7, failures=failures)
     [group] = compute_failure_groups(summary, tmp_path)
     assert group["count"] == 3 and group["trace_file"] == "failures/trace-00009.jsonl" and group["events"] == 12
@@ -144,8 +189,9 @@ def test_request_ids_and_messages_from_traces_are_escaped(failing_run, tmp_path)
     entry = next(f for f in summary["failures"] if f["shrunk_file"])
     summary["failures"] = [entry]
     trace_path = evil_dir / entry["shrunk_file"]
-    rid = next(e["request_id"] for e in map(json.loads, trace_path.read_text().splitlines()[1:])
-               if e["kind"] == "add_request")
+    rid = next(
+        e["request_id"] for e in map(json.loads, trace_path.read_text().splitlines()[1:]) if e["kind"] == "add_request"
+    )
     trace_path.write_text(trace_path.read_text().replace(json.dumps(rid), json.dumps(EVIL)))
     text_report = evil_dir / entry["shrunk_file"].replace(".jsonl", ".txt")
     text_report.write_text(re.sub(rf"\b{re.escape(rid)}\b", EVIL, text_report.read_text()))
@@ -171,9 +217,15 @@ def test_zero_failures_is_a_clear_pass(tmp_path):
 
 
 def test_unknown_verdicts_list_their_reasons(tmp_path):
-    summary = _base_summary(status="unknown", passed=0, unknown=10,
-                            unknowns=[{"index": 0, "reason": "unsupported config: num_lookahead_tokens=3"},
-                                      {"index": 1, "reason": "unsupported config: policy=priority"}])
+    summary = _base_summary(
+        status="unknown",
+        passed=0,
+        unknown=10,
+        unknowns=[
+            {"index": 0, "reason": "unsupported config: num_lookahead_tokens=3"},
+            {"index": 1, "reason": "unsupported config: policy=priority"},
+        ],
+    )
     page = render_html(summary, tmp_path)
     assert "<b>UNKNOWN</b>" in page and "<h2>Unknown verdicts</h2>" in page
     assert "<li>trace 0: unsupported config: num_lookahead_tokens=3</li>" in page
@@ -182,14 +234,18 @@ def test_unknown_verdicts_list_their_reasons(tmp_path):
 
 
 def test_harness_error_is_shown_prominently(tmp_path):
-    summary = _base_summary(status="harness_error", examples_run=4, passed=4,
-                            harness_error="BrokenProcessPool: a child process terminated abruptly",
-                            harness_traceback="Traceback (most recent call last):\n  ...")
+    summary = _base_summary(
+        status="harness_error",
+        examples_run=4,
+        passed=4,
+        harness_error="BrokenProcessPool: a child process terminated abruptly",
+        harness_traceback="Traceback (most recent call last):\n  ...",
+    )
     page = render_html(summary, tmp_path)
     assert "<b>HARNESS ERROR</b>" in page
     alert = re.search(r'<div class="error" role="alert">(.*?)</div>', page, re.S).group(1)
     assert "BrokenProcessPool: a child process terminated abruptly" in alert and "Traceback" in alert
-    assert page.index("role=\"alert\"") < page.index("<h2>Run</h2>")
+    assert page.index('role="alert"') < page.index("<h2>Run</h2>")
     md = render_summary_md(summary, tmp_path)
     assert "## Harness error" in md and "BrokenProcessPool" in md
 
@@ -197,17 +253,45 @@ def test_harness_error_is_shown_prominently(tmp_path):
 def test_interrupted_and_still_running_runs_say_so(tmp_path):
     page = render_html(_base_summary(status="interrupted", interrupted=True, examples_run=5, passed=5), tmp_path)
     assert "<b>INTERRUPTED</b>" in page and "partial results" in page
-    failing = _base_summary(status="fail", interrupted=True, failed=1, failures=[{
-        "index": 2, "trace_file": "failures/trace-00002.jsonl", "report_file": "failures/trace-00002.txt", "events": 7,
-        "signature": "sut_error", "section": "sut_error", "step": 1, "message": "boom", "shrunk_file": None,
-        "shrunk_events": None}])
+    failing = _base_summary(
+        status="fail",
+        interrupted=True,
+        failed=1,
+        failures=[
+            {
+                "index": 2,
+                "trace_file": "failures/trace-00002.jsonl",
+                "report_file": "failures/trace-00002.txt",
+                "events": 7,
+                "signature": "sut_error",
+                "section": "sut_error",
+                "step": 1,
+                "message": "boom",
+                "shrunk_file": None,
+                "shrunk_events": None,
+            }
+        ],
+    )
     page = render_html(failing, tmp_path)
     assert "<b>FAIL</b>" in page and "interrupted" in page and "config unknown" in page
     # What a run writes when it starts: no counts of time, no shares, status "running".
-    running = {"run_id": "r", "run_dir": str(tmp_path), "status": "running", "examples_requested": 100,
-               "examples_run": 0, "passed": 0, "failed": 0, "unknown": 0, "discarded": 0, "interrupted": False,
-               "failures": [], "unknowns": [], "features": {}, "command": "schedconf run",
-               "spec": {"sut": "reference", "profile": "vllm-0.33", "comparison": "strict", "seed": 0}}
+    running = {
+        "run_id": "r",
+        "run_dir": str(tmp_path),
+        "status": "running",
+        "examples_requested": 100,
+        "examples_run": 0,
+        "passed": 0,
+        "failed": 0,
+        "unknown": 0,
+        "discarded": 0,
+        "interrupted": False,
+        "failures": [],
+        "unknowns": [],
+        "features": {},
+        "command": "schedconf run",
+        "spec": {"sut": "reference", "profile": "vllm-0.33", "comparison": "strict", "seed": 0},
+    }
     write_reports(tmp_path, running)
     page = (tmp_path / "report.html").read_text()
     assert "<b>RUNNING OR KILLED</b>" in page and "still running" in page and "killed" in page
@@ -219,6 +303,7 @@ def test_interrupted_and_still_running_runs_say_so(tmp_path):
 
 
 # ------------------------------------------------------------ what differed first
+
 
 def _text_report_rows(path):
     """The first-divergence step and the field table of a text report (replay.render_divergence's layout)."""
@@ -242,8 +327,10 @@ def test_each_failure_records_its_first_differing_fields(failing_run):
     shrunk = [f for f in summary["failures"] if f["shrunk_file"]]
     assert shrunk
     for f in summary["failures"]:
-        for prefix, report in (("", f["report_file"]), ("shrunk_", f["shrunk_file"] and
-                                                         f["shrunk_file"].replace(".jsonl", ".txt"))):
+        for prefix, report in (
+            ("", f["report_file"]),
+            ("shrunk_", f["shrunk_file"] and f["shrunk_file"].replace(".jsonl", ".txt")),
+        ):
             if not report:
                 continue
             step, rows = _text_report_rows(run_dir / report)
@@ -266,11 +353,13 @@ def test_first_screen_shows_what_differed_where_in_the_table_of_kinds(failing_ru
     d = best["shrunk_diffs"][0]
     where = f"step {best['shrunk_step']} of a {best['shrunk_events']}-event trace"
     page = (run_dir / "report.html").read_text()
-    kinds = page[page.index('<table class="kinds">'):]
+    kinds = page[page.index('<table class="kinds">') :]
     kinds = kinds[: kinds.index("</table>")]
     esc = {k: str(escape(v)) for k, v in d.items()}
-    assert (f'<code>{esc["field"]}</code>: expected <code class="expected">{esc["expected"]}</code>, '
-            f'got <code class="actual">{esc["actual"]}</code>') in kinds
+    assert (
+        f'<code>{esc["field"]}</code>: expected <code class="expected">{esc["expected"]}</code>, '
+        f'got <code class="actual">{esc["actual"]}</code>'
+    ) in kinds
     assert where.replace("-event", "\u2011event") in kinds and best["shrunk_file"] in kinds
     # The first screen holds the verdict, the counts and this table, nothing that scrolls sideways.
     assert "<pre" not in page[: page.index('<section class="group"')]
@@ -290,9 +379,11 @@ def test_the_printed_summary_has_one_line_per_kind_with_what_differed(failing_ru
     lines = [ln for ln in out.splitlines() if ln.startswith("  1. ")]
     assert len(lines) == 1 and len([ln for ln in out.splitlines() if re.match(r"\s+\d+\. ", ln)]) == 1
     line = lines[0]
-    assert line.startswith(f"  1. {best['signature']} ({len(summary['failures'])} traces), "
-                           f"step {best['shrunk_step']} of a {best['shrunk_events']}-event trace: "
-                           f"{d['field']}: expected {d['expected']}, got {d['actual']}")
+    assert line.startswith(
+        f"  1. {best['signature']} ({len(summary['failures'])} traces), "
+        f"step {best['shrunk_step']} of a {best['shrunk_events']}-event trace: "
+        f"{d['field']}: expected {d['expected']}, got {d['actual']}"
+    )
     assert line.endswith(str(run_dir / best["shrunk_file"]))
 
 
@@ -301,29 +392,51 @@ def test_junit_failure_message_carries_what_differed(failing_run):
     from schedconf.conformance.runs.junit import render_junit
 
     run_dir, summary = failing_run
-    outcomes = [TraceOutcome(index=f["index"], verdict="fail", steps=1, events=f["events"], report="r")
-                for f in summary["failures"]]
-    messages = {case.get("name"): case.find("failure").get("message")
-                for case in ET.fromstring(render_junit(summary, outcomes)).iter("testcase")}
+    outcomes = [
+        TraceOutcome(index=f["index"], verdict="fail", steps=1, events=f["events"], report="r")
+        for f in summary["failures"]
+    ]
+    messages = {
+        case.get("name"): case.find("failure").get("message")
+        for case in ET.fromstring(render_junit(summary, outcomes)).iter("testcase")
+    }
     for f in summary["failures"]:
         d = (f["shrunk_diffs"] if f["shrunk_file"] else f["diffs"])[0]
         step = f["shrunk_step"] if f["shrunk_file"] else f["step"]
         assert messages[f"trace-{f['index']:05d}"] == (
             f"{run_dir}/{f['shrunk_file'] or f['trace_file']}: step {step}: {f['signature']}: "
-            f"{d['field']}: expected {d['expected']}, got {d['actual']}")
+            f"{d['field']}: expected {d['expected']}, got {d['actual']}"
+        )
 
 
 def _failure(index, signature, step, field, expected, actual, events=6, shrunk=True):
     """A failure entry as a campaign records it (minimal trace shrunk to ``events`` events)."""
     diffs = [{"field": field, "expected": expected, "actual": actual}] if field else []
-    entry = {"index": index, "trace_file": f"failures/trace-{index:05d}.jsonl", "events": 40,
-             "report_file": f"failures/trace-{index:05d}.txt", "signature": signature, "step": step + 5,
-             "line": 20, "message": f"step {step + 5}: schedule() differs", "diffs": diffs, "num_diffs": len(diffs),
-             "shrunk_file": None, "shrunk_events": None}
+    entry = {
+        "index": index,
+        "trace_file": f"failures/trace-{index:05d}.jsonl",
+        "events": 40,
+        "report_file": f"failures/trace-{index:05d}.txt",
+        "signature": signature,
+        "step": step + 5,
+        "line": 20,
+        "message": f"step {step + 5}: schedule() differs",
+        "diffs": diffs,
+        "num_diffs": len(diffs),
+        "shrunk_file": None,
+        "shrunk_events": None,
+    }
     if shrunk:
-        entry.update(shrunk_file=f"failures/trace-{index:05d}.min.jsonl", shrunk_events=events, shrunk_step=step,
-                     shrunk_line=2 * step + 1, shrunk_message=f"step {step}: schedule() differs", shrunk_diffs=diffs,
-                     shrunk_num_diffs=len(diffs), shrunk_signature=signature)
+        entry.update(
+            shrunk_file=f"failures/trace-{index:05d}.min.jsonl",
+            shrunk_events=events,
+            shrunk_step=step,
+            shrunk_line=2 * step + 1,
+            shrunk_message=f"step {step}: schedule() differs",
+            shrunk_diffs=diffs,
+            shrunk_num_diffs=len(diffs),
+            shrunk_signature=signature,
+        )
     return entry
 
 
@@ -333,8 +446,14 @@ def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
     # Kind 4 has the most traces, so its cause comes first; then the shared cause (2 traces), then the rest.
     failures = [
         _failure(1, "scheduler_output:num_scheduled_tokens", 4, "num_scheduled_tokens.<r1>", "2", "1"),
-        _failure(2, "scheduler_output:scheduled_cached_reqs.num_computed_tokens", 4, "num_scheduled_tokens.<r3>",
-                 "3", "<missing>"),
+        _failure(
+            2,
+            "scheduler_output:scheduled_cached_reqs.num_computed_tokens",
+            4,
+            "num_scheduled_tokens.<r3>",
+            "3",
+            "<missing>",
+        ),
         _failure(3, "scheduler_output:total_num_scheduled_tokens", 5, "num_scheduled_tokens.<r1>", "2", "1"),
         _failure(4, "scheduler_output:preempted_req_ids", 2, "preempted_req_ids", '["r1"]', '["r0"]'),
         _failure(5, "scheduler_output:preempted_req_ids", 3, "preempted_req_ids", '["r2"]', '["r0"]', events=9),
@@ -344,8 +463,12 @@ def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
     summary = _base_summary(status="fail", passed=3, failed=7, failures=failures)
     groups = compute_failure_groups(summary, tmp_path)
     assert [g["signature"].split(":")[-1] for g in groups] == [
-        "preempted_req_ids", "num_scheduled_tokens", "scheduled_cached_reqs.num_computed_tokens",
-        "total_num_scheduled_tokens", "sut_error"]
+        "preempted_req_ids",
+        "num_scheduled_tokens",
+        "scheduled_cached_reqs.num_computed_tokens",
+        "total_num_scheduled_tokens",
+        "sut_error",
+    ]
     assert [g["cause"] for g in groups] == [1, 2, 2, 3, 4]
     assert groups[1]["cause_text"] == "2 kinds, one first difference: num_scheduled_tokens at step 4"
     page = render_html(summary, tmp_path)
@@ -353,15 +476,22 @@ def test_kinds_whose_minimal_traces_first_differ_alike_are_one_cause(tmp_path):
     cause = re.search(r'<tr class="cause">(.*?)</tr>', page, re.S).group(1)
     assert "2 kinds, one first difference" in cause and "num_scheduled_tokens" in cause and "at step 4" in cause
     # the cause row sits right above its two kinds
-    kinds = page[page.index('<table class="kinds">'):]
-    assert kinds.index('href="#kind-1"') < kinds.index('<tr class="cause">') < kinds.index('href="#kind-2"') \
-        < kinds.index('href="#kind-3"') < kinds.index("</table>")
+    kinds = page[page.index('<table class="kinds">') :]
+    assert (
+        kinds.index('href="#kind-1"')
+        < kinds.index('<tr class="cause">')
+        < kinds.index('href="#kind-2"')
+        < kinds.index('href="#kind-3"')
+        < kinds.index("</table>")
+    )
     assert "7 failing traces, 5 kinds of divergence, 4 distinct first differences." in page
     md = render_summary_md(summary, tmp_path)
     assert "| | **2 kinds, one first difference**: `num_scheduled_tokens` at step 4 | | | | |" in md
     # The smallest preemption trace (6 events) is the one shown; the crash shows its message.
-    assert "| 1 | `scheduler_output:preempted_req_ids` | 3 | `preempted_req_ids`: expected `[\"r1\"]`, got " \
-           "`[\"r0\"]` | step 2 of a 6-event trace |" in md
+    assert (
+        '| 1 | `scheduler_output:preempted_req_ids` | 3 | `preempted_req_ids`: expected `["r1"]`, got '
+        '`["r0"]` | step 2 of a 6-event trace |' in md
+    )
     assert "| 5 | `sut_error` | 1 | schedule() differs | step 1 of a 6-event trace |" in md
 
 
@@ -375,16 +505,28 @@ def test_long_values_are_cut_where_they_differ_and_never_scroll(tmp_path):
     assert render_short_pair(["r1"], ["r0"]) == ('["r1"]', '["r0"]')  # short values stay whole
     # A summary written with a 600-character value (by hand, or by an older campaign) still shows it cut.
     huge = json.dumps(list(range(150)))
-    summary = _base_summary(status="fail", passed=9, failed=1, failures=[
-        _failure(1, "scheduler_output:scheduled_new_reqs", 3, "scheduled_new_reqs", huge, "[]")])
+    summary = _base_summary(
+        status="fail",
+        passed=9,
+        failed=1,
+        failures=[_failure(1, "scheduler_output:scheduled_new_reqs", 3, "scheduled_new_reqs", huge, "[]")],
+    )
     page = render_html(summary, tmp_path)
     assert huge not in page and re.search(r'<code class="expected">\[0, 1, 2, [^<]{0,50}\.\.\.</code>', page)
 
 
 def test_an_old_summary_without_recorded_differences_still_renders(tmp_path):
     failure = _failure(1, "sut_error", 3, None, None, None)
-    for key in ("diffs", "num_diffs", "line", "shrunk_diffs", "shrunk_num_diffs", "shrunk_line", "shrunk_step",
-                "shrunk_message"):
+    for key in (
+        "diffs",
+        "num_diffs",
+        "line",
+        "shrunk_diffs",
+        "shrunk_num_diffs",
+        "shrunk_line",
+        "shrunk_step",
+        "shrunk_message",
+    ):
         failure.pop(key)
     summary = _base_summary(status="fail", passed=9, failed=1, failures=[failure])
     [group] = compute_failure_groups(summary, tmp_path)
@@ -394,8 +536,14 @@ def test_an_old_summary_without_recorded_differences_still_renders(tmp_path):
 
 @pytest.mark.parametrize("by, words", [("SIGTERM", "by SIGTERM"), ("SIGINT", "by Ctrl-C (SIGINT)")])
 def test_an_interrupted_run_says_what_stopped_it(tmp_path, by, words):
-    failing = _base_summary(status="fail", interrupted=True, interrupted_by=by, passed=4, failed=1,
-                            failures=[_failure(1, "sut_error", 1, None, None, None)])
+    failing = _base_summary(
+        status="fail",
+        interrupted=True,
+        interrupted_by=by,
+        passed=4,
+        failed=1,
+        failures=[_failure(1, "sut_error", 1, None, None, None)],
+    )
     stopped = _base_summary(status="interrupted", interrupted=True, interrupted_by=by, examples_run=5, passed=5)
     for summary in (failing, stopped):
         md = render_summary_md(summary, tmp_path)

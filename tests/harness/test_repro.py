@@ -40,8 +40,11 @@ ALLOWED_TOP_LEVEL = {"vllm", "pytest"}
 
 
 def get_events(text: str) -> list:
-    (events,) = [n.value for n in ast.walk(ast.parse(text))
-                 if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "EVENTS" for t in n.targets)]
+    (events,) = [
+        n.value
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "EVENTS" for t in n.targets)
+    ]
     assert isinstance(events, ast.List)
     return ast.literal_eval(events)
 
@@ -92,12 +95,15 @@ def test_refused_inputs_are_dropped_unless_the_rule_needs_them():
     assert len(adds(kept)) == 2 and kept_flag
     assert any("request_id_in_flight" in ln for ln in kept)
     # Other refusals (invalid inputs the engine's front end checks) never travel.
-    other = Trace(header=trace.header, events=[
-        {**trace.events[0], "request_id": "x", "prompt_token_ids": [], "expect_error": "empty_prompt"},
-        {"kind": "abort", "request_id": "nope", "expect_error": "unknown_request_id"},
-        {"kind": "step", "step": 1, "expect_error": "output_not_processed"},
-        {"kind": "step", "step": 1, "expect_error": "some_new_engine_failure"},
-    ])
+    other = Trace(
+        header=trace.header,
+        events=[
+            {**trace.events[0], "request_id": "x", "prompt_token_ids": [], "expect_error": "empty_prompt"},
+            {"kind": "abort", "request_id": "nope", "expect_error": "unknown_request_id"},
+            {"kind": "step", "step": 1, "expect_error": "output_not_processed"},
+            {"kind": "step", "step": 1, "expect_error": "some_new_engine_failure"},
+        ],
+    )
     lines, _ = make_event_lines(other, keep_refused=True)
     assert [ln for ln in lines if not ln.startswith("#")] == ['("schedule", 1),']
     assert "# Step 1: the reference expects this step to fail (some_new_engine_failure)." in lines
@@ -113,8 +119,10 @@ def test_a_config_the_model_refuses_gets_one_lone_request_of_max_model_len_minus
 
 
 def test_outcomes_are_classified_by_the_rule_assertion():
-    line = ("E   AssertionError: Rule broken at step 6 [prefix_hit_kv_was_computed]: request 'r0' is "
-            "scheduled with 20 computed tokens. Rule: " + RULES["prefix_hit_kv_was_computed"])
+    line = (
+        "E   AssertionError: Rule broken at step 6 [prefix_hit_kv_was_computed]: request 'r0' is "
+        "scheduled with 20 computed tokens. Rule: " + RULES["prefix_hit_kv_was_computed"]
+    )
     broken = get_outcome(1, "F\n" + line + "\n1 failed in 3.0s")
     assert (broken.status, broken.rule, broken.step) == ("broken", "prefix_hit_kv_was_computed", 6)
     assert broken.message == "request 'r0' is scheduled with 20 computed tokens"
@@ -130,8 +138,16 @@ def test_the_no_reproduction_message_is_one_clear_line():
     assert text.endswith("no reproduction written")
 
 
-@pytest.mark.parametrize("sut", ["stdio:node examples/js-scheduler/scheduler.js", "module:my_adapter:MySut",
-                                 "reference", "impl", "mutant:fcfs_victim_head"])
+@pytest.mark.parametrize(
+    "sut",
+    [
+        "stdio:node examples/js-scheduler/scheduler.js",
+        "module:my_adapter:MySut",
+        "reference",
+        "impl",
+        "mutant:fcfs_victim_head",
+    ],
+)
 def test_a_sut_without_an_engine_api_is_refused(sut, capsys, tmp_path):
     out = tmp_path / "x.py"
     code = main(["repro", str(F7), "--sut", sut, "--out", str(out)])
@@ -150,10 +166,13 @@ def test_an_unknown_release_and_a_missing_environment_are_refused(capsys, monkey
     assert "the vLLM 0.33.0 environment is not built" in err and "schedconf env vllm 0.33.0" in err
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--timeout", "0"], "expected a finite number of seconds > 0"),
-    (["--timeout", "x"], "expected a number of seconds"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--timeout", "0"], "expected a finite number of seconds > 0"),
+        (["--timeout", "x"], "expected a number of seconds"),
+    ],
+)
 def test_bad_numbers_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["repro", str(F7), "--sut", "vllm-v1@0.33.0", *argv])

@@ -41,8 +41,12 @@ def test_reference_safety_run_reproduces_the_trace_schedule() -> None:
     checked = same = 0
     for path in CORPUS:
         trace = read_trace(path)
-        if ("expect_error" in trace.header or trace.config["num_spec_tokens"] or "witness-liveness_" in path
-                or any("expect_error" in e for e in trace.events if e["kind"] == "step")):
+        if (
+            "expect_error" in trace.header
+            or trace.config["num_spec_tokens"]
+            or "witness-liveness_" in path
+            or any("expect_error" in e for e in trace.events if e["kind"] == "step")
+        ):
             continue  # (the liveness witnesses never finish: test_golden_corpus_passes_safety)
         result = replay(trace, make_sut("reference"), "safety")
         assert result.verdict == PASS and 0 < result.steps_run <= trace.num_steps(), path
@@ -60,8 +64,17 @@ def test_f7_trace_fails_computed_kv_on_the_reference() -> None:
 
 
 def test_reference_passes_safety_on_200_generated_traces(tmp_path: Path) -> None:
-    summary = run_campaign(CampaignSpec(sut="reference", examples=200, seed=0, comparison="safety",
-                                        out_dir=str(tmp_path), quiet=True, shrink_budget_s=0))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="reference",
+            examples=200,
+            seed=0,
+            comparison="safety",
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=0,
+        )
+    )
     assert (summary["passed"], summary["failed"]) == (200, 0)
 
 
@@ -93,10 +106,20 @@ def _broken_sut_name(name: str) -> str:
 
 
 @pytest.mark.parametrize(("name", "prop", "also"), BROKEN, ids=[b[0].split(":")[-1] for b in BROKEN])
-def test_broken_scheduler_is_caught_by_its_property_and_shrinks(name: str, prop: str, also: set[str],
-                                                                tmp_path: Path) -> None:
-    summary = run_campaign(CampaignSpec(sut=_broken_sut_name(name), examples=40, seed=3,
-                                        comparison="safety", out_dir=str(tmp_path), quiet=True, shrink_budget_s=20))
+def test_broken_scheduler_is_caught_by_its_property_and_shrinks(
+    name: str, prop: str, also: set[str], tmp_path: Path
+) -> None:
+    summary = run_campaign(
+        CampaignSpec(
+            sut=_broken_sut_name(name),
+            examples=40,
+            seed=3,
+            comparison="safety",
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=20,
+        )
+    )
     sections = [f["section"] for f in summary["failures"]]
     safety = {s.removeprefix("safety:") for s in sections if s.startswith("safety:")}
     assert prop in safety and safety <= {prop} | also
@@ -124,8 +147,11 @@ def test_liveness_bound_grows_with_the_work_and_the_requests() -> None:
 
 @pytest.mark.parametrize("command", ["run", "replay", "shrink"])
 def test_cli_accepts_the_safety_comparison(command: str) -> None:
-    argv = {"run": ["run", "--sut", "reference"], "replay": ["replay", "x.jsonl", "--sut", "reference"],
-            "shrink": ["shrink", "x.jsonl", "--sut", "reference"]}[command]
+    argv = {
+        "run": ["run", "--sut", "reference"],
+        "replay": ["replay", "x.jsonl", "--sut", "reference"],
+        "shrink": ["shrink", "x.jsonl", "--sut", "reference"],
+    }[command]
     assert build_parser().parse_args([*argv, "--comparison", "safety"]).comparison == "safety"
 
 
@@ -137,9 +163,19 @@ def test_max_model_len_catches_a_step_past_the_last_computable_position():
     from schedconf.conformance.checking.safety.properties import check_max_model_len
 
     def step(computed: int, n: int) -> dict:
-        return {"scheduled_new_reqs": [], "num_scheduled_tokens": {"r0": n},
-                "scheduled_cached_reqs": [{"req_id": "r0", "resumed": False, "new_block_ids": [],
-                                           "num_computed_tokens": computed, "num_output_tokens": 1}]}
+        return {
+            "scheduled_new_reqs": [],
+            "num_scheduled_tokens": {"r0": n},
+            "scheduled_cached_reqs": [
+                {
+                    "req_id": "r0",
+                    "resumed": False,
+                    "new_block_ids": [],
+                    "num_computed_tokens": computed,
+                    "num_output_tokens": 1,
+                }
+            ],
+        }
 
     assert check_max_model_len(step(14, 1), 16) == []  # positions 14..14, the sampled token at 15
     problems = check_max_model_len(step(14, 2), 16)

@@ -64,19 +64,25 @@ class SwappedTablesSut(ReferenceSut):
     def observe(self) -> dict[str, Any] | None:
         obs = super().observe()
         assert obs is not None
-        obs["block_tables"] = {rid: [t[1], t[0], *t[2:]] if len(t) >= 2 else t
-                               for rid, t in obs["block_tables"].items()}
+        obs["block_tables"] = {
+            rid: [t[1], t[0], *t[2:]] if len(t) >= 2 else t for rid, t in obs["block_tables"].items()
+        }
         return obs
 
 
 def _step(new: list[tuple[str, list[int]]], cached: list[tuple[str, list[int]]] = ()) -> dict[str, Any]:
-    return {"scheduled_new_reqs": [{"req_id": r, "block_ids": b, "num_computed_tokens": 0} for r, b in new],
-            "scheduled_cached_reqs": [{"req_id": r, "new_block_ids": b, "resumed": False, "num_computed_tokens": 4,
-                                       "num_output_tokens": 1} for r, b in cached],
-            "num_scheduled_tokens": {}}
+    return {
+        "scheduled_new_reqs": [{"req_id": r, "block_ids": b, "num_computed_tokens": 0} for r, b in new],
+        "scheduled_cached_reqs": [
+            {"req_id": r, "new_block_ids": b, "resumed": False, "num_computed_tokens": 4, "num_output_tokens": 1}
+            for r, b in cached
+        ],
+        "num_scheduled_tokens": {},
+    }
 
 
 # ------------------------------------------------------------------ the checks themselves
+
 
 def test_block_ids_are_the_usable_blocks_of_the_pool():
     # a pool of 9 blocks: the null block 0 and the usable 1..8
@@ -118,16 +124,29 @@ def test_reported_tables_must_equal_the_handed_out_ones():
 
 # ------------------------------------------------------------------ broken schedulers in campaigns
 
-@pytest.mark.parametrize(("name", "prop", "overrides"), [
-    ("OffsetBlockIdsSut", "block_ids", {}),
-    ("SwappedTablesSut", "block_tables", {"enable_prefix_caching": False}),
-])
+
+@pytest.mark.parametrize(
+    ("name", "prop", "overrides"),
+    [
+        ("OffsetBlockIdsSut", "block_ids", {}),
+        ("SwappedTablesSut", "block_tables", {"enable_prefix_caching": False}),
+    ],
+)
 def test_a_broken_scheduler_fails_a_safety_campaign_by_the_property(name, prop, overrides, tmp_path):
     """Every trace that schedules a request (the offset ids) or a request of two blocks (the swapped
     tables) fails, by the property's name; the minimal trace fails the same way."""
-    summary = run_campaign(CampaignSpec(sut=f"module:test_safety_block_ids:{name}", examples=30, seed=1,
-                                        comparison="safety", out_dir=str(tmp_path), quiet=True, shrink_budget_s=10,
-                                        config_overrides=overrides))
+    summary = run_campaign(
+        CampaignSpec(
+            sut=f"module:test_safety_block_ids:{name}",
+            examples=30,
+            seed=1,
+            comparison="safety",
+            out_dir=str(tmp_path),
+            quiet=True,
+            shrink_budget_s=10,
+            config_overrides=overrides,
+        )
+    )
     sections = {f["section"] for f in summary["failures"]}
     assert f"safety:{prop}" in sections and summary["failed"] >= 10, sections
     # besides: the engine's own modelled crash (vLLM 0.32/0.33's padded admission), never another safety property

@@ -93,8 +93,9 @@ def test_a_module_exit_reads_naturally_and_says_where_exit_was_called(trace, pid
         result = replay(trace, sut, "strict", step_timeout=2.0)
     finally:
         sut.close()
-    assert result.divergence.message == (f"step: module:{MODULE}:ExitZero: the process exited with exit code 0 "
-                                         "before answering schedule")
+    assert result.divergence.message == (
+        f"step: module:{MODULE}:ExitZero: the process exited with exit code 0 before answering schedule"
+    )
     assert "the scheduler raised SystemExit(0) in schedule" in result.sut_stderr
     assert "faulty_module.py" in result.sut_stderr and "sys.exit(0)" in result.sut_stderr
 
@@ -125,7 +126,8 @@ def test_what_a_campaign_reads_before_any_trace_comes_from_the_child(tmp_path, m
         "from schedconf.conformance.adapters.reference import ReferenceSut\n"
         "class NoPrefixCaching(ReferenceSut):\n"
         "    forced_config = {'enable_prefix_caching': False}\n"
-        "    in_flight = False\n")
+        "    in_flight = False\n"
+    )
     monkeypatch.chdir(tmp_path)
     sut = make_sut("module:forcing:NoPrefixCaching")
     try:
@@ -140,10 +142,13 @@ def test_what_a_campaign_reads_before_any_trace_comes_from_the_child(tmp_path, m
         sut.close()
 
 
-@pytest.mark.parametrize("target,words", [
-    ("no_such_module_xq7:Sut", "cannot import no_such_module_xq7:Sut"),
-    (f"{MODULE}:NoSuchClass", "has no attribute 'NoSuchClass'"),
-])
+@pytest.mark.parametrize(
+    "target,words",
+    [
+        ("no_such_module_xq7:Sut", "cannot import no_such_module_xq7:Sut"),
+        (f"{MODULE}:NoSuchClass", "has no attribute 'NoSuchClass'"),
+    ],
+)
 def test_a_module_that_cannot_be_imported_is_a_set_up_error(target, words):
     with pytest.raises(UnknownSut) as info:
         make_sut(f"module:{target}")
@@ -155,27 +160,37 @@ def test_a_module_that_os_exits_while_imported_is_a_set_up_error(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UnknownSut) as info:
         make_sut("module:exits_on_import:Sut")
-    assert str(info.value) == ("--sut 'module:exits_on_import:Sut': while importing the module and building the "
-                               "scheduler, the process exited with exit code 5 before answering describe")
+    assert str(info.value) == (
+        "--sut 'module:exits_on_import:Sut': while importing the module and building the "
+        "scheduler, the process exited with exit code 5 before answering describe"
+    )
 
 
 SET_UP_FILES = {
-    "exits_on_import": ("import sys\nsys.exit(0)\n",
-                        "cannot import exits_on_import:Sut: the module exited while imported (SystemExit 0)"),
-    "raises_on_import": ("raise RuntimeError('broken at import')\n",
-                         "cannot import raises_on_import:Sut: importing raises_on_import raised RuntimeError: "
-                         "broken at import"),
-    "factory_raises": ("class Sut:\n    def __init__(self):\n        raise RuntimeError('no GPU here')\n",
-                       "factory_raises:Sut() failed: RuntimeError: no GPU here"),
-    "factory_exits": ("import sys\nclass Sut:\n    def __init__(self):\n        sys.exit(3)\n",
-                      "factory_exits:Sut() exited while building the scheduler (SystemExit 3)"),
+    "exits_on_import": (
+        "import sys\nsys.exit(0)\n",
+        "cannot import exits_on_import:Sut: the module exited while imported (SystemExit 0)",
+    ),
+    "raises_on_import": (
+        "raise RuntimeError('broken at import')\n",
+        "cannot import raises_on_import:Sut: importing raises_on_import raised RuntimeError: broken at import",
+    ),
+    "factory_raises": (
+        "class Sut:\n    def __init__(self):\n        raise RuntimeError('no GPU here')\n",
+        "factory_raises:Sut() failed: RuntimeError: no GPU here",
+    ),
+    "factory_exits": (
+        "import sys\nclass Sut:\n    def __init__(self):\n        sys.exit(3)\n",
+        "factory_exits:Sut() exited while building the scheduler (SystemExit 3)",
+    ),
 }
 
 
 @pytest.mark.parametrize("prefix", ["module", "inprocess"])
 @pytest.mark.parametrize("module_name", sorted(SET_UP_FILES))
-def test_a_module_that_cannot_be_built_is_the_same_one_line_set_up_error_in_both_modes(prefix, module_name,
-                                                                                        tmp_path, monkeypatch):
+def test_a_module_that_cannot_be_built_is_the_same_one_line_set_up_error_in_both_modes(
+    prefix, module_name, tmp_path, monkeypatch
+):
     """In-process, an exit while imported ended the harness with exit 0 and a failing factory was 'a bug in
     schedconf'; in the child, the message told how the harness asked rather than what failed."""
     text, words = SET_UP_FILES[module_name]
@@ -189,12 +204,29 @@ def test_a_module_that_cannot_be_built_is_the_same_one_line_set_up_error_in_both
 
 def test_an_inprocess_module_that_exits_while_imported_is_exit_code_2(tmp_path):
     (tmp_path / "exits_on_import.py").write_text(SET_UP_FILES["exits_on_import"][0])
-    proc = subprocess.run([sys.executable, "-m", "schedconf.conformance", "run", "--sut", "inprocess:exits_on_import:Sut",
-                           "--examples", "2", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            "inprocess:exits_on_import:Sut",
+            "--examples",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: --sut 'inprocess:exits_on_import:Sut': " + SET_UP_FILES["exits_on_import"][1]]
+        "error: --sut 'inprocess:exits_on_import:Sut': " + SET_UP_FILES["exits_on_import"][1]
+    ]
 
 
 # ------------------------------------------------------------- in-process
@@ -223,10 +255,13 @@ def test_each_inprocess_fault_is_a_failure_of_its_kind(name, trace):
     assert words in result.divergence.message, result.divergence.message
 
 
-@pytest.mark.parametrize("name,message,words", [
-    ("Bomb", "schedule raised Boom: a BaseException from the scheduler", 'raise Boom("a BaseException'),
-    ("ExitZero", "the scheduler called exit (0) in schedule", "sys.exit(0)"),
-])
+@pytest.mark.parametrize(
+    "name,message,words",
+    [
+        ("Bomb", "schedule raised Boom: a BaseException from the scheduler", 'raise Boom("a BaseException'),
+        ("ExitZero", "the scheduler called exit (0) in schedule", "sys.exit(0)"),
+    ],
+)
 def test_an_inprocess_exit_or_base_exception_reads_naturally_with_its_traceback(name, message, words, trace):
     """The message named the adapter's error class, and the traceback shown was the harness's own frames."""
     result = replay(trace, make_sut(f"inprocess:{MODULE}:{name}"), "strict", step_timeout=5.0)
@@ -263,23 +298,54 @@ def test_an_inprocess_scheduler_that_behaves_passes(trace):
 
 # ------------------------------------------------------------ through the CLI
 
+
 def run_cli(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.conformance", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("sut,kind", [
-    (f"module:{MODULE}:ExitZero", "sut_exited"),
-    (f"module:{MODULE}:OsExit", "sut_exited"),
-    (f"module:{MODULE}:NativeHang", "sut_timeout"),
-    (f"module:{MODULE}:Bomb", "sut_exited"),
-    (f"inprocess:{MODULE}:Bomb", "sut_error"),
-])
+@pytest.mark.parametrize(
+    "sut,kind",
+    [
+        (f"module:{MODULE}:ExitZero", "sut_exited"),
+        (f"module:{MODULE}:OsExit", "sut_exited"),
+        (f"module:{MODULE}:NativeHang", "sut_timeout"),
+        (f"module:{MODULE}:Bomb", "sut_exited"),
+        (f"inprocess:{MODULE}:Bomb", "sut_error"),
+    ],
+)
 def test_a_campaign_against_a_faulty_module_fails_with_its_report(sut, kind, tmp_path, pid_dir):
     """The old harness exited 0 (or the scheduler's code) with no report, or could not pickle the error."""
     junit = tmp_path / "junit.xml"
-    proc = run_cli(["run", "--sut", sut, "--examples", "2", "--jobs", "2", "--timeout", "2", "--shrink-budget", "0",
-                    "--out", str(tmp_path), "--run-id", "r", "--junit-xml", str(junit), "-q"], timeout=120)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            sut,
+            "--examples",
+            "2",
+            "--jobs",
+            "2",
+            "--timeout",
+            "2",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+            "--junit-xml",
+            str(junit),
+            "-q",
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "fail" and summary["failed"] == 2
@@ -303,10 +369,29 @@ def test_replay_of_a_module_that_exits_fails(tmp_path, trace, pid_dir):
 def test_sigterm_is_honoured_while_a_module_hangs_in_native_code(tmp_path, pid_dir):
     """The old harness ran the scheduler in its own thread: SIGTERM waited for the C loop (45 s and more)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", f"module:{MODULE}:NativeHang", "--examples", "2",
-         "--timeout", "60", "--out", str(tmp_path), "--run-id", "r", "-q"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            f"module:{MODULE}:NativeHang",
+            "--examples",
+            "2",
+            "--timeout",
+            "60",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+            "-q",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not survivors(pid_dir):
         time.sleep(0.1)
@@ -322,6 +407,7 @@ def test_sigterm_is_honoured_while_a_module_hangs_in_native_code(tmp_path, pid_d
 
 # --------------------------------------------------------- late unsupported
 
+
 def test_a_stdio_scheduler_answering_unsupported_after_init_fails(trace, pid_dir):
     sut = StdioSut(faulty("late_unsupported", at=3), timeout_s=2.0)
     try:
@@ -334,8 +420,21 @@ def test_a_stdio_scheduler_answering_unsupported_after_init_fails(trace, pid_dir
 
 def test_a_campaign_cannot_pass_by_giving_up(tmp_path, pid_dir):
     """The old harness: 'PASS: 1 passed, 1 unknown' for a scheduler that answered unsupported mid-trace."""
-    proc = run_cli(["run", "--sut", "stdio:" + faulty("late_unsupported", at=3), "--examples", "2",
-                    "--shrink-budget", "0", "--out", str(tmp_path), "-q"], timeout=120)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            "stdio:" + faulty("late_unsupported", at=3),
+            "--examples",
+            "2",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "-q",
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
@@ -365,6 +464,7 @@ def test_our_engine_adapters_keep_their_late_unsupported(trace, pid_dir):
 
 # ---------------------------------------------------------------- survivors
 
+
 def test_a_daemon_the_scheduler_detaches_does_not_survive(trace, pid_dir):
     sut = StdioSut(faulty("daemon"), timeout_s=2.0)
     try:
@@ -378,10 +478,26 @@ def test_a_daemon_the_scheduler_detaches_does_not_survive(trace, pid_dir):
 
 def test_a_hung_scheduler_does_not_survive_a_killed_harness(tmp_path, pid_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "schedconf.conformance", "run", "--sut", "stdio:" + faulty("hang", at=4), "--examples", "2",
-         "--timeout", "120", "--out", str(tmp_path), "-q"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "schedconf.conformance",
+            "run",
+            "--sut",
+            "stdio:" + faulty("hang", at=4),
+            "--examples",
+            "2",
+            "--timeout",
+            "120",
+            "--out",
+            str(tmp_path),
+            "-q",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not survivors(pid_dir):
         time.sleep(0.1)
@@ -399,18 +515,26 @@ def test_the_scheduler_starts_with_the_signal_actions_a_direct_start_gives():
 
     show = ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"]
     direct = subprocess.run(show, capture_output=True, text=True, timeout=30).stdout
-    supervised = subprocess.run([sys.executable, "-I", "-S", SUPERVISOR, str(os.getpid()), "--", *show],
-                                capture_output=True, text=True, timeout=30).stdout
+    supervised = subprocess.run(
+        [sys.executable, "-I", "-S", SUPERVISOR, str(os.getpid()), "--", *show],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     assert "SigIgn" in direct and supervised == direct
 
 
 # ------------------------------------------------------------------ set-up
 
-@pytest.mark.parametrize("sut,words", [
-    ("stdio:nonexistent-binary-xq7 --serve", "cannot start 'nonexistent-binary-xq7': no such program on PATH"),
-    ("stdio:./not/here", "cannot start './not/here': not an executable file"),
-    ("stdio:'unbalanced", "does not parse as shell words"),
-])
+
+@pytest.mark.parametrize(
+    "sut,words",
+    [
+        ("stdio:nonexistent-binary-xq7 --serve", "cannot start 'nonexistent-binary-xq7': no such program on PATH"),
+        ("stdio:./not/here", "cannot start './not/here': not an executable file"),
+        ("stdio:'unbalanced", "does not parse as shell words"),
+    ],
+)
 def test_a_scheduler_that_cannot_start_is_a_set_up_error(sut, words, tmp_path):
     """The old harness made a missing program a conformance FAIL (exit 1), bad quoting an internal error."""
     proc = run_cli(["run", "--sut", sut, "--examples", "1", "--out", str(tmp_path)], timeout=60)
@@ -418,10 +542,16 @@ def test_a_scheduler_that_cannot_start_is_a_set_up_error(sut, words, tmp_path):
     assert words in proc.stderr and "internal error" not in proc.stderr
 
 
-@pytest.mark.parametrize("shebang,words", [
-    ("#!/no/such/interpreter-xq7\n", "its #! interpreter '/no/such/interpreter-xq7' is not an executable file"),
-    ("#!/usr/bin/env no-such-language-xq7\n", "runs 'no-such-language-xq7' through env, and there is no such program"),
-])
+@pytest.mark.parametrize(
+    "shebang,words",
+    [
+        ("#!/no/such/interpreter-xq7\n", "its #! interpreter '/no/such/interpreter-xq7' is not an executable file"),
+        (
+            "#!/usr/bin/env no-such-language-xq7\n",
+            "runs 'no-such-language-xq7' through env, and there is no such program",
+        ),
+    ],
+)
 def test_a_script_whose_interpreter_is_missing_is_a_set_up_error(shebang, words, tmp_path):
     """It passes the PATH check and used to fail only when executed: exit 127, read as a conformance FAIL."""
     script = tmp_path / "sched.sh"
@@ -433,8 +563,10 @@ def test_a_script_whose_interpreter_is_missing_is_a_set_up_error(shebang, words,
 
 
 def test_a_reply_nested_too_deeply_or_with_a_duplicate_key_is_a_protocol_error(tmp_path, trace, pid_dir):
-    for reply, words in (('{"id":1,"result":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
-                         ('{"id":1,"id":1,"result":{}}', "key 'id' twice")):
+    for reply, words in (
+        ('{"id":1,"result":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"id":1,"id":1,"result":{}}', "key 'id' twice"),
+    ):
         script = tmp_path / "bad.sh"
         script.write_text(f"#!/bin/sh\nread line\necho '{reply}'\nsleep 30\n")
         script.chmod(0o755)
@@ -461,9 +593,17 @@ def test_a_reply_without_an_id_says_so(tmp_path, trace):
 
 def test_the_bench_of_the_two_modes_runs():
     """bench/bench_module_sut.py (the figures behind keeping inprocess:) runs and prints a row per mode."""
-    proc = subprocess.run([sys.executable, "bench/bench_module_sut.py", "--examples", "4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_module_sut.py", "--examples", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split()[0] for line in proc.stdout.splitlines()[2:]]
-    assert rows == ["reference", f"inprocess:{'schedconf.conformance.adapters.reference:ReferenceSut'}",
-                    "module:schedconf.conformance.adapters.reference:ReferenceSut"]
+    assert rows == [
+        "reference",
+        f"inprocess:{'schedconf.conformance.adapters.reference:ReferenceSut'}",
+        "module:schedconf.conformance.adapters.reference:ReferenceSut",
+    ]

@@ -53,11 +53,14 @@ def test_unknown_version_refused(valid_text):
     assert e.value.field == "version" and "version 1" in str(e.value)
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda e: e.update(kind="teleport"), "kind"),
-    (lambda e: e.update(extra_field=1), "extra_field"),
-    (lambda e: e.pop("request_id"), "request_id"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda e: e.update(kind="teleport"), "kind"),
+        (lambda e: e.update(extra_field=1), "extra_field"),
+        (lambda e: e.pop("request_id"), "request_id"),
+    ],
+)
 def test_structural_errors(valid_text, mutate, field):
     lines = _lines(valid_text)
     event = json.loads(lines[1])
@@ -103,7 +106,7 @@ def test_fuzz_mutated_valid_traces(valid_text, data):
         lines[i] = line[: data.draw(st.integers(0, len(line)))]
     elif mode == "flip":
         pos = data.draw(st.integers(0, len(line) - 1))
-        lines[i] = line[:pos] + data.draw(st.sampled_from(list('0a"{}[],:-.e '))) + line[pos + 1:]
+        lines[i] = line[:pos] + data.draw(st.sampled_from(list('0a"{}[],:-.e '))) + line[pos + 1 :]
     elif mode == "drop":
         del lines[i]
     elif mode == "dup":
@@ -116,10 +119,13 @@ def test_fuzz_mutated_valid_traces(valid_text, data):
         pass
 
 
-@pytest.mark.parametrize("field, value, code", [
-    ("block_size", -1, "invalid_block_size"),
-    ("num_gpu_blocks", 1, "invalid_num_gpu_blocks"),
-])
+@pytest.mark.parametrize(
+    "field, value, code",
+    [
+        ("block_size", -1, "invalid_block_size"),
+        ("num_gpu_blocks", 1, "invalid_num_gpu_blocks"),
+    ],
+)
 def test_invalid_header_config_is_a_trace_error(valid_text, field, value, code):
     # Issue 10 item 4a: the model's config validation runs when a trace is read,
     # so `schedconf replay` reports line 1 and the field instead of a traceback.

@@ -13,8 +13,22 @@ from schedconf.conformance.workloads.workload_v0 import V0_COVERAGE
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    code = main(["run", "--profile", "vllm-0.10", "--examples", "50", "--seed", "7",  # --sut: reference by default
-                 "--out", str(out), "--run-id", "v0", "--quiet"])
+    code = main(
+        [
+            "run",
+            "--profile",
+            "vllm-0.10",
+            "--examples",
+            "50",
+            "--seed",
+            "7",  # --sut: reference by default
+            "--out",
+            str(out),
+            "--run-id",
+            "v0",
+            "--quiet",
+        ]
+    )
     return code, out / "v0"
 
 
@@ -54,17 +68,29 @@ def test_the_same_seed_draws_the_same_v0_workloads():
 
 
 def test_config_overrides_and_the_hypothesis_generator_work_for_v0(tmp_path):
-    summary = run_campaign(CampaignSpec(sut="reference", profile="vllm-0.10", examples=6, seed=2,
-                                        generator="hypothesis", out_dir=str(tmp_path), run_id="h", quiet=True,
-                                        config_overrides={"enable_prefix_caching": False}))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="reference",
+            profile="vllm-0.10",
+            examples=6,
+            seed=2,
+            generator="hypothesis",
+            out_dir=str(tmp_path),
+            run_id="h",
+            quiet=True,
+            config_overrides={"enable_prefix_caching": False},
+        )
+    )
     assert summary["status"] == "pass" and summary["examples_run"] == 6
     failing = tmp_path / "h" / "sample.jsonl"
     assert read_trace(failing).config["enable_prefix_caching"] is False
 
 
 def test_the_cli_generates_replays_and_exports_v0_traces(tmp_path, capsys):
-    assert main(["generate", "--profile", "vllm-0.10", "--examples", "4", "--seed", "3",
-                 "--out", str(tmp_path / "g")]) == 0
+    assert (
+        main(["generate", "--profile", "vllm-0.10", "--examples", "4", "--seed", "3", "--out", str(tmp_path / "g")])
+        == 0
+    )
     files = sorted((tmp_path / "g").glob("*.jsonl"))
     assert files and all(read_trace(f).scheduler == "v0" for f in files)
     assert main(["replay", *map(str, files), "--sut", "reference"]) == 0
@@ -75,6 +101,22 @@ def test_the_cli_generates_replays_and_exports_v0_traces(tmp_path, capsys):
         assert (tmp_path / "v" / "vllm-0.10" / entry["file"]).exists()
     capsys.readouterr()
     # v0 fields for --set under a v0 profile; a v1-only field is refused with the v0 list
-    assert main(["run", "--sut", "reference", "--profile", "vllm-0.10", "--examples", "1",
-                 "--set", "num_spec_tokens=1", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--sut",
+                "reference",
+                "--profile",
+                "vllm-0.10",
+                "--examples",
+                "1",
+                "--set",
+                "num_spec_tokens=1",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
     assert "num_cpu_blocks" in capsys.readouterr().err

@@ -107,8 +107,10 @@ def test_observable_accepts_renamed_blocks_and_catches_a_wrong_count(swap_trace)
             return out
 
     assert replay(swap_trace, Renamed(), "observable").verdict == PASS
-    assert replay(swap_trace, Renamed(), "strict").divergence.signature() == \
-        "scheduler_output:scheduled_seq_groups.block_table"
+    assert (
+        replay(swap_trace, Renamed(), "strict").divergence.signature()
+        == "scheduler_output:scheduled_seq_groups.block_table"
+    )
     d = replay(swap_trace, LongerChunk(), "observable").divergence
     assert d.signature() == "scheduler_output:scheduled_seq_groups.token_chunk_size" and d.step == 1
 
@@ -119,9 +121,9 @@ def test_a_v0_failure_shrinks_to_a_smaller_v0_trace_of_the_same_kind():
     from schedconf.conformance.workloads.workload import RequestSpec
 
     workload = workload.replace(
-        requests=(*workload.requests, RequestSpec("r3", tuple(range(40, 45)), max_tokens=3, eos_token_id=0,
-                                                  at_step=1)),
-        aborts=(AbortSpec("r3", 4),))
+        requests=(*workload.requests, RequestSpec("r3", tuple(range(40, 45)), max_tokens=3, eos_token_id=0, at_step=1)),
+        aborts=(AbortSpec("r3", 4),),
+    )
     trace = run_workload(workload)
     sut = LostSwapPairSut()
     original = replay(trace, sut, "strict")
@@ -142,9 +144,18 @@ def test_a_v0_failure_shrinks_to_a_smaller_v0_trace_of_the_same_kind():
 
 def test_a_v0_campaign_finds_and_shrinks_the_lost_swap_pair(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
-    summary = run_campaign(CampaignSpec(sut="module:test_v0_compare_and_shrink:make_lost_swap_pair_sut",
-                                        profile="vllm-0.10", examples=30, seed=1, out_dir=str(tmp_path),
-                                        run_id="lost", quiet=True, shrink_budget_s=8))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="module:test_v0_compare_and_shrink:make_lost_swap_pair_sut",
+            profile="vllm-0.10",
+            examples=30,
+            seed=1,
+            out_dir=str(tmp_path),
+            run_id="lost",
+            quiet=True,
+            shrink_budget_s=8,
+        )
+    )
     assert summary["status"] == "fail" and summary["failed"] >= 1
     first = summary["failures"][0]
     assert first["signature"] == "scheduler_output:blocks_to_swap_out"

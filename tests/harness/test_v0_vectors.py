@@ -18,15 +18,28 @@ def test_v0_corpus_matches_the_model():
             committed = (V0_CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the change is deliberate, run "
-                "`python -m schedconf.conformance.traces.vectors --rebuild-v0` and bump V0_CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild-v0` and bump V0_CORPUS_VERSION"
+            )
             assert entry == manifest_entry(name, trace)
 
 
 def test_v0_corpus_covers_the_hard_cases():
     entries = [e for _, path, e in iter_corpus("vllm-0.10") if not path.stem.startswith("refused-")]
     feats = {f for e in entries for f in e["features"]}
-    assert {"swap_out", "swap_in", "recompute", "ignored", "partial_prefills", "prefix_hit", "priority_preemption",
-            "abort_waiting", "abort_running", "abort_swapped", "swap_space_exhausted", "invalid_input"} <= feats
+    assert {
+        "swap_out",
+        "swap_in",
+        "recompute",
+        "ignored",
+        "partial_prefills",
+        "prefix_hit",
+        "priority_preemption",
+        "abort_waiting",
+        "abort_running",
+        "abort_swapped",
+        "swap_space_exhausted",
+        "invalid_input",
+    } <= feats
     assert {e["preemption_mode"] for e in entries} == {None, "swap", "recompute"}
     assert {e["policy"] for e in entries} == {"fcfs", "priority"}
 

@@ -16,7 +16,8 @@ def test_corpus_matches_the_model():
             committed = (CORPUS_DIR / profile / f"{name}.jsonl").read_text()
             assert committed == render_trace(trace), (
                 f"{profile}/{name} changed: if the model change is deliberate, run "
-                "`python -m schedconf.conformance.traces.vectors --rebuild` and bump CORPUS_VERSION")
+                "`python -m schedconf.conformance.traces.vectors --rebuild` and bump CORPUS_VERSION"
+            )
             assert entry == manifest_entry(name, trace)
 
 

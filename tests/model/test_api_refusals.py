@@ -30,13 +30,28 @@ from schedconf.spec.v1.scheduler import Scheduler
 
 # Codes raised at construction (config) or only by the JSON-lines protocol.
 NOT_API_CODES = {
-    "invalid_config_type", "unknown_config_field", "unknown_profile", "invalid_block_size",
-    "invalid_num_gpu_blocks", "invalid_token_budget", "invalid_max_num_seqs", "invalid_max_model_len",
-    "invalid_threshold", "invalid_num_spec_tokens", "invalid_num_lookahead_tokens", "invalid_policy",
-    "budget_below_max_model_len", "pool_below_max_model_len",
-    "threshold_above_max_model_len", "budget_below_max_num_seqs", "unsupported", "internal",
-    "invalid_max_concurrent_batches", "in_flight_not_modelled",
-    "invalid_max_num_active_seqs", "knob_not_in_release",  # config: tests/model/test_in_flight.py
+    "invalid_config_type",
+    "unknown_config_field",
+    "unknown_profile",
+    "invalid_block_size",
+    "invalid_num_gpu_blocks",
+    "invalid_token_budget",
+    "invalid_max_num_seqs",
+    "invalid_max_model_len",
+    "invalid_threshold",
+    "invalid_num_spec_tokens",
+    "invalid_num_lookahead_tokens",
+    "invalid_policy",
+    "budget_below_max_model_len",
+    "pool_below_max_model_len",
+    "threshold_above_max_model_len",
+    "budget_below_max_num_seqs",
+    "unsupported",
+    "internal",
+    "invalid_max_concurrent_batches",
+    "in_flight_not_modelled",
+    "invalid_max_num_active_seqs",
+    "knob_not_in_release",  # config: tests/model/test_in_flight.py
 } | {code for code, meaning in ERROR_CODES.items() if meaning.startswith("(v0")}  # v0 model: tests/model_v0
 
 
@@ -111,8 +126,7 @@ def with_drafts() -> Scheduler:
 
 def async_with_drafts() -> Scheduler:
     """vllm-0.33-async, k=2: a's prefill (step 1) and its first decode (step 2, with 2 placeholder drafts) in flight."""
-    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2, "max_concurrent_batches": 2}),
-                      "vllm-0.33-async")
+    sched = Scheduler(SchedulerConfig(**{**CFG, "num_spec_tokens": 2, "max_concurrent_batches": 2}), "vllm-0.33-async")
     sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
     sched.schedule()
     out = sched.schedule()
@@ -149,7 +163,12 @@ CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], objec
     ("invalid_min_tokens", "above max_tokens", base, lambda s: s.add_request("x", [1], max_tokens=1, min_tokens=2)),
     ("invalid_token_id", "negative", base, lambda s: s.add_request("x", [1, -1], max_tokens=1)),
     ("invalid_token_id", "10**30 in a prompt", base, lambda s: s.add_request("x", [1, 10**30], max_tokens=1)),
-    ("invalid_token_id", "2**31 as a stop id", base, lambda s: s.add_request("x", [1], max_tokens=1, stop_token_ids=[2**31])),
+    (
+        "invalid_token_id",
+        "2**31 as a stop id",
+        base,
+        lambda s: s.add_request("x", [1], max_tokens=1, stop_token_ids=[2**31]),
+    ),
     ("invalid_token_id", "10**30 sampled", pending, lambda s: update(s, {"a": (10**30,)})()),
     ("invalid_token_id", "10**30 drafted", with_drafts, lambda s: update(s, {"a": (9,)}, {"a": (10**30,)})()),
     ("invalid_request_id", "empty id", base, lambda s: s.add_request("", [1], max_tokens=1)),
@@ -165,15 +184,28 @@ CASES: list[tuple[str, str, Callable[[], Scheduler], Callable[[Scheduler], objec
     ("unscheduled_step", "step 0", two_in_flight, lambda s: s.get_in_flight_output(0)),
     ("duplicate_model_output", "step 1 again", two_in_flight, lambda s: s.get_in_flight_output(1)),
     ("model_output_out_of_order", "step 3 before 2", two_in_flight, lambda s: s.get_in_flight_output(3)),
-    ("unexpected_model_output", "newest step's object", two_in_flight,
-     lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
-    ("unexpected_model_output", "no step", base, lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())),
+    (
+        "unexpected_model_output",
+        "newest step's object",
+        two_in_flight,
+        lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput()),
+    ),
+    (
+        "unexpected_model_output",
+        "no step",
+        base,
+        lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput()),
+    ),
     ("bad_num_sampled_tokens", "too many", pending, lambda s: update(s, {"a": (1, 2)})()),
     ("unscheduled_model_output", "waiting w", pending, lambda s: update(s, {"a": (1,), "w": (2,)})()),
     ("unscheduled_draft_tokens", "waiting w", with_drafts, lambda s: update(s, {"a": (9,)}, {"w": (1,)})()),
     ("too_many_draft_tokens", "3 > 2", with_drafts, lambda s: update(s, {"a": (9,)}, {"a": (1, 2, 3)})()),
-    ("drafts_under_async_scheduling", "worker drafts handed over", async_with_drafts,
-     lambda s: s.update_from_output(s.get_output_to_apply(), ModelRunnerOutput({"a": (5,)}, {"a": (6, 7)}))),
+    (
+        "drafts_under_async_scheduling",
+        "worker drafts handed over",
+        async_with_drafts,
+        lambda s: s.update_from_output(s.get_output_to_apply(), ModelRunnerOutput({"a": (5,)}, {"a": (6, 7)})),
+    ),
     ("drafts_without_spec_decode", "k = 0", pending, lambda s: update(s, {"a": (1,)}, {"a": (2,)})()),
     ("invalid_finish_status", "not a finished status", base, lambda s: s.finish_requests("a", RequestStatus.RUNNING)),
 ]
@@ -220,8 +252,12 @@ def test_crash_is_terminal(code, label, build, call):
     assert exc.value.code == code
     # Dead from now on: every call is refused with engine_dead and changes nothing.
     after = snapshot(sched)
-    for later in (lambda s: s.schedule(), lambda s: s.add_request("y", [1], max_tokens=1), lambda s: s.abort("a"),
-                  lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput())):
+    for later in (
+        lambda s: s.schedule(),
+        lambda s: s.add_request("y", [1], max_tokens=1),
+        lambda s: s.abort("a"),
+        lambda s: s.update_from_output(s.last_step.output, ModelRunnerOutput()),
+    ):
         with pytest.raises(EngineCrash) as dead:
             later(sched)
         assert dead.value.code == "engine_dead"
@@ -253,6 +289,7 @@ def test_deep_state_sees_a_change():
 
 # ---------------------------------------------------------------- item 10 a
 
+
 def test_finish_requests_takes_one_str_id_as_one_id():
     # vLLM: ``if isinstance(request_ids, str): request_ids = (request_ids,)``.
     sched = Scheduler(SchedulerConfig(**CFG))
@@ -282,7 +319,8 @@ def test_a_waiting_request_may_be_stopped_from_outside(status):
     sched = base()
     free_before = sched.block_pool.get_num_free_blocks()
     assert sched.finish_requests(["a", "w"] if status is RequestStatus.FINISHED_STOPPED else "w", status) == (
-        ["a", "w"] if status is RequestStatus.FINISHED_STOPPED else ["w"])
+        ["a", "w"] if status is RequestStatus.FINISHED_STOPPED else ["w"]
+    )
     assert list(sched.waiting) == [] and "w" not in sched.requests
     out = sched.schedule()
     assert "w" in out.finished_req_ids
@@ -323,6 +361,7 @@ def test_empty_output_with_drafts_and_no_new_drafts_clamps_the_count_at_zero():
 
 # ---------------------------------------------------------------- item 10 c
 
+
 def test_empty_sample_at_end_of_sequence_is_skipped():
     # vLLM update_from_output: ``if new_token_ids:`` guards the append and the
     # stop check; no output is emitted for the request. It keeps running with
@@ -352,6 +391,7 @@ def test_empty_sample_with_drafts_rolls_back_under_0_11():
 
 
 # ---------------------------------------------------------------- item 10 d
+
 
 def test_popleft_on_an_empty_free_queue_raises_value_error():
     queue = FreeKVCacheBlockQueue([KVCacheBlock(block_id=1)])

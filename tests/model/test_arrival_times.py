@@ -24,8 +24,9 @@ from schedconf.spec.output import ModelRunnerOutput
 from schedconf.spec.v1.config import SchedulerConfig
 from schedconf.spec.v1.scheduler import Scheduler
 
-CFG = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=32, max_num_seqs=1,
-                      max_model_len=16, policy="priority")
+CFG = SchedulerConfig(
+    block_size=4, num_gpu_blocks=9, max_num_batched_tokens=32, max_num_seqs=1, max_model_len=16, policy="priority"
+)
 
 
 @pytest.mark.parametrize("cls", [Scheduler, FastScheduler])
@@ -37,7 +38,11 @@ def test_priority_orders_by_the_float_arrival(cls):
     sched.add_request("a", [1, 2], max_tokens=2, arrival_time=1.5)
     sched.add_request("b", [3, 4], max_tokens=2, arrival_time=1.25)
     out = sched.schedule()
-    assert list(out.num_scheduled_tokens) == ["b"] if cls is Scheduler else out.to_canonical()["num_scheduled_tokens"] == {"b": 2}
+    assert (
+        list(out.num_scheduled_tokens) == ["b"]
+        if cls is Scheduler
+        else out.to_canonical()["num_scheduled_tokens"] == {"b": 2}
+    )
     if cls is Scheduler:
         assert [r.request_id for r in sched.waiting] == ["a"]
 
@@ -65,8 +70,11 @@ def test_non_finite_or_non_number_arrival_refused(cls, bad):
 @pytest.mark.parametrize("cls", [Scheduler, FastScheduler])
 def test_huge_token_id_refused_typed(cls):
     sched = cls(CFG)
-    for kwargs in ({"prompt_token_ids": [1, 10**30]}, {"prompt_token_ids": [2**31]},
-                   {"prompt_token_ids": [1], "eos_token_id": 10**30}):
+    for kwargs in (
+        {"prompt_token_ids": [1, 10**30]},
+        {"prompt_token_ids": [2**31]},
+        {"prompt_token_ids": [1], "eos_token_id": 10**30},
+    ):
         with pytest.raises(InvalidEvent) as exc:
             sched.add_request("a", max_tokens=1, **kwargs)
         assert exc.value.code == "invalid_token_id"
@@ -87,7 +95,7 @@ def _float_trace_text() -> str:
 
 def test_float_arrival_trace_replays_on_reference_and_impl():
     text = _float_trace_text()
-    assert '"arrival_time":0.5' in text or '.5,' in text
+    assert '"arrival_time":0.5' in text or ".5," in text
     trace = parse_trace_text(text, "float.jsonl")
     assert all(isinstance(e["arrival_time"], float) for e in trace.events if e["kind"] == "add_request")
     for sut in (ReferenceSut(), make_scheduler_sut()):
@@ -107,4 +115,6 @@ def test_float_outside_arrival_time_still_refused():
     assert exc.value.field == "priority" and "float" in str(exc.value)
     for constant in ("NaN", "Infinity", "1e400"):
         with pytest.raises(TraceError):
-            parse_trace_text("\n".join([lines[0], lines[1].replace('"arrival_time":0.5', f'"arrival_time":{constant}')]), "t")
+            parse_trace_text(
+                "\n".join([lines[0], lines[1].replace('"arrival_time":0.5', f'"arrival_time":{constant}')]), "t"
+            )

@@ -16,9 +16,16 @@ def test_a_mutant_is_caught_and_saved_as_a_replayable_trace(tmp_path, monkeypatc
     monkeypatch.setattr(dm, "FAILURE_DIR", tmp_path)
     with pytest.raises(AssertionError) as exc:
         # No shrinking phase: finding and saving the failure is what is tested here.
-        run_state_machine_as_test(make_diff_machine("mutant:fcfs_victim_head"),
-                                  settings=settings(max_examples=300, phases=[Phase.generate], database=None,
-                                                    deadline=None, suppress_health_check=list(HealthCheck)))
+        run_state_machine_as_test(
+            make_diff_machine("mutant:fcfs_victim_head"),
+            settings=settings(
+                max_examples=300,
+                phases=[Phase.generate],
+                database=None,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
     message = str(exc.value)
     assert "schedconf replay" in message and "preempted_req_ids" in message
     saved = sorted(tmp_path.glob("*.jsonl"))

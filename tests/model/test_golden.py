@@ -12,7 +12,17 @@ SCENARIOS = sorted((Path(__file__).parents[2] / "conformance" / "testdata" / "sc
 def test_scenarios_exist():
     # The issue asks for the worked examples A-F, the 9.5 prefix example and the two seeds.
     names = {p.stem for p in SCENARIOS}
-    for required in ("notes_8a", "notes_8b", "notes_8c", "notes_8d", "notes_8e", "notes_8f", "notes_9_5", "seed_budget_8", "seed_budget_3"):
+    for required in (
+        "notes_8a",
+        "notes_8b",
+        "notes_8c",
+        "notes_8d",
+        "notes_8e",
+        "notes_8f",
+        "notes_9_5",
+        "seed_budget_8",
+        "seed_budget_3",
+    ):
         assert any(n.startswith(required) for n in names), required
 
 

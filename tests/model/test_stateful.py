@@ -67,8 +67,11 @@ def configs(draw):
 class SchedulerMachine(RuleBasedStateMachine):
     """Drive the reference model with random inputs; every invariant after each rule."""
 
-    @initialize(config=configs(), batches=st.sampled_from([1, 2, 2, 3]),
-                profile=st.sampled_from(["vllm-0.33", "vllm-0.32", "vllm-0.11", "vllm-0.33-async", "vllm-0.32-async"]))
+    @initialize(
+        config=configs(),
+        batches=st.sampled_from([1, 2, 2, 3]),
+        profile=st.sampled_from(["vllm-0.33", "vllm-0.32", "vllm-0.11", "vllm-0.33-async", "vllm-0.32-async"]),
+    )
     def init(self, config, profile, batches):
         if profile == "vllm-0.11" and config.policy == "priority":
             # 0.11's un-repaired priority victim breaks invariants on purpose;
@@ -91,7 +94,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         length = data.draw(st.integers(1, max(1, cap)), label="prompt_len")
         if data.draw(st.booleans(), label="shared_prefix"):
             shared = data.draw(st.integers(0, length), label="shared_len")
-            prompt = self.prefixes[0][:shared] + data.draw(st.lists(TOKENS, min_size=length - shared, max_size=length - shared))
+            prompt = self.prefixes[0][:shared] + data.draw(
+                st.lists(TOKENS, min_size=length - shared, max_size=length - shared)
+            )
         else:
             prompt = data.draw(st.lists(TOKENS, min_size=length, max_size=length))
         rid = f"r{self.next_id}"
@@ -211,8 +216,18 @@ def test_reachability_shares():
     run_state_machine_as_test(SchedulerMachine)
     n = SHARES["examples"]
     assert n >= 10, f"only {n} runs reached 5 steps"
-    shares = {k: SHARES[k] / n for k in ("preemption", "prefix_hit", "chunked_prefill", "budget_exhausted", "spec_decode",
-                                         "steps_in_flight", "drafts_in_flight")}
+    shares = {
+        k: SHARES[k] / n
+        for k in (
+            "preemption",
+            "prefix_hit",
+            "chunked_prefill",
+            "budget_exhausted",
+            "spec_decode",
+            "steps_in_flight",
+            "drafts_in_flight",
+        )
+    }
     print("\nstateful runs of >= 5 steps:", n, " ".join(f"{k}={v:.0%}" for k, v in shares.items()))
     for key in ("preemption", "prefix_hit", "chunked_prefill", "steps_in_flight"):
         assert shares[key] >= 0.10, (key, shares)

@@ -146,8 +146,14 @@ def test_legal_transitions_table():
 
 
 def test_profiles_table_names_and_differences():
-    assert set(PROFILES) == {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24",
-                             "vllm-0.33-async", "vllm-0.32-async"}
+    assert set(PROFILES) == {
+        "vllm-0.33",
+        "vllm-0.32",
+        "vllm-0.11",
+        "aphrodite-0.24",
+        "vllm-0.33-async",
+        "vllm-0.32-async",
+    }
     # An async profile is its release with AsyncScheduler's placeholders, nothing else.
     for release in ("vllm-0.33", "vllm-0.32"):
         a, r = PROFILES[f"{release}-async"], PROFILES[release]
@@ -158,13 +164,20 @@ def test_profiles_table_names_and_differences():
     # has no trim of num_computed_tokens and its async_scheduler.py:68-71
     # resolves only the kept tokens' placeholders; together they cancel in the
     # one place that reads them (see the knobs' docstrings).
-    assert diff == ["priority_self_preemption", "trim_computed_on_stop", "resolve_trimmed_placeholders",
-                    "cache_blocks_after_spec_update"]
+    assert diff == [
+        "priority_self_preemption",
+        "trim_computed_on_stop",
+        "resolve_trimmed_placeholders",
+        "cache_blocks_after_spec_update",
+    ]
     aphrodite = PROFILES["aphrodite-0.24"]
     # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request
     # (and the knobs whose Aphrodite counterparts were not checked: not modelled for it).
     assert [k for k in VLLM_0_32.knob_names() if getattr(VLLM_0_32, k) != getattr(aphrodite, k)] == [
-        "exempt_lone_request_from_threshold", "has_0_32_scheduler_knobs", "models_in_flight"]
+        "exempt_lone_request_from_threshold",
+        "has_0_32_scheduler_knobs",
+        "models_in_flight",
+    ]
     with pytest.raises(InvalidConfig) as e:
         get_profile("vllm-9")
     assert e.value.code == "unknown_profile"
@@ -172,10 +185,11 @@ def test_profiles_table_names_and_differences():
 
 def test_every_knob_cites_its_source():
     import schedconf.spec.v1.profiles as p
+
     src = open(p.__file__).read()
     for knob in VLLM_0_33.knob_names():
         doc_start = src.index(f"    {knob}:")
-        doc = src[doc_start: src.index('"""', src.index('"""', doc_start) + 3)]
+        doc = src[doc_start : src.index('"""', src.index('"""', doc_start) + 3)]
         # A section of the notes, or where in the released code it was read.
         assert "§" in doc or "read in 0.33.0" in doc or "findings.md" in doc, knob
 
@@ -233,12 +247,18 @@ def test_invalid_event_leaves_state_unchanged():
         # 0.32/0.33 accept a threshold of at most num_spec_tokens at start (they
         # crash later, in schedule(): tests/harness/test_engine_crash.py).
         # A batch queue with spec decode is modelled under AsyncScheduler only.
-        (dict(num_spec_tokens=2, max_concurrent_batches=2), "in_flight_not_modelled",
-         {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24"}),
+        (
+            dict(num_spec_tokens=2, max_concurrent_batches=2),
+            "in_flight_not_modelled",
+            {"vllm-0.33", "vllm-0.32", "vllm-0.11", "aphrodite-0.24"},
+        ),
         # vLLM 0.32+ refuse a threshold above max_model_len (verify_max_model_len); so does
         # Aphrodite 0.24, which tracks 0.32 (its config refusals are 0.32's: tests/engines/test_aphrodite.py).
-        (dict(long_prefill_token_threshold=17), "threshold_above_max_model_len",
-         {"vllm-0.33", "vllm-0.32", "aphrodite-0.24", "vllm-0.33-async", "vllm-0.32-async"}),
+        (
+            dict(long_prefill_token_threshold=17),
+            "threshold_above_max_model_len",
+            {"vllm-0.33", "vllm-0.32", "aphrodite-0.24", "vllm-0.33-async", "vllm-0.32-async"},
+        ),
         # Knobs vLLM 0.32 added (0.11.0 has none of them); Aphrodite's were not checked.
         (dict(max_num_active_seqs=1), "knob_not_in_release", {"vllm-0.11", "aphrodite-0.24"}),
         (dict(long_prefill_token_threshold_adaptive=True), "knob_not_in_release", {"vllm-0.11", "aphrodite-0.24"}),
@@ -250,8 +270,9 @@ def test_invalid_event_leaves_state_unchanged():
 def test_profile_dependent_config_checks(fields, code, refused_by):
     from schedconf.spec.v1.scheduler import Scheduler
 
-    config = SchedulerConfig(**{**dict(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16),
-                                **fields})
+    config = SchedulerConfig(
+        **{**dict(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16), **fields}
+    )
     for profile in PROFILES:
         if profile in refused_by:
             with pytest.raises(InvalidConfig) as e:
@@ -267,8 +288,15 @@ def test_optional_config_fields_are_left_out_at_their_defaults():
 
     base = SchedulerConfig(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_model_len=16)
     assert not set(OPTIONAL_FIELDS) & set(base.to_dict())
-    changed = SchedulerConfig(**{**base.to_dict(), "max_concurrent_batches": 2, "max_num_active_seqs": 1,
-                                 "long_prefill_token_threshold_adaptive": True, "use_v2_model_runner": True})
+    changed = SchedulerConfig(
+        **{
+            **base.to_dict(),
+            "max_concurrent_batches": 2,
+            "max_num_active_seqs": 1,
+            "long_prefill_token_threshold_adaptive": True,
+            "use_v2_model_runner": True,
+        }
+    )
     assert set(OPTIONAL_FIELDS) <= set(changed.to_dict())
     assert SchedulerConfig.from_dict(changed.to_dict()) == changed
 
@@ -305,9 +333,18 @@ def test_async_empty_draft_lists_keep_the_placeholder_drafts():
     from schedconf.spec.output import ModelRunnerOutput
     from schedconf.spec.v1.scheduler import Scheduler
 
-    sched = Scheduler(SchedulerConfig(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=16, max_num_seqs=4,
-                                      max_model_len=32, num_spec_tokens=2, max_concurrent_batches=2),
-                      "vllm-0.33-async")
+    sched = Scheduler(
+        SchedulerConfig(
+            block_size=4,
+            num_gpu_blocks=16,
+            max_num_batched_tokens=16,
+            max_num_seqs=4,
+            max_model_len=32,
+            num_spec_tokens=2,
+            max_concurrent_batches=2,
+        ),
+        "vllm-0.33-async",
+    )
     sched.add_request("a", [1, 2, 3, 4], max_tokens=8)
     sched.schedule()  # the prompt: afterwards spec_token_ids [-1, -1], 1 placeholder
     sched.update_from_output(sched.get_output_to_apply(), ModelRunnerOutput({"a": (5,)}, {"a": ()}))

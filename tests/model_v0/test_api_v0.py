@@ -11,15 +11,32 @@ from schedconf.spec.v0.config import V0SchedulerConfig
 from schedconf.spec.v0.scheduler import Scheduler
 from schedconf.spec.v1.scheduler import Scheduler as V1Scheduler
 
-CFG = dict(block_size=4, num_gpu_blocks=8, num_cpu_blocks=4, max_num_batched_tokens=32, max_num_seqs=4,
-           max_model_len=32, enable_chunked_prefill=False, enable_prefix_caching=True, policy="fcfs",
-           preemption_mode=None, max_num_partial_prefills=1, max_long_partial_prefills=1,
-           long_prefill_token_threshold=0)
+CFG = dict(
+    block_size=4,
+    num_gpu_blocks=8,
+    num_cpu_blocks=4,
+    max_num_batched_tokens=32,
+    max_num_seqs=4,
+    max_model_len=32,
+    enable_chunked_prefill=False,
+    enable_prefix_caching=True,
+    policy="fcfs",
+    preemption_mode=None,
+    max_num_partial_prefills=1,
+    max_long_partial_prefills=1,
+    long_prefill_token_threshold=0,
+)
 
 
 def _state(s: Scheduler):
-    return (s.observe(), s.get_queues(), s.current_step, s.pending is None, list(s._finished_requests_ids),
-            sorted(s.seen_request_ids))
+    return (
+        s.observe(),
+        s.get_queues(),
+        s.current_step,
+        s.pending is None,
+        list(s._finished_requests_ids),
+        sorted(s.seen_request_ids),
+    )
 
 
 def test_scheduler_kinds():
@@ -34,21 +51,24 @@ def test_scheduler_kinds():
         make_scheduler({**CFG, "block_size": 0}, "vllm-0.10")
 
 
-@pytest.mark.parametrize("call", [
-    lambda s: s.add_request("", [1], 1),
-    lambda s: s.add_request("a", [1], 1),
-    lambda s: s.add_request("b", [], 1),
-    lambda s: s.add_request("b", list(range(33)), 1),
-    lambda s: s.add_request("b", [1], 0),
-    lambda s: s.add_request("b", [1], 2, min_tokens=3),
-    lambda s: s.add_request("b", [-1], 2),
-    lambda s: s.add_request("b", [1], 2, eos_token_id=2**31),
-    lambda s: s.add_request("b", "abc", 2),
-    lambda s: s.add_request("b", [1], 2, arrival_time=float("nan")),
-    lambda s: s.add_request("b", [1], 2, priority=1),
-    lambda s: s.abort("never"),
-    lambda s: s.update_from_output(None, ModelRunnerOutput()),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.add_request("", [1], 1),
+        lambda s: s.add_request("a", [1], 1),
+        lambda s: s.add_request("b", [], 1),
+        lambda s: s.add_request("b", list(range(33)), 1),
+        lambda s: s.add_request("b", [1], 0),
+        lambda s: s.add_request("b", [1], 2, min_tokens=3),
+        lambda s: s.add_request("b", [-1], 2),
+        lambda s: s.add_request("b", [1], 2, eos_token_id=2**31),
+        lambda s: s.add_request("b", "abc", 2),
+        lambda s: s.add_request("b", [1], 2, arrival_time=float("nan")),
+        lambda s: s.add_request("b", [1], 2, priority=1),
+        lambda s: s.abort("never"),
+        lambda s: s.update_from_output(None, ModelRunnerOutput()),
+    ],
+)
 def test_refused_calls_change_nothing(call):
     s = Scheduler(V0SchedulerConfig(**CFG))
     s.add_request("a", [1, 2, 3, 4, 5], 3)
@@ -60,13 +80,16 @@ def test_refused_calls_change_nothing(call):
     assert _state(s) == before
 
 
-@pytest.mark.parametrize("sampled, drafts", [
-    ({}, {}),
-    ({"a": (1, 2)}, {}),
-    ({"a": (1,), "b": (1,)}, {}),
-    ({"a": (-1,)}, {}),
-    ({"a": (1,)}, {"a": (2,)}),
-])
+@pytest.mark.parametrize(
+    "sampled, drafts",
+    [
+        ({}, {}),
+        ({"a": (1, 2)}, {}),
+        ({"a": (1,), "b": (1,)}, {}),
+        ({"a": (-1,)}, {}),
+        ({"a": (1,)}, {"a": (2,)}),
+    ],
+)
 def test_refused_model_outputs_change_nothing(sampled, drafts):
     s = Scheduler(V0SchedulerConfig(**CFG))
     s.add_request("a", [1, 2, 3], 3)
@@ -93,8 +116,14 @@ def test_aborted_between_schedule_and_update_is_skipped():
 
 
 def test_engine_crash_is_terminal():
-    cfg = {**CFG, "num_gpu_blocks": 8, "num_cpu_blocks": 0, "preemption_mode": "swap", "max_model_len": 16,
-           "enable_prefix_caching": False}
+    cfg = {
+        **CFG,
+        "num_gpu_blocks": 8,
+        "num_cpu_blocks": 0,
+        "preemption_mode": "swap",
+        "max_model_len": 16,
+        "enable_prefix_caching": False,
+    }
     s = Scheduler(V0SchedulerConfig(**cfg))
     s.add_request("a", list(range(16)), 4, min_tokens=2)
     s.add_request("b", list(range(16)), 4, min_tokens=2)

@@ -13,12 +13,27 @@ def test_scenarios_exist():
     # One scenario per rule the issue lists (issue 11, part 1).
     names = {p.stem for p in SCENARIOS}
     for required in (
-        "default_prefill_first", "notes_11_simple_schedule", "notes_11_prefill_prioritized",
-        "notes_11_preempt_and_abort", "notes_11_max_num_seqs", "notes_11_prefix_caching_aware_prefills",
-        "notes_11_chunked_prefill_prefix_caching", "budget_seats_precounted", "watermark_and_never",
-        "later_head_of_line", "prompt_over_limit_ignored", "recompute_preemption", "swap_out_swap_in",
-        "swap_space_exhausted", "swap_in_never_ignored", "chunked_partial_prefills", "priority_preemption",
-        "stop_checker_order", "abort_each_queue", "evictor_order", "bad_input",
+        "default_prefill_first",
+        "notes_11_simple_schedule",
+        "notes_11_prefill_prioritized",
+        "notes_11_preempt_and_abort",
+        "notes_11_max_num_seqs",
+        "notes_11_prefix_caching_aware_prefills",
+        "notes_11_chunked_prefill_prefix_caching",
+        "budget_seats_precounted",
+        "watermark_and_never",
+        "later_head_of_line",
+        "prompt_over_limit_ignored",
+        "recompute_preemption",
+        "swap_out_swap_in",
+        "swap_space_exhausted",
+        "swap_in_never_ignored",
+        "chunked_partial_prefills",
+        "priority_preemption",
+        "stop_checker_order",
+        "abort_each_queue",
+        "evictor_order",
+        "bad_input",
     ):
         assert required in names, required
 

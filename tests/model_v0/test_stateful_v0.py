@@ -40,8 +40,11 @@ def configs(draw):
     max_model_len = draw(st.integers(4, 20))
     chunked = draw(st.booleans())
     partial = draw(st.sampled_from([1, 1, 2, 3])) if chunked else 1
-    budget = draw(st.integers(max(2, max_model_len // 3), max_model_len + 4) if chunked
-                  else st.integers(max_model_len, max_model_len + 4))
+    budget = draw(
+        st.integers(max(2, max_model_len // 3), max_model_len + 4)
+        if chunked
+        else st.integers(max_model_len, max_model_len + 4)
+    )
     min_blocks = -(-max_model_len // block_size)
     return V0SchedulerConfig(
         block_size=block_size,
@@ -87,7 +90,9 @@ class V0SchedulerMachine(RuleBasedStateMachine):
         rid = f"r{self.next_id}"
         self.next_id += 1
         self.sched.add_request(
-            rid, prompt, max_tokens,
+            rid,
+            prompt,
+            max_tokens,
             priority=data.draw(st.integers(0, 2), label="priority") if cfg.policy == "priority" else 0,
             arrival_time=self.next_id,
             eos_token_id=EOS,
@@ -143,8 +148,7 @@ class V0SchedulerMachine(RuleBasedStateMachine):
             self.saw["chunked_prefill"] += 1
         if any(g.computed_block_nums and g.is_prompt for g in out.scheduled_seq_groups):
             self.saw["prefix_hit"] += 1
-        sampled = {g.request_id: (data.draw(TOKENS, label="token"),)
-                   for g in out.scheduled_seq_groups if g.do_sample}
+        sampled = {g.request_id: (data.draw(TOKENS, label="token"),) for g in out.scheduled_seq_groups if g.do_sample}
         if self.ids and data.draw(st.integers(0, 9), label="abort_mid") == 0:
             try:
                 sched.abort(data.draw(st.sampled_from(self.ids), label="abort_mid_id"))
@@ -183,8 +187,10 @@ def test_stateful_v0_and_reachability_shares():
     run_state_machine_as_test(V0SchedulerMachine, settings=settings(stateful_step_count=30))
     n = SHARES["examples"]
     assert n >= 10, f"only {n} runs reached 5 steps"
-    shares = {k: SHARES[k] / n for k in ("preemption", "swap_out", "swap_in", "ignored", "chunked_prefill",
-                                         "prefix_hit", "crash")}
+    shares = {
+        k: SHARES[k] / n
+        for k in ("preemption", "swap_out", "swap_in", "ignored", "chunked_prefill", "prefix_hit", "crash")
+    }
     print("\nv0 stateful runs of >= 5 steps:", n, " ".join(f"{k}={v:.0%}" for k, v in shares.items()))
     for key in ("preemption", "swap_out", "chunked_prefill", "prefix_hit"):
         assert shares[key] >= 0.05, (key, shares)

@@ -11,10 +11,21 @@ from schedconf.spec.v0.evictor import LRUEvictor
 from schedconf.spec.v0.sequence import SequenceGroup, SequenceStatus, V0SamplingParams
 from schedconf.spec.v0.stop import maybe_stop_sequence
 
-BASE = dict(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_batched_tokens=32, max_num_seqs=4,
-            max_model_len=32, enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-            preemption_mode=None, max_num_partial_prefills=1, max_long_partial_prefills=1,
-            long_prefill_token_threshold=0)
+BASE = dict(
+    block_size=4,
+    num_gpu_blocks=8,
+    num_cpu_blocks=0,
+    max_num_batched_tokens=32,
+    max_num_seqs=4,
+    max_model_len=32,
+    enable_chunked_prefill=False,
+    enable_prefix_caching=False,
+    policy="fcfs",
+    preemption_mode=None,
+    max_num_partial_prefills=1,
+    max_long_partial_prefills=1,
+    long_prefill_token_threshold=0,
+)
 
 
 def test_scheduling_budget_like_vllms_test():
@@ -62,7 +73,7 @@ def test_evictor_skips_stale_entries_lazily():
     ev = LRUEvictor()
     ev.add(1, b"x", 2, 1)
     ev.add(2, b"y", 2, 2)
-    ev.remove(1)          # revived: its heap entry goes stale
+    ev.remove(1)  # revived: its heap entry goes stale
     ev.add(1, b"x", 2, 3)  # freed again later
     assert ev.evict() == (2, b"y")
     assert ev.evict() == (1, b"x")
@@ -91,11 +102,11 @@ def test_blocks_touched_by_append_is_one_for_any_decode():
 def test_prefix_caching_promotion_deduplicates_a_newly_full_block():
     alloc = PrefixCachingBlockAllocator([0, 1, 2, 3])
     a = BlockTable(2)
-    a.allocate([7, 8, 9], alloc)          # block 0 full (cached), block 1 partial
+    a.allocate([7, 8, 9], alloc)  # block 0 full (cached), block 1 partial
     b = BlockTable(2)
-    b.allocate([7, 8, 5], alloc)          # shares block 0, own partial block 2
+    b.allocate([7, 8, 5], alloc)  # shares block 0, own partial block 2
     assert a.physical_block_ids == [0, 1] and b.physical_block_ids == [0, 2]
-    a.append_token_ids([5], alloc)        # a's block 1 becomes (9, 5): new content
+    a.append_token_ids([5], alloc)  # a's block 1 becomes (9, 5): new content
     b.append_token_ids([6], alloc)
     assert alloc.refcounts[0] == 2
     # A third table whose second block repeats a's content reuses block 1.
@@ -119,22 +130,27 @@ def test_find_cached_blocks_prefix_is_vllms_bisection():
     assert len(alloc.find_cached_blocks_prefix(hashes)) == 3
 
 
-@pytest.mark.parametrize("change, code", [
-    (dict(block_size=0), "invalid_block_size"),
-    (dict(num_gpu_blocks=0), "invalid_num_gpu_blocks"),
-    (dict(num_cpu_blocks=-1), "invalid_num_cpu_blocks"),
-    (dict(max_num_batched_tokens=16), "budget_below_max_model_len"),
-    (dict(max_num_seqs=64), "budget_below_max_num_seqs"),
-    (dict(max_num_partial_prefills=0), "invalid_max_num_partial_prefills"),
-    (dict(max_num_partial_prefills=2), "partial_prefills_without_chunked_prefill"),
-    (dict(max_num_partial_prefills=2, enable_chunked_prefill=True, long_prefill_token_threshold=40),
-     "threshold_above_max_model_len"),
-    (dict(max_long_partial_prefills=2), "invalid_max_long_partial_prefills"),
-    (dict(num_gpu_blocks=7), "pool_below_max_model_len"),
-    (dict(policy="lifo"), "invalid_policy"),
-    (dict(preemption_mode="never"), "invalid_preemption_mode"),
-    (dict(enable_prefix_caching=1), "invalid_config_type"),
-])
+@pytest.mark.parametrize(
+    "change, code",
+    [
+        (dict(block_size=0), "invalid_block_size"),
+        (dict(num_gpu_blocks=0), "invalid_num_gpu_blocks"),
+        (dict(num_cpu_blocks=-1), "invalid_num_cpu_blocks"),
+        (dict(max_num_batched_tokens=16), "budget_below_max_model_len"),
+        (dict(max_num_seqs=64), "budget_below_max_num_seqs"),
+        (dict(max_num_partial_prefills=0), "invalid_max_num_partial_prefills"),
+        (dict(max_num_partial_prefills=2), "partial_prefills_without_chunked_prefill"),
+        (
+            dict(max_num_partial_prefills=2, enable_chunked_prefill=True, long_prefill_token_threshold=40),
+            "threshold_above_max_model_len",
+        ),
+        (dict(max_long_partial_prefills=2), "invalid_max_long_partial_prefills"),
+        (dict(num_gpu_blocks=7), "pool_below_max_model_len"),
+        (dict(policy="lifo"), "invalid_policy"),
+        (dict(preemption_mode="never"), "invalid_preemption_mode"),
+        (dict(enable_prefix_caching=1), "invalid_config_type"),
+    ],
+)
 def test_config_refusals(change, code):
     with pytest.raises(InvalidConfig) as exc:
         V0SchedulerConfig(**{**BASE, **change})
@@ -152,8 +168,16 @@ def test_config_from_dict_needs_every_field():
 
 
 def test_default_long_prefill_threshold_and_watermark():
-    cfg = V0SchedulerConfig(**{**BASE, "enable_chunked_prefill": True, "max_num_partial_prefills": 2,
-                               "max_model_len": 100, "num_gpu_blocks": 250, "max_num_batched_tokens": 100})
+    cfg = V0SchedulerConfig(
+        **{
+            **BASE,
+            "enable_chunked_prefill": True,
+            "max_num_partial_prefills": 2,
+            "max_model_len": 100,
+            "num_gpu_blocks": 250,
+            "max_num_batched_tokens": 100,
+        }
+    )
     assert cfg.effective_long_prefill_token_threshold == 4
     assert cfg.watermark_blocks == 2
     assert V0SchedulerConfig(**BASE).effective_long_prefill_token_threshold == 0

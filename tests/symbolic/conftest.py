@@ -31,10 +31,15 @@ def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority")) -
     chunked = draw(st.integers(0, 4)) != 0
     budget = draw(st.integers(max_model_len if not chunked else 1, max_model_len + 3))
     return SchedulerConfig(
-        block_size=block_size, num_gpu_blocks=num_blocks + 1, max_num_batched_tokens=budget,
-        max_num_seqs=draw(st.integers(1, min(NUM_SLOTS, budget))), max_model_len=max_model_len,
-        enable_chunked_prefill=chunked, long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 2])),
-        enable_prefix_caching=draw(st.integers(0, 5)) != 0, policy=draw(st.sampled_from(policies)),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks + 1,
+        max_num_batched_tokens=budget,
+        max_num_seqs=draw(st.integers(1, min(NUM_SLOTS, budget))),
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 2])),
+        enable_prefix_caching=draw(st.integers(0, 5)) != 0,
+        policy=draw(st.sampled_from(policies)),
         num_lookahead_tokens=draw(st.sampled_from([0, 0, 1])),
     )
 
@@ -60,9 +65,15 @@ def add_random_request(data: st.DataObject, d: Driven) -> str:
     rid = f"r{d.next_id}"
     d.next_id += 1
     d.clock += data.draw(st.integers(0, 1), label="tick")
-    d.sched.add_request(rid, prompt, data.draw(st.integers(1, 2 * cfg.max_model_len), label="max_tokens"),
-                        priority=data.draw(st.integers(0, 2), label="priority"), arrival_time=d.clock,
-                        eos_token_id=EOS, stop_token_ids=[STOP])
+    d.sched.add_request(
+        rid,
+        prompt,
+        data.draw(st.integers(1, 2 * cfg.max_model_len), label="max_tokens"),
+        priority=data.draw(st.integers(0, 2), label="priority"),
+        arrival_time=d.clock,
+        eos_token_id=EOS,
+        stop_token_ids=[STOP],
+    )
     d.log.append(f"add {rid} len={length}")
     return rid
 
@@ -70,12 +81,16 @@ def add_random_request(data: st.DataObject, d: Driven) -> str:
 def sample_outputs(data: st.DataObject, sched: Scheduler) -> dict[str, tuple[int, ...]]:
     """One token per request that samples this step; a stop token one time in eight."""
     assert sched.last_step is not None
-    return {rid: (data.draw(st.sampled_from([EOS, STOP] + [7] * 14), label=f"token {rid}"),)
-            for rid, samples in sched.last_step.samples.items() if samples}
+    return {
+        rid: (data.draw(st.sampled_from([EOS, STOP] + [7] * 14), label=f"token {rid}"),)
+        for rid, samples in sched.last_step.samples.items()
+        if samples
+    }
 
 
-def drive(data: st.DataObject, config: SchedulerConfig, max_events: int = 12,
-          end_pending: bool | None = None) -> Driven:
+def drive(
+    data: st.DataObject, config: SchedulerConfig, max_events: int = 12, end_pending: bool | None = None
+) -> Driven:
     """Run a random program on a fresh scheduler; end IDLE or PENDING as drawn."""
     d = Driven(Scheduler(config, "vllm-0.33"))
     for _ in range(data.draw(st.integers(0, max_events), label="num_events")):

@@ -28,10 +28,13 @@ def _facts_of(res: Any) -> dict[str, str]:
 
 
 @pytest.mark.symbolic
-@pytest.mark.parametrize("name, expected", [
-    ("touch", {"prefix hit"}),
-    ("waiting_admit", {"prefix hit", "free rank"}),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("touch", {"prefix hit"}),
+        ("waiting_admit", {"prefix hit", "free rank"}),
+    ],
+)
 def test_facts_are_proved_and_suffice(name: str, expected: set[str]) -> None:
     """The abstraction's facts are proved as goals of their own, and no goal needs the terms themselves."""
     res = prove(SHAPE, name, TIMEOUT_S)
@@ -65,8 +68,9 @@ def test_a_false_fact_fails_the_proof(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_missing_fact_falls_back_to_the_terms(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no facts at all, the goals that need them are retried with the definitions: still proved."""
     real = T.hit_abstraction
-    monkeypatch.setattr(T, "hit_abstraction", lambda s, q, k, hits: T.Abstraction(real(s, q, k, hits).terms,
-                                                                                  lambda x: []))
+    monkeypatch.setattr(
+        T, "hit_abstraction", lambda s, q, k, hits: T.Abstraction(real(s, q, k, hits).terms, lambda x: [])
+    )
     res = prove(SHAPE, "touch", TIMEOUT_S)
     assert res.status == PROVED, res.goals
     assert [k for k in res.goal_seconds if k.endswith(" (terms)")], "no goal needed the hit's facts"
@@ -82,8 +86,11 @@ def test_a_false_invariant_gives_a_real_counterexample(monkeypatch: pytest.Monke
     """Against an invariant the adoption of a hit breaks, the counterexample holds for the terms, not only their stand-ins."""
     from schedconf.spec.v1 import invariants
 
-    monkeypatch.setattr(invariants, "INVARIANTS",
-                        dict(invariants.INVARIANTS, tables_hold_no_cached_block=_inv_tables_hold_no_cached_block))
+    monkeypatch.setattr(
+        invariants,
+        "INVARIANTS",
+        dict(invariants.INVARIANTS, tables_hold_no_cached_block=_inv_tables_hold_no_cached_block),
+    )
     res = prove(SHAPE, "touch", TIMEOUT_S)
     assert res.status == FAILED
     assert res.goals["inv:tables_hold_no_cached_block"] == FAILED

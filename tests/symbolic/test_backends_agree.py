@@ -54,11 +54,14 @@ def z3_truth(formulas: dict[str, object], sym, concrete) -> dict[str, bool]:  # 
     solver.add(bind(sym, concrete))
     assert solver.check() == z3.sat
     model = solver.model()
-    return {name: (z3.is_true(model.eval(f, model_completion=True)) if is_z3(f) else bool(f))
-            for name, f in formulas.items()}
+    return {
+        name: (z3.is_true(model.eval(f, model_completion=True)) if is_z3(f) else bool(f))
+        for name, f in formulas.items()
+    }
 
 
 # --------------------------------------------------------------- corruptions
+
 
 def _first(xs):  # noqa: ANN001, ANN202
     return next(iter(xs), None)
@@ -141,8 +144,9 @@ def corrupt_victim(s: Scheduler) -> bool:
     if p.policy == "priority" and keys[wrong] == keys[p.victim_id]:
         return False
     s.last_step = dataclasses.replace(
-        s.last_step, preemptions=(PreemptionRecord(p.requester_id, wrong, p.policy, p.candidates),
-                                  *s.last_step.preemptions[1:]))
+        s.last_step,
+        preemptions=(PreemptionRecord(p.requester_id, wrong, p.policy, p.candidates), *s.last_step.preemptions[1:]),
+    )
     return True
 
 
@@ -156,8 +160,18 @@ def corrupt_orphan(s: Scheduler) -> bool:
 
 CORRUPTIONS: dict[str, Callable[[Scheduler], bool]] = {
     fn.__name__.removeprefix("corrupt_"): fn
-    for fn in (corrupt_ref_cnt, corrupt_free_counter, corrupt_unlink_free_block, corrupt_computed, corrupt_status,
-               corrupt_drop_from_running, corrupt_hash, corrupt_scheduled, corrupt_victim, corrupt_orphan)
+    for fn in (
+        corrupt_ref_cnt,
+        corrupt_free_counter,
+        corrupt_unlink_free_block,
+        corrupt_computed,
+        corrupt_status,
+        corrupt_drop_from_running,
+        corrupt_hash,
+        corrupt_scheduled,
+        corrupt_victim,
+        corrupt_orphan,
+    )
 }
 
 
@@ -170,8 +184,9 @@ def both_backends(sched: Scheduler) -> tuple[dict[str, bool], dict[str, bool], d
     # in_flight_accounting is left out: the Z3 state is synchronous and derives a
     # request's in-flight tokens from the pending step, so it cannot see a
     # corrupted counter (spec/symbolic/in_flight.py proves the in-flight rules).
-    concrete = {name: bool(fn(view, ConcreteOps())) for name, fn in INVARIANTS.items()
-                if name != "in_flight_accounting"}
+    concrete = {
+        name: bool(fn(view, ConcreteOps())) for name, fn in INVARIANTS.items() if name != "in_flight_accounting"
+    }
     symbolic = z3_truth({**invs, **{f"lemma:{k}": v for k, v in lemmas.items()}}, sym, snap.state)
     python_lemmas = {f"lemma:{name}": bool(fn(snap.state, ConcreteOps())) for name, fn in LEMMAS.items()}
     return concrete, symbolic, python_lemmas
@@ -188,7 +203,8 @@ def test_backends_agree(data, config, corruption) -> None:
         SEEN[(name, value)] += 1
         assert symbolic[name] == value, (
             f"invariant {name}: concrete {value}, Z3 {symbolic[name]} (corruption {corruption if applied else None}; "
-            f"program {d.log})")
+            f"program {d.log})"
+        )
     for name, value in python_lemmas.items():
         assert symbolic[name] == value, f"{name}: Python {value}, Z3 {symbolic[name]}"
         if not applied:
@@ -203,8 +219,14 @@ def test_corruptions_are_detected(corruption: str) -> None:
     from schedconf.spec.output import ModelRunnerOutput
     from schedconf.spec.v1.config import SchedulerConfig
 
-    cfg = SchedulerConfig(block_size=2, num_gpu_blocks=6, max_num_batched_tokens=8, max_num_seqs=3,
-                          max_model_len=9, policy="priority" if corruption == "victim" else "fcfs")
+    cfg = SchedulerConfig(
+        block_size=2,
+        num_gpu_blocks=6,
+        max_num_batched_tokens=8,
+        max_num_seqs=3,
+        max_model_len=9,
+        policy="priority" if corruption == "victim" else "fcfs",
+    )
     sched = Scheduler(cfg, "vllm-0.33")
     sched.add_request("r0", list(range(10, 16)), 8, priority=0, arrival_time=0)
     sched.add_request("r1", list(range(10, 14)), 8, priority=1, arrival_time=1)

@@ -62,7 +62,9 @@ Z3_EVALUATOR = Z3Evaluator()
 
 def add_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape) -> None:
     """``add_request`` on the model and as the encoded transition; compare."""
-    before_ids = set(d.sched.requests) | {r.request_id for r in d.sched.running} | {r.request_id for r in d.sched.waiting}
+    before_ids = (
+        set(d.sched.requests) | {r.request_id for r in d.sched.running} | {r.request_id for r in d.sched.waiting}
+    )
     rid = f"r{d.next_id}"
     snap = from_scheduler(d.sched, shape, slot_ids=assign_slots(d.sched, shape, (rid,)))
     assert rid not in before_ids
@@ -70,9 +72,18 @@ def add_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape) -> Non
     req = d.sched.requests[rid]
     after = from_scheduler(d.sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
     hashes = [after.hash_id(h) for h in req.block_hashes] + [0] * shape.num_blocks
-    guard, post, _ = ev("add_request", snap.state, {
-        "slot": snap.slot_ids.index(rid), "num_prompt_tokens": req.num_prompt_tokens, "max_tokens": req.max_tokens,
-        "priority": req.priority, "arrival_time": req.arrival_time, "hashes": hashes[: shape.num_blocks]})
+    guard, post, _ = ev(
+        "add_request",
+        snap.state,
+        {
+            "slot": snap.slot_ids.index(rid),
+            "num_prompt_tokens": req.num_prompt_tokens,
+            "max_tokens": req.max_tokens,
+            "priority": req.priority,
+            "arrival_time": req.arrival_time,
+            "hashes": hashes[: shape.num_blocks],
+        },
+    )
     assert guard, "add_request not enabled"
     assert_same(after, post, f"add_request {rid} after {d.log}")
 
@@ -102,8 +113,9 @@ def step_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape, abort
     d.log.append("update")
 
 
-def run_program(data: st.DataObject, config: Any, ev: Evaluator, max_events: int,
-                scheduler_class: type[Scheduler] = Scheduler) -> Driven:
+def run_program(
+    data: st.DataObject, config: Any, ev: Evaluator, max_events: int, scheduler_class: type[Scheduler] = Scheduler
+) -> Driven:
     """A random program whose every event is compared with the encoding."""
     d = Driven(scheduler_class(config, "vllm-0.33"))
     shape = shape_of(d.sched, NUM_SLOTS)
@@ -132,9 +144,16 @@ def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
     """Random programs on one pool shape: every event agrees with the encoding's Z3 formulas."""
     from schedconf.spec.v1.config import SchedulerConfig
 
-    config = SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=data.draw(st.integers(3, 8)),
-                             max_num_seqs=data.draw(st.integers(1, 3)), max_model_len=8, policy=policy,
-                             enable_prefix_caching=True, num_lookahead_tokens=data.draw(st.sampled_from([0, 1])))
+    config = SchedulerConfig(
+        block_size=2,
+        num_gpu_blocks=5,
+        max_num_batched_tokens=data.draw(st.integers(3, 8)),
+        max_num_seqs=data.draw(st.integers(1, 3)),
+        max_model_len=8,
+        policy=policy,
+        enable_prefix_caching=True,
+        num_lookahead_tokens=data.draw(st.sampled_from([0, 1])),
+    )
     run_program(data, config, Z3_EVALUATOR, max_events=8)
 
 
@@ -162,8 +181,14 @@ def test_injected_states(data: st.DataObject, shape: Shape) -> None:
     scenario = data.draw(st.sampled_from(["plain", "plain", "hit_free", "duplicate"]), label="scenario")
     w = data.draw(st.sampled_from(list(shape.slots)), label="waiting slot")
     for r in shape.slots:
-        pins.append(s.priority[r] == (0 if scenario != "plain" and r == w else
-                                      data.draw(st.integers(1 if scenario != "plain" else 0, 2), label=f"priority {r}")))
+        pins.append(
+            s.priority[r]
+            == (
+                0
+                if scenario != "plain" and r == w
+                else data.draw(st.integers(1 if scenario != "plain" else 0, 2), label=f"priority {r}")
+            )
+        )
         pins.append(s.arrival_time[r] == data.draw(st.integers(0, 3), label=f"arrival {r}"))
     pins.append(s.max_num_batched_tokens == data.draw(st.integers(4, 8), label="budget"))
     if scenario == "plain":
@@ -175,9 +200,15 @@ def test_injected_states(data: st.DataObject, shape: Shape) -> None:
         # free block (for "duplicate", in two): its admission must count the hit
         # against the free blocks and take the first inserted copy.
         b = data.draw(st.sampled_from(list(shape.blocks)), label="hit block")
-        pins += [count(s.in_running[r] for r in shape.slots) == 0, s.num_free_blocks == shape.num_blocks,
-                 s.in_waiting[w], s.num_tokens[w] > shape.block_size, s.indexed[b],
-                 s.block_hash[b] == s.hashes[w][0], s.enable_prefix_caching]
+        pins += [
+            count(s.in_running[r] for r in shape.slots) == 0,
+            s.num_free_blocks == shape.num_blocks,
+            s.in_waiting[w],
+            s.num_tokens[w] > shape.block_size,
+            s.indexed[b],
+            s.block_hash[b] == s.hashes[w][0],
+            s.enable_prefix_caching,
+        ]
         if not shape.is_priority:
             pins.append(s.waiting_pos[w] == 0)
         if scenario == "duplicate":
@@ -211,6 +242,7 @@ def test_injected_states(data: st.DataObject, shape: Shape) -> None:
 
 # ------------------------------------------------------------ block-pool primitives
 
+
 @settings(max_examples=60)
 @given(data=st.data(), config=configs())
 def test_pool_primitives(data: st.DataObject, config: Any) -> None:
@@ -225,8 +257,16 @@ def test_pool_primitives(data: st.DataObject, config: Any) -> None:
     kv, pool = sched.kv_cache_manager, sched.block_pool
     running = [r for r in sched.running if r.status is RequestStatus.RUNNING]
     waiting = [r for r in sched.waiting if r.num_computed_tokens == 0]
-    choices = [c for c, ok in (("get_new_blocks", running), ("cache_full_blocks", running), ("free", running),
-                               ("touch", waiting)) if ok]
+    choices = [
+        c
+        for c, ok in (
+            ("get_new_blocks", running),
+            ("cache_full_blocks", running),
+            ("free", running),
+            ("touch", waiting),
+        )
+        if ok
+    ]
     assume(choices)
     kind = data.draw(st.sampled_from(choices), label="primitive")
     if kind == "touch":
@@ -278,8 +318,14 @@ def test_composed_iterations(data: st.DataObject, config: Any) -> None:
 
 # ------------------------------------------------------------ the guard has teeth
 
-DRIFT_KILLS = ("priority_victim_min", "fcfs_victim_head", "computed_not_reset_on_preempt", "budget_not_restored",
-               "prefix_hit_uncapped", "free_head_first")
+DRIFT_KILLS = (
+    "priority_victim_min",
+    "fcfs_victim_head",
+    "computed_not_reset_on_preempt",
+    "budget_not_restored",
+    "prefix_hit_uncapped",
+    "free_head_first",
+)
 """Mutants of ``conformance/checking/mutants.py`` inside the encoding's reach (the 0.33 core without spec decode).
 
 The other three are outside it and are killed by the campaigns only:
@@ -297,8 +343,13 @@ def test_drift_guard_catches_mutant(name: str) -> None:
 
     mutant = MUTANTS[name]
 
-    @settings(max_examples=2000, database=None, derandomize=True, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=2000,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data(), config=configs())
     def program(data: st.DataObject, config: Any) -> None:
         run_program(data, config, python_evaluator, max_events=20, scheduler_class=mutant.scheduler_class)

@@ -82,7 +82,9 @@ def test_a_goal_sent_fresh_once_goes_fresh_at_once(monkeypatch: pytest.MonkeyPat
     res = P.prove(SHAPE, "running_preempt", 240)
     assert res.status == P.PROVED, {g: s for g, s in res.goals.items() if s != P.PROVED}
     first, second = "case_request=0,case_victim=0:", "case_request=0,case_victim=1:"
-    sent = {k[len(first):-len(" (fresh)")] for k in res.goal_seconds if k.startswith(first) and k.endswith(" (fresh)")}
+    sent = {
+        k[len(first) : -len(" (fresh)")] for k in res.goal_seconds if k.startswith(first) and k.endswith(" (fresh)")
+    }
     sent = {g for g in sent if not g.startswith("abstraction:")}  # checked before the goals, not by check()
     assert sent, res.goal_seconds
     for goal in sent:

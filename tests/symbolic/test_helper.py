@@ -89,8 +89,9 @@ def test_settle_turns_the_helpers_answers_into_verdicts() -> None:
     def recheck(key: str, status: str) -> Any:
         return lambda: rechecked.append(key) or status
 
-    result = P.TransitionResult("t", SHAPE, P.PROVED, 0.0,
-                                goals={"a": P.PROVED, "b": P.PROVED, "c": P.PROVED, "d": P.PROVED, "e": P.FAILED})
+    result = P.TransitionResult(
+        "t", SHAPE, P.PROVED, 0.0, goals={"a": P.PROVED, "b": P.PROVED, "c": P.PROVED, "d": P.PROVED, "e": P.FAILED}
+    )
     not_started: concurrent.futures.Future = concurrent.futures.Future()
     pending = [
         P.Pending("a", "k:a", _done(("unsat", 1.5)), recheck("a", P.FAILED)),
@@ -101,8 +102,14 @@ def test_settle_turns_the_helpers_answers_into_verdicts() -> None:
     ]
     deferred = {"symmetry": (_done((P.PROVED, 3.0)), lambda: (P.FAILED, 0.0))}
     P.settle(result, deferred, pending, time.monotonic() + 10)
-    assert result.goals == {"a": P.PROVED, "b": P.UNKNOWN, "c": P.FAILED, "d": P.PROVED, "e": P.FAILED,
-                            "symmetry": P.PROVED}
+    assert result.goals == {
+        "a": P.PROVED,
+        "b": P.UNKNOWN,
+        "c": P.FAILED,
+        "d": P.PROVED,
+        "e": P.FAILED,
+        "symmetry": P.PROVED,
+    }
     assert rechecked == ["d", "c"]  # the task not started is taken back first; the sat one is checked while settling
     assert result.goal_seconds["k:a (fresh)"] == 1.5 and result.goal_seconds["symmetry"] == 3.0
 

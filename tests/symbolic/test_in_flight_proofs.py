@@ -63,6 +63,7 @@ DRIFT_CASES = [(p, 0) for p in PROFILES] + [(p, K) for p in SPEC_PROFILES]
 
 # ------------------------------------------------------------------ proofs
 
+
 def _assert_proved(res: F.FlightResult) -> None:
     bad = {g: s for g, s in res.goals.items() if s != PROVED}
     cex = "\n".join(list(res.counterexamples.values())[:1])
@@ -92,6 +93,7 @@ def test_mutant_breaks_a_proof(mutant: str) -> None:
 @pytest.mark.symbolic
 def test_false_invariant_fails() -> None:
     """A rule that does not hold (``stale == 0`` for every request) is refuted by ``preempt``, with a counterexample."""
+
     def stale_never(s: F.FlightState, o: Any) -> Any:
         return F.land(*[F.eq(s.num_stale_output_tokens[r], 0) for r in s.shape.slots])
 
@@ -120,7 +122,6 @@ def test_skip_rule_bounds_samples_with_two_steps_in_flight() -> None:
     assert res.goals["prop:samples_within_max_tokens"] == FAILED, res.goals
 
 
-
 def _assert_proved_with(res: F.FlightResult, props: tuple[str, ...]) -> None:
     bad = {g: s for g, s in res.goals.items() if s != PROVED}
     assert res.status == PROVED, f"{res.transition}: {bad}"
@@ -132,8 +133,14 @@ def test_three_steps_in_flight_schedule_a_token_past_max_tokens() -> None:
     steps in flight. Step 2: 6 + 2 - 1 = 7 < 8, scheduled. Step 3: 7 + 2 - 2 = 7 < 8, scheduled again, though
     steps 1 and 2 already sample both outputs: step 2's output finishes the request (length) and step 3's
     token is wasted (its output is ignored)."""
-    config = SchedulerConfig(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=16, max_num_seqs=2,
-                             max_model_len=16, max_concurrent_batches=3)
+    config = SchedulerConfig(
+        block_size=4,
+        num_gpu_blocks=8,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        max_model_len=16,
+        max_concurrent_batches=3,
+    )
     sched = Scheduler(config, "vllm-0.33-async")
     sched.add_request("a", [5] * 6, 2)
     assert [sched.schedule().num_scheduled_tokens for _ in range(3)] == [{"a": 6}, {"a": 1}, {"a": 1}]
@@ -163,6 +170,7 @@ def test_drift_guard_long(profile: str, num_spec_tokens: int) -> None:
 
 
 # ------------------------------------------------------------------ drift guard
+
 
 @dataclass
 class Program:
@@ -206,11 +214,18 @@ def random_config(rng: random.Random, max_concurrent_batches: int, num_spec_toke
     if not chunked:
         budget = max(budget, max_model_len)
     return SchedulerConfig(
-        block_size=block_size, num_gpu_blocks=cdiv(max_model_len, block_size) + 1 + rng.randint(0, 3),
-        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        enable_chunked_prefill=chunked, long_prefill_token_threshold=rng.choice([0, 0, 2]),
-        enable_prefix_caching=rng.randint(0, 3) != 0, policy=rng.choice(["fcfs", "priority"]),
-        max_concurrent_batches=max_concurrent_batches, num_spec_tokens=num_spec_tokens)
+        block_size=block_size,
+        num_gpu_blocks=cdiv(max_model_len, block_size) + 1 + rng.randint(0, 3),
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=rng.choice([0, 0, 2]),
+        enable_prefix_caching=rng.randint(0, 3) != 0,
+        policy=rng.choice(["fcfs", "priority"]),
+        max_concurrent_batches=max_concurrent_batches,
+        num_spec_tokens=num_spec_tokens,
+    )
 
 
 def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) -> None:
@@ -229,8 +244,15 @@ def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) 
     prompt = [10 + i for i in range(length)] if rng.random() < 0.5 else [rng.randint(3, 9) for _ in range(length)]
     max_tokens = rng.randint(1, 8)
     try:
-        sched.add_request(rid, prompt, max_tokens, priority=rng.randint(0, 2), arrival_time=len(p.log),
-                          eos_token_id=EOS, stop_token_ids=[STOP])
+        sched.add_request(
+            rid,
+            prompt,
+            max_tokens,
+            priority=rng.randint(0, 2),
+            arrival_time=len(p.log),
+            eos_token_id=EOS,
+            stop_token_ids=[STOP],
+        )
     except InvalidEvent as exc:
         # Only a re-add while a step of the old request is in flight is refused here.
         assert exc.code == "request_id_in_flight", exc
@@ -238,13 +260,21 @@ def _add(p: Program, ev: Evaluator, mutant: str | None, rid: str | None = None) 
         assert_same(pre, p.state(), f"refused add_request {rid}")
         move = ev("add_request", pre, {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens}, mutant)
         if move.guard:
-            raise DriftError(f"add_request {rid}: the model refuses it (request_id_in_flight), the encoding allows it") from exc
+            raise DriftError(
+                f"add_request {rid}: the model refuses it (request_id_in_flight), the encoding allows it"
+            ) from exc
         p.log.append(f"add {rid} refused")
         return
     p.slot_of[rid] = q
     p.log.append(f"add {rid} len={length} max={max_tokens} -> slot {q}")
-    post = run_move(ev, "add_request", pre, {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens},
-                    f"add_request {rid}", mutant)
+    post = run_move(
+        ev,
+        "add_request",
+        pre,
+        {"slot": q, "num_prompt_tokens": length, "max_tokens": max_tokens},
+        f"add_request {rid}",
+        mutant,
+    )
     assert_same(p.state(), post, f"add_request {rid} after {p.log}")
 
 
@@ -308,7 +338,8 @@ def _refused_output(p: Program, ev: Evaluator) -> None:
     with pytest.raises(InvalidEvent) as caught:
         sched.get_in_flight_output(k)
     name = {"duplicate_model_output": "output_duplicate", "model_output_out_of_order": "output_out_of_order"}[
-        caught.value.code]
+        caught.value.code
+    ]
     other = "output_out_of_order" if name == "output_duplicate" else "output_duplicate"
     check_refusal(ev, pre, name, {"step": k}, (other,), f"model output for step {k} ({caught.value.code})")
     p.log.append(f"output for step {k} refused ({caught.value.code})")
@@ -344,9 +375,15 @@ def _output(p: Program, ev: Evaluator, mutant: str | None) -> None:
     assert_same(p.state(), post, f"update_from_output() after {p.log}")
 
 
-def run_program(seed: int, ev: Evaluator = python_evaluator, num_events: int = 60, mutant: str | None = None,
-                scheduler_class: type[Scheduler] = Scheduler, profile: str | None = None,
-                num_spec_tokens: int = 0) -> Program:
+def run_program(
+    seed: int,
+    ev: Evaluator = python_evaluator,
+    num_events: int = 60,
+    mutant: str | None = None,
+    scheduler_class: type[Scheduler] = Scheduler,
+    profile: str | None = None,
+    num_spec_tokens: int = 0,
+) -> Program:
     """A seeded random program on the model, each call checked against the encoding (``mutant``: its encoding)."""
     rng = random.Random(seed)
     profile = profile or rng.choice(PROFILES)
@@ -395,9 +432,18 @@ def test_drift_guard(profile: str, num_spec_tokens: int) -> None:
         if p.sched.config.max_concurrent_batches > 1:
             reached.add("in flight")
     reached.discard("schedule crashed")
-    assert reached == {"add", "add refused", "abort", "schedule", "schedule refused", "output", "preempt",
-                       "output refused (duplicate_model_output)", "output refused (model_output_out_of_order)",
-                       "in flight"}, reached
+    assert reached == {
+        "add",
+        "add refused",
+        "abort",
+        "schedule",
+        "schedule refused",
+        "output",
+        "preempt",
+        "output refused (duplicate_model_output)",
+        "output refused (model_output_out_of_order)",
+        "in flight",
+    }, reached
 
 
 def test_drift_guard_reaches_stale_output() -> None:
@@ -413,7 +459,8 @@ def test_drift_guard_reaches_stale_output() -> None:
         if name == "begin_step" and any(x > 1 for x in s.num_output_placeholders):
             corners.add("placeholders > 1")
         if name == "end_step" and any(
-                s.status[r] == F.PREEMPTED and s.num_stale_output_tokens[r] > 0 for r in s.shape.slots):
+            s.status[r] == F.PREEMPTED and s.num_stale_output_tokens[r] > 0 for r in s.shape.slots
+        ):
             corners.add("stale request waits")
         return move
 
@@ -462,9 +509,16 @@ def test_drift_guard_reaches_spec_decode_corners(profile: str) -> None:
 
     for seed in range(NUM_PROGRAMS):
         run_program(seed, ev=spy, profile=profile, num_spec_tokens=K)
-    assert corners >= {"drafts with steps in flight", "padded admission", "drafts cut with placeholders pending",
-                       "drafts rejected", "drafts accepted", "stop before the last token", "stale output",
-                       "stale output of several tokens"}, corners
+    assert corners >= {
+        "drafts with steps in flight",
+        "padded admission",
+        "drafts cut with placeholders pending",
+        "drafts rejected",
+        "drafts accepted",
+        "stop before the last token",
+        "stale output",
+        "stale output of several tokens",
+    }, corners
 
 
 def test_drift_guard_through_z3_formulas() -> None:
@@ -487,8 +541,10 @@ def _first_drift(num_programs: int, **kwargs: Any) -> DriftError | None:
     return None
 
 
-@pytest.mark.parametrize("mutant", ["stale_output_applied_as_fresh", "placeholders_kept_on_preempt",
-                                    "async_drafts_with_placeholders_pending"])
+@pytest.mark.parametrize(
+    "mutant",
+    ["stale_output_applied_as_fresh", "placeholders_kept_on_preempt", "async_drafts_with_placeholders_pending"],
+)
 def test_drift_guard_catches_broken_encoding(mutant: str) -> None:
     """An encoding whose preemption forgets a rule, or that counts drafts without the pending placeholders,
     no longer matches the model: the guard says so.
@@ -503,6 +559,7 @@ def test_drift_guard_catches_broken_encoding(mutant: str) -> None:
 
 def test_drift_guard_catches_broken_placeholder_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoding that forgets AsyncScheduler's placeholder increment is caught too."""
+
     def no_placeholders(s: F.FlightState, *args: Any, **kwargs: Any) -> F.FlightState:
         post = original(s, *args, **kwargs)
         return post.replace(num_output_placeholders=s.num_output_placeholders)
@@ -513,8 +570,13 @@ def test_drift_guard_catches_broken_placeholder_rule(monkeypatch: pytest.MonkeyP
     assert exc is not None and "num_output_placeholders" in str(exc), exc
 
 
-MODEL_MUTANTS = ("stale_output_applied_as_fresh", "placeholders_kept_on_preempt", "stale_request_resumed_early",
-                 "async_max_tokens_skip_missing", "in_flight_id_reused")
+MODEL_MUTANTS = (
+    "stale_output_applied_as_fresh",
+    "placeholders_kept_on_preempt",
+    "stale_request_resumed_early",
+    "async_max_tokens_skip_missing",
+    "in_flight_id_reused",
+)
 
 
 @pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending",))
@@ -523,6 +585,7 @@ def test_drift_guard_catches_model_mutant(name: str) -> None:
     from schedconf.conformance.checking.mutants import MUTANTS
 
     k = K if name == "async_drafts_with_placeholders_pending" else 0
-    exc = _first_drift(NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async",
-                       num_spec_tokens=k)
+    exc = _first_drift(
+        NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async", num_spec_tokens=k
+    )
     assert exc is not None, f"{name} survived {NUM_PROGRAMS} programs"

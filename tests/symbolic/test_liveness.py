@@ -37,6 +37,7 @@ WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "
 
 # ------------------------------------------------------------------ the bound
 
+
 def test_work_chunk_and_fcfs_steps_by_hand() -> None:
     # W = min(P + M, max_model_len) - 1
     assert compute_work(5, 3, 100) == 7
@@ -64,12 +65,18 @@ def test_ordered_and_any_order_bounds_by_hand() -> None:
 
 
 def test_trace_tail_reads_the_last_input_and_the_ends() -> None:
-    config = SchedulerConfig(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=2,
-                             max_model_len=12)
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=12)
     from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload
 
-    workload = Workload(config=config, profile="vllm-0.33", oracle=HashOracle(seed=3, eos_per_mille=0), requests=(
-        RequestSpec("a", (10, 11, 12), max_tokens=2), RequestSpec("b", (20, 21, 22, 23, 24), max_tokens=3, at_step=1)))
+    workload = Workload(
+        config=config,
+        profile="vllm-0.33",
+        oracle=HashOracle(seed=3, eos_per_mille=0),
+        requests=(
+            RequestSpec("a", (10, 11, 12), max_tokens=2),
+            RequestSpec("b", (20, 21, 22, 23, 24), max_tokens=3, at_step=1),
+        ),
+    )
     tail = get_trace_tail(run_workload(workload).events)
     # b arrives after step 1; a (3 + 2 tokens) ends in step 2 and b (5 + 3) in step 5, budget 4:
     # step 1 a:3; step 2 a:1 (ends) b:3; step 3 b:2 (samples); step 4 b:1; step 5 b:1 (ends)
@@ -79,6 +86,7 @@ def test_trace_tail_reads_the_last_input_and_the_ends() -> None:
 
 
 # ------------------------------------------------------------------ Z3 lemmas
+
 
 def _prove_all(bounds: tuple[int, int], composed: tuple[int, int]) -> dict[tuple[str, str], str]:
     from schedconf.spec.symbolic.liveness import COMPOSED_LEMMAS, INDUCTION, LEMMAS, prove_lemma
@@ -117,9 +125,10 @@ def test_lemmas_fail_for_the_wrong_leader() -> None:
 
     def largest_never_victim(pre, inp, out):
         sh = pre.shape
-        largest = [land(pre.in_running[r], *(limplies(pre.in_running[c], L.key_lt(pre, c, r))
-                                             for c in sh.slots if c != r))
-                   for r in sh.slots]
+        largest = [
+            land(pre.in_running[r], *(limplies(pre.in_running[c], L.key_lt(pre, c, r)) for c in sh.slots if c != r))
+            for r in sh.slots
+        ]
         return [], land(*(limplies(eq(out.facts["victim"], r), lnot(largest[r])) for r in sh.slots))
 
     mutants = {
@@ -172,8 +181,9 @@ def test_thrash_0_11_workload_finishes_under_0_32_and_0_33() -> None:
     from schedconf.spec.symbolic.liveness_witnesses import WITNESSES as W
 
     workload = W["liveness_thrash_0_11"].workload()
-    works = [compute_work(len(r.prompt_token_ids), r.max_tokens, workload.config.max_model_len)
-             for r in workload.requests]
+    works = [
+        compute_work(len(r.prompt_token_ids), r.max_tokens, workload.config.max_model_len) for r in workload.requests
+    ]
     for profile in ("vllm-0.33", "vllm-0.32"):
         tail = get_trace_tail(run_workload(workload.replace(profile=profile), max_steps=100).events)
         assert tail.steps_to_finish is not None and tail.steps_to_finish <= compute_any_order_bound(works)

@@ -36,7 +36,14 @@ pytestmark = pytest.mark.symbolic
 
 CI_BOUNDS = L.Bounds(num_slots=2, num_steps=6, block_size=4, max_blocks=2)
 TIMEOUT_S = 120.0
-WITNESS = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses" / "liveness_thrash_0_11.jsonl"
+WITNESS = (
+    Path(__file__).resolve().parents[2]
+    / "conformance"
+    / "traces"
+    / "vectors"
+    / "witnesses"
+    / "liveness_thrash_0_11.jsonl"
+)
 
 
 def draw_fragment_workload(seed: int, policy: str) -> tuple[SchedulerConfig, L.StepConfig, L.Requests]:
@@ -49,12 +56,25 @@ def draw_fragment_workload(seed: int, policy: str) -> tuple[SchedulerConfig, L.S
     seqs = rng.randint(1, 3)
     budget = rng.randint(seqs, 12)
     threshold = rng.randint(0, mml)
-    config = SchedulerConfig(block_size=bs, num_gpu_blocks=blocks + 1, max_num_batched_tokens=budget,
-                             max_num_seqs=seqs, max_model_len=mml, enable_chunked_prefill=True,
-                             long_prefill_token_threshold=threshold, enable_prefix_caching=False, policy=policy,
-                             num_spec_tokens=0, num_lookahead_tokens=0)
-    reqs = L.Requests([rng.randint(1, mml - 1) for _ in range(n)], [rng.randint(1, 2 * mml) for _ in range(n)],
-                      [rng.randint(0, 1) for _ in range(n)], [rng.randint(0, 1) for _ in range(n)])
+    config = SchedulerConfig(
+        block_size=bs,
+        num_gpu_blocks=blocks + 1,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        max_model_len=mml,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=False,
+        policy=policy,
+        num_spec_tokens=0,
+        num_lookahead_tokens=0,
+    )
+    reqs = L.Requests(
+        [rng.randint(1, mml - 1) for _ in range(n)],
+        [rng.randint(1, 2 * mml) for _ in range(n)],
+        [rng.randint(0, 1) for _ in range(n)],
+        [rng.randint(0, 1) for _ in range(n)],
+    )
     cfg = L.StepConfig(bs, blocks, mml, budget, seqs, threshold, policy)  # type: ignore[arg-type]
     return config, cfg, reqs
 
@@ -65,8 +85,13 @@ def run_side_by_side(seed: int, profile: str, policy: str, max_steps: int = 30) 
     n = len(reqs.num_prompt_tokens)
     sched = Scheduler(config, profile)
     for i in range(n):
-        sched.add_request(f"r{i}", [100 * (i + 1) + j for j in range(reqs.num_prompt_tokens[i])], reqs.max_tokens[i],
-                          priority=reqs.priority[i], arrival_time=reqs.arrival_time[i])
+        sched.add_request(
+            f"r{i}",
+            [100 * (i + 1) + j for j in range(reqs.num_prompt_tokens[i])],
+            reqs.max_tokens[i],
+            priority=reqs.priority[i],
+            arrival_time=reqs.arrival_time[i],
+        )
     rules = L.get_rules(profile)
     s = L.get_initial_state(reqs, cfg.policy)
     oracle = HashOracle(seed=seed, eos_per_mille=0)
@@ -74,7 +99,8 @@ def run_side_by_side(seed: int, profile: str, policy: str, max_steps: int = 30) 
     for k in range(max_steps):
         assert L.get_state_key(L.get_model_state(sched, n)) == L.get_state_key(s), (
             f"seed {seed} {profile} {policy} after {k} steps:\n model    {L.render_state(L.get_model_state(sched, n))}"
-            f"\n encoding {L.render_state(s)}")
+            f"\n encoding {L.render_state(s)}"
+        )
         if not sched.has_unfinished_requests():
             break
         out = sched.schedule()
@@ -114,8 +140,13 @@ def test_guard_catches_a_broken_encoding() -> None:
         n = len(reqs.num_prompt_tokens)
         sched = Scheduler(config, "vllm-0.11")
         for i in range(n):
-            sched.add_request(f"r{i}", [100 + j for j in range(reqs.num_prompt_tokens[i])], reqs.max_tokens[i],
-                              priority=reqs.priority[i], arrival_time=reqs.arrival_time[i])
+            sched.add_request(
+                f"r{i}",
+                [100 + j for j in range(reqs.num_prompt_tokens[i])],
+                reqs.max_tokens[i],
+                priority=reqs.priority[i],
+                arrival_time=reqs.arrival_time[i],
+            )
         s = L.get_initial_state(reqs, "priority")
         oracle = HashOracle(seed=seed, eos_per_mille=0)
         for _ in range(30):
@@ -137,10 +168,21 @@ def test_encoding_reproduces_the_committed_witness() -> None:
     lines = [json.loads(x) for x in WITNESS.read_text().splitlines()]
     c = lines[0]["config"]
     adds = [e for e in lines if e["kind"] == "add_request"]
-    cfg = L.StepConfig(c["block_size"], c["num_gpu_blocks"] - 1, c["max_model_len"], c["max_num_batched_tokens"],
-                       c["max_num_seqs"], c["long_prefill_token_threshold"], c["policy"])
-    reqs = L.Requests([len(e["prompt_token_ids"]) for e in adds], [e["max_tokens"] for e in adds],
-                      [e["priority"] for e in adds], [e["arrival_time"] for e in adds])
+    cfg = L.StepConfig(
+        c["block_size"],
+        c["num_gpu_blocks"] - 1,
+        c["max_model_len"],
+        c["max_num_batched_tokens"],
+        c["max_num_seqs"],
+        c["long_prefill_token_threshold"],
+        c["policy"],
+    )
+    reqs = L.Requests(
+        [len(e["prompt_token_ids"]) for e in adds],
+        [e["max_tokens"] for e in adds],
+        [e["priority"] for e in adds],
+        [e["arrival_time"] for e in adds],
+    )
     states = L.run_encoded(cfg, reqs, L.get_rules("vllm-0.11"), 10)
     keys = [L.get_state_key(s) for s in states]
     assert keys[6] == keys[10] and keys.index(keys[10]) == 6 and L.is_live(states[10])
@@ -163,7 +205,9 @@ def test_z3_finds_a_lasso_under_0_11(found_0_11: L.Found) -> None:
     assert L.get_state_key(states[f.start]) == L.get_state_key(states[-1]) and L.is_live(states[-1])
     # It needs a tie: the two requests share their (priority, arrival_time) key.
     assert (f.requests[0]["priority"], f.requests[0]["arrival_time"]) == (
-        f.requests[1]["priority"], f.requests[1]["arrival_time"])
+        f.requests[1]["priority"],
+        f.requests[1]["arrival_time"],
+    )
 
 
 def test_found_lasso_loops_on_the_reference(found_0_11: L.Found) -> None:
@@ -175,12 +219,16 @@ def test_found_lasso_loops_on_the_reference(found_0_11: L.Found) -> None:
 
 def test_found_workload_finishes_under_0_33_and_the_mutants(found_0_11: L.Found) -> None:
     cfg, reqs = L.get_concrete(found_0_11)
-    for rules in (L.get_rules("vllm-0.33"), L.get_rules("vllm-0.32"),
-                  L.get_rules("vllm-0.11", reserve_full_sequence_at_admission=True),
-                  L.get_rules("vllm-0.11", priority_self_preemption="continue")):
+    for rules in (
+        L.get_rules("vllm-0.33"),
+        L.get_rules("vllm-0.32"),
+        L.get_rules("vllm-0.11", reserve_full_sequence_at_admission=True),
+        L.get_rules("vllm-0.11", priority_self_preemption="continue"),
+    ):
         states = L.run_encoded(cfg, reqs, rules, 60)
         assert not L.is_live(states[-1]), rules
     from schedconf.spec.symbolic.liveness_witnesses import get_steps_to_finish
+
     steps, bound = get_steps_to_finish(L.get_workload(found_0_11), "vllm-0.33")
     assert steps is not None and steps <= bound
 
@@ -199,10 +247,16 @@ def test_full_sequence_gate_mutant_has_no_lasso() -> None:
 
 
 @pytest.mark.deep
-@pytest.mark.parametrize("slots,steps,max_blocks,profile,distinct,expected", [
-    (2, 10, 3, "vllm-0.11", False, "sat"), (2, 10, 3, "vllm-0.33", True, "unsat"),
-    (2, 10, 3, "vllm-0.32", True, "unsat"), (3, 6, 2, "vllm-0.11", False, "sat"),
-    (3, 6, 2, "vllm-0.33", True, "unsat")])
+@pytest.mark.parametrize(
+    "slots,steps,max_blocks,profile,distinct,expected",
+    [
+        (2, 10, 3, "vllm-0.11", False, "sat"),
+        (2, 10, 3, "vllm-0.33", True, "unsat"),
+        (2, 10, 3, "vllm-0.32", True, "unsat"),
+        (3, 6, 2, "vllm-0.11", False, "sat"),
+        (3, 6, 2, "vllm-0.33", True, "unsat"),
+    ],
+)
 def test_deep_bounds(slots: int, steps: int, max_blocks: int, profile: str, distinct: bool, expected: str) -> None:
     """Bigger bounds: 10 steps (the committed witness's k) with up to 3 blocks (80-100 s each), or 3 slots."""
     bounds = L.Bounds(num_slots=slots, num_steps=steps, block_size=4, max_blocks=max_blocks)

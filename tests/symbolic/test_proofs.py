@@ -130,10 +130,12 @@ def _false_invariant_counterexample() -> dict:
         return {"status": res.status}
     cex = res.counterexamples[0]
     trace = counterexample_trace(cex, "abort")
-    return {"status": res.status,
-            "post_violates": any(cex.post.in_free[b] and cex.post.cached[b] for b in cex.post.shape.blocks),
-            "confirmed": confirm_counterexample(cex, "abort"),
-            "trace": None if trace is None else (trace.events[-1]["kind"], trace.header["description"])}
+    return {
+        "status": res.status,
+        "post_violates": any(cex.post.in_free[b] and cex.post.cached[b] for b in cex.post.shape.blocks),
+        "confirmed": confirm_counterexample(cex, "abort"),
+        "trace": None if trace is None else (trace.events[-1]["kind"], trace.header["description"]),
+    }
 
 
 @pytest.mark.symbolic
@@ -167,8 +169,11 @@ def _split_false_invariant_counterexamples() -> dict:
         proofs.GOAL_SPLITS["abort"] = {"inv:free_blocks_uncached": how}
         res = prove(Shape(2, 4, 2, "fcfs"), "abort", 120, goals=["inv:free_blocks_uncached"])
         cex = res.counterexamples[0] if res.counterexamples else None
-        got[how] = {"status": res.status, "goal": cex and cex.goal,
-                       "confirmed": cex and confirm_counterexample(cex, "abort")}
+        got[how] = {
+            "status": res.status,
+            "goal": cex and cex.goal,
+            "confirmed": cex and confirm_counterexample(cex, "abort"),
+        }
     return got
 
 
@@ -263,8 +268,14 @@ def test_phase_fixed_by_guard() -> None:
 
     shape = Shape(2, 3, 2, "priority")
     pre = fresh_state(shape, "pre")
-    expected = {"end_schedule": WAITING_LOOP, "end_running_loop": RUNNING_LOOP, "waiting_admit": WAITING_LOOP,
-                "abort": IDLE, "add_request": None, "touch": None}
+    expected = {
+        "end_schedule": WAITING_LOOP,
+        "end_running_loop": RUNNING_LOOP,
+        "waiting_admit": WAITING_LOOP,
+        "abort": IDLE,
+        "add_request": None,
+        "touch": None,
+    }
     for name, phase in expected.items():
         out = TRANSITIONS[name].apply(pre, TRANSITIONS[name].inputs(shape, "in"))
         assert _phase_fixed_by(out.guard, pre.phase) == phase, name
@@ -304,8 +315,9 @@ def test_pinned_parts_imply_the_goal() -> None:
     solver.add(goal_of(pre), in_range, *parts, z3.Not(goal_of(post)))
     assert solver.check() == z3.unsat
     # The new record's victim moved one place on: some part must fail where the goal does.
-    wrong = post.replace(rec_victim_pos=[z3.If(r == n, post.rec_victim_pos[r] + 1, post.rec_victim_pos[r])
-                                         for r in shape.slots])
+    wrong = post.replace(
+        rec_victim_pos=[z3.If(r == n, post.rec_victim_pos[r] + 1, post.rec_victim_pos[r]) for r in shape.slots]
+    )
     solver = z3.Solver()
     solver.add(goal_of(pre), in_range, z3.Not(goal_of(wrong)))
     assert solver.check() == z3.sat

@@ -102,8 +102,13 @@ def test_premise_naming_a_slot_breaks_the_theorem(monkeypatch: pytest.MonkeyPatc
 def _abort_marks_slot0(s, inp):  # noqa: ANN001, ANN202
     """``abort`` that also raises slot 0's priority, whichever slot is aborted."""
     out = abort_idle(s, inp)
-    return Outcome(out.post.replace(priority=put(out.post.priority, 0, out.post.priority[0] + 1)), out.guard,
-                   out.checks, out.facts, out.premises)
+    return Outcome(
+        out.post.replace(priority=put(out.post.priority, 0, out.post.priority[0] + 1)),
+        out.guard,
+        out.checks,
+        out.facts,
+        out.premises,
+    )
 
 
 def _abort_touches_next(s, inp):  # noqa: ANN001, ANN202
@@ -111,8 +116,13 @@ def _abort_touches_next(s, inp):  # noqa: ANN001, ANN202
     out = abort_idle(s, inp)
     q = inp["slot"]
     nxt = (q + 1) % s.shape.num_reqs if isinstance(q, int) else 0
-    return Outcome(out.post.replace(priority=put(out.post.priority, nxt, out.post.priority[nxt] + 1)), out.guard,
-                   out.checks, out.facts, out.premises)
+    return Outcome(
+        out.post.replace(priority=put(out.post.priority, nxt, out.post.priority[nxt] + 1)),
+        out.guard,
+        out.checks,
+        out.facts,
+        out.premises,
+    )
 
 
 @pytest.mark.symbolic

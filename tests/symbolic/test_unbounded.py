@@ -55,9 +55,11 @@ def test_false_rule_fails(rule: str, step: str) -> None:
     assert res.goals.get(f"inv:{rule}") == FAILED, res.goals
 
 
-MUTANT_STEPS = {"priority_victim_min": ("priority", "scan_end", "inv:victim_order"),
-                "fcfs_victim_head": ("fcfs", "record_fcfs", "inv:victim_order"),
-                "budget_not_restored": ("priority", "unschedule", "inv:token_budget")}
+MUTANT_STEPS = {
+    "priority_victim_min": ("priority", "scan_end", "inv:victim_order"),
+    "fcfs_victim_head": ("fcfs", "record_fcfs", "inv:victim_order"),
+    "budget_not_restored": ("priority", "unschedule", "inv:token_budget"),
+}
 """Where each mutant's broken rule lives: (policy, the micro-step it changes or that relies on it, the rule)."""
 
 
@@ -70,7 +72,9 @@ def test_mutant_fails(mutant: str) -> None:
     proof that fails is that of ``scan_next``'s own lemma or ``scan_end``'s victim order.)
     """
     policy, step, rule = MUTANT_STEPS[mutant]
-    results = {s: prove_step(s, policy, TIMEOUT_S, mutant=mutant) for s in (step, "scan_next") if s in POLICY_STEPS[policy]}
+    results = {
+        s: prove_step(s, policy, TIMEOUT_S, mutant=mutant) for s in (step, "scan_next") if s in POLICY_STEPS[policy]
+    }
     failed = {s: g for s, r in results.items() for g, v in r.goals.items() if v == FAILED}
     assert failed, f"{mutant}: nothing fails: {[(s, r.status) for s, r in results.items()]}"
     if mutant != "priority_victim_min":
@@ -108,6 +112,15 @@ def test_refinement_has_teeth() -> None:
 def _tight_config() -> Any:
     from schedconf.spec.v1.config import SchedulerConfig
 
-    return SchedulerConfig(block_size=2, num_gpu_blocks=5, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=8,
-                           enable_chunked_prefill=True, long_prefill_token_threshold=0, enable_prefix_caching=True,
-                           policy="fcfs", num_lookahead_tokens=0)
+    return SchedulerConfig(
+        block_size=2,
+        num_gpu_blocks=5,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        max_model_len=8,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        enable_prefix_caching=True,
+        policy="fcfs",
+        num_lookahead_tokens=0,
+    )

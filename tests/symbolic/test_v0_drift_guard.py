@@ -70,15 +70,30 @@ def random_config(rng: random.Random, policy: str = "fcfs") -> V0SchedulerConfig
     mml = rng.randint(2, blocks * bs)
     budget = rng.randint(mml, mml + 4)
     return V0SchedulerConfig(
-        block_size=bs, num_gpu_blocks=blocks, num_cpu_blocks=rng.choice([0, 2, 4, 8]),
-        max_num_batched_tokens=budget, max_num_seqs=rng.randint(1, min(NUM_SLOTS, budget)), max_model_len=mml,
-        enable_chunked_prefill=False, enable_prefix_caching=False, policy=policy,
+        block_size=bs,
+        num_gpu_blocks=blocks,
+        num_cpu_blocks=rng.choice([0, 2, 4, 8]),
+        max_num_batched_tokens=budget,
+        max_num_seqs=rng.randint(1, min(NUM_SLOTS, budget)),
+        max_model_len=mml,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy=policy,
         preemption_mode=rng.choice([None, "swap", "recompute"] if policy == "fcfs" else [None, "recompute"]),
-        max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0)
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
 
 
-def run_program(seed: int, ev: Evaluator, max_events: int = 25, scheduler_class: type = Scheduler,
-                config: V0SchedulerConfig | None = None, policy: str = "fcfs") -> list[str]:
+def run_program(
+    seed: int,
+    ev: Evaluator,
+    max_events: int = 25,
+    scheduler_class: type = Scheduler,
+    config: V0SchedulerConfig | None = None,
+    policy: str = "fcfs",
+) -> list[str]:
     """A seeded random program whose every event is compared with the encoding (deterministic per seed).
 
     Under policy priority each request draws a priority in 0..2 and an arrival time in 0..3 (ties on both
@@ -103,11 +118,22 @@ def run_program(seed: int, ev: Evaluator, max_events: int = 25, scheduler_class:
             rid = f"r{next_id}"
             next_id += 1
             n = rng.randint(1, config.max_model_len)
-            extra = ({"priority": rng.randint(0, 2), "arrival_time": rng.randint(0, 3)} if config.policy == "priority"
-                     else {})
-            after, sym = add_both(sched, ev, shape, rid, [3 + i % 5 for i in range(n)],
-                                  rng.randint(1, 2 * config.max_model_len), eos_token_id=EOS, stop_token_ids=[STOP],
-                                  **extra)
+            extra = (
+                {"priority": rng.randint(0, 2), "arrival_time": rng.randint(0, 3)}
+                if config.policy == "priority"
+                else {}
+            )
+            after, sym = add_both(
+                sched,
+                ev,
+                shape,
+                rid,
+                [3 + i % 5 for i in range(n)],
+                rng.randint(1, 2 * config.max_model_len),
+                eos_token_id=EOS,
+                stop_token_ids=[STOP],
+                **extra,
+            )
             assert_same(after, sym, f"add_request {rid} after {log}")
             log.append(f"add {rid} len={n}")
         elif kind == "abort" and live:
@@ -122,8 +148,9 @@ def run_program(seed: int, ev: Evaluator, max_events: int = 25, scheduler_class:
             if sched.crashed is not None:
                 log.append(f"crash {sched.crashed}")
                 break
-            sampled = {g.request_id: (rng.choice([EOS, STOP] + [7] * 14),) for g in out.scheduled_seq_groups
-                       if g.do_sample}
+            sampled = {
+                g.request_id: (rng.choice([EOS, STOP] + [7] * 14),) for g in out.scheduled_seq_groups if g.do_sample
+            }
             check_concrete(sched, f"after schedule() {log}")
             after, sym, _ = update_both(sched, ev, shape, sampled, on_transition=count)
             assert_same(after, sym, f"update_from_output() after {log}")
@@ -141,9 +168,21 @@ def test_reachable_states_python() -> None:
     SEEN.clear()
     for seed in range(NUM_PROGRAMS):
         run_program(seed, python_evaluator)
-    expected = {"begin_step", "prefill_admit", "prefill_stop", "end_prefill_loop", "running_append",
-                "running_preempt_recompute", "running_preempt_swap", "running_swap_crash", "end_running_loop",
-                "swapped_swap_in", "swapped_stop", "end_schedule", "update_append_token"}
+    expected = {
+        "begin_step",
+        "prefill_admit",
+        "prefill_stop",
+        "end_prefill_loop",
+        "running_append",
+        "running_preempt_recompute",
+        "running_preempt_swap",
+        "running_swap_crash",
+        "end_running_loop",
+        "swapped_swap_in",
+        "swapped_stop",
+        "end_schedule",
+        "update_append_token",
+    }
     assert expected <= set(SEEN), f"not reached: {expected - set(SEEN)} (seen {dict(SEEN)})"
 
 
@@ -163,9 +202,20 @@ def test_reachable_states_priority_python() -> None:
     SEEN.clear()
     for seed in range(NUM_PRIORITY_PROGRAMS):
         run_program(seed, python_evaluator, policy="priority")
-    expected = {"begin_step", "prefill_admit", "prefill_stop", "end_prefill_loop", "priority_sort_running",
-                "priority_force_preempt", "priority_end", "running_append", "running_preempt_recompute",
-                "end_running_loop", "end_schedule", "update_append_token"}
+    expected = {
+        "begin_step",
+        "prefill_admit",
+        "prefill_stop",
+        "end_prefill_loop",
+        "priority_sort_running",
+        "priority_force_preempt",
+        "priority_end",
+        "running_append",
+        "running_preempt_recompute",
+        "end_running_loop",
+        "end_schedule",
+        "update_append_token",
+    }
     assert expected <= set(SEEN), f"not reached: {expected - set(SEEN)} (seen {dict(SEEN)})"
 
 
@@ -183,10 +233,20 @@ Z3_EVALUATOR = Z3Evaluator()
 def test_reachable_states_z3(swap: bool) -> None:
     """Seeded programs on one pool shape: every event agrees with the encoding's Z3 formulas (those the proofs use)."""
     config = V0SchedulerConfig(
-        block_size=2, num_gpu_blocks=3, num_cpu_blocks=4, max_num_batched_tokens=6, max_num_seqs=2, max_model_len=6,
-        enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-        preemption_mode="swap" if swap else None, max_num_partial_prefills=1, max_long_partial_prefills=1,
-        long_prefill_token_threshold=0)
+        block_size=2,
+        num_gpu_blocks=3,
+        num_cpu_blocks=4,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        max_model_len=6,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        preemption_mode="swap" if swap else None,
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
     for seed in range(2):
         run_program(seed, Z3_EVALUATOR, max_events=10, config=config)
 
@@ -194,9 +254,20 @@ def test_reachable_states_z3(swap: bool) -> None:
 def test_reachable_states_priority_z3() -> None:
     """Policy priority through the Z3 formulas, on a pool where priority preemption is forced."""
     config = V0SchedulerConfig(
-        block_size=2, num_gpu_blocks=3, num_cpu_blocks=4, max_num_batched_tokens=6, max_num_seqs=2, max_model_len=6,
-        enable_chunked_prefill=False, enable_prefix_caching=False, policy="priority", preemption_mode=None,
-        max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0)
+        block_size=2,
+        num_gpu_blocks=3,
+        num_cpu_blocks=4,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        max_model_len=6,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="priority",
+        preemption_mode=None,
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
     SEEN.clear()
     for seed in (6, 17):  # the first two seeds whose programs force a priority preemption on this pool
         run_program(seed, Z3_EVALUATOR, max_events=12, config=config, policy="priority")
@@ -205,11 +276,22 @@ def test_reachable_states_priority_z3() -> None:
 
 def test_bridge_refuses_out_of_scope() -> None:
     """Priority with swap preemption, chunked prefill and non-integer arrival times are outside the encoding."""
-    base = dict(block_size=2, num_gpu_blocks=3, num_cpu_blocks=4, max_num_batched_tokens=6, max_num_seqs=2,
-                max_model_len=6, enable_prefix_caching=False, max_num_partial_prefills=1,
-                max_long_partial_prefills=1, long_prefill_token_threshold=0)
-    for extra in ({"enable_chunked_prefill": False, "policy": "priority", "preemption_mode": "swap"},
-                  {"enable_chunked_prefill": True, "policy": "fcfs", "preemption_mode": None}):
+    base = dict(
+        block_size=2,
+        num_gpu_blocks=3,
+        num_cpu_blocks=4,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        max_model_len=6,
+        enable_prefix_caching=False,
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
+    for extra in (
+        {"enable_chunked_prefill": False, "policy": "priority", "preemption_mode": "swap"},
+        {"enable_chunked_prefill": True, "policy": "fcfs", "preemption_mode": None},
+    ):
         sched = Scheduler(V0SchedulerConfig(**base, **extra))
         with pytest.raises(ValueError):
             from_scheduler(sched, shape_of(sched, NUM_SLOTS))
@@ -253,8 +335,9 @@ class FreesToTheBack(Scheduler):
                 gpu.free_block_ids.append(b)
 
 
-@pytest.mark.parametrize("mutant,policy", [(KeepsComputedOnRecompute, "fcfs"), (FreesToTheBack, "fcfs"),
-                                           (SkipsForcedPreemption, "priority")])
+@pytest.mark.parametrize(
+    "mutant,policy", [(KeepsComputedOnRecompute, "fcfs"), (FreesToTheBack, "fcfs"), (SkipsForcedPreemption, "priority")]
+)
 def test_drift_guard_catches_mutant(mutant: type, policy: str) -> None:
     """A mutated model no longer matches the encoding (or breaks a proved invariant): the guard must say so."""
     for seed in range(NUM_PROGRAMS):

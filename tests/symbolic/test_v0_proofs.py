@@ -54,8 +54,16 @@ SMALL = Shape(3, 4, 4, 2)
 CI_TIMEOUT_S = 300.0
 UNREACHABLE = ("prefill_ignore", "swapped_ignore")
 """NEVER needs int(0.01 * num_gpu_blocks) >= 1, i.e. >= 100 GPU blocks (never_prompt witnesses it there)."""
-EXPENSIVE = ("prefill_admit", "running_append", "running_preempt_recompute", "running_preempt_swap",
-             "swapped_swap_in", "update_append_token", "abort", "priority_force_preempt")
+EXPENSIVE = (
+    "prefill_admit",
+    "running_append",
+    "running_preempt_recompute",
+    "running_preempt_swap",
+    "swapped_swap_in",
+    "update_append_token",
+    "abort",
+    "priority_force_preempt",
+)
 """Proved at the target under ``deep``; their times are in the README's v0 proof table."""
 CHEAP = tuple(n for n in TRANSITIONS if n not in EXPENSIVE)
 
@@ -125,8 +133,7 @@ def _inv_a_gpu_block_left(s: Any, o: Any) -> Any:
 def test_false_invariant_fails() -> None:
     """A false rule fails with a counterexample whose state after the transition breaks it."""
     invariants = dict(INVARIANTS, a_gpu_block_left=_inv_a_gpu_block_left)
-    res = prove(Shape(2, 3, 2, 2), "prefill_admit", CI_TIMEOUT_S, goals=["inv:a_gpu_block_left"],
-                invariants=invariants)
+    res = prove(Shape(2, 3, 2, 2), "prefill_admit", CI_TIMEOUT_S, goals=["inv:a_gpu_block_left"], invariants=invariants)
     assert res.status == FAILED, res.goals
     cex = res.counterexamples[0]
     assert cex.pre.num_free_gpu > 0 and cex.post.num_free_gpu == 0, cex.render()
@@ -138,8 +145,13 @@ def _recompute_keeps_computed(s: State, inp: dict[str, Any]) -> Outcome:
     v = out.facts["victim"]
     from schedconf.spec.symbolic.v0.transitions import at
 
-    return Outcome(set_field(out.post, "num_computed_tokens", v, at(s.num_computed_tokens, v)), out.guard, out.checks,
-                   out.facts, out.premises)
+    return Outcome(
+        set_field(out.post, "num_computed_tokens", v, at(s.num_computed_tokens, v)),
+        out.guard,
+        out.checks,
+        out.facts,
+        out.premises,
+    )
 
 
 @pytest.mark.symbolic
@@ -196,11 +208,14 @@ def _sort_running_by_priority_only(s: State, inp: dict[str, Any]) -> Outcome:
     slots = s.shape.slots
 
     def before(q: int, r: int) -> Any:
-        return lor(s.priority[q] < s.priority[r],
-                   land(s.priority[q] == s.priority[r], s.running_pos[q] < s.running_pos[r]))
+        return lor(
+            s.priority[q] < s.priority[r], land(s.priority[q] == s.priority[r], s.running_pos[q] < s.running_pos[r])
+        )
 
-    pos = [ite(s.in_running[r], count(land(s.in_running[q], before(q, r)) for q in slots if q != r), s.running_pos[r])
-           for r in slots]
+    pos = [
+        ite(s.in_running[r], count(land(s.in_running[q], before(q, r)) for q in slots if q != r), s.running_pos[r])
+        for r in slots
+    ]
     return Outcome(out.post.replace(running_pos=pos), out.guard, out.checks, out.facts, out.premises)
 
 
@@ -214,9 +229,15 @@ def _force_preempt_keeps_blocks(s: State, inp: dict[str, Any]) -> Outcome:
     """Broken ``priority_force_preempt``: the victim goes back to waiting without ``free_seq`` (its GPU table stays)."""
     out = priority_force_preempt(s, inp)
     v = out.facts["victim"]
-    post = out.post.replace(gpu_ref_cnt=s.gpu_ref_cnt, gpu_in_free=s.gpu_in_free, gpu_free_key=s.gpu_free_key,
-                            gpu_free_lo=s.gpu_free_lo, num_free_gpu=s.num_free_gpu, held=s.held,
-                            table_pos=s.table_pos)
+    post = out.post.replace(
+        gpu_ref_cnt=s.gpu_ref_cnt,
+        gpu_in_free=s.gpu_in_free,
+        gpu_free_key=s.gpu_free_key,
+        gpu_free_lo=s.gpu_free_lo,
+        num_free_gpu=s.num_free_gpu,
+        held=s.held,
+        table_pos=s.table_pos,
+    )
     post = set_field(post, "num_blocks", v, at(s.num_blocks, v))
     return Outcome(post, out.guard, out.checks, out.facts, out.premises)
 

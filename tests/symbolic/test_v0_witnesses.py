@@ -40,12 +40,17 @@ def drive(trace: Trace) -> list[tuple[dict[str, Any], Any, Any]]:
             sched.abort(event["request_id"])
         elif kind == "step":
             head = sched.waiting[0] if sched.waiting else None
-            before = {"head": head.request_id if head else None, "head_len": head.get_len() if head else 0,
-                      "free": sched.block_manager.get_num_free_gpu_blocks()}
+            before = {
+                "head": head.request_id if head else None,
+                "head_len": head.get_len() if head else 0,
+                "free": sched.block_manager.get_num_free_gpu_blocks(),
+            }
             steps.append((before, sched.schedule(), sched))
         else:
-            sched.update_from_output(sched.pending.output, ModelRunnerOutput(
-                {k: tuple(v) for k, v in event["sampled_token_ids"].items()}, {}))
+            sched.update_from_output(
+                sched.pending.output,
+                ModelRunnerOutput({k: tuple(v) for k, v in event["sampled_token_ids"].items()}, {}),
+            )
     return steps
 
 
@@ -58,8 +63,12 @@ def reaches(name: str, trace: Trace) -> bool:
         return cfg["preemption_mode"] == "swap" and any(out.blocks_to_swap_out and out.preempted for _, out, _ in steps)
     if name == "never_prompt":
         # Ignored although it fits max_model_len: the pool minus its blocks is below the watermark.
-        return any(before["head"] in out.ignored_seq_groups and before["head_len"] <= cfg["max_model_len"]
-                   and blocks - -(-before["head_len"] // bs) < watermark for before, out, _ in steps)
+        return any(
+            before["head"] in out.ignored_seq_groups
+            and before["head_len"] <= cfg["max_model_len"]
+            and blocks - -(-before["head_len"] // bs) < watermark
+            for before, out, _ in steps
+        )
     if name == "later_prompt_admitted_later":
         blocked: set[str] = set()
         for before, out, _ in steps:
@@ -92,12 +101,27 @@ def test_v0_witness_checks_stay_silent_on_a_plain_trace() -> None:
     from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, run_workload
     from schedconf.spec.v0.config import V0SchedulerConfig
 
-    config = V0SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=4, max_num_batched_tokens=32,
-                               max_num_seqs=4, max_model_len=16, enable_chunked_prefill=False,
-                               enable_prefix_caching=False, policy="fcfs", preemption_mode="swap",
-                               max_num_partial_prefills=1, max_long_partial_prefills=1, long_prefill_token_threshold=0)
-    workload = Workload(config=config, profile="vllm-0.10", oracle=HashOracle(seed=1, eos_per_mille=0), requests=(
-        RequestSpec("a", (11, 12, 13), max_tokens=3), RequestSpec("b", (21, 22, 23, 24, 25), max_tokens=2)))
+    config = V0SchedulerConfig(
+        block_size=2,
+        num_gpu_blocks=16,
+        num_cpu_blocks=4,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        max_model_len=16,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        preemption_mode="swap",
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
+    workload = Workload(
+        config=config,
+        profile="vllm-0.10",
+        oracle=HashOracle(seed=1, eos_per_mille=0),
+        requests=(RequestSpec("a", (11, 12, 13), max_tokens=3), RequestSpec("b", (21, 22, 23, 24, 25), max_tokens=2)),
+    )
     trace = run_workload(workload)
     assert [name for name in NAMES if reaches(name, trace)] == []
 

@@ -25,8 +25,14 @@ from schedconf.spec.v1.config import SchedulerConfig, cdiv
 from schedconf.spec.v1.scheduler import Scheduler
 
 WITNESS_DIR = Path(__file__).resolve().parents[2] / "conformance" / "traces" / "vectors" / "witnesses"
-NAMES = ("self_preemption", "budget_exhausted_exactly", "full_prompt_prefix_hit", "max_model_len_minus_one",
-         "priority_victim_scheduled_earlier", "evictable_hit_blocks_counted")
+NAMES = (
+    "self_preemption",
+    "budget_exhausted_exactly",
+    "full_prompt_prefix_hit",
+    "max_model_len_minus_one",
+    "priority_victim_scheduled_earlier",
+    "evictable_hit_blocks_counted",
+)
 
 
 def check_step(name: str, s: Scheduler, out: SchedulerOutput) -> bool:
@@ -36,16 +42,22 @@ def check_step(name: str, s: Scheduler, out: SchedulerOutput) -> bool:
     if name == "self_preemption":
         return any(p.requester_id == p.victim_id for p in record.preemptions)
     if name == "budget_exhausted_exactly":
-        return (out.total_num_scheduled_tokens == cfg.max_num_batched_tokens and len(out.num_scheduled_tokens) >= 2
-                and all(s.requests[r].num_computed_tokens == s.requests[r].num_tokens for r in out.num_scheduled_tokens))
+        return (
+            out.total_num_scheduled_tokens == cfg.max_num_batched_tokens
+            and len(out.num_scheduled_tokens) >= 2
+            and all(s.requests[r].num_computed_tokens == s.requests[r].num_tokens for r in out.num_scheduled_tokens)
+        )
     if name == "full_prompt_prefix_hit":
         # The hit stops one block short of a block-aligned prompt, and that last
         # block is recomputed into a second copy of content already cached
         # (before the step, or earlier in it: blocks are cached when scheduled).
         for n in out.scheduled_new_reqs:
             length = len(n.prompt_token_ids)
-            if (length % cfg.block_size == 0 and n.num_computed_tokens == length - cfg.block_size > 0
-                    and out.num_scheduled_tokens[n.req_id] == cfg.block_size):
+            if (
+                length % cfg.block_size == 0
+                and n.num_computed_tokens == length - cfg.block_size > 0
+                and out.num_scheduled_tokens[n.req_id] == cfg.block_size
+            ):
                 req = s.requests[n.req_id]
                 own_last = s.kv_cache_manager.get_blocks(n.req_id)[length // cfg.block_size - 1]
                 first = s.block_pool.get_cached_block(req.block_hashes[-1])
@@ -55,8 +67,12 @@ def check_step(name: str, s: Scheduler, out: SchedulerOutput) -> bool:
     if name == "priority_victim_scheduled_earlier":
         for p in record.preemptions:
             ids = [c[0] for c in p.candidates]
-            if (p.policy == "priority" and p.victim_id != p.requester_id and ids.index(p.victim_id) < ids.index(p.requester_id)
-                    and p.victim_id not in out.num_scheduled_tokens):
+            if (
+                p.policy == "priority"
+                and p.victim_id != p.requester_id
+                and ids.index(p.victim_id) < ids.index(p.requester_id)
+                and p.victim_id not in out.num_scheduled_tokens
+            ):
                 return True
         return False
     if name == "evictable_hit_blocks_counted":
@@ -89,8 +105,12 @@ def check_update(name: str, s: Scheduler, outputs: list[Any], before: dict[str, 
     if name != "max_model_len_minus_one":
         return False
     mml = s.config.max_model_len
-    return any(o.finish_reason == "length" and before[o.req_id][0] == mml - 1
-               and before[o.req_id][1] + len(o.new_token_ids) < before[o.req_id][2] for o in outputs)
+    return any(
+        o.finish_reason == "length"
+        and before[o.req_id][0] == mml - 1
+        and before[o.req_id][1] + len(o.new_token_ids) < before[o.req_id][2]
+        for o in outputs
+    )
 
 
 def reaches(name: str, trace: Trace) -> bool:
@@ -125,10 +145,15 @@ def test_detectors_stay_silent_on_a_plain_trace() -> None:
     """No detector fires on a plain run: two short requests, a large pool and budget, no priorities."""
     from schedconf.conformance.workloads.workload import HashOracle, RequestSpec, Workload, run_workload
 
-    config = SchedulerConfig(block_size=2, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
-                             max_model_len=16)
-    workload = Workload(config=config, profile="vllm-0.33", oracle=HashOracle(seed=1, eos_per_mille=0), requests=(
-        RequestSpec("a", (11, 12, 13), max_tokens=3), RequestSpec("b", (21, 22, 23, 24, 25), max_tokens=2)))
+    config = SchedulerConfig(
+        block_size=2, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=16
+    )
+    workload = Workload(
+        config=config,
+        profile="vllm-0.33",
+        oracle=HashOracle(seed=1, eos_per_mille=0),
+        requests=(RequestSpec("a", (11, 12, 13), max_tokens=3), RequestSpec("b", (21, 22, 23, 24, 25), max_tokens=2)),
+    )
     trace = run_workload(workload)
     assert [name for name in NAMES if reaches(name, trace)] == []
 

@@ -27,13 +27,34 @@ from schedconf.spec.v1.scheduler import Scheduler
 
 pytestmark = pytest.mark.vllm
 
-ADD = {"kind": "add_request", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 8, "priority": 0, "arrival_time": 0,
-       "eos_token_id": None, "ignore_eos": False, "stop_token_ids": [], "min_tokens": 0}
-SPEC_CONFIG = SchedulerConfig(block_size=4, num_gpu_blocks=17, max_num_batched_tokens=32, max_num_seqs=4,
-                              max_model_len=32, num_spec_tokens=2, enable_prefix_caching=False).to_dict()
+ADD = {
+    "kind": "add_request",
+    "prompt_token_ids": [1, 2, 3, 4],
+    "max_tokens": 8,
+    "priority": 0,
+    "arrival_time": 0,
+    "eos_token_id": None,
+    "ignore_eos": False,
+    "stop_token_ids": [],
+    "min_tokens": 0,
+}
+SPEC_CONFIG = SchedulerConfig(
+    block_size=4,
+    num_gpu_blocks=17,
+    max_num_batched_tokens=32,
+    max_num_seqs=4,
+    max_model_len=32,
+    num_spec_tokens=2,
+    enable_prefix_caching=False,
+).to_dict()
 # (sampled, drafts) per step: a and b prefill; a decodes with 2 drafts and samples nothing; b goes on
-OUTPUTS = [({"a": [5], "b": [5]}, {"a": [6, 7], "b": [6, 7]}), ({"a": [], "b": [6, 7, 8]}, {"b": [9, 9]}),
-           ({"b": [9, 9, 9]}, {}), ({"b": [1]}, {}), ({}, {})]
+OUTPUTS = [
+    ({"a": [5], "b": [5]}, {"a": [6, 7], "b": [6, 7]}),
+    ({"a": [], "b": [6, 7, 8]}, {"b": [9, 9]}),
+    ({"b": [9, 9, 9]}, {}),
+    ({"b": [1]}, {}),
+    ({}, {}),
+]
 
 
 def run_steps(sut, profile: str) -> list:  # noqa: ANN001
@@ -45,8 +66,15 @@ def run_steps(sut, profile: str) -> list:  # noqa: ANN001
     for sampled, drafts in OUTPUTS:
         out = sut.schedule()
         scheduled = out["num_scheduled_tokens"]
-        steps.append((out, sut.update_from_output({k: v for k, v in sampled.items() if k in scheduled},
-                                                  {k: v for k, v in drafts.items() if k in scheduled})))
+        steps.append(
+            (
+                out,
+                sut.update_from_output(
+                    {k: v for k, v in sampled.items() if k in scheduled},
+                    {k: v for k, v in drafts.items() if k in scheduled},
+                ),
+            )
+        )
     sut.abort("a")
     steps.append((sut.schedule(), None))
     return steps
@@ -88,22 +116,40 @@ def finish_on_model(profile: str, status: str, ids) -> dict:  # noqa: ANN001
     sched.update_from_output(sched.schedule(), ModelRunnerOutput({"a": (5,)}))
     sched.add_request("w", ADD["prompt_token_ids"], max_tokens=ADD["max_tokens"])
     finished = sched.finish_requests(ids, getattr(RequestStatus, status))
-    return {"finished": sorted(finished), "waiting": [r.request_id for r in sched.waiting],
-            "running": [r.request_id for r in sched.running], "unfinished": sched.get_num_unfinished_requests(),
-            "next": sched.schedule().to_canonical(), "free": sched.observe()["num_free_blocks"]}
+    return {
+        "finished": sorted(finished),
+        "waiting": [r.request_id for r in sched.waiting],
+        "running": [r.request_id for r in sched.running],
+        "unfinished": sched.get_num_unfinished_requests(),
+        "next": sched.schedule().to_canonical(),
+        "free": sched.observe()["num_free_blocks"],
+    }
 
 
 FINISH_CONFIG = {**SPEC_CONFIG, "num_spec_tokens": 0, "max_num_seqs": 1}
 
 
-@pytest.mark.parametrize("status,ids", [("FINISHED_STOPPED", ["w"]), ("FINISHED_LENGTH_CAPPED", "w"),
-                                        ("FINISHED_STOPPED", ["a", "w"])])
+@pytest.mark.parametrize(
+    "status,ids", [("FINISHED_STOPPED", ["w"]), ("FINISHED_LENGTH_CAPPED", "w"), ("FINISHED_STOPPED", ["a", "w"])]
+)
 def test_a_waiting_request_stopped_from_outside_as_in_vllm(status, ids):
     ensure_vllm_env("0.33.0")
     proc = subprocess.run(
-        [str(vllm_python("0.33.0")), "-c", FINISH_SCRIPT, json.dumps(FINISH_CONFIG), status, json.dumps(ids),
-         "vllm-0.33", json.dumps({k: v for k, v in ADD.items() if k != "kind"} | {"kind": "add_request"})],
-        env={**os.environ, **driver_env("0.33.0")}, capture_output=True, text=True, timeout=300)
+        [
+            str(vllm_python("0.33.0")),
+            "-c",
+            FINISH_SCRIPT,
+            json.dumps(FINISH_CONFIG),
+            status,
+            json.dumps(ids),
+            "vllm-0.33",
+            json.dumps({k: v for k, v in ADD.items() if k != "kind"} | {"kind": "add_request"}),
+        ],
+        env={**os.environ, **driver_env("0.33.0")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     vllm = json.loads(proc.stdout.strip().splitlines()[-1])
     assert finish_on_model("vllm-0.33", status, ids) == vllm

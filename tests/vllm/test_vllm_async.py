@@ -33,6 +33,7 @@ pytestmark = pytest.mark.vllm
 
 RELEASES = {"0.33.0": "vllm-0.33", "0.32.0": "vllm-0.32"}
 
+
 def _sut(version: str) -> VllmV1Sut:
     """The session's driver for ``version`` (shared with the differential tests, closed at the end)."""
     return vllm_sut(version)
@@ -45,24 +46,44 @@ def release(request: pytest.FixtureRequest) -> tuple[VllmV1Sut, str]:
 
 
 def _config(**changes: Any) -> dict[str, Any]:
-    config = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-              "max_model_len": 32, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-              "enable_prefix_caching": False, "policy": "fcfs", "num_spec_tokens": 0, "num_lookahead_tokens": 0,
-              "scheduler_reserve_full_isl": None}
+    config = {
+        "block_size": 4,
+        "num_gpu_blocks": 16,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 4,
+        "max_model_len": 32,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": 0,
+        "enable_prefix_caching": False,
+        "policy": "fcfs",
+        "num_spec_tokens": 0,
+        "num_lookahead_tokens": 0,
+        "scheduler_reserve_full_isl": None,
+    }
     config.update(changes)
     return config
 
 
 def _request(rid: str, prompt_len: int, max_tokens: int) -> dict[str, Any]:
-    return {"request_id": rid, "prompt_token_ids": list(range(10, 10 + prompt_len)), "max_tokens": max_tokens,
-            "priority": 0, "arrival_time": 0, "eos_token_id": 2, "ignore_eos": False, "stop_token_ids": [],
-            "min_tokens": 0}
+    return {
+        "request_id": rid,
+        "prompt_token_ids": list(range(10, 10 + prompt_len)),
+        "max_tokens": max_tokens,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": 2,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "min_tokens": 0,
+    }
 
 
 def _cached(output: dict[str, Any]) -> dict[str, tuple[bool, list[int], int, int]]:
     """req_id -> (resumed, new_block_ids, num_computed_tokens, num_output_tokens)."""
-    return {c["req_id"]: (c["resumed"], c["new_block_ids"], c["num_computed_tokens"], c["num_output_tokens"])
-            for c in output["scheduled_cached_reqs"]}
+    return {
+        c["req_id"]: (c["resumed"], c["new_block_ids"], c["num_computed_tokens"], c["num_output_tokens"])
+        for c in output["scheduled_cached_reqs"]
+    }
 
 
 def _new(output: dict[str, Any]) -> dict[str, list[int]]:
@@ -80,6 +101,7 @@ def _refused(call: Any, *args: Any, **kwargs: Any) -> str:
 
 
 # --------------------------------------------------------------- async decode
+
 
 def test_async_decode_scheduled_twice_with_its_placeholder_counted(release: tuple[VllmV1Sut, str]) -> None:
     sut, profile = release
@@ -122,7 +144,9 @@ def test_async_skip_rule_when_steps_in_flight_reach_max_tokens(release: tuple[Vl
     assert sut.schedule()["num_scheduled_tokens"] == {"a": 1, "b": 1}
     # Step 1 returns: PH 2 -> 1, N=5 for both.
     assert _tokens(sut.update_from_output({"a": [100], "b": [200]}, {}, step=1)) == {
-        "a": ([100], None), "b": ([200], None)}
+        "a": ([100], None),
+        "b": ([200], None),
+    }
     # Step 3: a: C 5 + 2 - PH 1 = 6 >= 7? no -> 1 token (C=6, PH=2).
     assert sut.schedule()["num_scheduled_tokens"] == {"a": 1, "b": 1}
     # Step 2 returns: a N=6, PH 2 -> 1.
@@ -134,7 +158,9 @@ def test_async_skip_rule_when_steps_in_flight_reach_max_tokens(release: tuple[Vl
     assert s4["num_scheduled_tokens"] == {"b": 1}
     # Step 3's token is a's third: finished by length.
     assert _tokens(sut.update_from_output({"a": [102], "b": [202]}, {}, step=3)) == {
-        "a": ([102], "length"), "b": ([202], None)}
+        "a": ([102], "length"),
+        "b": ([202], None),
+    }
     # Step 5: a is gone; its finished id is reported once.
     s5 = sut.schedule()
     assert s5["num_scheduled_tokens"] == {"b": 1}
@@ -170,8 +196,10 @@ def test_async_update_caches_the_block_its_token_completes(release: tuple[VllmV1
 
 # ------------------------------------------------------- stale output (preempt)
 
+
 def test_preempted_with_steps_in_flight_gets_stale_tokens_and_waits_until_drained(
-        release: tuple[VllmV1Sut, str]) -> None:
+    release: tuple[VllmV1Sut, str],
+) -> None:
     sut, profile = release
     # 4 usable blocks of 4 tokens; three steps may be in flight (the -async
     # profile with a deeper queue, as V2 runner + pipeline parallelism gives).
@@ -201,7 +229,9 @@ def test_preempted_with_steps_in_flight_gets_stale_tokens_and_waits_until_draine
     # Step 1 returns. b's share: IF 5 -> 1, ST 5 -> 1: stale, its token is still
     # appended (N=5) without touching C or PH. a: PH 3 -> 2.
     assert _tokens(sut.update_from_output({"a": [100], "b": [200]}, {}, step=1)) == {
-        "a": ([100], None), "b": ([200], None)}
+        "a": ([100], None),
+        "b": ([200], None),
+    }
     # a is aborted (steps 2 and 3 still carry it): its blocks [1, 2, 4] go to
     # the front reversed: free queue [4, 2, 1, 3], room for b (N=5: 2 blocks).
     sut.abort("a")
@@ -230,11 +260,12 @@ def test_preempted_with_steps_in_flight_gets_stale_tokens_and_waits_until_draine
     sut.add_request(_request("a", 3, 2))  # step 4 and 5 do not schedule "a"
     assert _tokens(sut.update_from_output({"c": [300]}, {}, step=4)) == {"c": ([300], None)}
     assert _tokens(sut.update_from_output({"b": [202], "c": [301]}, {}, step=5)) == {
-        "b": ([202], None), "c": ([301], None)}
+        "b": ([202], None),
+        "c": ([301], None),
+    }
 
 
-def test_reset_prefix_cache_drops_the_output_in_flight_and_resumes_at_once(
-        release: tuple[VllmV1Sut, str]) -> None:
+def test_reset_prefix_cache_drops_the_output_in_flight_and_resumes_at_once(release: tuple[VllmV1Sut, str]) -> None:
     sut, profile = release
     sut.start(_config(max_concurrent_batches=2), f"{profile}-async")
     sut.add_request(_request("a", 4, 5))
@@ -262,8 +293,10 @@ def test_reset_prefix_cache_drops_the_output_in_flight_and_resumes_at_once(
 
 # ---------------------------------------------- plain scheduler, batch queue
 
+
 def test_plain_scheduler_in_flight_skips_decode_and_schedules_prefill_chunk_again(
-        release: tuple[VllmV1Sut, str]) -> None:
+    release: tuple[VllmV1Sut, str],
+) -> None:
     sut, profile = release
     # The plain Scheduler with two steps in flight (pipeline parallelism's batch queue).
     sut.start(_config(max_num_batched_tokens=8, max_concurrent_batches=2), profile)
@@ -291,6 +324,7 @@ def test_plain_scheduler_in_flight_skips_decode_and_schedules_prefill_chunk_agai
 
 
 # ---------------------------------------------------------------- refusals
+
 
 def test_each_refusal_changes_nothing(release: tuple[VllmV1Sut, str]) -> None:
     sut, profile = release
@@ -373,8 +407,7 @@ def test_async_spec_decode_placeholder_drafts(release: tuple[VllmV1Sut, str]) ->
     s6 = sut.schedule()
     assert s6["num_scheduled_tokens"] == {"a": 3} and _cached(s6) == {"a": (False, [], 13, 10)}
     # Step 5's 3 tokens reach max_tokens 10; step 6's output is for a finished request.
-    assert _tokens(sut.update_from_output({"a": [107, 108, 109]}, {}, step=5)) == {
-        "a": ([107, 108, 109], "length")}
+    assert _tokens(sut.update_from_output({"a": [107, 108, 109]}, {}, step=5)) == {"a": ([107, 108, 109], "length")}
     assert sut.update_from_output({"a": [110]}, {}, step=6) == []
 
 
@@ -382,8 +415,19 @@ def test_async_spec_decode_no_drafts_for_a_decode_max_model_len_cuts(release: tu
     """Prompt 1, max_model_len 3, k=3: step 2's decode is cut to 1 token, so 1 + 1 - 1 - PH 1 = 0 drafts
     (the mutant async_drafts_with_placeholders_pending schedules one)."""
     sut, profile = release
-    sut.start(_config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=3, max_num_seqs=1, max_model_len=3,
-                      enable_chunked_prefill=False, num_spec_tokens=3, max_concurrent_batches=2), f"{profile}-async")
+    sut.start(
+        _config(
+            block_size=1,
+            num_gpu_blocks=4,
+            max_num_batched_tokens=3,
+            max_num_seqs=1,
+            max_model_len=3,
+            enable_chunked_prefill=False,
+            num_spec_tokens=3,
+            max_concurrent_batches=2,
+        ),
+        f"{profile}-async",
+    )
     sut.add_request(_request("z", 1, 2))
     assert sut.schedule()["num_scheduled_tokens"] == {"z": 1}
     s2 = sut.schedule()
@@ -422,9 +466,20 @@ def test_generated_in_flight_traces_pass_strict_on_vllm_0_33(tmp_path, profile: 
     n = int(os.environ.get("SCHEDCONF_VLLM_TRACES", "300")) // (1 if batches is None else 3)
     overrides = {} if batches is None else {"max_concurrent_batches": batches}
     ensure_vllm_env("0.33.0")
-    summary = run_campaign(CampaignSpec(sut="vllm-v1@0.33.0", profile=profile, examples=n, seed=101, jobs=2,
-                                        out_dir=str(tmp_path), run_id="async", quiet=True, shrink_budget_s=5,
-                                        config_overrides=overrides))
+    summary = run_campaign(
+        CampaignSpec(
+            sut="vllm-v1@0.33.0",
+            profile=profile,
+            examples=n,
+            seed=101,
+            jobs=2,
+            out_dir=str(tmp_path),
+            run_id="async",
+            quiet=True,
+            shrink_budget_s=5,
+            config_overrides=overrides,
+        )
+    )
     assert summary["failed"] == 0 and summary["unknown"] == 0, summary.get("failures")
     assert summary["passed"] >= n - 2
     assert summary["features"].get("steps_in_flight", 0) > n // 2, summary["features"]

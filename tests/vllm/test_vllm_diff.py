@@ -22,10 +22,18 @@ pytestmark = pytest.mark.vllm
 def test_the_real_releases_differ_as_their_profiles_do():
     for version in ("0.32.0", "0.33.0"):
         ensure_vllm_env(version)
-    real = DiffSpec(sut="vllm-v1@0.32.0", against="vllm-v1@0.33.0", profile="vllm-0.32",
-                    against_profile="vllm-0.33", examples=200, seed=11, shrink_budget_s=0)
-    model = dataclasses.replace(real, sut="reference", against="reference",
-                                config_overrides={"num_lookahead_tokens": 0})
+    real = DiffSpec(
+        sut="vllm-v1@0.32.0",
+        against="vllm-v1@0.33.0",
+        profile="vllm-0.32",
+        against_profile="vllm-0.33",
+        examples=200,
+        seed=11,
+        shrink_budget_s=0,
+    )
+    model = dataclasses.replace(
+        real, sut="reference", against="reference", config_overrides={"num_lookahead_tokens": 0}
+    )
     real_groups, real_counts = run_diff(real)
     model_groups, model_counts = run_diff(model)
     assert real_counts["unknown"] == 0 and real_counts["traces"] == model_counts["traces"]

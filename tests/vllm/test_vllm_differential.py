@@ -74,6 +74,7 @@ NUM_TRACES = int(os.environ.get("SCHEDCONF_VLLM_TRACES", "300"))
 
 # ------------------------------------------------------- scenario -> traces
 
+
 def _observe(sched: Scheduler) -> dict[str, Any] | None:
     if sched.config.num_gpu_blocks > OBSERVE_MAX_BLOCKS:
         return None
@@ -118,13 +119,18 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
                 drafts[key.removeprefix("drafts:")] = parse_tokens(value)
             else:
                 sampled[key] = parse_tokens(value)
-        event: dict[str, Any] = {"kind": "model_output", "step": step,
-                                 "sampled_token_ids": dict(sorted(sampled.items())),
-                                 "draft_token_ids": dict(sorted(drafts.items()))}
+        event: dict[str, Any] = {
+            "kind": "model_output",
+            "step": step,
+            "sampled_token_ids": dict(sorted(sampled.items())),
+            "draft_token_ids": dict(sorted(drafts.items())),
+        }
         try:
             output = sched.get_in_flight_output(step)
-            outputs = sched.update_from_output(output, ModelRunnerOutput(
-                {k: tuple(v) for k, v in sampled.items()}, {k: tuple(v) for k, v in drafts.items()}))
+            outputs = sched.update_from_output(
+                output,
+                ModelRunnerOutput({k: tuple(v) for k, v in sampled.items()}, {k: tuple(v) for k, v in drafts.items()}),
+            )
             pending = sched.pending_output
             event["expect"] = {"outputs": [o.to_canonical() for o in outputs]}
             if sched.last_scheduler_stats is not None:
@@ -153,26 +159,32 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
             events, sched, pending, header = [], None, None, None
             kv = dict(a.split("=", 1) for a in args)
             profile = kv.pop("profile", default_profile)
-            fields = {k: (v if k == "policy" else (v == "true" if v in ("true", "false") else int(v)))
-                      for k, v in kv.items()}
+            fields = {
+                k: (v if k == "policy" else (v == "true" if v in ("true", "false") else int(v))) for k, v in kv.items()
+            }
             try:
                 config = SchedulerConfig.from_dict(fields)
                 sched = Scheduler(config, profile)
             except InvalidConfig:
                 continue
-            header = make_header(config.to_dict(), profile, 0, "hand",
-                                 description=f"{path.name}:{block.line}")
+            header = make_header(config.to_dict(), profile, 0, "hand", description=f"{path.name}:{block.line}")
         elif sched is None:
             continue
         elif name == "add-request":
             rid, *rest = args
             opts = dict(a.partition("=")[::2] for a in rest)
-            event: dict[str, Any] = {"kind": "add_request", "request_id": rid, "prompt_token_ids": parse_tokens(opts["prompt"]),
-                     "max_tokens": int(opts["max-tokens"]), "priority": int(opts.get("priority", 0)),
-                     "arrival_time": int(opts.get("arrival", 0)),
-                     "eos_token_id": int(opts["eos"]) if "eos" in opts else None,
-                     "stop_token_ids": parse_tokens(opts.get("stop", "-")), "ignore_eos": "ignore-eos" in opts,
-                     "min_tokens": int(opts.get("min-tokens", 0))}
+            event: dict[str, Any] = {
+                "kind": "add_request",
+                "request_id": rid,
+                "prompt_token_ids": parse_tokens(opts["prompt"]),
+                "max_tokens": int(opts["max-tokens"]),
+                "priority": int(opts.get("priority", 0)),
+                "arrival_time": int(opts.get("arrival", 0)),
+                "eos_token_id": int(opts["eos"]) if "eos" in opts else None,
+                "stop_token_ids": parse_tokens(opts.get("stop", "-")),
+                "ignore_eos": "ignore-eos" in opts,
+                "min_tokens": int(opts.get("min-tokens", 0)),
+            }
             try:
                 sched.add_request(**add_request_kwargs(event))
             except InvalidEvent as exc:
@@ -189,8 +201,13 @@ def scenario_traces(path: Path, default_profile: str = "vllm-0.33") -> list[Trac
             schedule()
         elif name == "reset-prefix-cache":
             running = "running" in args
-            events.append({"kind": "reset_prefix_cache", "reset_running_requests": running,
-                           "expect": {"success": sched.reset_prefix_cache(running)}})
+            events.append(
+                {
+                    "kind": "reset_prefix_cache",
+                    "reset_running_requests": running,
+                    "expect": {"success": sched.reset_prefix_cache(running)},
+                }
+            )
         elif name == "model-output":
             model_output(args)
         elif name == "step":
@@ -207,6 +224,7 @@ def all_scenario_traces(default_profile: str = "vllm-0.33") -> list[Trace]:
 
 # --------------------------------------------------------------- generation
 
+
 def vllm_compatible(config: SchedulerConfig) -> SchedulerConfig:
     """The nearest config vLLM can run: no lookahead, ``max_num_seqs <= budget``,
     threshold within ``max_model_len`` (vLLM refuses the others, see vllm_driver)."""
@@ -214,7 +232,9 @@ def vllm_compatible(config: SchedulerConfig) -> SchedulerConfig:
     if threshold > config.max_model_len:
         threshold = 0
     return dataclasses.replace(
-        config, num_lookahead_tokens=0, long_prefill_token_threshold=threshold,
+        config,
+        num_lookahead_tokens=0,
+        long_prefill_token_threshold=threshold,
         max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens),
     )
 
@@ -236,23 +256,34 @@ def stress_workload(seed: int, profile: str) -> Workload:
     if threshold <= num_spec:
         threshold = 0
     config = SchedulerConfig(
-        block_size=block_size, num_gpu_blocks=1 + min_blocks + rng.choice([0, 0, 1, 2, 3, min_blocks, 4 * min_blocks]),
-        max_num_batched_tokens=budget, max_num_seqs=rng.randint(1, min(12, budget)), max_model_len=max_model_len,
-        enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-        enable_prefix_caching=rng.random() < 0.7, policy=rng.choice(["fcfs", "priority"]),
-        num_spec_tokens=num_spec, num_lookahead_tokens=0,
+        block_size=block_size,
+        num_gpu_blocks=1 + min_blocks + rng.choice([0, 0, 1, 2, 3, min_blocks, 4 * min_blocks]),
+        max_num_batched_tokens=budget,
+        max_num_seqs=rng.randint(1, min(12, budget)),
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=rng.random() < 0.7,
+        policy=rng.choice(["fcfs", "priority"]),
+        num_spec_tokens=num_spec,
+        num_lookahead_tokens=0,
         scheduler_reserve_full_isl=rng.choice([None, None, True, False]),
     )
-    oracle = HashOracle(seed=rng.randint(0, 2**16), vocab_size=rng.choice([4, 16, 64]), eos_token_id=1,
-                        eos_per_mille=rng.choice([0, 10, 50, 200]),
-                        draft_accuracy_per_mille=rng.choice([0, 300, 700, 1000]))
+    oracle = HashOracle(
+        seed=rng.randint(0, 2**16),
+        vocab_size=rng.choice([4, 16, 64]),
+        eos_token_id=1,
+        eos_per_mille=rng.choice([0, 10, 50, 200]),
+        draft_accuracy_per_mille=rng.choice([0, 300, 700, 1000]),
+    )
     max_prompt = max_model_len - 1
     bases = [tuple(range(100 * (b + 1), 100 * (b + 1) + max_prompt)) for b in range(3)]
     requests: list[RequestSpec] = []
     step = arrival = 0
     for i in range(rng.randint(1, 14)):
-        length = rng.choice([1, 2, block_size, block_size + 1, rng.randint(1, max_prompt), max_prompt,
-                             max(1, max_prompt // 2)])
+        length = rng.choice(
+            [1, 2, block_size, block_size + 1, rng.randint(1, max_prompt), max_prompt, max(1, max_prompt // 2)]
+        )
         length = max(1, min(length, max_prompt))
         if rng.random() < 0.5:
             shared = rng.choice([length, length - 1, length // block_size * block_size, rng.randint(0, length)])
@@ -264,21 +295,38 @@ def stress_workload(seed: int, profile: str) -> Workload:
         rid = f"r{i}"
         max_tokens = rng.choice([1, 2, 3, 5, 8, 16, max_model_len])
         stops = (oracle.token(rid, rng.randint(0, 4)),) if rng.random() < 0.15 else ()
-        requests.append(RequestSpec(
-            request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens,
-            priority=rng.choice([0, 0, 1, 2, 3]), arrival_time=arrival,
-            eos_token_id=rng.choice([1, 1, None]), stop_token_ids=stops, ignore_eos=rng.random() < 0.1,
-            min_tokens=min(max_tokens, rng.choice([0, 0, 0, 1, 4])), at_step=step,
-        ))
+        requests.append(
+            RequestSpec(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                priority=rng.choice([0, 0, 1, 2, 3]),
+                arrival_time=arrival,
+                eos_token_id=rng.choice([1, 1, None]),
+                stop_token_ids=stops,
+                ignore_eos=rng.random() < 0.1,
+                min_tokens=min(max_tokens, rng.choice([0, 0, 0, 1, 4])),
+                at_step=step,
+            )
+        )
     aborts = [AbortSpec(r.request_id, r.at_step + rng.randint(0, 6)) for r in requests if rng.random() < 0.12]
     if rng.random() < 0.1:  # abort of an id never added
         aborts.append(AbortSpec("ghost", rng.randint(0, 3)))
-    workload = Workload(config=config, profile=profile, requests=tuple(requests), aborts=(),
-                        oracle=oracle, seed=seed, origin="generate", description="stress")
+    workload = Workload(
+        config=config,
+        profile=profile,
+        requests=tuple(requests),
+        aborts=(),
+        oracle=oracle,
+        seed=seed,
+        origin="generate",
+        description="stress",
+    )
     # An abort of an unknown id is an invalid input; keep it out of AbortSpec.
     valid = tuple(a for a in aborts if a.request_id != "ghost")
-    invalid = tuple(InvalidInput({"kind": "abort", "request_id": "ghost"}, a.at_step)
-                    for a in aborts if a.request_id == "ghost")
+    invalid = tuple(
+        InvalidInput({"kind": "abort", "request_id": "ghost"}, a.at_step) for a in aborts if a.request_id == "ghost"
+    )
     return workload.replace(aborts=valid, invalid_inputs=invalid)
 
 
@@ -292,8 +340,10 @@ def for_release(workload: Workload) -> Workload:
     """
     if workload.profile != "vllm-0.11":
         return workload
-    requests = tuple(dataclasses.replace(r, arrival_time=len(workload.requests) * r.arrival_time + i)
-                     for i, r in enumerate(workload.requests))
+    requests = tuple(
+        dataclasses.replace(r, arrival_time=len(workload.requests) * r.arrival_time + i)
+        for i, r in enumerate(workload.requests)
+    )
     config = workload.config
     if config.scheduler_reserve_full_isl:
         config = dataclasses.replace(config, scheduler_reserve_full_isl=None)
@@ -337,11 +387,15 @@ def run_extended(workload: Workload, seed: int, max_steps: int = 2000) -> Trace 
     events: list[dict[str, Any]] = []
     pending_adds = sorted(workload.requests, key=lambda r: r.at_step)
     last_arrival = max((r.arrival_time for r in workload.requests), default=0)
-    reuse = [dataclasses.replace(r, at_step=r.at_step + rng.randint(2, 12), arrival_time=last_arrival + 1 + i)
-             for i, r in enumerate(workload.requests) if rng.random() < 0.2]
+    reuse = [
+        dataclasses.replace(r, at_step=r.at_step + rng.randint(2, 12), arrival_time=last_arrival + 1 + i)
+        for i, r in enumerate(workload.requests)
+        if rng.random() < 0.2
+    ]
     pending_adds = sorted(pending_adds + reuse, key=lambda r: r.at_step)
-    aborts = sorted((rng.randint(0, 12), rng.random() < 0.6, r.request_id)
-                     for r in workload.requests if rng.random() < 0.25)
+    aborts = sorted(
+        (rng.randint(0, 12), rng.random() < 0.6, r.request_id) for r in workload.requests if rng.random() < 0.25
+    )
     now = 0
 
     def abort(rid: str) -> dict[str, Any]:
@@ -359,9 +413,17 @@ def run_extended(workload: Workload, seed: int, max_steps: int = 2000) -> Trace 
             r = pending_adds.pop(0)
             event = r.to_event()
             try:
-                sched.add_request(r.request_id, r.prompt_token_ids, r.max_tokens, priority=r.priority,
-                                  arrival_time=r.arrival_time, eos_token_id=r.eos_token_id, ignore_eos=r.ignore_eos,
-                                  stop_token_ids=r.stop_token_ids, min_tokens=r.min_tokens)
+                sched.add_request(
+                    r.request_id,
+                    r.prompt_token_ids,
+                    r.max_tokens,
+                    priority=r.priority,
+                    arrival_time=r.arrival_time,
+                    eos_token_id=r.eos_token_id,
+                    ignore_eos=r.ignore_eos,
+                    stop_token_ids=r.stop_token_ids,
+                    min_tokens=r.min_tokens,
+                )
             except InvalidEvent as exc:
                 event["expect_error"] = exc.code
             events.append(event)
@@ -390,12 +452,15 @@ def run_extended(workload: Workload, seed: int, max_steps: int = 2000) -> Trace 
                 if not samples[rid] and rng.random() < 0.5:  # drafts after a prefill chunk
                     drafts[rid] = tuple(rng.randint(2, 9) for _ in range(rng.randint(0, config.num_spec_tokens)))
         outputs = sched.update_from_output(output, ModelRunnerOutput(sampled, drafts))
-        events.append({
-            "kind": "model_output", "step": output.step,
-            "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
-            "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
-            "expect": {"outputs": [o.to_canonical() for o in outputs]},
-        })
+        events.append(
+            {
+                "kind": "model_output",
+                "step": output.step,
+                "sampled_token_ids": {k: list(v) for k, v in sorted(sampled.items())},
+                "draft_token_ids": {k: list(v) for k, v in sorted(drafts.items())},
+                "expect": {"outputs": [o.to_canonical() for o in outputs]},
+            }
+        )
         now += 1
     else:
         return None
@@ -409,25 +474,38 @@ def _explain(trace: Trace, result: Any) -> str:
 
 # -------------------------------------------------------------------- tests
 
+
 def test_driver_speaks_the_protocol() -> None:
     sut = vllm_sut(V033)
-    config = SchedulerConfig(block_size=4, num_gpu_blocks=9, max_num_batched_tokens=8, max_num_seqs=4,
-                             max_model_len=16).to_dict()
+    config = SchedulerConfig(
+        block_size=4, num_gpu_blocks=9, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=16
+    ).to_dict()
     sut.start(config, "vllm-0.33")
     assert sut.capabilities.get("observe") is True
-    event = {"request_id": "a", "prompt_token_ids": [1, 2, 3, 4, 5, 6], "max_tokens": 2, "priority": 0,
-             "arrival_time": 0, "eos_token_id": None, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0}
+    event = {
+        "request_id": "a",
+        "prompt_token_ids": [1, 2, 3, 4, 5, 6],
+        "max_tokens": 2,
+        "priority": 0,
+        "arrival_time": 0,
+        "eos_token_id": None,
+        "stop_token_ids": [],
+        "ignore_eos": False,
+        "min_tokens": 0,
+    }
     sut.call("add_request", event)
     # Input errors carry the protocol's codes, and change nothing.
     from schedconf.conformance.sut import SutInputError
 
-    for bad, code in (({**event}, "duplicate_request_id"),
-                      ({**event, "request_id": "b", "prompt_token_ids": []}, "empty_prompt"),
-                      ({**event, "request_id": "b", "prompt_token_ids": list(range(16))}, "prompt_too_long"),
-                      ({**event, "request_id": "b", "max_tokens": 0}, "invalid_max_tokens"),
-                      ({**event, "request_id": "b", "min_tokens": 3}, "invalid_min_tokens"),
-                      ({**event, "request_id": "b", "prompt_token_ids": [-1]}, "invalid_token_id"),
-                      ({**event, "request_id": ""}, "invalid_request_id")):
+    for bad, code in (
+        ({**event}, "duplicate_request_id"),
+        ({**event, "request_id": "b", "prompt_token_ids": []}, "empty_prompt"),
+        ({**event, "request_id": "b", "prompt_token_ids": list(range(16))}, "prompt_too_long"),
+        ({**event, "request_id": "b", "max_tokens": 0}, "invalid_max_tokens"),
+        ({**event, "request_id": "b", "min_tokens": 3}, "invalid_min_tokens"),
+        ({**event, "request_id": "b", "prompt_token_ids": [-1]}, "invalid_token_id"),
+        ({**event, "request_id": ""}, "invalid_request_id"),
+    ):
         with pytest.raises(SutInputError) as info:
             sut.call("add_request", bad)
         assert info.value.code == code
@@ -450,12 +528,15 @@ def test_driver_speaks_the_protocol() -> None:
         sut.update_from_output({"a": [7, 8]}, {})  # no drafts were scheduled: 1 token at most
     assert info.value.code == "bad_num_sampled_tokens"
     assert sut.update_from_output({"a": [7]}, {}) == [
-        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}]
+        {"req_id": "a", "new_token_ids": [7], "finish_reason": None, "stop_reason": None}
+    ]
     out = sut.schedule()
-    assert out["scheduled_cached_reqs"] == [{"req_id": "a", "resumed": False, "new_block_ids": [],
-                                             "num_computed_tokens": 6, "num_output_tokens": 1}]
+    assert out["scheduled_cached_reqs"] == [
+        {"req_id": "a", "resumed": False, "new_block_ids": [], "num_computed_tokens": 6, "num_output_tokens": 1}
+    ]
     assert sut.update_from_output({"a": [9]}, {}) == [
-        {"req_id": "a", "new_token_ids": [9], "finish_reason": "length", "stop_reason": None}]
+        {"req_id": "a", "new_token_ids": [9], "finish_reason": "length", "stop_reason": None}
+    ]
     assert sut.schedule()["finished_req_ids"] == ["a"]
     sut.update_from_output({}, {})
     stats = sut.stats()
@@ -523,8 +604,11 @@ def test_generated_traces_replay_on_vllm(version: str) -> None:
     verdicts: Counter[str] = Counter()
     for seed in range(n):
         # Every third trace also carries mid-step aborts, reused ids and stray drafts.
-        trace = (run_extended(generated_workload(seed, PROFILE[version]), seed) if seed % 3 == 2
-                 else generated_trace(seed, PROFILE[version]))
+        trace = (
+            run_extended(generated_workload(seed, PROFILE[version]), seed)
+            if seed % 3 == 2
+            else generated_trace(seed, PROFILE[version])
+        )
         if trace is None:
             continue
         result = replay(trace, sut, "strict")
@@ -609,21 +693,30 @@ def test_generated_profile_difference_tells_releases_apart() -> None:
 
 # ------------------------------------------------------- the deep campaign
 
+
 def _features(trace: Trace) -> list[str]:
     c = trace.config
     steps = [e for e in trace.events if e["kind"] == "step" and "expect" in e]
-    return [k for k, on in (
-        ("priority", c["policy"] == "priority"), ("chunked_off", not c["enable_chunked_prefill"]),
-        ("prefix_caching", c["enable_prefix_caching"]), ("spec_decode", c["num_spec_tokens"] > 0),
-        ("threshold", c["long_prefill_token_threshold"] > 0),
-        ("preemption", any(e["expect"]["preempted_req_ids"] for e in steps)),
-        ("prefix_hit", any(r["num_computed_tokens"] > 0 for e in steps for r in e["expect"]["scheduled_new_reqs"])),
-        ("resumed", any(r["resumed"] for e in steps for r in e["expect"]["scheduled_cached_reqs"])),
-        ("drafts", any(e["expect"]["scheduled_spec_decode_tokens"] for e in steps)),
-        ("input_error", any("expect_error" in e for e in trace.events)),
-        ("mid_step_abort", any(e["kind"] == "abort" and prev["kind"] == "step"
-                               for prev, e in zip(trace.events, trace.events[1:]))),
-    ) if on]
+    return [
+        k
+        for k, on in (
+            ("priority", c["policy"] == "priority"),
+            ("chunked_off", not c["enable_chunked_prefill"]),
+            ("prefix_caching", c["enable_prefix_caching"]),
+            ("spec_decode", c["num_spec_tokens"] > 0),
+            ("threshold", c["long_prefill_token_threshold"] > 0),
+            ("preemption", any(e["expect"]["preempted_req_ids"] for e in steps)),
+            ("prefix_hit", any(r["num_computed_tokens"] > 0 for e in steps for r in e["expect"]["scheduled_new_reqs"])),
+            ("resumed", any(r["resumed"] for e in steps for r in e["expect"]["scheduled_cached_reqs"])),
+            ("drafts", any(e["expect"]["scheduled_spec_decode_tokens"] for e in steps)),
+            ("input_error", any("expect_error" in e for e in trace.events)),
+            (
+                "mid_step_abort",
+                any(e["kind"] == "abort" and prev["kind"] == "step" for prev, e in zip(trace.events, trace.events[1:])),
+            ),
+        )
+        if on
+    ]
 
 
 @pytest.mark.deep
@@ -643,8 +736,11 @@ def test_campaign(version: str) -> None:
     steps = 0
     for seed in range(first, first + n):
         for kind in ("generated", "extended"):
-            trace = (generated_trace(seed, profile) if kind == "generated"
-                     else run_extended(generated_workload(seed, profile), seed))
+            trace = (
+                generated_trace(seed, profile)
+                if kind == "generated"
+                else run_extended(generated_workload(seed, profile), seed)
+            )
             if trace is None:
                 verdicts["not_generated"] += 1
                 continue
@@ -653,12 +749,27 @@ def test_campaign(version: str) -> None:
             verdicts[result.verdict] += 1
             steps += result.steps_run
             if result.verdict != PASS:
-                failures.append({"seed": seed, "kind": kind, "verdict": result.verdict,
-                                 "detail": result.detail[:500],
-                                 "divergence": result.divergence.to_dict() if result.divergence else None})
-    summary = {"release": version, "profile": profile, "first_seed": first, "seeds": n, "traces": 2 * n,
-               "verdicts": dict(verdicts), "features": dict(features), "steps": steps,
-               "seconds": round(time.monotonic() - started, 1), "failures": failures[:50]}
+                failures.append(
+                    {
+                        "seed": seed,
+                        "kind": kind,
+                        "verdict": result.verdict,
+                        "detail": result.detail[:500],
+                        "divergence": result.divergence.to_dict() if result.divergence else None,
+                    }
+                )
+    summary = {
+        "release": version,
+        "profile": profile,
+        "first_seed": first,
+        "seeds": n,
+        "traces": 2 * n,
+        "verdicts": dict(verdicts),
+        "features": dict(features),
+        "steps": steps,
+        "seconds": round(time.monotonic() - started, 1),
+        "failures": failures[:50],
+    }
     out = REPO_ROOT / "reports" / "vllm-campaign" / f"{version}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")

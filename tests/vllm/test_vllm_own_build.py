@@ -37,14 +37,22 @@ def copy_env(target: Path, version: str | None = None) -> Path:
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "schedconf.conformance", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "schedconf.conformance", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=600,
+    )
 
 
 def test_a_campaign_against_a_build_by_path(tmp_path):
     env = copy_env(tmp_path / "my-vllm")
-    proc = run_cli(["run", "--sut", f"vllm-v1@{env}", "--examples", "12", "--out", str(tmp_path / "r"),
-                    "--run-id", "r", "-q"], tmp_path)
+    proc = run_cli(
+        ["run", "--sut", f"vllm-v1@{env}", "--examples", "12", "--out", str(tmp_path / "r"), "--run-id", "r", "-q"],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "r" / "r" / "summary.json").read_text())
     assert summary["spec"]["profile"] == "vllm-0.33"  # from the build's own version
@@ -57,8 +65,21 @@ def test_a_build_without_a_profile_needs_one_and_then_runs(tmp_path):
     proc = run_cli(["run", "--sut", f"vllm-v1@{env}", "--examples", "4", "--out", str(tmp_path / "r")], tmp_path)
     assert proc.returncode == 2
     assert "vLLM 0.99.0.dev1 has no release profile of its own; pass --profile" in proc.stderr
-    proc = run_cli(["run", "--sut", f"vllm-v1@{env}/bin/python", "--profile", "vllm-0.33", "--examples", "8",
-                    "--out", str(tmp_path / "r"), "-q"], tmp_path)
+    proc = run_cli(
+        [
+            "run",
+            "--sut",
+            f"vllm-v1@{env}/bin/python",
+            "--profile",
+            "vllm-0.33",
+            "--examples",
+            "8",
+            "--out",
+            str(tmp_path / "r"),
+            "-q",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # it is 0.33.0 underneath, so it follows vllm-0.33
 
 
@@ -101,6 +122,7 @@ def test_make_sut_refuses_a_build_whose_api_moved(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(argv, 0, json.dumps(answer) + "\n", proc.stderr)
 
     monkeypatch.setattr(vllm_v1.subprocess, "run", describe_as_moved)
-    with pytest.raises(UnknownSut, match="scheduler API moved beyond what the driver knows: no "
-                                         "Scheduler.finish_requests"):
+    with pytest.raises(
+        UnknownSut, match="scheduler API moved beyond what the driver knows: no Scheduler.finish_requests"
+    ):
         vllm_v1.make_vllm_sut(f"vllm-v1@{env}")

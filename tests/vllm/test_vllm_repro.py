@@ -37,16 +37,27 @@ def run_committed(name: str, version: str, tmp_path: Path):  # noqa: ANN201
 def test_the_f7_reproduction_fails_on_033_with_the_plain_words_message(tmp_path):
     outcome = run_committed("repro_f7_vllm_0_33_0.py", "0.33.0", tmp_path)
     assert (outcome.status, outcome.rule, outcome.step) == ("broken", "prefix_hit_kv_was_computed", 6), outcome.output
-    assert ("request 'r0' is scheduled with 20 computed tokens (a prefix-cache hit or tokens kept from earlier "
-            "steps), but block 3, which holds its tokens 16-19, has no KV computed for its token 16") in outcome.message
+    assert (
+        "request 'r0' is scheduled with 20 computed tokens (a prefix-cache hit or tokens kept from earlier "
+        "steps), but block 3, which holds its tokens 16-19, has no KV computed for its token 16"
+    ) in outcome.message
     assert "Rule: a request may start or resume with computed tokens only if its blocks hold KV" in outcome.output
 
 
 def test_repro_regenerates_the_committed_f7_file(tmp_path, capsys):
     ensure_vllm_env("0.33.0")
     out = tmp_path / "f7.py"
-    code = main(["repro", str(F7.relative_to(REPO_ROOT)) if Path.cwd() == REPO_ROOT else str(F7),
-                 "--sut", "vllm-v1@0.33.0", "--out", str(out), "--no-other-releases"])
+    code = main(
+        [
+            "repro",
+            str(F7.relative_to(REPO_ROOT)) if Path.cwd() == REPO_ROOT else str(F7),
+            "--sut",
+            "vllm-v1@0.33.0",
+            "--out",
+            str(out),
+            "--no-other-releases",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "vLLM 0.33.0: fails: rule prefix_hit_kv_was_computed broken at step 6" in printed
@@ -73,16 +84,21 @@ def test_a_model_difference_gets_no_reproduction(tmp_path, capsys):
     code = main(["repro", str(trace_path), "--sut", "vllm-v1@0.33.0", "--out", str(out), "--no-other-releases"])
     printed = capsys.readouterr().out
     assert code == 1, printed
-    assert ("the engine keeps every rule a reproduction can assert on this trace; the divergence at step 3 is a "
-            "difference from the reference model (a model error or an intended difference), not an engine bug: "
-            "no reproduction written") in printed
+    assert (
+        "the engine keeps every rule a reproduction can assert on this trace; the divergence at step 3 is a "
+        "difference from the reference model (a model error or an intended difference), not an engine bug: "
+        "no reproduction written"
+    ) in printed
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name,rule,step", [
-    ("repro_f4_vllm_0_11_0.py", "engine_does_not_crash", 1),
-    ("repro_f5_vllm_0_11_0.py", "lone_request_is_served", 2),
-])
+@pytest.mark.parametrize(
+    "name,rule,step",
+    [
+        ("repro_f4_vllm_0_11_0.py", "engine_does_not_crash", 1),
+        ("repro_f5_vllm_0_11_0.py", "lone_request_is_served", 2),
+    ],
+)
 def test_the_011_reproductions_fail_on_011(name, rule, step, tmp_path):
     outcome = run_committed(name, "0.11.0", tmp_path)
     assert (outcome.status, outcome.rule, outcome.step) == ("broken", rule, step), outcome.output
@@ -94,7 +110,16 @@ def test_a_fixed_release_passes(name, version, tmp_path):
     0.33-rendered file: ``schedconf repro`` runs it on every other built release."""
     ensure_vllm_env(version)
     out = tmp_path / "f4_033.py"
-    code = main(["repro", str(FINDINGS / "F4-priority-tie-crash.jsonl"), "--sut", f"vllm-v1@{version}",
-                 "--out", str(out), "--no-other-releases"])
+    code = main(
+        [
+            "repro",
+            str(FINDINGS / "F4-priority-tie-crash.jsonl"),
+            "--sut",
+            f"vllm-v1@{version}",
+            "--out",
+            str(out),
+            "--no-other-releases",
+        ]
+    )
     assert code == 1 and not out.exists()
     assert name.startswith("repro_f4")

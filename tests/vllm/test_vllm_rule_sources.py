@@ -17,8 +17,7 @@ FIND_PACKAGE = "import importlib.util; print(importlib.util.find_spec('vllm').su
 def get_package_parent(version: str) -> Path:
     """The folder holding the release's ``vllm`` package, found without importing vLLM."""
     python = ensure_vllm_env(version)
-    done = subprocess.run([str(python), "-c", FIND_PACKAGE], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run([str(python), "-c", FIND_PACKAGE], capture_output=True, text=True, check=True)
     return Path(done.stdout.strip()).parent
 
 

@@ -76,8 +76,10 @@ def test_the_v7_trace_replays_strictly_on_vllm_0_10_2(sut: VllmV0Sut) -> None:
 def test_vllms_own_outputs_give_a_hit_on_kv_never_written(sut: VllmV0Sut) -> None:
     recorded = record_outputs(read_trace(V7), sut)
     step2 = next(e for e in recorded.events if e["kind"] == "step" and e["step"] == 2)
-    assert [(g["request_id"], g["token_chunk_size"], g["computed_block_nums"])
-            for g in step2["expect"]["scheduled_seq_groups"]] == [("b", 17, [0, 1, 2, 3]), ("a", 4, [])]
+    assert [
+        (g["request_id"], g["token_chunk_size"], g["computed_block_nums"])
+        for g in step2["expect"]["scheduled_seq_groups"]
+    ] == [("b", 17, [0, 1, 2, 3]), ("a", 4, [])]
     result = check_prefix_hit_unwritten(recorded)
     assert [(v.kind, v.step, v.request_id) for v in result.violations] == [("safety:prefix_hit_unwritten", 2, "b")]
     assert "block 3 (its table index 3, positions 12-15) holds, at position 12, no KV" in result.violations[0].message
@@ -91,6 +93,8 @@ def test_the_v7_reproduction_fails_on_0_10_2(tmp_path: Path) -> None:
     shutil.copy(FINDINGS / REPRO, copy)
     outcome = run_repro_file(copy, VERSION)
     assert (outcome.status, outcome.rule, outcome.step) == ("broken", "prefix_hit_kv_was_computed", 2), outcome.output
-    assert ("request 'b' is scheduled with a prefix hit of 16 tokens (computed_block_nums [0, 1, 2, 3]), so the "
-            "model runner skips its positions 0-15; but block 3, which holds its tokens 12-15, has no KV computed "
-            "for its token 12") in outcome.message
+    assert (
+        "request 'b' is scheduled with a prefix hit of 16 tokens (computed_block_nums [0, 1, 2, 3]), so the "
+        "model runner skips its positions 0-15; but block 3, which holds its tokens 12-15, has no KV computed "
+        "for its token 12"
+    ) in outcome.message

@@ -36,36 +36,51 @@ RUN_TIMEOUT_S = 120
 
 # finding -> (number of tests in the file, fragments its output must contain)
 EXPECTED: dict[str, tuple[int, list[str]]] = {
-    "v1": (2, [
-        "Rule broken at step 2 [preempted_group_is_waiting_or_swapped]: request 'a' is in Scheduler.waiting but its "
-        "sequence is SWAPPED, its KV mapped to CPU block(s) [0]",
-        "Rule broken at step 3 [engine_survives]: Scheduler.schedule() raised AssertionError('Waiting sequence group "
-        "should have only one prompt sequence.') in _schedule_prefills (vllm/core/scheduler.py:1078)",
-    ]),
-    "v2": (1, [
-        "Rule broken at step 2 [abort_of_a_swapped_request]: Scheduler.abort_seq_group('b') raised KeyError('2') in "
-        "mark_blocks_as_accessed (vllm/core/block/prefix_caching_block.py:573)",
-    ]),
-    "v3": (1, [
-        "Rule broken at step 3 [blocks_return_to_the_pool]: no request is left ('r' FINISHED_IGNORED), yet only 1 of "
-        "4 CPU blocks are free after Scheduler.abort_seq_group: the block manager still holds the block tables "
-        "{'r': [3, 4, 5]}",
-    ]),
-    "v4": (2, [
-        "Rule broken at step 100 [a_lone_request_that_fits_finishes]: preemption_mode 'recompute': after 100 steps "
-        "request 'a'",
-        "is WAITING with 0 outputs; steps 1-6: [4 tok, 0 tok +preempted, 4 tok, 0 tok +preempted, 4 tok, 0 tok "
-        "+preempted]",
-        "Rule broken at step 100 [a_lone_request_that_fits_finishes]: preemption_mode 'swap': after 100 steps "
-        "request 'a'",
-        "is SWAPPED with 0 outputs; steps 1-6: [4 tok, 0 tok +preempted +swap-out 4, 0 tok, 0 tok, 0 tok, 0 tok]",
-    ]),
-    "v6": (1, [
-        "Rule broken at step 4 [engine_survives]: Scheduler.schedule() raised AssertionError(\"Number of cached tokens "
-        "should not be less than the number of computed tokens for a sequence that's still in prefill. But there are "
-        "0 cached tokens and 4 computed tokens for sequence 1.\") in _get_num_new_uncached_and_cached_tokens "
-        "(vllm/core/scheduler.py:1939)",
-    ]),
+    "v1": (
+        2,
+        [
+            "Rule broken at step 2 [preempted_group_is_waiting_or_swapped]: request 'a' is in Scheduler.waiting but its "
+            "sequence is SWAPPED, its KV mapped to CPU block(s) [0]",
+            "Rule broken at step 3 [engine_survives]: Scheduler.schedule() raised AssertionError('Waiting sequence group "
+            "should have only one prompt sequence.') in _schedule_prefills (vllm/core/scheduler.py:1078)",
+        ],
+    ),
+    "v2": (
+        1,
+        [
+            "Rule broken at step 2 [abort_of_a_swapped_request]: Scheduler.abort_seq_group('b') raised KeyError('2') in "
+            "mark_blocks_as_accessed (vllm/core/block/prefix_caching_block.py:573)",
+        ],
+    ),
+    "v3": (
+        1,
+        [
+            "Rule broken at step 3 [blocks_return_to_the_pool]: no request is left ('r' FINISHED_IGNORED), yet only 1 of "
+            "4 CPU blocks are free after Scheduler.abort_seq_group: the block manager still holds the block tables "
+            "{'r': [3, 4, 5]}",
+        ],
+    ),
+    "v4": (
+        2,
+        [
+            "Rule broken at step 100 [a_lone_request_that_fits_finishes]: preemption_mode 'recompute': after 100 steps "
+            "request 'a'",
+            "is WAITING with 0 outputs; steps 1-6: [4 tok, 0 tok +preempted, 4 tok, 0 tok +preempted, 4 tok, 0 tok "
+            "+preempted]",
+            "Rule broken at step 100 [a_lone_request_that_fits_finishes]: preemption_mode 'swap': after 100 steps "
+            "request 'a'",
+            "is SWAPPED with 0 outputs; steps 1-6: [4 tok, 0 tok +preempted +swap-out 4, 0 tok, 0 tok, 0 tok, 0 tok]",
+        ],
+    ),
+    "v6": (
+        1,
+        [
+            'Rule broken at step 4 [engine_survives]: Scheduler.schedule() raised AssertionError("Number of cached tokens '
+            "should not be less than the number of computed tokens for a sequence that's still in prefill. But there are "
+            '0 cached tokens and 4 computed tokens for sequence 1.") in _get_num_new_uncached_and_cached_tokens '
+            "(vllm/core/scheduler.py:1939)",
+        ],
+    ),
 }
 
 
@@ -76,8 +91,9 @@ def repro_path(finding: str) -> Path:
 @pytest.mark.parametrize("finding", sorted(EXPECTED))
 def test_the_reproduction_imports_only_vllm_pytest_and_the_standard_library(finding: str) -> None:
     source = repro_path(finding).read_text(encoding="utf-8")
-    foreign = sorted(n for n in get_imported_top_names(source)
-                     if n not in ALLOWED_IMPORTS and n not in sys.stdlib_module_names)
+    foreign = sorted(
+        n for n in get_imported_top_names(source) if n not in ALLOWED_IMPORTS and n not in sys.stdlib_module_names
+    )
     assert foreign == [], f"{repro_path(finding).name} imports {foreign}"
     assert "sys.path" not in source and "importlib" not in source, f"{repro_path(finding).name} touches the import path"
 

@@ -180,7 +180,12 @@ class SafetyRun:
         except SutInputError as exc:
             if exc.code in allowed:
                 return None
-            return self.input_error(item, expect, exc.code, f"{kind}: {'expected error ' + expect if expect else 'no error expected'}, got {exc}")
+            return self.input_error(
+                item,
+                expect,
+                exc.code,
+                f"{kind}: {'expected error ' + expect if expect else 'no error expected'}, got {exc}",
+            )
         if expect is not None:
             return self.input_error(item, expect, None, f"{kind}: expected error {expect}, the scheduler accepted it")
         if kind == "add_request":
@@ -204,14 +209,25 @@ class SafetyRun:
         self.incarnations[rid] = n + 1
         self.oracle_names[rid] = oracle_id(rid, n)
         self.records[rid] = P.RequestRecord(
-            request_id=rid, tokens=list(event["prompt_token_ids"]), num_prompt=len(event["prompt_token_ids"]),
-            max_tokens=event["max_tokens"], min_tokens=event["min_tokens"],
+            request_id=rid,
+            tokens=list(event["prompt_token_ids"]),
+            num_prompt=len(event["prompt_token_ids"]),
+            max_tokens=event["max_tokens"],
+            min_tokens=event["min_tokens"],
             eos_token_id=None if event["ignore_eos"] else event["eos_token_id"],
-            stop_token_ids=tuple(event["stop_token_ids"]), added_at_step=self.steps_run)
+            stop_token_ids=tuple(event["stop_token_ids"]),
+            added_at_step=self.steps_run,
+        )
 
     def input_error(self, item: TimedInput, expected: str | None, actual: str | None, message: str) -> Divergence:
-        return Divergence(event_index=item.index, line=self.trace.line_of(item.index), step=self.steps_run,
-                          kind="input_error", diffs=(FieldDiff("error", expected, actual),), message=message)
+        return Divergence(
+            event_index=item.index,
+            line=self.trace.line_of(item.index),
+            step=self.steps_run,
+            kind="input_error",
+            diffs=(FieldDiff("error", expected, actual),),
+            message=message,
+        )
 
     # -------------------------------------------------------------- steps
 
@@ -246,8 +262,10 @@ class SafetyRun:
         expect(P.check_block_ids(output, self.num_gpu_blocks), "block_ids")
         tables = P.get_step_tables(output, self.records)
         writes = P.get_step_writes(output, self.records, tables, self.block_size)
-        expect(P.check_computed_kv(output, self.records, tables, {**self.written, **writes}, self.block_size),
-               "computed_kv")
+        expect(
+            P.check_computed_kv(output, self.records, tables, {**self.written, **writes}, self.block_size),
+            "computed_kv",
+        )
         for rid in output.get("preempted_req_ids") or ():
             if rid in self.records:
                 self.records[rid].table = []
@@ -273,15 +291,19 @@ class SafetyRun:
         expect(P.check_observed_block_ids(tables, obs.get("free_block_queue"), self.num_gpu_blocks), "block_ids")
         expect(P.check_blocks_return(tables, free, self.records, self.num_usable_blocks), "blocks_return")
         if tables is not None:
-            expect(P.check_block_exclusivity(tables, self.records, self.block_size, obs.get("free_block_queue")),
-                   "block_exclusivity")
+            expect(
+                P.check_block_exclusivity(tables, self.records, self.block_size, obs.get("free_block_queue")),
+                "block_exclusivity",
+            )
             if free is not None:
-                expect(P.check_block_conservation(tables, free, self.records, self.num_usable_blocks),
-                       "block_conservation")
+                expect(
+                    P.check_block_conservation(tables, free, self.records, self.num_usable_blocks), "block_conservation"
+                )
             expect(P.check_block_tables(tables, self.records, self.preemptions_reported), "block_tables")
 
-    def apply_update(self, output: dict[str, Any], sampled: dict[str, list[int]], outputs: Any,
-                     writes: dict[int, P.KvWrite]) -> None:
+    def apply_update(
+        self, output: dict[str, Any], sampled: dict[str, list[int]], outputs: Any, writes: dict[int, P.KvWrite]
+    ) -> None:
         """Check the request outputs of one update and move the records on."""
         if not isinstance(outputs, list):
             raise Violation("request_lifecycle", f"update_from_output() returned {outputs!r}, not a list of outputs")
@@ -296,8 +318,9 @@ class SafetyRun:
                 rec.computed = reported[rid][0] + n - (len(drafts.get(rid, ())) if rid in sampled else 0)
         for rid, toks in live_sampled.items():
             self.records[rid].tokens.extend(toks)
-        expect(P.check_stop_rules(live_sampled, outputs, self.records, self.max_model_len, self.stop_order),
-               "stop_rules")
+        expect(
+            P.check_stop_rules(live_sampled, outputs, self.records, self.max_model_len, self.stop_order), "stop_rules"
+        )
         for o in outputs:
             rec = self.records.get(o["req_id"])
             if o["finish_reason"] is not None and rec is not None and rec.ended is None:
@@ -312,8 +335,9 @@ def expect(messages: list[str], prop: str) -> None:
         raise Violation(prop, messages[0])
 
 
-def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
-               raised: Callable[[int, str, BaseException], Any]) -> Any:
+def run_safety(
+    trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any], raised: Callable[[int, str, BaseException], Any]
+) -> Any:
     """Drive ``sut`` through the trace's inputs under the safety properties; return a ReplayResult.
 
     ``call(fn, *args)`` runs one SUT call under the replay's timeout;
@@ -325,9 +349,15 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
 
     def result(verdict: str, divergence: Divergence | None = None, detail: str = "") -> ReplayResult:
         tail = getattr(sut, "stderr_tail", None)
-        return ReplayResult(verdict=verdict, divergence=divergence, events_run=run.used_index + 1,
-                            steps_run=run.steps_run, detail=detail, sut_stderr=tail() if callable(tail) else "",
-                            extra={"comparison": "safety"})
+        return ReplayResult(
+            verdict=verdict,
+            divergence=divergence,
+            events_run=run.used_index + 1,
+            steps_run=run.steps_run,
+            detail=detail,
+            sut_stderr=tail() if callable(tail) else "",
+            extra={"comparison": "safety"},
+        )
 
     def is_due(item: TimedInput, in_flight: bool) -> bool:
         """Before a schedule(): inputs due after ``clock`` steps (and late in-flight ones); in flight: those of the pending step."""
@@ -367,17 +397,24 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
                     continue
                 break
             if nxt >= len(inputs):
-                expect(P.check_liveness(run.clock, run.deadline, run.records, run.num_usable_blocks,
-                                        run.block_size, run.last_input_step), "liveness")
+                expect(
+                    P.check_liveness(
+                        run.clock, run.deadline, run.records, run.num_usable_blocks, run.block_size, run.last_input_step
+                    ),
+                    "liveness",
+                )
                 if run.deadline is not None and run.clock > run.deadline:
                     break  # only requests that cannot fit are left
             if run.steps_run >= bounds.MAX_SAFETY_STEPS:
                 live = sorted(r.request_id for r in run.records.values() if r.ended is None)
-                return result(UNKNOWN, detail=f"unsupported: the safety run reached schedconf's bound of "
-                                              f"{bounds.MAX_SAFETY_STEPS} steps (docs/reference/bounds.md) with "
-                                              f"{len(live)} request(s) live ({', '.join(live[:5])}): every property "
-                                              "held until then; a trace this long is checked with strict or "
-                                              "observable")
+                return result(
+                    UNKNOWN,
+                    detail=f"unsupported: the safety run reached schedconf's bound of "
+                    f"{bounds.MAX_SAFETY_STEPS} steps (docs/reference/bounds.md) with "
+                    f"{len(live)} request(s) live ({', '.join(live[:5])}): every property "
+                    "held until then; a trace this long is checked with strict or "
+                    "observable",
+                )
             try:
                 output = call(sut.schedule)
             except SutInputError as exc:
@@ -385,9 +422,17 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
                     return result(PASS, detail=f"the engine died as the trace records: {exc}")
                 # the scheduler's own schedule killed its engine (e.g. vLLM 0.32/0.33's padded-admission
                 # assertion, modelled on purpose): no request ends after it
-                return result(FAIL, Divergence(run.used_index, trace.line_of(run.used_index), run.steps_run + 1,
-                                               "sut_error", (FieldDiff("error", None, exc.code),),
-                                               f"schedule() of step {run.steps_run + 1}: the engine died: {exc}"))
+                return result(
+                    FAIL,
+                    Divergence(
+                        run.used_index,
+                        trace.line_of(run.used_index),
+                        run.steps_run + 1,
+                        "sut_error",
+                        (FieldDiff("error", None, exc.code),),
+                        f"schedule() of step {run.steps_run + 1}: the engine died: {exc}",
+                    ),
+                )
             run.steps_run += 1
             tables, writes = run.check_schedule(output)
             run.check_observation()
@@ -405,9 +450,17 @@ def run_safety(trace: Trace, sut: SchedulerUnderTest, call: Callable[..., Any],
             return result(PASS, detail=f"left live (they cannot fit the pool alone): {', '.join(never)}")
         return result(PASS)
     except Violation as v:
-        return result(FAIL, Divergence(
-            event_index=run.used_index, line=trace.line_of(run.used_index), step=run.steps_run, kind="safety",
-            diffs=(FieldDiff(v.prop, "holds", v.message),), message=f"step {run.steps_run}: {v.prop}: {v.message}"))
+        return result(
+            FAIL,
+            Divergence(
+                event_index=run.used_index,
+                line=trace.line_of(run.used_index),
+                step=run.steps_run,
+                kind="safety",
+                diffs=(FieldDiff(v.prop, "holds", v.message),),
+                message=f"step {run.steps_run}: {v.prop}: {v.message}",
+            ),
+        )
     except SutUnsupported as exc:
         return result(UNKNOWN, detail=f"unsupported: {exc}")
     except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result

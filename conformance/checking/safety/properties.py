@@ -17,8 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROPERTIES = (
-    "token_budget", "seats", "known_requests", "progress", "max_model_len", "block_ids", "computed_kv",
-    "blocks_return", "block_exclusivity", "block_conservation", "block_tables", "request_lifecycle", "stop_rules",
+    "token_budget",
+    "seats",
+    "known_requests",
+    "progress",
+    "max_model_len",
+    "block_ids",
+    "computed_kv",
+    "blocks_return",
+    "block_exclusivity",
+    "block_conservation",
+    "block_tables",
+    "request_lifecycle",
+    "stop_rules",
     "liveness",
 )
 """Every property, in the order they are checked within one call."""
@@ -61,6 +72,7 @@ class RequestRecord:
 
 # ---------------------------------------------------------------- schedule()
 
+
 def check_token_budget(output: Mapping[str, Any], max_num_batched_tokens: int) -> list[str]:
     """The tokens scheduled in one step are at most ``max_num_batched_tokens``.
 
@@ -71,10 +83,14 @@ def check_token_budget(output: Mapping[str, Any], max_num_batched_tokens: int) -
     total = sum(output["num_scheduled_tokens"].values())
     out = []
     if total > max_num_batched_tokens:
-        out.append(f"{total} tokens scheduled ({_counts(output)}), over max_num_batched_tokens={max_num_batched_tokens}")
+        out.append(
+            f"{total} tokens scheduled ({_counts(output)}), over max_num_batched_tokens={max_num_batched_tokens}"
+        )
     if output.get("total_num_scheduled_tokens", total) != total:
-        out.append(f"total_num_scheduled_tokens={output['total_num_scheduled_tokens']} but the per-request counts "
-                   f"add up to {total}")
+        out.append(
+            f"total_num_scheduled_tokens={output['total_num_scheduled_tokens']} but the per-request counts "
+            f"add up to {total}"
+        )
     return out
 
 
@@ -106,8 +122,9 @@ def check_known_requests(output: Mapping[str, Any], records: Mapping[str, Reques
     return out
 
 
-def get_reported_computed(output: Mapping[str, Any],
-                          records: Mapping[str, RequestRecord] | None = None) -> dict[str, tuple[int, bool, bool]]:
+def get_reported_computed(
+    output: Mapping[str, Any], records: Mapping[str, RequestRecord] | None = None
+) -> dict[str, tuple[int, bool, bool]]:
     """``req_id -> (num_computed_tokens, is_new, is_resumed)`` from the step's new and cached request lists.
 
     A scheduled request in neither list (vLLM 0.11 leaves some running ones
@@ -137,7 +154,9 @@ def check_progress(output: Mapping[str, Any], records: Mapping[str, RequestRecor
     out = []
     reported = get_reported_computed(output, records)
     drafts = output.get("scheduled_spec_decode_tokens", {})
-    listed = {r["req_id"] for r in output["scheduled_new_reqs"]} | {r["req_id"] for r in output["scheduled_cached_reqs"]}
+    listed = {r["req_id"] for r in output["scheduled_new_reqs"]} | {
+        r["req_id"] for r in output["scheduled_cached_reqs"]
+    }
     preempted = set(output.get("preempted_req_ids") or ())
     for rid, n in output["num_scheduled_tokens"].items():
         rec = records.get(rid)
@@ -145,23 +164,31 @@ def check_progress(output: Mapping[str, Any], records: Mapping[str, RequestRecor
             continue  # known_requests says it
         if rid in preempted or rid not in listed:
             # vLLM 0.11 leaves a same-step priority victim scheduled (no repair): its chunk runs on freed blocks
-            where = "in the step that preempts it" if rid in preempted else \
-                "but is in neither scheduled_new_reqs nor scheduled_cached_reqs (a same-step victim?)"
+            where = (
+                "in the step that preempts it"
+                if rid in preempted
+                else "but is in neither scheduled_new_reqs nor scheduled_cached_reqs (a same-step victim?)"
+            )
             out.append(f"request {rid!r} is scheduled for {n} tokens {where}")
             continue
         computed, is_new, resumed = reported[rid]
         lacks = len(rec.tokens) + len(drafts.get(rid, ())) - computed
         if not 1 <= n <= max(lacks, 0) or n < 1:
-            out.append(f"request {rid!r} is scheduled for {n} tokens; it lacks {lacks} "
-                       f"({len(rec.tokens)} tokens + {len(drafts.get(rid, ()))} drafts - {computed} computed)")
+            out.append(
+                f"request {rid!r} is scheduled for {n} tokens; it lacks {lacks} "
+                f"({len(rec.tokens)} tokens + {len(drafts.get(rid, ()))} drafts - {computed} computed)"
+            )
         elif not is_new and not resumed and computed != rec.computed:
-            out.append(f"request {rid!r} kept running with num_computed_tokens={computed}, but its last step left "
-                       f"it at {rec.computed}")
+            out.append(
+                f"request {rid!r} kept running with num_computed_tokens={computed}, but its last step left "
+                f"it at {rec.computed}"
+            )
     return out
 
 
-def check_max_model_len(output: Mapping[str, Any], max_model_len: int,
-                        records: Mapping[str, RequestRecord] | None = None) -> list[str]:
+def check_max_model_len(
+    output: Mapping[str, Any], max_model_len: int, records: Mapping[str, RequestRecord] | None = None
+) -> list[str]:
     """No request is scheduled past position ``max_model_len - 2``: ``num_computed_tokens + n <= max_model_len - 1``.
 
     The token sampled after a step sits at position ``num_computed_tokens + n``
@@ -175,8 +202,10 @@ def check_max_model_len(output: Mapping[str, Any], max_model_len: int,
     reported = get_reported_computed(output, records)
     for rid, n in output["num_scheduled_tokens"].items():
         if rid in reported and reported[rid][0] + n > max_model_len - 1:
-            out.append(f"request {rid!r} is scheduled for positions {reported[rid][0]}..{reported[rid][0] + n - 1}; "
-                       f"the last computable position is max_model_len - 2 = {max_model_len - 2}")
+            out.append(
+                f"request {rid!r} is scheduled for positions {reported[rid][0]}..{reported[rid][0] + n - 1}; "
+                f"the last computable position is max_model_len - 2 = {max_model_len - 2}"
+            )
     return out
 
 
@@ -192,8 +221,10 @@ def _get_ids_outside_pool(holders: Iterable[tuple[str, str, Iterable[Any]]], num
         bad = [b for b in ids if not is_pool_block_id(b, num_gpu_blocks)]
         if bad:
             null = " (block 0 is the null block: never handed out, never free)" if 0 in bad else ""
-            out.append(f"{holder} has block {bad[0]!r} ({where}), outside the pool's usable blocks "
-                       f"1..{num_gpu_blocks - 1}{null}")
+            out.append(
+                f"{holder} has block {bad[0]!r} ({where}), outside the pool's usable blocks "
+                f"1..{num_gpu_blocks - 1}{null}"
+            )
     return out
 
 
@@ -218,8 +249,9 @@ def check_block_ids(output: Mapping[str, Any], num_gpu_blocks: int) -> list[str]
     return _get_ids_outside_pool(holders, num_gpu_blocks)
 
 
-def check_observed_block_ids(block_tables: Mapping[str, list[Any]] | None, free_block_queue: Iterable[Any] | None,
-                             num_gpu_blocks: int) -> list[str]:
+def check_observed_block_ids(
+    block_tables: Mapping[str, list[Any]] | None, free_block_queue: Iterable[Any] | None, num_gpu_blocks: int
+) -> list[str]:
     """Every block id ``observe()`` reports (``block_tables``, ``free_block_queue``) is a usable block of
     the pool, ``1..num_gpu_blocks - 1``: the null block 0 is never free and never held.
 
@@ -229,7 +261,8 @@ def check_observed_block_ids(block_tables: Mapping[str, list[Any]] | None, free_
     scheduler will hand out next.
     """
     holders: list[tuple[str, str, Iterable[Any]]] = [
-        (f"request {rid!r}", "observe block_tables", table) for rid, table in sorted((block_tables or {}).items())]
+        (f"request {rid!r}", "observe block_tables", table) for rid, table in sorted((block_tables or {}).items())
+    ]
     if free_block_queue is not None:
         holders.append(("the free queue", "observe free_block_queue", free_block_queue))
     return _get_ids_outside_pool(holders, num_gpu_blocks)
@@ -251,8 +284,9 @@ KvWrite = tuple[int, tuple[int, ...]]
 """What a block's KV was computed for: (its index in the request's table, the request's tokens up to its last written position)."""
 
 
-def get_step_writes(output: Mapping[str, Any], records: Mapping[str, RequestRecord], tables: Mapping[str, list[int]],
-                    block_size: int) -> dict[int, KvWrite]:
+def get_step_writes(
+    output: Mapping[str, Any], records: Mapping[str, RequestRecord], tables: Mapping[str, list[int]], block_size: int
+) -> dict[int, KvWrite]:
     """The KV each scheduled request writes in this step: block id -> (table index, tokens up to the block's last written position).
 
     Positions ``[num_computed_tokens, num_computed_tokens + n)`` that hold a
@@ -274,8 +308,13 @@ def get_step_writes(output: Mapping[str, Any], records: Mapping[str, RequestReco
     return writes
 
 
-def check_computed_kv(output: Mapping[str, Any], records: Mapping[str, RequestRecord], tables: Mapping[str, list[int]],
-                      written: Mapping[int, KvWrite], block_size: int) -> list[str]:
+def check_computed_kv(
+    output: Mapping[str, Any],
+    records: Mapping[str, RequestRecord],
+    tables: Mapping[str, list[int]],
+    written: Mapping[int, KvWrite],
+    block_size: int,
+) -> list[str]:
     """A new or resumed request with ``num_computed_tokens = c > 0`` has, for every position below ``c``,
     a block in its table whose KV was computed at that table index for exactly the request's tokens up to it.
 
@@ -301,18 +340,28 @@ def check_computed_kv(output: Mapping[str, Any], records: Mapping[str, RequestRe
             got = written.get(table[j])
             want = tuple(rec.tokens[:need])
             if got is None or got[0] != j or len(got[1]) < need or got[1][:need] != want or len(want) < need:
-                what = ("never written" if got is None else
-                        f"written as table index {got[0]} for {len(got[1])} tokens {_short(got[1])}")
-                out.append(f"request {rid!r} claims {c} computed tokens, but block {table[j]} (its table index {j}, "
-                           f"positions up to {need - 1}) holds KV {what}, not for its tokens {_short(want)}")
+                what = (
+                    "never written"
+                    if got is None
+                    else f"written as table index {got[0]} for {len(got[1])} tokens {_short(got[1])}"
+                )
+                out.append(
+                    f"request {rid!r} claims {c} computed tokens, but block {table[j]} (its table index {j}, "
+                    f"positions up to {need - 1}) holds KV {what}, not for its tokens {_short(want)}"
+                )
                 break
     return out
 
 
 # ------------------------------------------------------------------ blocks
 
-def check_blocks_return(block_tables: Mapping[str, list[int]] | None, num_free_blocks: int | None,
-                        records: Mapping[str, RequestRecord], num_usable_blocks: int) -> list[str]:
+
+def check_blocks_return(
+    block_tables: Mapping[str, list[int]] | None,
+    num_free_blocks: int | None,
+    records: Mapping[str, RequestRecord],
+    num_usable_blocks: int,
+) -> list[str]:
     """A request that ended holds no block, and with no live request every usable block is free.
 
     A finished or aborted request's KV is never read again by it; a block it
@@ -330,8 +379,12 @@ def check_blocks_return(block_tables: Mapping[str, list[int]] | None, num_free_b
     return out
 
 
-def check_block_exclusivity(tables: Mapping[str, list[int]], records: Mapping[str, RequestRecord], block_size: int,
-                            free_block_queue: Iterable[int] | None = None) -> list[str]:
+def check_block_exclusivity(
+    tables: Mapping[str, list[int]],
+    records: Mapping[str, RequestRecord],
+    block_size: int,
+    free_block_queue: Iterable[int] | None = None,
+) -> list[str]:
     """A block is held by two live requests only as a shared prefix: the same table index, and both
     requests' tokens identical through the end of that block; a held block is never free.
 
@@ -362,18 +415,26 @@ def check_block_exclusivity(tables: Mapping[str, list[int]], records: Mapping[st
         for rid, j in rest:
             toks = records[rid].tokens[:end]
             if j != j0 or len(first) < end or toks != first:
-                out.append(f"block {b} is held by {r0!r} (table index {j0}) and {rid!r} (table index {j}), "
-                           f"which is not a shared full prefix block of identical tokens")
+                out.append(
+                    f"block {b} is held by {r0!r} (table index {j0}) and {rid!r} (table index {j}), "
+                    f"which is not a shared full prefix block of identical tokens"
+                )
                 break
     for b in free_block_queue or ():
         if b in holders:
-            out.append(f"block {b} is in the free queue while {holders[b][0][0]!r} holds it "
-                       f"(reference count {len(holders[b])})")
+            out.append(
+                f"block {b} is in the free queue while {holders[b][0][0]!r} holds it "
+                f"(reference count {len(holders[b])})"
+            )
     return out
 
 
-def check_block_conservation(block_tables: Mapping[str, list[int]], num_free_blocks: int,
-                             records: Mapping[str, RequestRecord], num_usable_blocks: int) -> list[str]:
+def check_block_conservation(
+    block_tables: Mapping[str, list[int]],
+    num_free_blocks: int,
+    records: Mapping[str, RequestRecord],
+    num_usable_blocks: int,
+) -> list[str]:
     """Free blocks plus the distinct blocks held by live requests equal the usable blocks (``num_gpu_blocks - 1``).
 
     Every usable block is either free (possibly cached, evictable) or held by
@@ -382,13 +443,16 @@ def check_block_conservation(block_tables: Mapping[str, list[int]], num_free_blo
     """
     held = {b for rid, t in block_tables.items() if rid in records and records[rid].ended is None for b in t}
     if num_free_blocks + len(held) != num_usable_blocks:
-        return [f"{num_free_blocks} free + {len(held)} held by live requests = {num_free_blocks + len(held)}, "
-                f"not the {num_usable_blocks} usable blocks"]
+        return [
+            f"{num_free_blocks} free + {len(held)} held by live requests = {num_free_blocks + len(held)}, "
+            f"not the {num_usable_blocks} usable blocks"
+        ]
     return []
 
 
-def check_block_tables(block_tables: Mapping[str, list[int]], records: Mapping[str, RequestRecord],
-                       preemptions_reported: bool = True) -> list[str]:
+def check_block_tables(
+    block_tables: Mapping[str, list[int]], records: Mapping[str, RequestRecord], preemptions_reported: bool = True
+) -> list[str]:
     """The table ``observe()`` reports for a live request is the one its SchedulerOutputs handed out
     (new: ``block_ids``; running: ``+ new_block_ids``; resumed: replaced), block for block, in order.
 
@@ -416,12 +480,15 @@ def check_block_tables(block_tables: Mapping[str, list[int]], records: Mapping[s
             continue
         reported = list(block_tables.get(rid) or [])
         if reported != rec.table:
-            out.append(f"request {rid!r}: observe() reports block table {_short(reported)}, but the "
-                       f"SchedulerOutputs handed out {_short(rec.table)}")
+            out.append(
+                f"request {rid!r}: observe() reports block table {_short(reported)}, but the "
+                f"SchedulerOutputs handed out {_short(rec.table)}"
+            )
     return out
 
 
 # ------------------------------------------------------------------ update
+
 
 def get_expected_finishes(rec: RequestRecord, max_model_len: int, order: str) -> list[tuple[str | None, int | None]]:
     """The (finish_reason, stop_reason) pairs the stop rules allow after the last token of ``rec.tokens``.
@@ -450,8 +517,9 @@ def get_expected_finishes(rec: RequestRecord, max_model_len: int, order: str) ->
     return allowed or [(None, None)]
 
 
-def check_request_lifecycle(sampled: Mapping[str, list[int]], outputs: list[dict[str, Any]],
-                            records: Mapping[str, RequestRecord]) -> list[str]:
+def check_request_lifecycle(
+    sampled: Mapping[str, list[int]], outputs: list[dict[str, Any]], records: Mapping[str, RequestRecord]
+) -> list[str]:
     """Every request the model sampled a token for gets exactly one output; no output goes to a request
     that sampled nothing or has already ended (so none is reported finished twice).
 
@@ -477,13 +545,20 @@ def check_request_lifecycle(sampled: Mapping[str, list[int]], outputs: list[dict
     for rid in sorted(sampled):
         rec = records.get(rid)
         if rec is not None and rec.ended is None and rid not in seen:
-            out.append(f"request {rid!r} sampled token {sampled[rid]} but update_from_output() reported nothing "
-                       f"for it: the request is lost")
+            out.append(
+                f"request {rid!r} sampled token {sampled[rid]} but update_from_output() reported nothing "
+                f"for it: the request is lost"
+            )
     return out
 
 
-def check_stop_rules(sampled: Mapping[str, list[int]], outputs: list[dict[str, Any]],
-                     records: Mapping[str, RequestRecord], max_model_len: int, order: str) -> list[str]:
+def check_stop_rules(
+    sampled: Mapping[str, list[int]],
+    outputs: list[dict[str, Any]],
+    records: Mapping[str, RequestRecord],
+    max_model_len: int,
+    order: str,
+) -> list[str]:
     """A request's output keeps the sampled token and finishes exactly when the stop rules say, with their reason.
 
     Stop conditions are the client's request (``max_tokens``, EOS unless
@@ -504,14 +579,17 @@ def check_stop_rules(sampled: Mapping[str, list[int]], outputs: list[dict[str, A
         got = (o["finish_reason"], o["stop_reason"])
         if got not in allowed:
             want = allowed[0] if len(allowed) == 1 else " or ".join(map(str, allowed))
-            out.append(f"request {rid!r} after {rec.num_output} output tokens (max_tokens={rec.max_tokens}, "
-                       f"min_tokens={rec.min_tokens}, eos={rec.eos_token_id}, stop_token_ids={list(rec.stop_token_ids)}, "
-                       f"last token {rec.tokens[-1]}, {len(rec.tokens)} of max_model_len={max_model_len}): "
-                       f"finish {got}, the stop rules give {want}")
+            out.append(
+                f"request {rid!r} after {rec.num_output} output tokens (max_tokens={rec.max_tokens}, "
+                f"min_tokens={rec.min_tokens}, eos={rec.eos_token_id}, stop_token_ids={list(rec.stop_token_ids)}, "
+                f"last token {rec.tokens[-1]}, {len(rec.tokens)} of max_model_len={max_model_len}): "
+                f"finish {got}, the stop rules give {want}"
+            )
     return out
 
 
 # ---------------------------------------------------------------- liveness
+
 
 def compute_liveness_bound(records: Iterable[RequestRecord], max_model_len: int) -> int:
     """Steps within which every live request must end once no input arrives (spec/symbolic/LIVENESS.md).
@@ -536,8 +614,14 @@ def compute_liveness_bound(records: Iterable[RequestRecord], max_model_len: int)
     return compute_any_order_bound(min(r.max_len, max_model_len) - 1 for r in live)
 
 
-def check_liveness(step: int, deadline: int | None, records: Mapping[str, RequestRecord],
-                   num_usable_blocks: int, block_size: int, last_input_step: int) -> list[str]:
+def check_liveness(
+    step: int,
+    deadline: int | None,
+    records: Mapping[str, RequestRecord],
+    num_usable_blocks: int,
+    block_size: int,
+    last_input_step: int,
+) -> list[str]:
     """After the last input, every live request that fits the pool alone ends by the deadline
     (:func:`compute_liveness_bound` steps after it): still live at ``step >= deadline`` fails.
 
@@ -547,16 +631,22 @@ def check_liveness(step: int, deadline: int | None, records: Mapping[str, Reques
     """
     if deadline is None or step < deadline:
         return []
-    stuck = [r for r in records.values() if r.ended is None
-             and (r.max_len + block_size - 1) // block_size <= num_usable_blocks]
+    stuck = [
+        r
+        for r in records.values()
+        if r.ended is None and (r.max_len + block_size - 1) // block_size <= num_usable_blocks
+    ]
     if not stuck:
         return []
     names = ", ".join(f"{r.request_id!r} ({r.num_output} outputs, {r.computed} computed)" for r in stuck[:5])
-    return [f"{len(stuck)} request(s) still live {step - last_input_step} steps after the last input (bound "
-            f"{deadline - last_input_step} steps): {names}"]
+    return [
+        f"{len(stuck)} request(s) still live {step - last_input_step} steps after the last input (bound "
+        f"{deadline - last_input_step} steps): {names}"
+    ]
 
 
 # ----------------------------------------------------------------- helpers
+
 
 def _counts(output: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in output["num_scheduled_tokens"].items())

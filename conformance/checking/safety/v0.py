@@ -62,7 +62,8 @@ KNOWN_VIOLATIONS: dict[str, dict[str, str]] = {
             "V7 (reports/findings.md): vLLM 0.10.2's v0 block manager marks every full block of a prompt "
             "computed at the end of the schedule() of its first chunk (PrefixCachingBlockAllocator."
             "mark_blocks_as_computed), so a chunked prefill's later blocks are prefix hits before their KV is "
-            "written; the model is faithful to it"),
+            "written; the model is faithful to it"
+        ),
     },
 }
 """Rules a profile breaks on purpose (the model matches the release's bug): profile -> property -> why."""
@@ -194,8 +195,10 @@ def check_prefix_hit_unwritten(trace: Trace) -> V0CheckResult:
                 group = groups[sg["request_id"]]
                 if group.computed is None:
                     result.stopped_at = step
-                    result.stop_reason = (f"request {group.request_id!r}'s num_computed_tokens is not settled by "
-                                          f"the outputs (a preemption in a step without observe)")
+                    result.stop_reason = (
+                        f"request {group.request_id!r}'s num_computed_tokens is not settled by "
+                        f"the outputs (a preemption in a step without observe)"
+                    )
                     return result
                 group.table = list(sg["block_table"])
                 chunk, c = sg["token_chunk_size"], group.computed
@@ -232,8 +235,9 @@ def check_prefix_hit_unwritten(trace: Trace) -> V0CheckResult:
     return result
 
 
-def _settle_preemptions(expect: dict[str, Any], observe: dict[str, Any] | None, groups: dict[str, _Group],
-                        priority: bool) -> None:
+def _settle_preemptions(
+    expect: dict[str, Any], observe: dict[str, Any] | None, groups: dict[str, _Group], priority: bool
+) -> None:
     """Reset the counts of groups this ``schedule()`` preempted by recompute (they hold no blocks)."""
     scheduled = {sg["request_id"] for sg in expect["scheduled_seq_groups"]}
     idle = [g for rid, g in groups.items() if rid not in scheduled and g.table]
@@ -257,8 +261,16 @@ def _settle_preemptions(expect: dict[str, Any], observe: dict[str, Any] | None, 
         g.computed = None  # settled again when it next samples
 
 
-def _check_reads(group: _Group, computed: int, first: int, hit_blocks: list[int], gpu: dict[Slot, tuple[int, ...]],
-                 pending: dict[Slot, tuple[int, ...]], bs: int, step: int) -> V0Violation | None:
+def _check_reads(
+    group: _Group,
+    computed: int,
+    first: int,
+    hit_blocks: list[int],
+    gpu: dict[Slot, tuple[int, ...]],
+    pending: dict[Slot, tuple[int, ...]],
+    bs: int,
+    step: int,
+) -> V0Violation | None:
     """The first position of the hit whose slot holds no KV for the group's tokens up to it."""
     for pos in range(computed, first):
         j = pos // bs
@@ -267,9 +279,12 @@ def _check_reads(group: _Group, computed: int, first: int, hit_blocks: list[int]
         if gpu.get(slot) == want or pending.get(slot) == want:
             continue
         return V0Violation(
-            "prefix_hit_unwritten", step, group.request_id,
+            "prefix_hit_unwritten",
+            step,
+            group.request_id,
             f"request {group.request_id!r} is scheduled with a prefix hit of {len(hit_blocks) * bs} tokens "
             f"(computed_block_nums {hit_blocks}), so the model runner skips its positions {computed}-{first - 1}; "
             f"but block {group.table[j]} (its table index {j}, positions {j * bs}-{j * bs + bs - 1}) holds, at position "
-            f"{pos}, {_describe_slot(gpu.get(slot), want)}, nor does this step compute it")
+            f"{pos}, {_describe_slot(gpu.get(slot), want)}, nor does this step compute it",
+        )
     return None

@@ -38,5 +38,4 @@ if os.environ.get("SCHEDCONF_RECORD"):
 
         install(os.environ["SCHEDCONF_RECORD"])
     except Exception as exc:  # noqa: BLE001 - a broken recorder must not stop the engine: say so loudly
-        print(f"schedconf: the scheduler recorder could not be installed: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(f"schedconf: the scheduler recorder could not be installed: {type(exc).__name__}: {exc}", file=sys.stderr)

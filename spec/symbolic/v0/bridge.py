@@ -72,12 +72,21 @@ def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None =
     """The state of a live ``schedconf.spec.v0`` scheduler (between events: IDLE, PENDING or CRASHED)."""
     check_in_scope(sched)
     cfg = sched.config
-    assert (cfg.num_gpu_blocks, cfg.num_cpu_blocks, cfg.block_size) == (shape.num_blocks, shape.num_cpu_blocks,
-                                                                       shape.block_size)
+    assert (cfg.num_gpu_blocks, cfg.num_cpu_blocks, cfg.block_size) == (
+        shape.num_blocks,
+        shape.num_cpu_blocks,
+        shape.block_size,
+    )
     slot_ids = slot_ids or assign_slots(sched, shape)
     B, C = shape.num_blocks, shape.num_cpu_blocks
-    s = empty_state(shape, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                    cfg.preemption_mode == "swap", cfg.policy == "priority")
+    s = empty_state(
+        shape,
+        cfg.max_num_batched_tokens,
+        cfg.max_num_seqs,
+        cfg.max_model_len,
+        cfg.preemption_mode == "swap",
+        cfg.policy == "priority",
+    )
     bm = sched.block_manager
     gpu, cpu = bm.gpu_allocator, bm.cpu_allocator
     gpu_free = list(gpu.free_block_ids)
@@ -86,27 +95,53 @@ def from_scheduler(sched: Any, shape: Shape, slot_ids: list[str | None] | None =
     phase = CRASHED if sched.crashed is not None else PENDING if record is not None else IDLE
     chunks = {sg.request_id: meta.token_chunk_size for sg, meta in record.groups} if record is not None else {}
     fields: dict[str, Any] = {
-        "phase": phase, "step": sched.current_step,
-        "num_free_gpu": len(gpu_free), "gpu_free_lo": -1, "num_free_cpu": len(cpu_free), "cpu_free_lo": -1,
-        "gpu_ref_cnt": [gpu.refcounts[b] for b in range(B)], "gpu_in_free": [b in gpu_free for b in range(B)],
+        "phase": phase,
+        "step": sched.current_step,
+        "num_free_gpu": len(gpu_free),
+        "gpu_free_lo": -1,
+        "num_free_cpu": len(cpu_free),
+        "cpu_free_lo": -1,
+        "gpu_ref_cnt": [gpu.refcounts[b] for b in range(B)],
+        "gpu_in_free": [b in gpu_free for b in range(B)],
         "gpu_free_key": [gpu_free.index(b) if b in gpu_free else 0 for b in range(B)],
-        "cpu_ref_cnt": [cpu.refcounts[B + c] for c in range(C)], "cpu_in_free": [c in cpu_free for c in range(C)],
+        "cpu_ref_cnt": [cpu.refcounts[B + c] for c in range(C)],
+        "cpu_in_free": [c in cpu_free for c in range(C)],
         "cpu_free_key": [cpu_free.index(c) if c in cpu_free else 0 for c in range(C)],
     }
     if record is not None:
         out = record.output
         preempted = out.preempted
-        fields.update(num_prefills=out.num_prefill_groups,
-                      num_preempted=0 if cfg.preemption_mode == "swap" else preempted,
-                      num_swapped_out=preempted if cfg.preemption_mode == "swap" else 0,
-                      num_swapped_in=1 if out.blocks_to_swap_in else 0)
+        fields.update(
+            num_prefills=out.num_prefill_groups,
+            num_preempted=0 if cfg.preemption_mode == "swap" else preempted,
+            num_swapped_out=preempted if cfg.preemption_mode == "swap" else 0,
+            num_swapped_in=1 if out.blocks_to_swap_in else 0,
+        )
     groups = {sg.request_id: sg for q in (sched.waiting, sched.running, sched.swapped) for sg in q}
     leaked = {sg.request_id: sg for sg in sched.leaked_seq_groups}
     queues = {name: [sg.request_id for sg in getattr(sched, name)] for name in ("waiting", "running", "swapped")}
-    per: dict[str, list[Any]] = {name: list(getattr(s, name)) for name in (
-        "status", "num_tokens", "num_prompt_tokens", "max_tokens", "num_computed_tokens", "num_seen", "in_waiting",
-        "waiting_pos", "in_running", "running_pos", "in_swapped", "swapped_pos", "num_scheduled", "num_blocks",
-        "num_cpu_blocks", "priority", "arrival")}
+    per: dict[str, list[Any]] = {
+        name: list(getattr(s, name))
+        for name in (
+            "status",
+            "num_tokens",
+            "num_prompt_tokens",
+            "max_tokens",
+            "num_computed_tokens",
+            "num_seen",
+            "in_waiting",
+            "waiting_pos",
+            "in_running",
+            "running_pos",
+            "in_swapped",
+            "swapped_pos",
+            "num_scheduled",
+            "num_blocks",
+            "num_cpu_blocks",
+            "priority",
+            "arrival",
+        )
+    }
     held = [[False] * B for _ in shape.slots]
     table_pos = [[0] * B for _ in shape.slots]
     cpu_held = [[False] * C for _ in shape.slots]

@@ -38,10 +38,24 @@ from schedconf.spec.symbolic.v0.state import (
 from schedconf.spec.symbolic.v0.transitions import TRANSITIONS, Outcome
 from schedconf.spec.symbolic.z3ops import is_z3, value_of
 
-SCHEDULE_TRANSITIONS = ("prefill_admit", "prefill_ignore", "prefill_stop", "end_prefill_loop", "priority_sort_running",
-                        "priority_force_preempt", "priority_end", "running_append",
-                        "running_preempt_recompute", "running_preempt_swap", "running_swap_crash", "end_running_loop",
-                        "swapped_swap_in", "swapped_ignore", "swapped_stop", "end_schedule")
+SCHEDULE_TRANSITIONS = (
+    "prefill_admit",
+    "prefill_ignore",
+    "prefill_stop",
+    "end_prefill_loop",
+    "priority_sort_running",
+    "priority_force_preempt",
+    "priority_end",
+    "running_append",
+    "running_preempt_recompute",
+    "running_preempt_swap",
+    "running_swap_crash",
+    "end_running_loop",
+    "swapped_swap_in",
+    "swapped_ignore",
+    "swapped_stop",
+    "end_schedule",
+)
 
 
 class EncodingError(AssertionError):
@@ -119,8 +133,9 @@ def run_schedule(ev: Evaluator, state: State, on_transition: OnTransition | None
     raise EncodingError("the encoded schedule() did not end")
 
 
-def schedule_both(sched: Any, ev: Evaluator, shape: Shape,
-                  on_transition: OnTransition | None = None) -> tuple[Snapshot, State, Any]:
+def schedule_both(
+    sched: Any, ev: Evaluator, shape: Shape, on_transition: OnTransition | None = None
+) -> tuple[Snapshot, State, Any]:
     """``schedule()`` on the model (mutated) and the encoded schedule on the state read before it.
 
     Returns the model's snapshot after, the encoding's state, and the model's
@@ -142,14 +157,21 @@ def is_stop_token(sg: Any, token: int) -> bool:
     return (not params.ignore_eos and token == params.eos_token_id) or token in params.stop_token_ids
 
 
-def update_both(sched: Any, ev: Evaluator, shape: Shape, sampled: dict[str, tuple[int, ...]],
-                on_transition: OnTransition | None = None) -> tuple[Snapshot, State, Any]:
+def update_both(
+    sched: Any,
+    ev: Evaluator,
+    shape: Shape,
+    sampled: dict[str, tuple[int, ...]],
+    on_transition: OnTransition | None = None,
+) -> tuple[Snapshot, State, Any]:
     """``update_from_output()`` on the model (mutated) and the encoded update on the state read before it."""
     snap = from_scheduler(sched, shape)
     record = sched.pending
     assert snap.state.phase == PENDING and record is not None
-    order = [(sg.request_id, is_stop_token(sg, sampled[sg.request_id][0]) if sg.request_id in sampled else False)
-             for sg, _ in record.groups]
+    order = [
+        (sg.request_id, is_stop_token(sg, sampled[sg.request_id][0]) if sg.request_id in sampled else False)
+        for sg, _ in record.groups
+    ]
     outputs = sched.update_from_output(record.output, ModelRunnerOutput(sampled_token_ids=sampled))
     state = snap.state
     guard, state, _ = ev("begin_update", state, {})
@@ -168,15 +190,23 @@ def update_both(sched: Any, ev: Evaluator, shape: Shape, sampled: dict[str, tupl
     return from_scheduler(sched, shape, slot_ids=snap.slot_ids), state, outputs
 
 
-def add_both(sched: Any, ev: Evaluator, shape: Shape, request_id: str, prompt: list[int], max_tokens: int,
-             **kwargs: Any) -> tuple[Snapshot, State]:
+def add_both(
+    sched: Any, ev: Evaluator, shape: Shape, request_id: str, prompt: list[int], max_tokens: int, **kwargs: Any
+) -> tuple[Snapshot, State]:
     """``add_request`` on the model and as the encoded transition."""
     snap = from_scheduler(sched, shape, slot_ids=assign_slots(sched, shape, (request_id,)))
     sched.add_request(request_id, prompt, max_tokens, **kwargs)
-    guard, post, _ = ev("add_request", snap.state, {"slot": snap.slot_ids.index(request_id),
-                                                     "num_prompt_tokens": len(prompt), "max_tokens": max_tokens,
-                                                     "priority": kwargs.get("priority", 0),
-                                                     "arrival_time": int(kwargs.get("arrival_time", 0))})
+    guard, post, _ = ev(
+        "add_request",
+        snap.state,
+        {
+            "slot": snap.slot_ids.index(request_id),
+            "num_prompt_tokens": len(prompt),
+            "max_tokens": max_tokens,
+            "priority": kwargs.get("priority", 0),
+            "arrival_time": int(kwargs.get("arrival_time", 0)),
+        },
+    )
     if not guard:
         raise EncodingError(f"add_request {request_id} not enabled")
     return from_scheduler(sched, shape, slot_ids=snap.slot_ids), post

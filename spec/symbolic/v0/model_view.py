@@ -36,6 +36,7 @@ from schedconf.spec.symbolic.z3ops import count, ite, land, lnot, lor, total
 @contextmanager
 def floordiv_for_z3() -> Iterator[None]:
     """While active, ``term // k`` for an integer Z3 term and a positive Python int is SMT ``div``."""
+
     def floordiv(a: z3.ArithRef, k: Any) -> z3.ArithRef:
         if not (isinstance(k, int) and k > 0 and a.is_int()):
             raise TypeError(f"only integer terms by a positive int: {a} // {k!r}")
@@ -68,8 +69,13 @@ class ModelView:
         self.cpu_blocks = list(range(B, B + sh.num_cpu_blocks))
         self.groups = list(sh.slots)
         self._live = [s.live(r) for r in sh.slots]
-        self.orphan_tables = count(land(lnot(self._live[r]), lor(*(
-            [s.held[r][b] for b in sh.blocks] + [s.cpu_held[r][c] for c in sh.cpu_blocks]))) for r in sh.slots)
+        self.orphan_tables = count(
+            land(
+                lnot(self._live[r]),
+                lor(*([s.held[r][b] for b in sh.blocks] + [s.cpu_held[r][c] for c in sh.cpu_blocks])),
+            )
+            for r in sh.slots
+        )
         out = s.has_output()
         self.has_pending = out
         self.preemptions: list[Any] = []
@@ -144,4 +150,3 @@ def model_invariant_formulas(s: State, ops: Any) -> dict[str, Any]:
     view = ModelView(s)
     with floordiv_for_z3():
         return {name: fn(view, ops) for name, fn in MODEL_INVARIANTS.items()}
-

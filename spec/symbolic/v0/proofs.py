@@ -74,8 +74,9 @@ def premises(s: State) -> list[Any]:
 def dense_tables(s: State) -> list[Any]:
     """Tables without holes (the model's lists have none): asked for first in counterexamples and witnesses."""
     sh = s.shape
-    return ([count(s.held[r][b] for b in sh.blocks) == s.num_blocks[r] for r in sh.slots]
-            + [count(s.cpu_held[r][c] for c in sh.cpu_blocks) == s.num_cpu_blocks[r] for r in sh.slots])
+    return [count(s.held[r][b] for b in sh.blocks) == s.num_blocks[r] for r in sh.slots] + [
+        count(s.cpu_held[r][c] for c in sh.cpu_blocks) == s.num_cpu_blocks[r] for r in sh.slots
+    ]
 
 
 @dataclass
@@ -87,9 +88,16 @@ class Counterexample:
     subjects: list[str]
 
     def render(self) -> str:
-        return "\n".join([f"goal {self.goal} fails" + (f" for {', '.join(self.subjects)}" if self.subjects else ""),
-                          f"inputs: {self.inputs}", "state before:", describe(self.pre), "state after:",
-                          describe(self.post)])
+        return "\n".join(
+            [
+                f"goal {self.goal} fails" + (f" for {', '.join(self.subjects)}" if self.subjects else ""),
+                f"inputs: {self.inputs}",
+                "state before:",
+                describe(self.pre),
+                "state after:",
+                describe(self.post),
+            ]
+        )
 
 
 @dataclass
@@ -111,10 +119,15 @@ CASE_FACTS = {"case_request": "request", "case_victim": "victim", "slot": "reque
 """The fact of an outcome that a pinned case key stands for."""
 
 
-def prove(shape: Shape, name: str, timeout_s: float = 120.0, goals: list[str] | None = None,
-          invariants: dict[str, Callable[[Any, Any], Any]] | None = None,
-          apply: Callable[[State, dict[str, Any]], Outcome] | None = None,
-          model_invariants: bool = False) -> TransitionResult:
+def prove(
+    shape: Shape,
+    name: str,
+    timeout_s: float = 120.0,
+    goals: list[str] | None = None,
+    invariants: dict[str, Callable[[Any, Any], Any]] | None = None,
+    apply: Callable[[State, dict[str, Any]], Outcome] | None = None,
+    model_invariants: bool = False,
+) -> TransitionResult:
     """Prove transition ``name`` at ``shape``: every model assertion, lemma and invariant after it.
 
     With ``model_invariants`` the rules of ``spec/v0/invariants.py`` (through
@@ -153,8 +166,18 @@ def prove(shape: Shape, name: str, timeout_s: float = 120.0, goals: list[str] | 
         out = fn(pre, inputs)
         solver = base_solver(pre, out)
         subjects = [inputs["slot"] if key == "slot" else out.facts[CASE_FACTS[key]] for key in transition.split]
-        solver.add(z3.Not(z3.And(*[_as_bool(z3.And(0 <= x, x < shape.num_reqs)) if is_z3(x)
-                                   else z3.BoolVal(0 <= x < shape.num_reqs) for x in subjects])))
+        solver.add(
+            z3.Not(
+                z3.And(
+                    *[
+                        _as_bool(z3.And(0 <= x, x < shape.num_reqs))
+                        if is_z3(x)
+                        else z3.BoolVal(0 <= x < shape.num_reqs)
+                        for x in subjects
+                    ]
+                )
+            )
+        )
         solver.set("timeout", remaining_ms())
         verdict = solver.check()
         result.goals["cases"] = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
@@ -203,8 +226,15 @@ def prove(shape: Shape, name: str, timeout_s: float = 120.0, goals: list[str] | 
                     solver.check()
                     model = solver.model()
                 status = FAILED
-                result.counterexamples.append(Counterexample(goal_name, evaluate(pre, model), _inputs_of(model, inputs),
-                                                             evaluate(out.post, model), ops.failing_subjects(model)))
+                result.counterexamples.append(
+                    Counterexample(
+                        goal_name,
+                        evaluate(pre, model),
+                        _inputs_of(model, inputs),
+                        evaluate(out.post, model),
+                        ops.failing_subjects(model),
+                    )
+                )
             else:
                 status = UNKNOWN
             solver.pop()
@@ -212,13 +242,14 @@ def prove(shape: Shape, name: str, timeout_s: float = 120.0, goals: list[str] | 
             if status == PROVED:
                 solver.add(goal)
     statuses = set(result.goals.values())
-    result.status = (VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses
-                     else PROVED)
+    result.status = VACUOUS if vacuous else FAILED if FAILED in statuses else UNKNOWN if UNKNOWN in statuses else PROVED
     result.seconds = time.monotonic() - t0
     return result
 
 
-def prove_isolated(shape: Shape, name: str, timeout_s: float = 120.0, model_invariants: bool = False) -> TransitionResult:
+def prove_isolated(
+    shape: Shape, name: str, timeout_s: float = 120.0, model_invariants: bool = False
+) -> TransitionResult:
     """``prove`` in a fresh process (``spawn``), so that its time does not depend on what ran before (Z3's global context)."""
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
@@ -240,8 +271,9 @@ def prove_theorem_rank(num_blocks: int, timeout_s: float = 120.0) -> TransitionR
     solver.add(z3.Not(_as_bool(theorem_rank(in_free, key, z3.Int("num_free"), z3.Int("n"), ids))))
     verdict = solver.check()
     status = PROVED if verdict == z3.unsat else FAILED if verdict == z3.sat else UNKNOWN
-    return TransitionResult("theorem_rank", Shape(1, max(1, num_blocks)), status, time.monotonic() - t0,
-                            {"theorem_rank": status})
+    return TransitionResult(
+        "theorem_rank", Shape(1, max(1, num_blocks)), status, time.monotonic() - t0, {"theorem_rank": status}
+    )
 
 
 def render_table(results: list[TransitionResult]) -> str:
@@ -253,15 +285,20 @@ def render_table(results: list[TransitionResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.v0.proofs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.v0.proofs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--bounds", default="4,8", help="R,B: request slots and GPU blocks")
     parser.add_argument("--cpu-blocks", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per transition")
     parser.add_argument("--transitions", default="", help="comma-separated names (default: all)")
     parser.add_argument("--out", default="reports/symbolic-v0", help="where counterexamples are written")
-    parser.add_argument("--model-invariants", action="store_true",
-                        help="also assume and prove the rules of spec/v0/invariants.py (model_view.py)")
+    parser.add_argument(
+        "--model-invariants",
+        action="store_true",
+        help="also assume and prove the rules of spec/v0/invariants.py (model_view.py)",
+    )
     args = parser.parse_args(argv)
     num_reqs, num_blocks = (int(x) for x in args.bounds.split(","))
     shape = Shape(num_reqs, num_blocks, args.cpu_blocks, args.block_size)
@@ -281,9 +318,19 @@ def main(argv: list[str] | None = None) -> int:
             out_dir = Path(args.out)
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / f"{name}-{cex.goal.replace(':', '-').replace(' ', '_')[:60]}.json"
-            path.write_text(json.dumps({"transition": name, "goal": cex.goal, "subjects": cex.subjects,
-                                        "inputs": cex.inputs, "state_before": describe(cex.pre).splitlines(),
-                                        "state_after": describe(cex.post).splitlines()}, indent=1))
+            path.write_text(
+                json.dumps(
+                    {
+                        "transition": name,
+                        "goal": cex.goal,
+                        "subjects": cex.subjects,
+                        "inputs": cex.inputs,
+                        "state_before": describe(cex.pre).splitlines(),
+                        "state_after": describe(cex.post).splitlines(),
+                    },
+                    indent=1,
+                )
+            )
             print(cex.render())
             print(f"written to {path}")
     for size in sorted({num_blocks, args.cpu_blocks}):

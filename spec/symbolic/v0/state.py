@@ -49,6 +49,9 @@ at the head of ``waiting``, a swap-out victim at the tail of ``swapped``):
 reads the places it would change (see ``transitions.py``).
 """
 
+# Size: the v0 symbolic state and the lemmas that constrain it are one encoding, as
+# spec/symbolic/state.py is for v1.
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -66,36 +69,79 @@ DEAD, WAITING, RUNNING, SWAPPED = -1, 0, 1, 2
 STATUS_NAMES = {DEAD: "DEAD", WAITING: "WAITING", RUNNING: "RUNNING", SWAPPED: "SWAPPED"}
 
 IDLE, PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING, UPDATING, CRASHED, PRIORITY_SORT, PRIORITY_LOOP = range(9)
-PHASE_NAMES = {IDLE: "idle", PREFILL_LOOP: "prefill_loop", RUNNING_LOOP: "running_loop",
-               SWAPPED_LOOP: "swapped_loop", PENDING: "pending", UPDATING: "updating", CRASHED: "crashed",
-               PRIORITY_SORT: "priority_sort", PRIORITY_LOOP: "priority_loop"}
+PHASE_NAMES = {
+    IDLE: "idle",
+    PREFILL_LOOP: "prefill_loop",
+    RUNNING_LOOP: "running_loop",
+    SWAPPED_LOOP: "swapped_loop",
+    PENDING: "pending",
+    UPDATING: "updating",
+    CRASHED: "crashed",
+    PRIORITY_SORT: "priority_sort",
+    PRIORITY_LOOP: "priority_loop",
+}
 
 PROFILE = "vllm-0.10"
 INT, BOOL = "int", "bool"
 
-CONFIG_FIELDS = (("max_num_batched_tokens", INT), ("max_num_seqs", INT), ("max_model_len", INT), ("swap_mode", BOOL),
-                 ("priority_policy", BOOL))
+CONFIG_FIELDS = (
+    ("max_num_batched_tokens", INT),
+    ("max_num_seqs", INT),
+    ("max_model_len", INT),
+    ("swap_mode", BOOL),
+    ("priority_policy", BOOL),
+)
 SCALAR_FIELDS = (
-    ("phase", INT), ("step", INT),
-    ("num_free_gpu", INT), ("gpu_free_lo", INT), ("num_free_cpu", INT), ("cpu_free_lo", INT),
-    ("req_index", INT), ("loop_done", BOOL),
-    ("num_prefills", INT), ("num_preempted", INT), ("num_swapped_out", INT), ("num_swapped_in", INT),
+    ("phase", INT),
+    ("step", INT),
+    ("num_free_gpu", INT),
+    ("gpu_free_lo", INT),
+    ("num_free_cpu", INT),
+    ("cpu_free_lo", INT),
+    ("req_index", INT),
+    ("loop_done", BOOL),
+    ("num_prefills", INT),
+    ("num_preempted", INT),
+    ("num_swapped_out", INT),
+    ("num_swapped_in", INT),
 )
 GPU_FIELDS = (("gpu_ref_cnt", INT), ("gpu_in_free", BOOL), ("gpu_free_key", INT))
 CPU_FIELDS = (("cpu_ref_cnt", INT), ("cpu_in_free", BOOL), ("cpu_free_key", INT))
 REQUEST_FIELDS = (
-    ("status", INT), ("num_tokens", INT), ("num_prompt_tokens", INT), ("max_tokens", INT),
-    ("num_computed_tokens", INT), ("num_seen", INT),
-    ("in_waiting", BOOL), ("waiting_pos", INT), ("in_running", BOOL), ("running_pos", INT),
-    ("in_swapped", BOOL), ("swapped_pos", INT),
-    ("num_scheduled", INT), ("num_blocks", INT), ("num_cpu_blocks", INT),
-    ("priority", INT), ("arrival", INT),
+    ("status", INT),
+    ("num_tokens", INT),
+    ("num_prompt_tokens", INT),
+    ("max_tokens", INT),
+    ("num_computed_tokens", INT),
+    ("num_seen", INT),
+    ("in_waiting", BOOL),
+    ("waiting_pos", INT),
+    ("in_running", BOOL),
+    ("running_pos", INT),
+    ("in_swapped", BOOL),
+    ("swapped_pos", INT),
+    ("num_scheduled", INT),
+    ("num_blocks", INT),
+    ("num_cpu_blocks", INT),
+    ("priority", INT),
+    ("arrival", INT),
 )
 REQUEST_GPU_FIELDS = (("held", BOOL), ("table_pos", INT))
 REQUEST_CPU_FIELDS = (("cpu_held", BOOL), ("cpu_table_pos", INT))
 
-ALL_FIELDS = tuple(name for group in (CONFIG_FIELDS, SCALAR_FIELDS, GPU_FIELDS, CPU_FIELDS, REQUEST_FIELDS,
-                                      REQUEST_GPU_FIELDS, REQUEST_CPU_FIELDS) for name, _ in group)
+ALL_FIELDS = tuple(
+    name
+    for group in (
+        CONFIG_FIELDS,
+        SCALAR_FIELDS,
+        GPU_FIELDS,
+        CPU_FIELDS,
+        REQUEST_FIELDS,
+        REQUEST_GPU_FIELDS,
+        REQUEST_CPU_FIELDS,
+    )
+    for name, _ in group
+)
 
 
 @dataclass(frozen=True)
@@ -155,9 +201,15 @@ class State:
 
     def _groups(self) -> Iterator[tuple[str, str, str]]:
         """``(name, kind, layout)`` for every field; layout: scalar, gpu, cpu, req, req_gpu, req_cpu."""
-        for group, layout in ((CONFIG_FIELDS, "scalar"), (SCALAR_FIELDS, "scalar"), (GPU_FIELDS, "gpu"),
-                              (CPU_FIELDS, "cpu"), (REQUEST_FIELDS, "req"), (REQUEST_GPU_FIELDS, "req_gpu"),
-                              (REQUEST_CPU_FIELDS, "req_cpu")):
+        for group, layout in (
+            (CONFIG_FIELDS, "scalar"),
+            (SCALAR_FIELDS, "scalar"),
+            (GPU_FIELDS, "gpu"),
+            (CPU_FIELDS, "cpu"),
+            (REQUEST_FIELDS, "req"),
+            (REQUEST_GPU_FIELDS, "req_gpu"),
+            (REQUEST_CPU_FIELDS, "req_cpu"),
+        ):
             for name, kind in group:
                 yield name, kind, layout
 
@@ -186,8 +238,9 @@ class State:
             elif layout in ("gpu", "cpu", "req"):
                 fields[name] = [fn(f"{name}[{i}]", v[i], kind) for i in range(len(v))]
             else:
-                fields[name] = [[fn(f"{name}[{r}][{i}]", row[i], kind) for i in range(len(row))]
-                                for r, row in enumerate(v)]
+                fields[name] = [
+                    [fn(f"{name}[{r}][{i}]", row[i], kind) for i in range(len(row))] for r, row in enumerate(v)
+                ]
         return State(self.shape, **fields)
 
     # ----------------------------------------------------------- derived values
@@ -213,7 +266,9 @@ class State:
     def in_priority(self) -> Any:
         """Inside ``_schedule_priority_preemption`` (nothing is scheduled there)."""
         ph = self.phase
-        return lor_(eq_(ph, PRIORITY_SORT), eq_(ph, PRIORITY_LOOP)) if is_z3(ph) else ph in (PRIORITY_SORT, PRIORITY_LOOP)
+        return (
+            lor_(eq_(ph, PRIORITY_SORT), eq_(ph, PRIORITY_LOOP)) if is_z3(ph) else ph in (PRIORITY_SORT, PRIORITY_LOOP)
+        )
 
     def in_step(self) -> Any:
         ph = self.phase
@@ -230,6 +285,7 @@ class State:
 
 
 # --------------------------------------------------------------- construction
+
 
 def _var(kind: str, name: str) -> z3.ExprRef:
     return z3.Int(name) if kind == INT else z3.Bool(name)
@@ -264,30 +320,70 @@ def evaluate(state: State, model: z3.ModelRef) -> State:
     return state.map(lambda name, v, kind: value_of(model.eval(v, model_completion=True)) if is_z3(v) else v)
 
 
-def empty_state(shape: Shape, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                swap_mode: bool, priority_policy: bool = False) -> State:
+def empty_state(
+    shape: Shape,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    swap_mode: bool,
+    priority_policy: bool = False,
+) -> State:
     """The Python state of a fresh scheduler (free deques ``0..N-1`` front first)."""
     sh = shape
     R, B, C = sh.num_reqs, sh.num_blocks, sh.num_cpu_blocks
     zeros = [0] * R
     falses = [False] * R
     return State(
-        sh, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        swap_mode=swap_mode, priority_policy=priority_policy, phase=IDLE, step=0, num_free_gpu=B, gpu_free_lo=-1,
-        num_free_cpu=C, cpu_free_lo=-1,
-        req_index=0, loop_done=False, num_prefills=0, num_preempted=0, num_swapped_out=0, num_swapped_in=0,
-        gpu_ref_cnt=[0] * B, gpu_in_free=[True] * B, gpu_free_key=list(range(B)),
-        cpu_ref_cnt=[0] * C, cpu_in_free=[True] * C, cpu_free_key=list(range(C)),
-        status=[DEAD] * R, num_tokens=zeros, num_prompt_tokens=zeros, max_tokens=zeros, num_computed_tokens=zeros,
-        num_seen=zeros, in_waiting=falses, waiting_pos=zeros, in_running=falses, running_pos=zeros,
-        in_swapped=falses, swapped_pos=zeros, num_scheduled=zeros, num_blocks=zeros, num_cpu_blocks=zeros,
-        priority=zeros, arrival=zeros,
-        held=[[False] * B for _ in range(R)], table_pos=[[0] * B for _ in range(R)],
-        cpu_held=[[False] * C for _ in range(R)], cpu_table_pos=[[0] * C for _ in range(R)],
+        sh,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        swap_mode=swap_mode,
+        priority_policy=priority_policy,
+        phase=IDLE,
+        step=0,
+        num_free_gpu=B,
+        gpu_free_lo=-1,
+        num_free_cpu=C,
+        cpu_free_lo=-1,
+        req_index=0,
+        loop_done=False,
+        num_prefills=0,
+        num_preempted=0,
+        num_swapped_out=0,
+        num_swapped_in=0,
+        gpu_ref_cnt=[0] * B,
+        gpu_in_free=[True] * B,
+        gpu_free_key=list(range(B)),
+        cpu_ref_cnt=[0] * C,
+        cpu_in_free=[True] * C,
+        cpu_free_key=list(range(C)),
+        status=[DEAD] * R,
+        num_tokens=zeros,
+        num_prompt_tokens=zeros,
+        max_tokens=zeros,
+        num_computed_tokens=zeros,
+        num_seen=zeros,
+        in_waiting=falses,
+        waiting_pos=zeros,
+        in_running=falses,
+        running_pos=zeros,
+        in_swapped=falses,
+        swapped_pos=zeros,
+        num_scheduled=zeros,
+        num_blocks=zeros,
+        num_cpu_blocks=zeros,
+        priority=zeros,
+        arrival=zeros,
+        held=[[False] * B for _ in range(R)],
+        table_pos=[[0] * B for _ in range(R)],
+        cpu_held=[[False] * C for _ in range(R)],
+        cpu_table_pos=[[0] * C for _ in range(R)],
     )
 
 
 # --------------------------------------------------------------- the view
+
 
 class StateView:
     """The state view the v0 invariants read (``spec/symbolic/v0/invariants.py``), over a :class:`State`.
@@ -319,8 +415,9 @@ class StateView:
         self.num_batched_tokens = ite_(self.has_output, s.num_batched_tokens(), 0)
         self.num_swapped_in = ite_(self.has_output, s.num_swapped_in, 0)
         self.num_swapped_out = ite_(self.has_output, s.num_swapped_out, 0)
-        self.orphans_in_queues = count(land(lnot(self._live[r]), lor_(s.in_running[r], s.in_waiting[r], s.in_swapped[r]))
-                                       for r in sh.slots)
+        self.orphans_in_queues = count(
+            land(lnot(self._live[r]), lor_(s.in_running[r], s.in_waiting[r], s.in_swapped[r])) for r in sh.slots
+        )
 
     # blocks
     def gpu_ref_cnt(self, b: int) -> Any:
@@ -386,84 +483,169 @@ class StateView:
 
 # --------------------------------------------------------------- lemmas
 
+
 def _distinct_positions(o: Any, members: list[Any], positions: list[Any], size: Any, what: str) -> Any:
     """Members' positions lie in ``[0, size)`` and differ pairwise."""
     n = len(members)
     return o.and_(
-        o.forall(range(n), lambda i: o.implies(members[i], o.and_(o.le(0, positions[i]), o.lt(positions[i], size))),
-                 lambda i: f"{what} {i}"),
-        o.forall([(i, j) for i in range(n) for j in range(i + 1, n)],
-                 lambda p: o.implies(o.and_(members[p[0]], members[p[1]]), o.not_(o.eq(positions[p[0]], positions[p[1]]))),
-                 lambda p: f"{what}s {p[0]} and {p[1]}"),
+        o.forall(
+            range(n),
+            lambda i: o.implies(members[i], o.and_(o.le(0, positions[i]), o.lt(positions[i], size))),
+            lambda i: f"{what} {i}",
+        ),
+        o.forall(
+            [(i, j) for i in range(n) for j in range(i + 1, n)],
+            lambda p: o.implies(o.and_(members[p[0]], members[p[1]]), o.not_(o.eq(positions[p[0]], positions[p[1]]))),
+            lambda p: f"{what}s {p[0]} and {p[1]}",
+        ),
     )
 
 
 def lemma_config(s: State, o: Any) -> Any:
     """The configuration passes 0.10.2's checks for _schedule_default: max_model_len <= max_num_batched_tokens, max_num_seqs <= max_num_batched_tokens (SchedulerConfig), max_model_len <= block_size * num_gpu_blocks (worker.raise_if_cache_size_invalid, spec/v0/config.py)."""
-    return o.and_(o.le(1, s.max_num_seqs), o.le(1, s.max_model_len), o.le(s.max_model_len, s.max_num_batched_tokens),
-                  o.le(s.max_num_seqs, s.max_num_batched_tokens),
-                  o.le(s.max_model_len, s.shape.block_size * s.shape.num_blocks),
-                  # Scope: priority preemption in swap mode puts a SWAPPED group into waiting (a vLLM bug the model
-                  # reproduces, EngineCrash engine_swapped_group_in_waiting later); the encoding covers priority with
-                  # recompute only (preemption_mode None or "recompute": vLLM recomputes single-sequence groups).
-                  o.implies(s.priority_policy, o.not_(s.swap_mode)))
+    return o.and_(
+        o.le(1, s.max_num_seqs),
+        o.le(1, s.max_model_len),
+        o.le(s.max_model_len, s.max_num_batched_tokens),
+        o.le(s.max_num_seqs, s.max_num_batched_tokens),
+        o.le(s.max_model_len, s.shape.block_size * s.shape.num_blocks),
+        # Scope: priority preemption in swap mode puts a SWAPPED group into waiting (a vLLM bug the model
+        # reproduces, EngineCrash engine_swapped_group_in_waiting later); the encoding covers priority with
+        # recompute only (preemption_mode None or "recompute": vLLM recomputes single-sequence groups).
+        o.implies(s.priority_policy, o.not_(s.swap_mode)),
+    )
 
 
 def lemma_step(s: State, o: Any) -> Any:
     """Phase bookkeeping: idle means nothing scheduled and no step counts; the running loop's cursor is in range and nothing after it is scheduled; step counts are consistent."""
     sh = s.shape
     sched_sum = s.num_batched_tokens()
-    no_counts = o.and_(o.eq(s.num_prefills, 0), o.eq(s.num_preempted, 0), o.eq(s.num_swapped_out, 0),
-                       o.eq(s.num_swapped_in, 0))
+    no_counts = o.and_(
+        o.eq(s.num_prefills, 0), o.eq(s.num_preempted, 0), o.eq(s.num_swapped_out, 0), o.eq(s.num_swapped_in, 0)
+    )
     return o.and_(
-        o.le(IDLE, s.phase), o.le(s.phase, PRIORITY_LOOP), o.le(0, s.step),
+        o.le(IDLE, s.phase),
+        o.le(s.phase, PRIORITY_LOOP),
+        o.le(0, s.step),
         # _schedule_priority_preemption runs only under policy priority, after a prefill loop that admitted
         # nothing (or none ran); no group is scheduled yet and the step's counts are 0.
         o.implies(s.in_priority(), o.and_(s.priority_policy, o.eq(sched_sum, 0), no_counts)),
         o.forall(sh.slots, lambda r: o.le(0, s.num_scheduled[r]), lambda r: f"slot {r} scheduled"),
         o.implies(o.eq(s.phase, IDLE), o.and_(o.eq(sched_sum, 0), no_counts)),
-        o.le(0, s.num_prefills), o.le(0, s.num_preempted), o.le(0, s.num_swapped_out), o.le(0, s.num_swapped_in),
+        o.le(0, s.num_prefills),
+        o.le(0, s.num_preempted),
+        o.le(0, s.num_swapped_out),
+        o.le(0, s.num_swapped_in),
         # Inside the step, scheduled means live and RUNNING, with a chunk of 1 (decode) or the whole sequence (prefill).
-        o.implies(s.in_step(), o.forall(sh.slots, lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(
-            s.live(r), o.eq(s.status[r], RUNNING), s.in_running[r],
-            o.or_(o.and_(o.eq(s.num_computed_tokens[r], 0), o.eq(s.num_scheduled[r], s.num_tokens[r])),
-                  o.and_(o.lt(0, s.num_computed_tokens[r]), o.eq(s.num_scheduled[r], 1))),
-            o.eq(s.num_seen[r], s.num_tokens[r]))), lambda r: f"slot {r} scheduled in the step")),
+        o.implies(
+            s.in_step(),
+            o.forall(
+                sh.slots,
+                lambda r: o.implies(
+                    o.lt(0, s.num_scheduled[r]),
+                    o.and_(
+                        s.live(r),
+                        o.eq(s.status[r], RUNNING),
+                        s.in_running[r],
+                        o.or_(
+                            o.and_(o.eq(s.num_computed_tokens[r], 0), o.eq(s.num_scheduled[r], s.num_tokens[r])),
+                            o.and_(o.lt(0, s.num_computed_tokens[r]), o.eq(s.num_scheduled[r], 1)),
+                        ),
+                        o.eq(s.num_seen[r], s.num_tokens[r]),
+                    ),
+                ),
+                lambda r: f"slot {r} scheduled in the step",
+            ),
+        ),
         # The prefill loop admits; the other loops only run when it admitted nothing.
-        o.implies(o.eq(s.phase, PREFILL_LOOP), o.and_(o.eq(s.num_preempted, 0), o.eq(s.num_swapped_out, 0),
-                                                       o.eq(s.num_swapped_in, 0), o.eq(s.num_swapped(), 0),
-                                                       o.eq(s.num_prefills, count(
-                                                           o.and_(o.lt(0, s.num_scheduled[r]),
-                                                                  o.eq(s.num_computed_tokens[r], 0))
-                                                           for r in sh.slots)),
-                                                       o.eq(s.num_prefills, count(o.lt(0, s.num_scheduled[r])
-                                                                                  for r in sh.slots)))),
-        o.implies(o.and_(o.le(RUNNING_LOOP, s.phase), o.le(s.phase, SWAPPED_LOOP)), o.and_(
-            o.eq(s.num_prefills, 0),
-            o.forall(sh.slots, lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(
-                o.eq(s.num_scheduled[r], 1), o.lt(0, s.num_computed_tokens[r]))), lambda r: f"slot {r} decodes"))),
-        o.implies(o.eq(s.phase, RUNNING_LOOP), o.and_(
-            o.eq(s.num_swapped_in, 0), o.le(0, s.req_index), o.le(s.req_index, s.num_running()),
-            o.forall(sh.slots, lambda r: o.implies(s.in_running[r], o.eq(
-                o.lt(0, s.num_scheduled[r]), o.lt(s.running_pos[r], s.req_index))),
-                lambda r: f"slot {r} against the cursor"),
-        )),
-        o.implies(o.eq(s.phase, SWAPPED_LOOP), o.and_(o.eq(s.num_preempted, 0), o.eq(s.num_swapped_out, 0),
-                                                       o.forall(sh.slots, lambda r: o.implies(
-                                                           s.in_running[r], o.eq(s.num_scheduled[r], 1)),
-                                                           lambda r: f"slot {r} running in the swapped loop"))),
+        o.implies(
+            o.eq(s.phase, PREFILL_LOOP),
+            o.and_(
+                o.eq(s.num_preempted, 0),
+                o.eq(s.num_swapped_out, 0),
+                o.eq(s.num_swapped_in, 0),
+                o.eq(s.num_swapped(), 0),
+                o.eq(
+                    s.num_prefills,
+                    count(o.and_(o.lt(0, s.num_scheduled[r]), o.eq(s.num_computed_tokens[r], 0)) for r in sh.slots),
+                ),
+                o.eq(s.num_prefills, count(o.lt(0, s.num_scheduled[r]) for r in sh.slots)),
+            ),
+        ),
+        o.implies(
+            o.and_(o.le(RUNNING_LOOP, s.phase), o.le(s.phase, SWAPPED_LOOP)),
+            o.and_(
+                o.eq(s.num_prefills, 0),
+                o.forall(
+                    sh.slots,
+                    lambda r: o.implies(
+                        o.lt(0, s.num_scheduled[r]),
+                        o.and_(o.eq(s.num_scheduled[r], 1), o.lt(0, s.num_computed_tokens[r])),
+                    ),
+                    lambda r: f"slot {r} decodes",
+                ),
+            ),
+        ),
+        o.implies(
+            o.eq(s.phase, RUNNING_LOOP),
+            o.and_(
+                o.eq(s.num_swapped_in, 0),
+                o.le(0, s.req_index),
+                o.le(s.req_index, s.num_running()),
+                o.forall(
+                    sh.slots,
+                    lambda r: o.implies(
+                        s.in_running[r], o.eq(o.lt(0, s.num_scheduled[r]), o.lt(s.running_pos[r], s.req_index))
+                    ),
+                    lambda r: f"slot {r} against the cursor",
+                ),
+            ),
+        ),
+        o.implies(
+            o.eq(s.phase, SWAPPED_LOOP),
+            o.and_(
+                o.eq(s.num_preempted, 0),
+                o.eq(s.num_swapped_out, 0),
+                o.forall(
+                    sh.slots,
+                    lambda r: o.implies(s.in_running[r], o.eq(s.num_scheduled[r], 1)),
+                    lambda r: f"slot {r} running in the swapped loop",
+                ),
+            ),
+        ),
         # A step either swaps out or swaps in (SchedulerOutputs.__post_init__ asserts it).
         o.or_(o.eq(s.num_swapped_out, 0), o.eq(s.num_swapped_in, 0)),
-        o.implies(o.eq(s.phase, UPDATING), o.forall(
-            sh.slots, lambda r: o.implies(o.and_(s.live(r), o.lt(0, s.num_scheduled[r])), o.and_(
-                o.eq(s.status[r], RUNNING), o.eq(s.num_seen[r], s.num_tokens[r]),
-                o.le(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r]))),
-            lambda r: f"slot {r} to update")),
-        o.implies(o.eq(s.phase, PENDING), o.forall(
-            sh.slots, lambda r: o.implies(o.lt(0, s.num_scheduled[r]), o.and_(
-                s.live(r), o.eq(s.status[r], RUNNING), o.eq(s.num_seen[r], s.num_tokens[r]),
-                o.eq(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r]))),
-            lambda r: f"slot {r} pending")),
+        o.implies(
+            o.eq(s.phase, UPDATING),
+            o.forall(
+                sh.slots,
+                lambda r: o.implies(
+                    o.and_(s.live(r), o.lt(0, s.num_scheduled[r])),
+                    o.and_(
+                        o.eq(s.status[r], RUNNING),
+                        o.eq(s.num_seen[r], s.num_tokens[r]),
+                        o.le(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r]),
+                    ),
+                ),
+                lambda r: f"slot {r} to update",
+            ),
+        ),
+        o.implies(
+            o.eq(s.phase, PENDING),
+            o.forall(
+                sh.slots,
+                lambda r: o.implies(
+                    o.lt(0, s.num_scheduled[r]),
+                    o.and_(
+                        s.live(r),
+                        o.eq(s.status[r], RUNNING),
+                        o.eq(s.num_seen[r], s.num_tokens[r]),
+                        o.eq(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r]),
+                    ),
+                ),
+                lambda r: f"slot {r} pending",
+            ),
+        ),
     )
 
 
@@ -476,13 +658,17 @@ def lemma_allocators(s: State, o: Any) -> Any:
         return o.and_(
             o.forall(ids, lambda b: o.le(ref[b], 1), lambda b: f"{what} block {b} ref count"),
             o.forall(ids, lambda b: o.implies(in_free[b], o.lt(lo, key[b])), lambda b: f"free {what} block {b}"),
-            o.forall([(b, c) for b in ids for c in ids if b < c],
-                     lambda p: o.implies(o.and_(in_free[p[0]], in_free[p[1]]), o.not_(o.eq(key[p[0]], key[p[1]]))),
-                     lambda p: f"free {what} blocks {p[0]} and {p[1]}"),
+            o.forall(
+                [(b, c) for b in ids for c in ids if b < c],
+                lambda p: o.implies(o.and_(in_free[p[0]], in_free[p[1]]), o.not_(o.eq(key[p[0]], key[p[1]]))),
+                lambda p: f"free {what} blocks {p[0]} and {p[1]}",
+            ),
         )
 
-    return o.and_(device(s.gpu_in_free, s.gpu_free_key, s.gpu_free_lo, sh.blocks, "gpu"),
-                  device(s.cpu_in_free, s.cpu_free_key, s.cpu_free_lo, sh.cpu_blocks, "cpu"))
+    return o.and_(
+        device(s.gpu_in_free, s.gpu_free_key, s.gpu_free_lo, sh.blocks, "gpu"),
+        device(s.cpu_in_free, s.cpu_free_key, s.cpu_free_lo, sh.cpu_blocks, "cpu"),
+    )
 
 
 def lemma_requests(s: State, o: Any) -> Any:
@@ -493,11 +679,16 @@ def lemma_requests(s: State, o: Any) -> Any:
 
     def table(held: list[Any], pos: list[Any], n: Any, ids: range, r: int, what: str) -> Any:
         return o.and_(
-            o.forall(ids, lambda b: o.implies(held[b], o.and_(o.le(0, pos[b]), o.lt(pos[b], n))),
-                     lambda b: f"slot {r} {what} block {b}"),
-            o.forall([(b, c) for b in ids for c in ids if b < c],
-                     lambda p: o.implies(o.and_(held[p[0]], held[p[1]]), o.not_(o.eq(pos[p[0]], pos[p[1]]))),
-                     lambda p: f"slot {r} {what} blocks {p[0]} and {p[1]}"),
+            o.forall(
+                ids,
+                lambda b: o.implies(held[b], o.and_(o.le(0, pos[b]), o.lt(pos[b], n))),
+                lambda b: f"slot {r} {what} block {b}",
+            ),
+            o.forall(
+                [(b, c) for b in ids for c in ids if b < c],
+                lambda p: o.implies(o.and_(held[p[0]], held[p[1]]), o.not_(o.eq(pos[p[0]], pos[p[1]]))),
+                lambda p: f"slot {r} {what} blocks {p[0]} and {p[1]}",
+            ),
             o.le(0, n),
             # No holes: the table holds exactly n blocks (the model's lists have none).
             o.eq(o.count(held[b] for b in ids), n),
@@ -507,45 +698,81 @@ def lemma_requests(s: State, o: Any) -> Any:
         running, swapped = o.eq(s.status[r], RUNNING), o.eq(s.status[r], SWAPPED)
         return o.and_(
             o.or_(o.eq(s.status[r], DEAD), s.live(r)),
-            o.implies(s.live(r), o.and_(
-                o.le(1, s.num_prompt_tokens[r]), o.le(s.num_prompt_tokens[r], s.num_tokens[r]),
-                o.lt(s.num_tokens[r] - s.num_prompt_tokens[r], s.max_tokens[r]),
-                o.le(0, s.num_computed_tokens[r]), o.le(s.num_computed_tokens[r], s.num_seen[r]),
-                o.le(s.num_seen[r], s.num_tokens[r]),
-                # Prompts over max_model_len are refused; a group stops when it reaches it.
-                o.le(s.num_tokens[r], s.max_model_len),
-                o.implies(running, o.and_(o.eq(s.num_blocks[r], cdiv(s.num_seen[r], bs)), o.eq(s.num_cpu_blocks[r], 0),
-                                          o.le(s.num_tokens[r], s.max_model_len), o.le(1, s.num_seen[r]),
-                                          # Scheduled this step: the table has seen everything; else one token is new.
-                                          o.ite(o.lt(0, s.num_scheduled[r]),
-                                                o.and_(o.eq(s.num_seen[r], s.num_tokens[r]),
-                                                       o.eq(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r])),
-                                                o.and_(o.eq(s.num_seen[r] + 1, s.num_tokens[r]),
-                                                       o.eq(s.num_computed_tokens[r], s.num_seen[r]))))),
-                o.implies(swapped, o.and_(o.eq(s.num_cpu_blocks[r], cdiv(s.num_seen[r], bs)), o.eq(s.num_blocks[r], 0),
-                                          o.eq(s.num_tokens[r], s.num_seen[r] + 1), o.le(1, s.num_seen[r]),
-                                          o.eq(s.num_computed_tokens[r], s.num_seen[r]),
-                                          o.le(s.num_tokens[r], s.max_model_len),
-                                          # can_swap_out counted 1 + full blocks against the CPU pool.
-                                          o.le(1 + fdiv(s.num_seen[r], bs),
-                                               sh.num_cpu_blocks))),
-                o.implies(o.eq(s.status[r], WAITING), o.and_(o.eq(s.num_blocks[r], 0), o.eq(s.num_cpu_blocks[r], 0),
-                                                            o.eq(s.num_seen[r], 0), o.eq(s.num_computed_tokens[r], 0))),
-            )),
-            o.implies(o.not_(s.live(r)), o.and_(o.eq(s.num_blocks[r], 0), o.eq(s.num_cpu_blocks[r], 0),
-                                                o.eq(s.num_scheduled[r], 0))),
+            o.implies(
+                s.live(r),
+                o.and_(
+                    o.le(1, s.num_prompt_tokens[r]),
+                    o.le(s.num_prompt_tokens[r], s.num_tokens[r]),
+                    o.lt(s.num_tokens[r] - s.num_prompt_tokens[r], s.max_tokens[r]),
+                    o.le(0, s.num_computed_tokens[r]),
+                    o.le(s.num_computed_tokens[r], s.num_seen[r]),
+                    o.le(s.num_seen[r], s.num_tokens[r]),
+                    # Prompts over max_model_len are refused; a group stops when it reaches it.
+                    o.le(s.num_tokens[r], s.max_model_len),
+                    o.implies(
+                        running,
+                        o.and_(
+                            o.eq(s.num_blocks[r], cdiv(s.num_seen[r], bs)),
+                            o.eq(s.num_cpu_blocks[r], 0),
+                            o.le(s.num_tokens[r], s.max_model_len),
+                            o.le(1, s.num_seen[r]),
+                            # Scheduled this step: the table has seen everything; else one token is new.
+                            o.ite(
+                                o.lt(0, s.num_scheduled[r]),
+                                o.and_(
+                                    o.eq(s.num_seen[r], s.num_tokens[r]),
+                                    o.eq(s.num_computed_tokens[r] + s.num_scheduled[r], s.num_tokens[r]),
+                                ),
+                                o.and_(
+                                    o.eq(s.num_seen[r] + 1, s.num_tokens[r]),
+                                    o.eq(s.num_computed_tokens[r], s.num_seen[r]),
+                                ),
+                            ),
+                        ),
+                    ),
+                    o.implies(
+                        swapped,
+                        o.and_(
+                            o.eq(s.num_cpu_blocks[r], cdiv(s.num_seen[r], bs)),
+                            o.eq(s.num_blocks[r], 0),
+                            o.eq(s.num_tokens[r], s.num_seen[r] + 1),
+                            o.le(1, s.num_seen[r]),
+                            o.eq(s.num_computed_tokens[r], s.num_seen[r]),
+                            o.le(s.num_tokens[r], s.max_model_len),
+                            # can_swap_out counted 1 + full blocks against the CPU pool.
+                            o.le(1 + fdiv(s.num_seen[r], bs), sh.num_cpu_blocks),
+                        ),
+                    ),
+                    o.implies(
+                        o.eq(s.status[r], WAITING),
+                        o.and_(
+                            o.eq(s.num_blocks[r], 0),
+                            o.eq(s.num_cpu_blocks[r], 0),
+                            o.eq(s.num_seen[r], 0),
+                            o.eq(s.num_computed_tokens[r], 0),
+                        ),
+                    ),
+                ),
+            ),
+            o.implies(
+                o.not_(s.live(r)),
+                o.and_(o.eq(s.num_blocks[r], 0), o.eq(s.num_cpu_blocks[r], 0), o.eq(s.num_scheduled[r], 0)),
+            ),
             table(s.held[r], s.table_pos[r], s.num_blocks[r], sh.blocks, r, "gpu"),
             table(s.cpu_held[r], s.cpu_table_pos[r], s.num_cpu_blocks[r], sh.cpu_blocks, r, "cpu"),
         )
 
     return o.and_(
         o.forall(slots, one, lambda r: f"slot {r}"),
-        _distinct_positions(o, [s.in_running[r] for r in slots], [s.running_pos[r] for r in slots], s.num_running(),
-                            "running slot"),
-        _distinct_positions(o, [s.in_waiting[r] for r in slots], [s.waiting_pos[r] for r in slots], s.num_waiting(),
-                            "waiting slot"),
-        _distinct_positions(o, [s.in_swapped[r] for r in slots], [s.swapped_pos[r] for r in slots], s.num_swapped(),
-                            "swapped slot"),
+        _distinct_positions(
+            o, [s.in_running[r] for r in slots], [s.running_pos[r] for r in slots], s.num_running(), "running slot"
+        ),
+        _distinct_positions(
+            o, [s.in_waiting[r] for r in slots], [s.waiting_pos[r] for r in slots], s.num_waiting(), "waiting slot"
+        ),
+        _distinct_positions(
+            o, [s.in_swapped[r] for r in slots], [s.swapped_pos[r] for r in slots], s.num_swapped(), "swapped slot"
+        ),
     )
 
 
@@ -565,10 +792,18 @@ def theorem_rank(in_free: list[Any], key: list[Any], num_free: Any, n: Any, ids:
         *(limplies(land(in_free[b], in_free[c]), lnot(eq_(key[b], key[c]))) for b in ids for c in ids if b < c),
     )
     rank = {b: free_rank(in_free, key, b, ids) for b in ids}
-    monotone = land(*(limplies(land(in_free[b], in_free[c], key[b] < key[c]), rank[b] < rank[c])
-                      for b in ids for c in ids if b != c))
-    return land(limplies(land(distinct, 0 <= n, n <= num_free), eq_(count(land(in_free[b], rank[b] < n) for b in ids), n)),
-                limplies(distinct, land(monotone, *(limplies(in_free[b], rank[b] < num_free) for b in ids))))
+    monotone = land(
+        *(
+            limplies(land(in_free[b], in_free[c], key[b] < key[c]), rank[b] < rank[c])
+            for b in ids
+            for c in ids
+            if b != c
+        )
+    )
+    return land(
+        limplies(land(distinct, 0 <= n, n <= num_free), eq_(count(land(in_free[b], rank[b] < n) for b in ids), n)),
+        limplies(distinct, land(monotone, *(limplies(in_free[b], rank[b] < num_free) for b in ids))),
+    )
 
 
 def lemma_priority(s: State, o: Any) -> Any:
@@ -578,27 +813,44 @@ def lemma_priority(s: State, o: Any) -> Any:
 
     def sorted_queue(queue: str) -> Any:
         member, pos = getattr(s, f"in_{queue}"), getattr(s, f"{queue}_pos")
-        return o.forall(pairs, lambda p: o.implies(
-            o.and_(member[p[0]], member[p[1]], o.lt(pos[p[0]], pos[p[1]])),
-            o.not_(o.or_(o.lt(s.priority[p[1]], s.priority[p[0]]),
-                         o.and_(o.eq(s.priority[p[1]], s.priority[p[0]]), o.lt(s.arrival[p[1]], s.arrival[p[0]]))))),
-            lambda p: f"{queue} slots {p[0]} before {p[1]}")
+        return o.forall(
+            pairs,
+            lambda p: o.implies(
+                o.and_(member[p[0]], member[p[1]], o.lt(pos[p[0]], pos[p[1]])),
+                o.not_(
+                    o.or_(
+                        o.lt(s.priority[p[1]], s.priority[p[0]]),
+                        o.and_(o.eq(s.priority[p[1]], s.priority[p[0]]), o.lt(s.arrival[p[1]], s.arrival[p[0]])),
+                    )
+                ),
+            ),
+            lambda p: f"{queue} slots {p[0]} before {p[1]}",
+        )
 
     return o.and_(
-        o.implies(o.and_(s.priority_policy, o.or_(o.eq(s.phase, PRIORITY_LOOP), o.eq(s.phase, RUNNING_LOOP))),
-                  sorted_queue("running")),
-        o.implies(o.and_(s.priority_policy, o.or_(o.eq(s.phase, RUNNING_LOOP), o.eq(s.phase, SWAPPED_LOOP)),
-                         o.eq(s.num_preempted, 0)), sorted_queue("waiting")),
+        o.implies(
+            o.and_(s.priority_policy, o.or_(o.eq(s.phase, PRIORITY_LOOP), o.eq(s.phase, RUNNING_LOOP))),
+            sorted_queue("running"),
+        ),
+        o.implies(
+            o.and_(
+                s.priority_policy,
+                o.or_(o.eq(s.phase, RUNNING_LOOP), o.eq(s.phase, SWAPPED_LOOP)),
+                o.eq(s.num_preempted, 0),
+            ),
+            sorted_queue("waiting"),
+        ),
     )
 
 
 LEMMAS: dict[str, Callable[[State, Any], Any]] = {
-    fn.__name__.removeprefix("lemma_"): fn for fn in (lemma_config, lemma_step, lemma_allocators, lemma_requests,
-                                                      lemma_priority)
+    fn.__name__.removeprefix("lemma_"): fn
+    for fn in (lemma_config, lemma_step, lemma_allocators, lemma_requests, lemma_priority)
 }
 
 
 # --------------------------------------------------------------- canonical form
+
 
 def table_of(s: State, r: int, cpu: bool = False) -> list[int]:
     """Slot ``r``'s GPU (or CPU) block table, in position order (Python values)."""
@@ -611,28 +863,45 @@ def canonical(s: State) -> dict[str, Any]:
     sh = s.shape
     live = [r for r in sh.slots if s.status[r] in (WAITING, RUNNING, SWAPPED)]
     out: dict[str, Any] = {
-        "phase": s.phase, "step": s.step,
-        "num_free_gpu": s.num_free_gpu, "num_free_cpu": s.num_free_cpu,
+        "phase": s.phase,
+        "step": s.step,
+        "num_free_gpu": s.num_free_gpu,
+        "num_free_cpu": s.num_free_cpu,
         "gpu_free": sorted((b for b in sh.blocks if s.gpu_in_free[b]), key=lambda b: s.gpu_free_key[b]),
         "cpu_free": sorted((c for c in sh.cpu_blocks if s.cpu_in_free[c]), key=lambda c: s.cpu_free_key[c]),
-        "gpu_ref_cnt": list(s.gpu_ref_cnt), "cpu_ref_cnt": list(s.cpu_ref_cnt),
+        "gpu_ref_cnt": list(s.gpu_ref_cnt),
+        "cpu_ref_cnt": list(s.cpu_ref_cnt),
         "waiting": sorted((r for r in sh.slots if s.in_waiting[r]), key=lambda r: s.waiting_pos[r]),
         "running": sorted((r for r in sh.slots if s.in_running[r]), key=lambda r: s.running_pos[r]),
         "swapped": sorted((r for r in sh.slots if s.in_swapped[r]), key=lambda r: s.swapped_pos[r]),
         "requests": {
-            r: {"status": s.status[r], "num_tokens": s.num_tokens[r], "num_prompt_tokens": s.num_prompt_tokens[r],
-                "num_computed_tokens": s.num_computed_tokens[r], "num_seen": s.num_seen[r],
-                "num_scheduled": s.num_scheduled[r], "gpu_table": table_of(s, r), "cpu_table": table_of(s, r, True),
-                "priority": (s.priority[r], s.arrival[r])}
+            r: {
+                "status": s.status[r],
+                "num_tokens": s.num_tokens[r],
+                "num_prompt_tokens": s.num_prompt_tokens[r],
+                "num_computed_tokens": s.num_computed_tokens[r],
+                "num_seen": s.num_seen[r],
+                "num_scheduled": s.num_scheduled[r],
+                "gpu_table": table_of(s, r),
+                "cpu_table": table_of(s, r, True),
+                "priority": (s.priority[r], s.arrival[r]),
+            }
             for r in live
         },
-        "dead_tables": {r: (table_of(s, r), table_of(s, r, True)) for r in sh.slots
-                        if r not in live and (table_of(s, r) or table_of(s, r, True))},
+        "dead_tables": {
+            r: (table_of(s, r), table_of(s, r, True))
+            for r in sh.slots
+            if r not in live and (table_of(s, r) or table_of(s, r, True))
+        },
     }
     if s.phase in (PREFILL_LOOP, RUNNING_LOOP, SWAPPED_LOOP, PENDING, PRIORITY_SORT, PRIORITY_LOOP):
         # What the output shows: prefill groups, ``preempted``, and whether it swaps out / in.
-        out["step_counts"] = (s.num_prefills, s.num_preempted + s.num_swapped_out, s.num_swapped_out > 0,
-                              s.num_swapped_in > 0)
+        out["step_counts"] = (
+            s.num_prefills,
+            s.num_preempted + s.num_swapped_out,
+            s.num_swapped_out > 0,
+            s.num_swapped_in > 0,
+        )
     return out
 
 
@@ -654,11 +923,12 @@ def describe(s: State) -> str:
         f"{(s.num_prefills, s.num_preempted, s.num_swapped_out, s.num_swapped_in)}",
     ]
     for r, info in c["requests"].items():
-        lines.append(f"  {slot_id(r)}: {STATUS_NAMES[info['status']]} tokens={info['num_tokens']} "
-                     f"(prompt {info['num_prompt_tokens']}, max_tokens {s.max_tokens[r]}) computed="
-                     f"{info['num_computed_tokens']} seen={info['num_seen']} scheduled={info['num_scheduled']} "
-                     f"gpu={info['gpu_table']}/{s.num_blocks[r]} cpu={info['cpu_table']}/{s.num_cpu_blocks[r]}")
+        lines.append(
+            f"  {slot_id(r)}: {STATUS_NAMES[info['status']]} tokens={info['num_tokens']} "
+            f"(prompt {info['num_prompt_tokens']}, max_tokens {s.max_tokens[r]}) computed="
+            f"{info['num_computed_tokens']} seen={info['num_seen']} scheduled={info['num_scheduled']} "
+            f"gpu={info['gpu_table']}/{s.num_blocks[r]} cpu={info['cpu_table']}/{s.num_cpu_blocks[r]}"
+        )
     for r, (g, cpu) in c["dead_tables"].items():
         lines.append(f"  {slot_id(r)}: dead, still holding gpu {g} cpu {cpu}")
     return "\n".join(lines)
-

@@ -48,6 +48,9 @@ deferral), sorts ``running`` before the running loop reads it, and re-sorts
 ``waiting`` before the running loop's victims are put in front of it.
 """
 
+# Size: one symbolic transition per v0 scheduler pass, side by side for the drift guard, as
+# spec/symbolic/transitions.py is for v1.
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -105,6 +108,7 @@ class Outcome:
 
 # ------------------------------------------------------------------ helpers
 
+
 def at(values: list[Any], q: Any, default: Any = 0) -> Any:
     """``values[q]`` for a possibly symbolic slot ``q``."""
     return select(values, q, default)
@@ -127,8 +131,9 @@ def merge(c: Any, a: State, b: State) -> State:
         fields[name] = x if x is y else [ite(c, u, v) for u, v in zip(x, y)]
     for name, _ in REQUEST_GPU_FIELDS + REQUEST_CPU_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
-        fields[name] = x if x is y else [rx if rx is ry else [ite(c, u, v) for u, v in zip(rx, ry)]
-                                         for rx, ry in zip(x, y)]
+        fields[name] = (
+            x if x is y else [rx if rx is ry else [ite(c, u, v) for u, v in zip(rx, ry)] for rx, ry in zip(x, y)]
+        )
     return State(a.shape, **fields)
 
 
@@ -153,11 +158,14 @@ def remove_from(s: State, queue: str, q: Any) -> State:
     """``queue.remove(q)`` / ``popleft`` / ``pop``: later groups move up one place."""
     member, pos = getattr(s, f"in_{queue}"), getattr(s, f"{queue}_pos")
     pos_q, in_q = at(pos, q), at(member, q, False)
-    return s.replace(**{
-        f"in_{queue}": put(member, q, False),
-        f"{queue}_pos": [ite(land(in_q, lnot(eq(q, r)), member[r], pos[r] > pos_q), pos[r] - 1, pos[r])
-                         for r in s.shape.slots],
-    })
+    return s.replace(
+        **{
+            f"in_{queue}": put(member, q, False),
+            f"{queue}_pos": [
+                ite(land(in_q, lnot(eq(q, r)), member[r], pos[r] > pos_q), pos[r] - 1, pos[r]) for r in s.shape.slots
+            ],
+        }
+    )
 
 
 def append_to(s: State, queue: str, q: Any) -> State:
@@ -169,10 +177,12 @@ def append_to(s: State, queue: str, q: Any) -> State:
 def prepend_to(s: State, queue: str, q: Any) -> State:
     """``queue.appendleft(q)`` (``waiting.extendleft(preempted)``, one group at a time)."""
     member, pos = getattr(s, f"in_{queue}"), getattr(s, f"{queue}_pos")
-    return s.replace(**{
-        f"in_{queue}": put(member, q, True),
-        f"{queue}_pos": [ite(eq(q, r), 0, ite(member[r], pos[r] + 1, pos[r])) for r in s.shape.slots],
-    })
+    return s.replace(
+        **{
+            f"in_{queue}": put(member, q, True),
+            f"{queue}_pos": [ite(eq(q, r), 0, ite(member[r], pos[r] + 1, pos[r])) for r in s.shape.slots],
+        }
+    )
 
 
 def pin(inp: dict[str, Any], key: str, sym: Any) -> tuple[Any, Any]:
@@ -206,12 +216,29 @@ def blocks_touched_by_append(s: State, num_seen: Any, num_new: Any) -> Any:
 
 # ------------------------------------------------------------------ allocators
 
+
 def _device(dev: str) -> tuple[str, str, str, str, str, str, str, str]:
     if dev == "gpu":
-        return ("gpu_ref_cnt", "gpu_in_free", "gpu_free_key", "gpu_free_lo", "num_free_gpu", "held", "table_pos",
-                "num_blocks")
-    return ("cpu_ref_cnt", "cpu_in_free", "cpu_free_key", "cpu_free_lo", "num_free_cpu", "cpu_held", "cpu_table_pos",
-            "num_cpu_blocks")
+        return (
+            "gpu_ref_cnt",
+            "gpu_in_free",
+            "gpu_free_key",
+            "gpu_free_lo",
+            "num_free_gpu",
+            "held",
+            "table_pos",
+            "num_blocks",
+        )
+    return (
+        "cpu_ref_cnt",
+        "cpu_in_free",
+        "cpu_free_key",
+        "cpu_free_lo",
+        "num_free_cpu",
+        "cpu_held",
+        "cpu_table_pos",
+        "num_cpu_blocks",
+    )
 
 
 def allocate_blocks(s: State, dev: str, q: Any, n: Any, base: Any, what: str) -> tuple[State, list[Check]]:
@@ -231,18 +258,22 @@ def allocate_blocks(s: State, dev: str, q: Any, n: Any, base: Any, what: str) ->
     checks = [
         (f"{what}: {dev} deque holds the blocks (no NoFreeBlocksError)", land(0 <= n, n <= num_free)),
         (f"{what}: a popped {dev} block has ref count 0", land(*(limplies(popped[b], eq(ref[b], 0)) for b in ids))),
-        (f"{what}: a popped {dev} block is not already in the table",
-         land(*(limplies(popped[b], lnot(held_q[b])) for b in ids))),
+        (
+            f"{what}: a popped {dev} block is not already in the table",
+            land(*(limplies(popped[b], lnot(held_q[b])) for b in ids)),
+        ),
         (PREMISE + f"rank of the {dev} deque", theorem_rank(in_free, key, num_free, n, ids)),
     ]
-    post = s.replace(**{
-        ref_n: [ite(popped[b], 1, ref[b]) for b in ids],
-        free_n: [land(in_free[b], lnot(popped[b])) for b in ids],
-        num_n: num_free - n,
-        held_n: [[lor(held[r][b], land(eq(q, r), popped[b])) for b in ids] for r in s.shape.slots],
-        pos_n: [[ite(land(eq(q, r), popped[b]), base + rank[b], pos[r][b]) for b in ids] for r in s.shape.slots],
-        nb_n: put(getattr(s, nb_n), q, base + n),
-    })
+    post = s.replace(
+        **{
+            ref_n: [ite(popped[b], 1, ref[b]) for b in ids],
+            free_n: [land(in_free[b], lnot(popped[b])) for b in ids],
+            num_n: num_free - n,
+            held_n: [[lor(held[r][b], land(eq(q, r), popped[b])) for b in ids] for r in s.shape.slots],
+            pos_n: [[ite(land(eq(q, r), popped[b]), base + rank[b], pos[r][b]) for b in ids] for r in s.shape.slots],
+            nb_n: put(getattr(s, nb_n), q, base + n),
+        }
+    )
     return post, checks
 
 
@@ -260,16 +291,20 @@ def free_table(s: State, dev: str, q: Any, what: str) -> tuple[State, list[Check
     held_q = {b: at([held[r][b] for r in s.shape.slots], q, False) for b in ids}
     pos_q = {b: at([pos[r][b] for r in s.shape.slots], q, 0) for b in ids}
     reach0 = {b: land(held_q[b], eq(ref[b], 1)) for b in ids}
-    checks = [(f"{what}: a freed {dev} block has ref count >= 1", land(*(limplies(held_q[b], ref[b] >= 1) for b in ids)))]
-    post = s.replace(**{
-        ref_n: [ite(held_q[b], ref[b] - 1, ref[b]) for b in ids],
-        free_n: [lor(in_free[b], reach0[b]) for b in ids],
-        key_n: [ite(reach0[b], lo - 1 - pos_q[b], key[b]) for b in ids],
-        lo_n: lo - 1 - at(getattr(s, nb_n), q),
-        num_n: getattr(s, num_n) + count(reach0.values()),
-        held_n: [[land(held[r][b], lnot(eq(q, r))) for b in ids] for r in s.shape.slots],
-        nb_n: put(getattr(s, nb_n), q, 0),
-    })
+    checks = [
+        (f"{what}: a freed {dev} block has ref count >= 1", land(*(limplies(held_q[b], ref[b] >= 1) for b in ids)))
+    ]
+    post = s.replace(
+        **{
+            ref_n: [ite(held_q[b], ref[b] - 1, ref[b]) for b in ids],
+            free_n: [lor(in_free[b], reach0[b]) for b in ids],
+            key_n: [ite(reach0[b], lo - 1 - pos_q[b], key[b]) for b in ids],
+            lo_n: lo - 1 - at(getattr(s, nb_n), q),
+            num_n: getattr(s, num_n) + count(reach0.values()),
+            held_n: [[land(held[r][b], lnot(eq(q, r))) for b in ids] for r in s.shape.slots],
+            nb_n: put(getattr(s, nb_n), q, 0),
+        }
+    )
     return post, checks
 
 
@@ -279,13 +314,20 @@ def set_field(s: State, name: str, q: Any, value: Any) -> State:
 
 # ------------------------------------------------------------------ schedule()
 
+
 def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
     """``schedule()`` -> ``_schedule_default`` starts: a fresh budget (running groups pre-counted); the prefill loop only if nothing is swapped."""
     sh = s.shape
     post = s.replace(
         phase=ite(eq(s.num_swapped(), 0), PREFILL_LOOP, ite(s.priority_policy, PRIORITY_SORT, RUNNING_LOOP)),
-        step=s.step + 1, req_index=0, loop_done=False,
-        num_prefills=0, num_preempted=0, num_swapped_out=0, num_swapped_in=0, num_scheduled=[0] * sh.num_reqs,
+        step=s.step + 1,
+        req_index=0,
+        loop_done=False,
+        num_prefills=0,
+        num_preempted=0,
+        num_swapped_out=0,
+        num_swapped_in=0,
+        num_scheduled=[0] * sh.num_reqs,
     )
     return Outcome(post, eq(s.phase, IDLE), facts={"skips_prefills": s.num_swapped() > 0})
 
@@ -306,16 +348,25 @@ def prefill_ignore(s: State, inp: dict[str, Any]) -> Outcome:
     never = s.shape.num_blocks - required < s.shape.watermark
     post = remove_from(s, "waiting", w)
     post = set_field(post, "status", w, DEAD)
-    return Outcome(post, land(loop, lor(over_limit, never)), facts={
-        "request": w, "over_limit": over_limit, "never": land(lnot(over_limit), never)})
+    return Outcome(
+        post,
+        land(loop, lor(over_limit, never)),
+        facts={"request": w, "over_limit": over_limit, "never": land(lnot(over_limit), never)},
+    )
 
 
 def prefill_admit(s: State, inp: dict[str, Any]) -> Outcome:
     """``_schedule_prefills``: ``can_allocate`` OK and ``budget.can_schedule``: ``_allocate_and_set_running``, chunk = the whole sequence."""
     w, n, required, loop = _prefill_head(s, inp)
     wm = s.shape.watermark
-    guard = land(loop, n <= s.max_model_len, s.shape.num_blocks - required >= wm, s.num_free_gpu - required >= wm,
-                 s.num_batched_tokens() + n <= s.max_num_batched_tokens, s.num_running() + 1 <= s.max_num_seqs)
+    guard = land(
+        loop,
+        n <= s.max_model_len,
+        s.shape.num_blocks - required >= wm,
+        s.num_free_gpu - required >= wm,
+        s.num_batched_tokens() + n <= s.max_num_batched_tokens,
+        s.num_running() + 1 <= s.max_num_seqs,
+    )
     post, checks = allocate_blocks(s, "gpu", w, required, 0, "allocate")
     post = remove_from(post, "waiting", w)
     post = append_to(post, "running", w)
@@ -324,7 +375,9 @@ def prefill_admit(s: State, inp: dict[str, Any]) -> Outcome:
     post = set_field(post, "num_scheduled", w, n)
     post = post.replace(num_prefills=s.num_prefills + 1)
     checks.append(("allocate: a waiting group has computed nothing", eq(at(s.num_computed_tokens, w), 0)))
-    return Outcome(post, guard, checks, {"request": w, "fills_budget": eq(s.num_batched_tokens() + n, s.max_num_batched_tokens)})
+    return Outcome(
+        post, guard, checks, {"request": w, "fills_budget": eq(s.num_batched_tokens() + n, s.max_num_batched_tokens)}
+    )
 
 
 def prefill_stop(s: State, inp: dict[str, Any]) -> Outcome:
@@ -332,16 +385,23 @@ def prefill_stop(s: State, inp: dict[str, Any]) -> Outcome:
     w, n, required, loop = _prefill_head(s, inp)
     wm = s.shape.watermark
     later = s.num_free_gpu - required < wm
-    guard = land(loop, n <= s.max_model_len, s.shape.num_blocks - required >= wm,
-                 lor(later, s.num_batched_tokens() + n > s.max_num_batched_tokens, s.num_running() + 1 > s.max_num_seqs))
+    guard = land(
+        loop,
+        n <= s.max_model_len,
+        s.shape.num_blocks - required >= wm,
+        lor(later, s.num_batched_tokens() + n > s.max_num_batched_tokens, s.num_running() + 1 > s.max_num_seqs),
+    )
     return Outcome(s.replace(loop_done=True), guard, facts={"request": w, "later": later})
 
 
 def end_prefill_loop(s: State, inp: dict[str, Any]) -> Outcome:
     """After ``_schedule_prefills``: a step that admitted prompts schedules nothing else; otherwise (policy priority: ``_schedule_priority_preemption``, then) ``_schedule_running``."""
     guard = land(eq(s.phase, PREFILL_LOOP), lor(s.loop_done, eq(queue_len(s, "waiting"), 0)))
-    post = s.replace(phase=ite(s.num_prefills > 0, PENDING, ite(s.priority_policy, PRIORITY_SORT, RUNNING_LOOP)),
-                     loop_done=False, req_index=0)
+    post = s.replace(
+        phase=ite(s.num_prefills > 0, PENDING, ite(s.priority_policy, PRIORITY_SORT, RUNNING_LOOP)),
+        loop_done=False,
+        req_index=0,
+    )
     return Outcome(post, guard)
 
 
@@ -364,8 +424,12 @@ def running_append(s: State, inp: dict[str, Any]) -> Outcome:
     post = set_field(post, "num_seen", cur, n_tok)
     post = set_field(post, "num_scheduled", cur, 1)
     post = post.replace(req_index=s.req_index + 1)
-    checks.append(("a running group is a decode (one uncomputed token)",
-                   land(eq(unseen, 1), eq(at(s.num_computed_tokens, cur), n_tok - 1))))
+    checks.append(
+        (
+            "a running group is a decode (one uncomputed token)",
+            land(eq(unseen, 1), eq(at(s.num_computed_tokens, cur), n_tok - 1)),
+        )
+    )
     return Outcome(post, land(loop, can), checks, {"request": cur, "new_block": new > 0})
 
 
@@ -390,8 +454,12 @@ def running_preempt_recompute(s: State, inp: dict[str, Any]) -> Outcome:
     for name, value in (("status", WAITING), ("num_computed_tokens", 0), ("num_seen", 0)):
         post = set_field(post, name, v, value)
     post = post.replace(num_preempted=s.num_preempted + 1)
-    return Outcome(post, land(loop, lnot(can), lnot(s.swap_mode), pinned), checks,
-                   {"request": cur, "victim": v, "self_preempted": is_self})
+    return Outcome(
+        post,
+        land(loop, lnot(can), lnot(s.swap_mode), pinned),
+        checks,
+        {"request": cur, "victim": v, "self_preempted": is_self},
+    )
 
 
 def _can_swap_out(s: State, v: Any) -> Any:
@@ -412,16 +480,23 @@ def running_preempt_swap(s: State, inp: dict[str, Any]) -> Outcome:
     post = append_to(post, "swapped", v)
     post = set_field(post, "status", v, SWAPPED)
     post = post.replace(num_swapped_out=s.num_swapped_out + 1)
-    return Outcome(post, land(loop, lnot(can), s.swap_mode, _can_swap_out(s, v), pinned), checks + more,
-                   {"request": cur, "victim": v, "self_preempted": is_self, "num_blocks": nb})
+    return Outcome(
+        post,
+        land(loop, lnot(can), s.swap_mode, _can_swap_out(s, v), pinned),
+        checks + more,
+        {"request": cur, "victim": v, "self_preempted": is_self, "num_blocks": nb},
+    )
 
 
 def running_swap_crash(s: State, inp: dict[str, Any]) -> Outcome:
     """``_swap_out`` without CPU room: ``RuntimeError("Aborted due to the lack of CPU swap space")``; the engine is dead."""
     cur, loop, _, can = _running_cursor(s, inp)
     v, _, pinned = _victim(s, inp)
-    return Outcome(s.replace(phase=CRASHED), land(loop, lnot(can), s.swap_mode, lnot(_can_swap_out(s, v)), pinned),
-                   facts={"victim": v})
+    return Outcome(
+        s.replace(phase=CRASHED),
+        land(loop, lnot(can), s.swap_mode, lnot(_can_swap_out(s, v)), pinned),
+        facts={"victim": v},
+    )
 
 
 def end_running_loop(s: State, inp: dict[str, Any]) -> Outcome:
@@ -451,8 +526,13 @@ def swapped_ignore(s: State, inp: dict[str, Any]) -> Outcome:
 def swapped_swap_in(s: State, inp: dict[str, Any]) -> Outcome:
     """``_schedule_swapped``: ``can_swap_in`` OK and the budget fits: ``_swap_in`` (CPU table freed in order, one GPU block each) then ``_append_slots``."""
     h, loop, touched = _swapped_head(s, inp)
-    guard = land(loop, touched <= s.shape.num_blocks, s.num_free_gpu - touched >= s.shape.watermark,
-                 s.num_batched_tokens() + 1 <= s.max_num_batched_tokens, s.num_running() + 1 <= s.max_num_seqs)
+    guard = land(
+        loop,
+        touched <= s.shape.num_blocks,
+        s.num_free_gpu - touched >= s.shape.watermark,
+        s.num_batched_tokens() + 1 <= s.max_num_batched_tokens,
+        s.num_running() + 1 <= s.max_num_seqs,
+    )
     n_cpu = at(s.num_cpu_blocks, h)
     post, checks = free_table(s, "cpu", h, "swap_in")
     post, more = allocate_blocks(post, "gpu", h, n_cpu, 0, "swap_in")
@@ -472,8 +552,11 @@ def swapped_stop(s: State, inp: dict[str, Any]) -> Outcome:
     """``_schedule_swapped``: ``can_swap_in`` LATER, or the budget refuses: ``break``."""
     h, loop, touched = _swapped_head(s, inp)
     later = s.num_free_gpu - touched < s.shape.watermark
-    guard = land(loop, touched <= s.shape.num_blocks, lor(later, s.num_batched_tokens() + 1 > s.max_num_batched_tokens,
-                                                          s.num_running() + 1 > s.max_num_seqs))
+    guard = land(
+        loop,
+        touched <= s.shape.num_blocks,
+        lor(later, s.num_batched_tokens() + 1 > s.max_num_batched_tokens, s.num_running() + 1 > s.max_num_seqs),
+    )
     return Outcome(s.replace(loop_done=True), guard, facts={"request": h, "later": later})
 
 
@@ -484,6 +567,7 @@ def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
 
 
 # ------------------------------------------------------------------ priority
+
 
 def priority_before(s: State, a: Any, b: Any) -> Any:
     """``a.get_priority() < b.get_priority()``: ``(priority, arrival_time)`` compared as tuples (slots, maybe symbolic)."""
@@ -501,8 +585,10 @@ def stable_sort(s: State, queue: str) -> State:
     slots = s.shape.slots
 
     def before(q: int, r: int) -> Any:
-        return lor(priority_before(s, q, r),
-                   land(eq(s.priority[q], s.priority[r]), eq(s.arrival[q], s.arrival[r]), pos[q] < pos[r]))
+        return lor(
+            priority_before(s, q, r),
+            land(eq(s.priority[q], s.priority[r]), eq(s.arrival[q], s.arrival[r]), pos[q] < pos[r]),
+        )
 
     new = [ite(member[r], count(land(member[q], before(q, r)) for q in slots if q != r), pos[r]) for r in slots]
     return s.replace(**{f"{queue}_pos": new})
@@ -516,8 +602,15 @@ def priority_sort_running(s: State, inp: dict[str, Any]) -> Outcome:
     ``self.running``.
     """
     post = stable_sort(s, "running").replace(phase=PRIORITY_LOOP)
-    return Outcome(post, eq(s.phase, PRIORITY_SORT), facts={"reorders": lor(*(
-        land(s.in_running[r], lnot(eq(post.running_pos[r], s.running_pos[r]))) for r in s.shape.slots))})
+    return Outcome(
+        post,
+        eq(s.phase, PRIORITY_SORT),
+        facts={
+            "reorders": lor(
+                *(land(s.in_running[r], lnot(eq(post.running_pos[r], s.running_pos[r]))) for r in s.shape.slots)
+            )
+        },
+    )
 
 
 def _priority_head(s: State, inp: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -533,8 +626,13 @@ def _priority_head(s: State, inp: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     n = at(s.num_tokens, w)
     required = cdiv(n, s.shape.block_size)
     wm = s.shape.watermark
-    fits = land(n > 0, s.shape.num_blocks - required >= wm, s.num_free_gpu - required >= wm,
-                s.num_batched_tokens() + n <= s.max_num_batched_tokens, s.num_running() + 1 <= s.max_num_seqs)
+    fits = land(
+        n > 0,
+        s.shape.num_blocks - required >= wm,
+        s.num_free_gpu - required >= wm,
+        s.num_batched_tokens() + n <= s.max_num_batched_tokens,
+        s.num_running() + 1 <= s.max_num_seqs,
+    )
     worse = land(queue_len(s, "waiting") > 0, s.num_running() > 0, priority_before(s, w, v))
     return w, v, land(worse, lnot(fits)), pinned
 
@@ -551,26 +649,45 @@ def priority_force_preempt(s: State, inp: dict[str, Any]) -> Outcome:
     w, v, force, pinned = _priority_head(s, inp)
     post = remove_from(s, "running", v)
     post, checks = free_table(post, "gpu", v, "free")
-    post = post.replace(in_waiting=put(post.in_waiting, v, True), waiting_pos=[
-        ite(eq(v, r), 1, ite(land(post.in_waiting[r], post.waiting_pos[r] >= 1), post.waiting_pos[r] + 1,
-                             post.waiting_pos[r])) for r in s.shape.slots])
+    post = post.replace(
+        in_waiting=put(post.in_waiting, v, True),
+        waiting_pos=[
+            ite(
+                eq(v, r),
+                1,
+                ite(land(post.in_waiting[r], post.waiting_pos[r] >= 1), post.waiting_pos[r] + 1, post.waiting_pos[r]),
+            )
+            for r in s.shape.slots
+        ],
+    )
     for name, value in (("status", WAITING), ("num_computed_tokens", 0), ("num_seen", 0)):
         post = set_field(post, name, v, value)
     checks.append(("_preempt_by_recompute: the victim is RUNNING", eq(at(s.status, v), RUNNING)))
-    return Outcome(post, land(eq(s.phase, PRIORITY_LOOP), force, lnot(s.swap_mode), pinned), checks,
-                   {"request": w, "victim": v, "last_running": eq(s.num_running(), 1)})
+    return Outcome(
+        post,
+        land(eq(s.phase, PRIORITY_LOOP), force, lnot(s.swap_mode), pinned),
+        checks,
+        {"request": w, "victim": v, "last_running": eq(s.num_running(), 1)},
+    )
 
 
 def priority_end(s: State, inp: dict[str, Any]) -> Outcome:
     """The loop ends (no worse tail, or ``sg`` fits): ``waiting.appendleft(sg)``, ``self.waiting = deque(sorted(...))``; on to ``_schedule_running``."""
     _, _, force, _ = _priority_head(s, inp)
     post = stable_sort(s, "waiting").replace(phase=RUNNING_LOOP, req_index=0, loop_done=False)
-    return Outcome(post, land(eq(s.phase, PRIORITY_LOOP), lnot(force)), facts={
-        "reorders": lor(*(land(s.in_waiting[r], lnot(eq(post.waiting_pos[r], s.waiting_pos[r])))
-                          for r in s.shape.slots))})
+    return Outcome(
+        post,
+        land(eq(s.phase, PRIORITY_LOOP), lnot(force)),
+        facts={
+            "reorders": lor(
+                *(land(s.in_waiting[r], lnot(eq(post.waiting_pos[r], s.waiting_pos[r]))) for r in s.shape.slots)
+            )
+        },
+    )
 
 
 # ------------------------------------------------------------------ update
+
 
 def begin_update(s: State, inp: dict[str, Any]) -> Outcome:
     """The engine takes the pending output (``update_from_output`` starts)."""
@@ -588,8 +705,12 @@ def update_append_token(s: State, inp: dict[str, Any]) -> Outcome:
     """
     sh = s.shape
     q, is_stop = inp["slot"], inp["stop_token"]
-    guard = land(eq(s.phase, UPDATING), slot_in_range(s, q), lor(*(land(eq(q, r), s.live(r)) for r in sh.slots)),
-                 at(s.num_scheduled, q) > 0)
+    guard = land(
+        eq(s.phase, UPDATING),
+        slot_in_range(s, q),
+        lor(*(land(eq(q, r), s.live(r)) for r in sh.slots)),
+        at(s.num_scheduled, q) > 0,
+    )
     n1 = at(s.num_tokens, q) + 1
     grown = set_field(s, "num_computed_tokens", q, at(s.num_computed_tokens, q) + at(s.num_scheduled, q))
     grown = set_field(grown, "num_tokens", q, n1)
@@ -600,31 +721,58 @@ def update_append_token(s: State, inp: dict[str, Any]) -> Outcome:
     freed = remove_from(freed, "running", q)
     freed = set_field(freed, "status", q, DEAD)
     post = merge(stopped, freed, grown)
-    return Outcome(post, guard, [(n, limplies(stopped, c)) for n, c in checks],
-                   {"request": q, "stopped": stopped, "length_capped": land(lnot(is_stop), length)})
+    return Outcome(
+        post,
+        guard,
+        [(n, limplies(stopped, c)) for n, c in checks],
+        {"request": q, "stopped": stopped, "length_capped": land(lnot(is_stop), length)},
+    )
 
 
 def end_update(s: State, inp: dict[str, Any]) -> Outcome:
     """Every scheduled group was processed; the step's output is gone."""
     sh = s.shape
     guard = land(eq(s.phase, UPDATING), *(limplies(s.live(r), eq(s.num_scheduled[r], 0)) for r in sh.slots))
-    post = s.replace(phase=IDLE, num_scheduled=[0] * sh.num_reqs, num_prefills=0, num_preempted=0,
-                     num_swapped_out=0, num_swapped_in=0, req_index=0, loop_done=False)
+    post = s.replace(
+        phase=IDLE,
+        num_scheduled=[0] * sh.num_reqs,
+        num_prefills=0,
+        num_preempted=0,
+        num_swapped_out=0,
+        num_swapped_in=0,
+        req_index=0,
+        loop_done=False,
+    )
     return Outcome(post, guard)
 
 
 # ------------------------------------------------------------------ requests
 
+
 def add_request(s: State, inp: dict[str, Any]) -> Outcome:
     """``add_request`` -> ``add_seq_group``: a new WAITING group at the tail of ``waiting``; prompts over ``max_model_len`` are refused (``LLMEngine._validate_model_input``); a priority other than 0 needs policy priority."""
     q, n = inp["slot"], inp["num_prompt_tokens"]
-    guard = land(lor(eq(s.phase, IDLE), eq(s.phase, PENDING)), slot_in_range(s, q), eq(at(s.status, q, 0), DEAD),
-                 eq(at(s.num_scheduled, q), 0), 1 <= n, n <= s.max_model_len, inp["max_tokens"] >= 1,
-                 lor(s.priority_policy, eq(inp["priority"], 0)))
+    guard = land(
+        lor(eq(s.phase, IDLE), eq(s.phase, PENDING)),
+        slot_in_range(s, q),
+        eq(at(s.status, q, 0), DEAD),
+        eq(at(s.num_scheduled, q), 0),
+        1 <= n,
+        n <= s.max_model_len,
+        inp["max_tokens"] >= 1,
+        lor(s.priority_policy, eq(inp["priority"], 0)),
+    )
     post = s
-    for name, value in (("status", WAITING), ("num_tokens", n), ("num_prompt_tokens", n),
-                        ("max_tokens", inp["max_tokens"]), ("num_computed_tokens", 0), ("num_seen", 0),
-                        ("priority", inp["priority"]), ("arrival", inp["arrival_time"])):
+    for name, value in (
+        ("status", WAITING),
+        ("num_tokens", n),
+        ("num_prompt_tokens", n),
+        ("max_tokens", inp["max_tokens"]),
+        ("num_computed_tokens", 0),
+        ("num_seen", 0),
+        ("priority", inp["priority"]),
+        ("arrival", inp["arrival_time"]),
+    ):
         post = set_field(post, name, q, value)
     return Outcome(append_to(post, "waiting", q), guard, facts={"request": q})
 
@@ -635,8 +783,11 @@ def abort(s: State, inp: dict[str, Any]) -> Outcome:
     sh = s.shape
     live = lor(*(land(eq(q, r), s.live(r)) for r in sh.slots))
     st = at(s.status, q)
-    out = merge(eq(st, RUNNING), remove_from(s, "running", q),
-                merge(eq(st, SWAPPED), remove_from(s, "swapped", q), remove_from(s, "waiting", q)))
+    out = merge(
+        eq(st, RUNNING),
+        remove_from(s, "running", q),
+        merge(eq(st, SWAPPED), remove_from(s, "swapped", q), remove_from(s, "waiting", q)),
+    )
     out, c1 = free_table(out, "gpu", q, "free_seq")
     out, c2 = free_table(out, "cpu", q, "free_seq")
     out = set_field(out, "status", q, DEAD)
@@ -662,9 +813,13 @@ def _append_inputs(shape: Shape, tag: str) -> dict[str, Any]:
 
 
 def _add_inputs(shape: Shape, tag: str) -> dict[str, Any]:
-    return {"slot": z3.Int(f"{tag}.slot"), "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
-            "max_tokens": z3.Int(f"{tag}.max_tokens"), "priority": z3.Int(f"{tag}.priority"),
-            "arrival_time": z3.Int(f"{tag}.arrival_time")}
+    return {
+        "slot": z3.Int(f"{tag}.slot"),
+        "num_prompt_tokens": z3.Int(f"{tag}.num_prompt_tokens"),
+        "max_tokens": z3.Int(f"{tag}.max_tokens"),
+        "priority": z3.Int(f"{tag}.priority"),
+        "arrival_time": z3.Int(f"{tag}.arrival_time"),
+    }
 
 
 @dataclass(frozen=True)
@@ -687,46 +842,120 @@ class Transition:
 
 _S = "spec/v0/scheduler.py"
 _B = "spec/v0/block_manager.py"
-TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
-    Transition("begin_step", begin_step, _no_inputs, f"{_S} schedule, _schedule_default (budget, swapped guard)"),
-    Transition("prefill_admit", prefill_admit, _no_inputs,
-               f"{_S} _schedule_prefills (admission), _allocate_and_set_running; {_B} can_allocate OK, allocate",
-               split=("case_request",)),
-    Transition("prefill_ignore", prefill_ignore, _no_inputs,
-               f"{_S} _schedule_prefills, _ignore (prompt limit; {_B} can_allocate NEVER)", split=("case_request",)),
-    Transition("prefill_stop", prefill_stop, _no_inputs,
-               f"{_S} _schedule_prefills (can_allocate LATER, budget break)", split=("case_request",)),
-    Transition("end_prefill_loop", end_prefill_loop, _no_inputs, f"{_S} _schedule_default (no decodes with prefills)"),
-    Transition("running_append", running_append, _no_inputs,
-               f"{_S} _schedule_running (can append), _append_slots; {_B} can_append_slots, append_slots",
-               split=("case_request",)),
-    Transition("running_preempt_recompute", running_preempt_recompute, _no_inputs,
-               f"{_S} _schedule_running (victim = tail), _preempt, _preempt_by_recompute", split=("case_victim",)),
-    Transition("running_preempt_swap", running_preempt_swap, _no_inputs,
-               f"{_S} _preempt, _swap_out; {_B} can_swap_out, swap_out, _swap", split=("case_victim",)),
-    Transition("running_swap_crash", running_swap_crash, _no_inputs,
-               f"{_S} _swap_out (EngineCrash engine_swap_space_exhausted)", split=("case_victim",)),
-    Transition("priority_sort_running", priority_sort_running, _no_inputs,
-               f"{_S} _schedule_default (policy priority), _schedule_priority_preemption (sorted running)"),
-    Transition("priority_force_preempt", priority_force_preempt, _no_inputs,
-               f"{_S} _schedule_priority_preemption (loop: worse tail, head does not fit), _preempt, "
-               f"_preempt_by_recompute; {_B} can_allocate", split=("case_victim",)),
-    Transition("priority_end", priority_end, _no_inputs,
-               f"{_S} _schedule_priority_preemption (appendleft head, sorted waiting)"),
-    Transition("end_running_loop", end_running_loop, _no_inputs, f"{_S} _schedule_default (swap-in only without preemption)"),
-    Transition("swapped_swap_in", swapped_swap_in, _no_inputs,
-               f"{_S} _schedule_swapped (OK), _swap_in, _append_slots; {_B} can_swap_in, swap_in, append_slots",
-               split=("case_request",)),
-    Transition("swapped_ignore", swapped_ignore, _no_inputs,
-               f"{_S} _schedule_swapped (can_swap_in NEVER, leaked_seq_groups)", split=("case_request",)),
-    Transition("swapped_stop", swapped_stop, _no_inputs,
-               f"{_S} _schedule_swapped (can_swap_in LATER, budget break)", split=("case_request",)),
-    Transition("end_schedule", end_schedule, _no_inputs, f"{_S} _schedule_default (end)"),
-    Transition("begin_update", begin_update, _no_inputs, f"{_S} update_from_output (start)"),
-    Transition("update_append_token", update_append_token, _append_inputs,
-               f"{_S} update_from_output, free_finished_seq_groups; spec/v0/stop.py maybe_stop_sequence",
-               split=("slot",)),
-    Transition("end_update", end_update, _no_inputs, f"{_S} update_from_output (end)"),
-    Transition("add_request", add_request, _add_inputs, f"{_S} add_request", split=("slot",)),
-    Transition("abort", abort, _slot_input, f"{_S} abort, abort_seq_group; {_B} free", split=("slot",)),
-)}
+TRANSITIONS: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        Transition("begin_step", begin_step, _no_inputs, f"{_S} schedule, _schedule_default (budget, swapped guard)"),
+        Transition(
+            "prefill_admit",
+            prefill_admit,
+            _no_inputs,
+            f"{_S} _schedule_prefills (admission), _allocate_and_set_running; {_B} can_allocate OK, allocate",
+            split=("case_request",),
+        ),
+        Transition(
+            "prefill_ignore",
+            prefill_ignore,
+            _no_inputs,
+            f"{_S} _schedule_prefills, _ignore (prompt limit; {_B} can_allocate NEVER)",
+            split=("case_request",),
+        ),
+        Transition(
+            "prefill_stop",
+            prefill_stop,
+            _no_inputs,
+            f"{_S} _schedule_prefills (can_allocate LATER, budget break)",
+            split=("case_request",),
+        ),
+        Transition(
+            "end_prefill_loop", end_prefill_loop, _no_inputs, f"{_S} _schedule_default (no decodes with prefills)"
+        ),
+        Transition(
+            "running_append",
+            running_append,
+            _no_inputs,
+            f"{_S} _schedule_running (can append), _append_slots; {_B} can_append_slots, append_slots",
+            split=("case_request",),
+        ),
+        Transition(
+            "running_preempt_recompute",
+            running_preempt_recompute,
+            _no_inputs,
+            f"{_S} _schedule_running (victim = tail), _preempt, _preempt_by_recompute",
+            split=("case_victim",),
+        ),
+        Transition(
+            "running_preempt_swap",
+            running_preempt_swap,
+            _no_inputs,
+            f"{_S} _preempt, _swap_out; {_B} can_swap_out, swap_out, _swap",
+            split=("case_victim",),
+        ),
+        Transition(
+            "running_swap_crash",
+            running_swap_crash,
+            _no_inputs,
+            f"{_S} _swap_out (EngineCrash engine_swap_space_exhausted)",
+            split=("case_victim",),
+        ),
+        Transition(
+            "priority_sort_running",
+            priority_sort_running,
+            _no_inputs,
+            f"{_S} _schedule_default (policy priority), _schedule_priority_preemption (sorted running)",
+        ),
+        Transition(
+            "priority_force_preempt",
+            priority_force_preempt,
+            _no_inputs,
+            f"{_S} _schedule_priority_preemption (loop: worse tail, head does not fit), _preempt, "
+            f"_preempt_by_recompute; {_B} can_allocate",
+            split=("case_victim",),
+        ),
+        Transition(
+            "priority_end",
+            priority_end,
+            _no_inputs,
+            f"{_S} _schedule_priority_preemption (appendleft head, sorted waiting)",
+        ),
+        Transition(
+            "end_running_loop",
+            end_running_loop,
+            _no_inputs,
+            f"{_S} _schedule_default (swap-in only without preemption)",
+        ),
+        Transition(
+            "swapped_swap_in",
+            swapped_swap_in,
+            _no_inputs,
+            f"{_S} _schedule_swapped (OK), _swap_in, _append_slots; {_B} can_swap_in, swap_in, append_slots",
+            split=("case_request",),
+        ),
+        Transition(
+            "swapped_ignore",
+            swapped_ignore,
+            _no_inputs,
+            f"{_S} _schedule_swapped (can_swap_in NEVER, leaked_seq_groups)",
+            split=("case_request",),
+        ),
+        Transition(
+            "swapped_stop",
+            swapped_stop,
+            _no_inputs,
+            f"{_S} _schedule_swapped (can_swap_in LATER, budget break)",
+            split=("case_request",),
+        ),
+        Transition("end_schedule", end_schedule, _no_inputs, f"{_S} _schedule_default (end)"),
+        Transition("begin_update", begin_update, _no_inputs, f"{_S} update_from_output (start)"),
+        Transition(
+            "update_append_token",
+            update_append_token,
+            _append_inputs,
+            f"{_S} update_from_output, free_finished_seq_groups; spec/v0/stop.py maybe_stop_sequence",
+            split=("slot",),
+        ),
+        Transition("end_update", end_update, _no_inputs, f"{_S} update_from_output (end)"),
+        Transition("add_request", add_request, _add_inputs, f"{_S} add_request", split=("slot",)),
+        Transition("abort", abort, _slot_input, f"{_S} abort, abort_seq_group; {_B} free", split=("slot",)),
+    )
+}

@@ -51,6 +51,7 @@ VECTORS = Path(__file__).resolve().parents[3] / "conformance" / "traces" / "vect
 
 # ------------------------------------------------------------------ detectors (read the model only)
 
+
 def replay_on_model(trace: Trace, on_step: Callable[[Any, Any, dict[str, Any]], str | None]) -> str | None:
     """Re-drive a v0 trace's inputs into a fresh v0 model; ``on_step(sched, output, before)`` after each schedule().
 
@@ -73,32 +74,40 @@ def replay_on_model(trace: Trace, on_step: Callable[[Any, Any, dict[str, Any]], 
             sched.abort(event["request_id"])
         elif kind == "step":
             head = sched.waiting[0] if sched.waiting else None
-            before = {"head": head.request_id if head else None,
-                      "head_status": sched.block_manager.can_allocate(head).name if head is not None else None,
-                      "num_free_gpu": sched.block_manager.get_num_free_gpu_blocks()}
+            before = {
+                "head": head.request_id if head else None,
+                "head_status": sched.block_manager.can_allocate(head).name if head is not None else None,
+                "num_free_gpu": sched.block_manager.get_num_free_gpu_blocks(),
+            }
             if "expect_error" in event:
                 return None
             note = on_step(sched, sched.schedule(), before)
             if note:
                 return note
         else:
-            sched.update_from_output(sched.pending.output, ModelRunnerOutput(
-                {k: tuple(v) for k, v in event["sampled_token_ids"].items()}, {}))
+            sched.update_from_output(
+                sched.pending.output,
+                ModelRunnerOutput({k: tuple(v) for k, v in event["sampled_token_ids"].items()}, {}),
+            )
     return None
 
 
 def detect_swap_out(sched: Any, out: Any, before: dict[str, Any]) -> str | None:
     if out.blocks_to_swap_out and not out.blocks_to_swap_in:
-        return (f"step {out.step}: a decode could not get a block; {out.preempted} group(s) swapped out to the CPU, "
-                f"blocks (gpu, cpu) {[list(p) for p in out.blocks_to_swap_out]}")
+        return (
+            f"step {out.step}: a decode could not get a block; {out.preempted} group(s) swapped out to the CPU, "
+            f"blocks (gpu, cpu) {[list(p) for p in out.blocks_to_swap_out]}"
+        )
     return None
 
 
 def detect_never(sched: Any, out: Any, before: dict[str, Any]) -> str | None:
     cfg = sched.config
     if out.ignored_seq_groups and before["head"] in out.ignored_seq_groups and before["head_status"] == "NEVER":
-        return (f"step {out.step}: {before['head']} is ignored: can_allocate says NEVER (num_gpu_blocks "
-                f"{cfg.num_gpu_blocks} minus the blocks it needs is below the watermark {cfg.watermark_blocks})")
+        return (
+            f"step {out.step}: {before['head']} is ignored: can_allocate says NEVER (num_gpu_blocks "
+            f"{cfg.num_gpu_blocks} minus the blocks it needs is below the watermark {cfg.watermark_blocks})"
+        )
     return None
 
 
@@ -115,13 +124,16 @@ class LaterThenAdmitted:
             self.blocked.setdefault(head, out.step)
         for rid in prompts:
             if rid in self.blocked:
-                return (f"step {self.blocked[rid]}: {rid} heads waiting but can_allocate says LATER (too few free GPU "
-                        f"blocks), so nothing behind it is admitted; step {out.step}: blocks were freed and {rid} is "
-                        f"admitted")
+                return (
+                    f"step {self.blocked[rid]}: {rid} heads waiting but can_allocate says LATER (too few free GPU "
+                    f"blocks), so nothing behind it is admitted; step {out.step}: blocks were freed and {rid} is "
+                    f"admitted"
+                )
         return None
 
 
 # ------------------------------------------------------------------ witnesses
+
 
 @dataclass(frozen=True)
 class Witness:
@@ -142,21 +154,43 @@ def _never_extra(s: State) -> list[Any]:
     return [s.max_model_len <= 120, s.num_running() == 0]
 
 
-WITNESSES: dict[str, Witness] = {w.name: w for w in (
-    Witness("swap_out_under_pressure", "running_preempt_swap", None, Shape(3, 4, 4, 2),
+WITNESSES: dict[str, Witness] = {
+    w.name: w
+    for w in (
+        Witness(
+            "swap_out_under_pressure",
+            "running_preempt_swap",
+            None,
+            Shape(3, 4, 4, 2),
             "Swap-out under memory pressure (preemption_mode swap): a decode needs a block, none is free, and the "
             "tail of running is swapped out to the CPU (blocks_to_swap_out) instead of being recomputed.",
-            lambda: detect_swap_out, _swap_extra),
-    Witness("never_prompt", "prefill_ignore", "never", Shape(1, 100, 0, 1),
+            lambda: detect_swap_out,
+            _swap_extra,
+        ),
+        Witness(
+            "never_prompt",
+            "prefill_ignore",
+            "never",
+            Shape(1, 100, 0, 1),
             "A NEVER prompt: with 100 GPU blocks the watermark is int(0.01 * 100) = 1 block, so a prompt needing "
             "all 100 blocks can never be allocated (num_gpu_blocks - required < watermark) and is finished as "
             "ignored (FINISHED_IGNORED, finish_reason length), although max_model_len = block_size * num_gpu_blocks "
-            "admits it.", lambda: detect_never, _never_extra),
-    Witness("later_prompt_admitted_later", "prefill_stop", "later", Shape(3, 4, 4, 2),
+            "admits it.",
+            lambda: detect_never,
+            _never_extra,
+        ),
+        Witness(
+            "later_prompt_admitted_later",
+            "prefill_stop",
+            "later",
+            Shape(3, 4, 4, 2),
             "A LATER prompt: the head of waiting needs more GPU blocks than are free, can_allocate says LATER and "
             "the prefill loop stops there (head-of-line blocking); once running requests finish and free their "
-            "blocks, it is admitted.", lambda: LaterThenAdmitted()),
-)}
+            "blocks, it is admitted.",
+            lambda: LaterThenAdmitted(),
+        ),
+    )
+}
 
 
 def find_witness(w: Witness, timeout_s: float = 120.0) -> tuple[State, dict[str, Any]] | None:
@@ -182,11 +216,20 @@ def _config_of(s: State, rng: random.Random | None) -> V0SchedulerConfig:
     mnbt = s.max_num_batched_tokens if rng is None else max(mml, s.max_num_batched_tokens + rng.choice([0, 0, 2, 8]))
     seqs = s.max_num_seqs if rng is None else rng.randint(1, max(1, min(4, mnbt)))
     return V0SchedulerConfig(
-        block_size=sh.block_size, num_gpu_blocks=sh.num_blocks, num_cpu_blocks=sh.num_cpu_blocks,
-        max_num_batched_tokens=mnbt, max_num_seqs=seqs, max_model_len=mml,
-        enable_chunked_prefill=False, enable_prefix_caching=False, policy="fcfs",
-        preemption_mode="swap" if s.swap_mode else None, max_num_partial_prefills=1, max_long_partial_prefills=1,
-        long_prefill_token_threshold=0)
+        block_size=sh.block_size,
+        num_gpu_blocks=sh.num_blocks,
+        num_cpu_blocks=sh.num_cpu_blocks,
+        max_num_batched_tokens=mnbt,
+        max_num_seqs=seqs,
+        max_model_len=mml,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        policy="fcfs",
+        preemption_mode="swap" if s.swap_mode else None,
+        max_num_partial_prefills=1,
+        max_long_partial_prefills=1,
+        long_prefill_token_threshold=0,
+    )
 
 
 def candidate_workloads(w: Witness, s: State, tries: int) -> Any:
@@ -202,15 +245,33 @@ def candidate_workloads(w: Witness, s: State, tries: int) -> Any:
             if jitter:
                 n = max(1, min(config.max_model_len, n + rng.choice([-2, -1, 0, 0, 1, 2])))
             max_tokens = s.max_tokens[r] if not jitter else rng.randint(1, 2 * config.max_model_len)
-            specs.append(RequestSpec(f"r{i}", tuple(10 + (7 * i + j) % 40 for j in range(n)), max_tokens=max(1, max_tokens),
-                                     at_step=0 if not jitter else rng.choice([0, 0, 1, 2])))
+            specs.append(
+                RequestSpec(
+                    f"r{i}",
+                    tuple(10 + (7 * i + j) % 40 for j in range(n)),
+                    max_tokens=max(1, max_tokens),
+                    at_step=0 if not jitter else rng.choice([0, 0, 1, 2]),
+                )
+            )
         if jitter and rng.random() < 0.5:
             n = rng.randint(1, config.max_model_len)
-            specs.append(RequestSpec(f"r{len(specs)}", tuple(50 + j % 10 for j in range(n)),
-                                     max_tokens=rng.randint(1, 2 * config.max_model_len), at_step=rng.randint(0, 3)))
-        yield Workload(config=config, profile=PROFILE, requests=tuple(specs),
-                       oracle=HashOracle(seed=rng.randint(0, 10**6), eos_per_mille=0), seed=attempt,
-                       origin="symbolic-witness", description=w.description)
+            specs.append(
+                RequestSpec(
+                    f"r{len(specs)}",
+                    tuple(50 + j % 10 for j in range(n)),
+                    max_tokens=rng.randint(1, 2 * config.max_model_len),
+                    at_step=rng.randint(0, 3),
+                )
+            )
+        yield Workload(
+            config=config,
+            profile=PROFILE,
+            requests=tuple(specs),
+            oracle=HashOracle(seed=rng.randint(0, 10**6), eos_per_mille=0),
+            seed=attempt,
+            origin="symbolic-witness",
+            description=w.description,
+        )
 
 
 def realise(w: Witness, s: State, tries: int = 300) -> tuple[Trace, str] | None:
@@ -229,7 +290,9 @@ def realise(w: Witness, s: State, tries: int = 300) -> tuple[Trace, str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schedconf.spec.symbolic.v0.witnesses", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m schedconf.spec.symbolic.v0.witnesses", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--only", default="")
     parser.add_argument("--out", default=str(VECTORS))
