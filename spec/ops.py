@@ -38,18 +38,25 @@ class Ops(Protocol):
 class LexMixin:
     """Lexicographic order on tuples, built from the primitive operations."""
 
+    # The primitive operations of the class this is mixed into (declared for the type checker).
+    or_: Callable[..., Any]
+    and_: Callable[..., Any]
+    eq: Callable[..., Any]
+    lt: Callable[..., Any]
+    le: Callable[..., Any]
+
     def lex_lt(self, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
         """``a < b`` in lexicographic order."""
         if not a:
-            return self.or_()  # type: ignore[attr-defined]  # false
+            return self.or_()  # false
         return self.or_(
-            self.lt(a[0], b[0]),  # type: ignore[attr-defined]
+            self.lt(a[0], b[0]),
             self.and_(self.eq(a[0], b[0]), self.lex_lt(a[1:], b[1:])),
-        )  # type: ignore[attr-defined]
+        )
 
     def lex_le(self, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
         """``a <= b`` in lexicographic order."""
-        return self.or_(self.lex_lt(a, b), self.and_(*(self.eq(x, y) for x, y in zip(a, b))))  # type: ignore[attr-defined]
+        return self.or_(self.lex_lt(a, b), self.and_(*(self.eq(x, y) for x, y in zip(a, b))))
 
 
 class ConcreteOps(LexMixin):
