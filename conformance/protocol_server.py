@@ -17,12 +17,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+
+def accepts_throttle_prefills(sut: Any) -> bool:
+    """Does ``sut.schedule`` take ``throttle_prefills`` (announced as a capability at ``init``)?"""
+    try:
+        return "throttle_prefills" in inspect.signature(sut.schedule).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class ProtocolSession:
@@ -60,6 +69,7 @@ class ProtocolSession:
                 "observe": bool(getattr(self.sut, "supports_observe", True)),
                 "in_flight": bool(getattr(self.sut, "in_flight", False)),
                 "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache"),
+                "throttle_prefills": accepts_throttle_prefills(self.sut),
             }
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":
@@ -76,6 +86,8 @@ class ProtocolSession:
             self.sut.abort(params["request_id"])
             return None
         if method == "schedule":
+            if params.get("throttle_prefills") is True:
+                return self.sut.schedule(throttle_prefills=True)
             return self.sut.schedule()
         if method == "update":
             # "step" (the step the output answers) only reaches SUTs that run in-flight steps.

@@ -7,7 +7,11 @@ outputs in the trace's canonical form (``conformance/traces/trace.schema.json``)
 ``start(config, profile)``   build a scheduler for this config and release profile
 ``add_request(event)``       the ``add_request`` event's fields
 ``abort(request_id)``        abort one request
-``schedule()``               the canonical SchedulerOutput of one step
+``schedule()``               the canonical SchedulerOutput of one step; optionally
+                             ``schedule(throttle_prefills=False)``: a scheduler whose
+                             ``schedule`` takes that parameter runs traces whose steps
+                             set it (vLLM 0.32+ data-parallel prefill throttle);
+                             for the others such a trace is *unknown*
 ``update_from_output(sampled, drafts)``  apply the model output of the last step;
                              return the canonical request outputs
 ``observe()``                optional: ``{"free_block_queue", "num_free_blocks"}``
@@ -28,6 +32,7 @@ traces with those values, for settings the scheduler cannot express at all.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
@@ -83,6 +88,29 @@ ADD_REQUEST_FIELDS = (
 )
 
 
+def accepts_throttle_prefills(sut: Any) -> bool:
+    """Does ``sut.schedule`` take ``throttle_prefills``?"""
+    try:
+        return "throttle_prefills" in inspect.signature(sut.schedule).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_schedule(sut: Any, throttle_prefills: bool = False) -> Any:
+    """``sut.schedule()``, or ``sut.schedule(throttle_prefills=True)`` for a throttled step.
+
+    A scheduler whose ``schedule`` has no such parameter cannot run the step: SutUnsupported.
+    """
+    if not throttle_prefills:
+        return sut.schedule()
+    if not accepts_throttle_prefills(sut):
+        raise SutUnsupported(
+            "the trace throttles prefill (schedule(throttle_prefills=True), vLLM 0.32+ data-parallel "
+            "balancing) and this scheduler's schedule() takes no throttle_prefills"
+        )
+    return sut.schedule(throttle_prefills=True)
+
+
 def add_request_kwargs(event: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of ``add_request`` (spec and impl schedulers) from a trace event."""
     return {name: event[name] for name in ADD_REQUEST_FIELDS}
@@ -123,9 +151,12 @@ class InProcessSut:
         with refused_as_input_error():
             self._sched().abort(request_id)
 
-    def schedule(self) -> dict[str, Any]:
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
+        sched = self._sched()
+        if throttle_prefills and not accepts_throttle_prefills(sched):
+            raise SutUnsupported(f"{self.name}: this scheduler's schedule() takes no throttle_prefills")
         with refused_as_input_error():
-            self.pending = self._sched().schedule()
+            self.pending = sched.schedule(throttle_prefills=True) if throttle_prefills else sched.schedule()
         return self.pending.to_canonical()
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ from schedconf.conformance.adapters import UnknownSut
 from schedconf.conformance.adapters.module_host import NOT_JSON_MARK, SetUpError, build_scheduler
 from schedconf.conformance.adapters.stdio import DEFAULT_TIMEOUT_S, StdioSut, SutInternalError, SutProtocolError
 from schedconf.conformance.protocol import find_not_json, validate_reply
-from schedconf.conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.sut import SutInputError, SutUnsupported, accepts_throttle_prefills
 
 DESCRIBE_TIMEOUT_S = 120.0
 """Seconds a module may take to be imported and its scheduler built (a first import of torch can take a while)."""
@@ -239,8 +239,12 @@ class GuardedSut:
     def abort(self, request_id: str) -> None:
         self._call("abort", self.inner.abort, request_id)
 
-    def schedule(self) -> dict[str, Any]:
-        return self._checked("schedule", self._call("schedule", self.inner.schedule))
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
+        if not throttle_prefills:
+            return self._checked("schedule", self._call("schedule", self.inner.schedule))
+        if not accepts_throttle_prefills(self.inner):
+            raise SutUnsupported(f"{self.name}: this scheduler's schedule() takes no throttle_prefills")
+        return self._checked("schedule", self._call("schedule", self.inner.schedule, throttle_prefills=True))
 
     def update_from_output(
         self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None

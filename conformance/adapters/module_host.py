@@ -34,7 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from schedconf.conformance.protocol import find_not_json
-from schedconf.conformance.protocol_server import ProtocolSession, serve, take_protocol_stdout
+from schedconf.conformance.protocol_server import (
+    ProtocolSession,
+    accepts_throttle_prefills,
+    serve,
+    take_protocol_stdout,
+)
 
 
 class SetUpError(Exception):
@@ -124,6 +129,7 @@ class ModuleSession(ProtocolSession):
                 "observe": bool(getattr(sut, "supports_observe", True)),
                 "reset_prefix_cache": hasattr(sut, "reset_prefix_cache"),
                 "stats": hasattr(sut, "get_scheduler_stats"),
+                "throttle_prefills": accepts_throttle_prefills(sut),
             },
         }
 

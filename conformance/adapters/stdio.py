@@ -382,8 +382,13 @@ class StdioSut:
     def abort(self, request_id: str) -> None:
         self.call("abort", {"request_id": request_id})
 
-    def schedule(self) -> dict[str, Any]:
-        return self.call("schedule", {})
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
+        """``schedule``; a throttled step only for schedulers whose ``init`` reply lists ``throttle_prefills``."""
+        if not throttle_prefills:
+            return self.call("schedule", {})
+        if not self.capabilities.get("throttle_prefills"):
+            raise SutUnsupported("the scheduler does not list throttle_prefills in its capabilities")
+        return self.call("schedule", {"throttle_prefills": True})
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """The optional ``reset_prefix_cache`` method, for schedulers whose ``init`` reply lists it."""

@@ -28,7 +28,7 @@ from typing import Any
 from schedconf.conformance.bounds import render_truncated_lines
 from schedconf.conformance.checking.compare import Comparator, Divergence, FieldDiff
 from schedconf.conformance.checking.verdict import FAIL, PASS, UNKNOWN, ReplayResult
-from schedconf.conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported
+from schedconf.conformance.sut import SchedulerUnderTest, SutInputError, SutUnsupported, call_schedule
 from schedconf.conformance.traces.trace import Trace
 
 
@@ -228,7 +228,7 @@ def _replay(
         if kind == "abort":
             return sut.abort(event["request_id"])
         if kind == "step":
-            return sut.schedule()
+            return call_schedule(sut, bool(event.get("throttle_prefills")))
         if kind == "reset_prefix_cache":
             reset = getattr(sut, "reset_prefix_cache", None)
             if reset is None:
@@ -337,7 +337,7 @@ def render_reference_state(trace: Trace, event_index: int) -> str:
             elif event["kind"] == "abort":
                 ref.abort(event["request_id"])
             elif event["kind"] == "step":
-                ref.schedule()
+                ref.schedule(bool(event.get("throttle_prefills")))
             elif event["kind"] == "reset_prefix_cache":
                 ref.reset_prefix_cache(event["reset_running_requests"])
             elif ref.is_v0():

@@ -20,7 +20,8 @@ Commands (all state is per file):
 ``finish ID[,ID...] STATUS``
     ``finish_requests`` from outside with STATUS ``stopped``, ``length-capped``
     or ``aborted`` (an engine stopping a request, as vLLM's own tests do)
-``schedule``
+``schedule [throttle]``
+    ``throttle``: ``schedule(throttle_prefills=True)`` (vLLM 0.32+ data-parallel prefill throttle)
 ``model-output [step=N] [ID=TOKENS ...] [drafts:ID=TOKENS ...]``
     TOKENS is ``a,b`` or ``-`` for none; the output answers step N (default:
     the oldest step in flight)
@@ -246,7 +247,9 @@ class ScenarioRunner:
         return "reset: ok" if ok else "reset: refused (blocks in use)"
 
     def cmd_schedule(self, args: list[str]) -> str:
-        self.pending = self._sched().schedule()
+        if args not in ([], ["throttle"]):
+            raise ScenarioFormatError(f"schedule: expected nothing or 'throttle', found {' '.join(args)!r}")
+        self.pending = self._sched().schedule(throttle_prefills=bool(args))
         return render_scheduler_output(self.pending)
 
     def cmd_model_output(self, args: list[str]) -> str:

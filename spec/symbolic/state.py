@@ -461,6 +461,9 @@ class SymbolicView:
         self.max_num_batched_tokens = s.max_num_batched_tokens
         self.max_num_seqs = s.max_num_seqs
         self.num_spec_tokens = 0
+        # The encoding has no prefill deferral (throttle_prefills, prefill_schedule_interval): its
+        # steps never hold prefill, so the invariant over deferred steps holds there vacuously.
+        self.deferred_prefills = False
         self.num_free_blocks = s.num_free_blocks
         out = s.has_output()
         self._out = out

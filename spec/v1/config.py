@@ -2,7 +2,8 @@
 
 Field names are vLLM's (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``).
 Only the knobs of the modelled core are here; every other vLLM option is at its
-default (no connectors, LoRA, multimodal, PP/DP, async scheduling, watermark 0).
+default (no connectors, LoRA, multimodal, data parallelism, watermark 0). Pipeline parallelism is
+here only as far as the scheduler sees it (``pipeline_parallel_size``: the decode stagger).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ OPTIONAL_FIELDS: dict[str, object] = {
     "max_num_active_seqs": None,
     "long_prefill_token_threshold_adaptive": False,
     "use_v2_model_runner": False,
+    "pipeline_parallel_size": 1,
+    "prefill_schedule_interval": 1,
+    "log_stats": True,
 }
 """Config fields optional in traces, with the default an absent one takes."""
 
@@ -66,6 +70,18 @@ class SchedulerConfig:
     """vLLM 0.32+ output layout of the V2 model runner: resumed requests are
     listed among ``scheduled_new_reqs`` (after the new ones, with all their
     blocks) instead of as resumed entries of ``scheduled_cached_reqs``."""
+    pipeline_parallel_size: int = 1
+    """vLLM's ``ParallelConfig.pipeline_parallel_size``. The scheduler reads it in one place: with
+    ``AsyncScheduler`` and the V2 model runner, a request decodes again only ``pipeline_parallel_size``
+    steps after its last decode (profile knob ``pp_decode_stagger``). Other values than 1 need an
+    async profile (``pipeline_parallel_not_modelled``)."""
+    prefill_schedule_interval: int = 1
+    """vLLM 0.33 ``SchedulerConfig.prefill_schedule_interval``: prefill (admissions with prompt left
+    and running prefill chunks) runs at most once every N executed steps while a decode runs
+    (profile knob ``local_prefill_cadence``). 1 admits prefill on every step."""
+    log_stats: bool = True
+    """vLLM's ``log_stats``: without it the scheduler reports no ``SchedulerStats`` (no prefix-cache or
+    spec-decode counters) after an update."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +91,7 @@ class SchedulerConfig:
                 "enable_prefix_caching",
                 "long_prefill_token_threshold_adaptive",
                 "use_v2_model_runner",
+                "log_stats",
             ):
                 require(
                     isinstance(value, bool),
@@ -193,6 +210,22 @@ class SchedulerConfig:
             "max_concurrent_batches must be >= 1 (1 = synchronous)",
             field="max_concurrent_batches",
             value=self.max_concurrent_batches,
+        )
+        require(
+            self.pipeline_parallel_size >= 1,
+            InvalidConfig,
+            "invalid_pipeline_parallel_size",
+            "pipeline_parallel_size must be >= 1",
+            field="pipeline_parallel_size",
+            value=self.pipeline_parallel_size,
+        )
+        require(
+            self.prefill_schedule_interval >= 1,
+            InvalidConfig,
+            "invalid_prefill_schedule_interval",
+            "prefill_schedule_interval must be >= 1 (1 admits prefill on every step)",
+            field="prefill_schedule_interval",
+            value=self.prefill_schedule_interval,
         )
         require(
             self.num_lookahead_tokens >= 0,

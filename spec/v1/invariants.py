@@ -182,6 +182,18 @@ def inv_status_matches_queue(s: Any, o: Any) -> Any:
     )
 
 
+def inv_deferred_step_carries_no_prefill(s: Any, o: Any) -> Any:
+    """A step that held prefill back schedules each request at most one token plus its drafts: decodes, and admissions with one token left."""
+    return o.implies(
+        s.deferred_prefills,
+        o.forall(
+            s.requests,
+            lambda r: o.le(s.num_scheduled_tokens(r), 1 + s.num_spec_tokens),
+            lambda r: f"request {r}",
+        ),
+    )
+
+
 def inv_victim_order(s: Any, o: Any) -> Any:
     """FCFS preempts the tail of running; priority preempts the first request with the maximal (priority, arrival)."""
 
@@ -219,6 +231,7 @@ INVARIANTS: dict[str, Invariant] = {
         inv_prefix_chain,
         inv_status_matches_queue,
         inv_victim_order,
+        inv_deferred_step_carries_no_prefill,
     )
 }
 

@@ -150,6 +150,31 @@ class Profile:
     0.32.0 and 0.33.0 ``SchedulerConfig.verify_max_model_len`` refuse
     ``long_prefill_token_threshold > max_model_len``; 0.11.0 accepts it."""
 
+    pp_decode_stagger: bool = True
+    """Not in the notes; read in 0.33.0 ``async_scheduler.py:51-56`` and ``scheduler.py:816-820`` (0.32.0 the same,
+    ``async_scheduler.py:52-57``, ``scheduler.py:680``; absent in 0.11.0): under ``AsyncScheduler``
+    with the V2 model runner, each scheduled request that is not a prefill chunk gets
+    ``next_decode_eligible_step = current_step + pipeline_parallel_size``, and the running loop
+    skips (``continue``) a request while ``current_step`` (every ``schedule()`` call counts) is
+    below it. With pipeline parallelism 1 the gate never bites."""
+
+    prefill_throttle: bool = True
+    """Not in the notes; read in 0.33.0 ``scheduler.py:748-752, 822-826, 1290-1293, 1612-1616`` (0.32.0 the same,
+    absent in 0.11.0): ``schedule(throttle_prefills=True)``, as vLLM's data-parallel coordinator
+    calls it on steps off its prefill cadence, defers prefill when a running request is not a
+    prefill chunk and the last releasing step was not capacity bound: running prefill chunks are
+    skipped, and the waiting loop ends (``break``) at the first request with more than one token
+    to compute. A step that did not defer, and ran the waiting loop, records whether it left more
+    waiting requests than deferred ones (``prefill_capacity_bound``), which turns throttling off.
+    Where False, ``throttle_prefills`` is refused (``knob_not_in_release``)."""
+
+    local_prefill_cadence: bool = True
+    """Not in the notes; read in 0.33.0 ``scheduler.py:404-424, 776-791, 1624-1629`` (absent in 0.32.0): with
+    ``prefill_schedule_interval`` N > 1 (no data parallelism), prefill is deferred as by the
+    throttle until N executed steps (steps that scheduled tokens) have passed since the last step
+    that carried prefill (a running prefill chunk, or an admission with more than one token to
+    compute); the same capacity escape applies. Where False, N > 1 is refused (``knob_not_in_release``)."""
+
     has_0_32_scheduler_knobs: bool = True
     """Does the release have ``max_num_active_seqs``, ``long_prefill_token_threshold_adaptive``
     and the V2 model runner's output layout (read in 0.33.0 and 0.32.0 config/scheduler.py and
@@ -212,6 +237,7 @@ VLLM_0_32 = Profile(
         "cache_blocks_after_spec_update": False,
         "trim_computed_on_stop": False,
         "resolve_trimmed_placeholders": False,
+        "local_prefill_cadence": False,
     }
 )
 
@@ -237,6 +263,9 @@ VLLM_0_11 = Profile(
     cache_blocks_after_spec_update=False,
     lookahead_for_fresh_requests=False,
     refuse_threshold_above_max_model_len=False,
+    pp_decode_stagger=False,
+    prefill_throttle=False,
+    local_prefill_cadence=False,
     models_in_flight=False,
     has_0_32_scheduler_knobs=False,
 )
@@ -294,10 +323,12 @@ def check_config_for_profile(config: SchedulerConfig, profile: Profile) -> None:
             ("long_prefill_token_threshold_adaptive", config.long_prefill_token_threshold_adaptive),
             ("use_v2_model_runner", config.use_v2_model_runner),
         )
-        if on
+        if on and not profile.has_0_32_scheduler_knobs
     ]
+    if config.prefill_schedule_interval > 1 and not profile.local_prefill_cadence:
+        late_knobs.append("prefill_schedule_interval")
     require(
-        profile.has_0_32_scheduler_knobs or not late_knobs,
+        not late_knobs,
         InvalidConfig,
         "knob_not_in_release",
         f"{', '.join(late_knobs)}: not a knob of {profile.name}'s release",
@@ -317,6 +348,19 @@ def check_config_for_profile(config: SchedulerConfig, profile: Profile) -> None:
         f"steps in flight (max_concurrent_batches={config.max_concurrent_batches}) are not modelled "
         + ("with spec decode" if profile.models_in_flight else f"under profile {profile.name}"),
         max_concurrent_batches=config.max_concurrent_batches,
+        profile=profile.name,
+    )
+    # DEVIATION(vllm 0.33.0): pipeline parallelism is modelled where the scheduler's decisions
+    # change with it, AsyncScheduler's decode stagger. The synchronous scheduler under pipeline
+    # parallelism also sends the sampled tokens back in scheduled_cached_reqs.new_token_ids
+    # (scheduler.py:1945), a payload the model does not build.
+    require(
+        config.pipeline_parallel_size == 1 or (profile.async_scheduling and profile.pp_decode_stagger),
+        InvalidConfig,
+        "pipeline_parallel_not_modelled",
+        f"pipeline_parallel_size={config.pipeline_parallel_size} is modelled only under an async profile "
+        f"(AsyncScheduler's decode stagger), not under {profile.name}",
+        pipeline_parallel_size=config.pipeline_parallel_size,
         profile=profile.name,
     )
     # Not refused: a long_prefill_token_threshold of at most num_spec_tokens.

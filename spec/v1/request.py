@@ -144,6 +144,9 @@ class Request:
     """Of ``num_in_flight_tokens``, those scheduled before the last preemption:
     their output is delivered (tokens appended) without touching the counters
     the preemption reset (§6)."""
+    next_decode_eligible_step: int = 0
+    """V2 model runner, pipeline parallelism, async (0.32+ ``AsyncScheduler``): the running loop
+    skips the request before this step (vLLM's ``next_decode_eligible_step``)."""
     drop_stale_output: bool = False
     """The stale output is dropped instead of delivered: set by a preemption of
     ``reset_prefix_cache(reset_running_requests=True)``, whose requests may

@@ -88,6 +88,10 @@ class _StepState:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     preemptions: list[PreemptionRecord] = field(default_factory=list)
     prefill_scheduled: bool = False
+    prefill_admitted: bool = False
+    """A waiting request was admitted with more than one token left to compute (0.33 cadence)."""
+    defer_prefills: bool = False
+    """This step holds prefill back (the throttle or the local cadence)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class StepRecord:
     """Per scheduled request: does this step reach the end of its sequence (and so sample)?"""
     remaining_token_budget: int
     """The token budget left when the step was decided."""
+    defer_prefills: bool = False
+    """The step held prefill back (``throttle_prefills`` or the 0.33 local cadence)."""
 
 
 class Scheduler:
@@ -149,6 +155,13 @@ class Scheduler:
         # that were not admitted or finished since: vLLM's deferred_waiting,
         # which its stats count apart from the other waiting requests.
         self.deferred_waiting: set[Request] = set()
+        # Prefill throttling (0.32+) and the local prefill cadence (0.33): did the last step that
+        # ran the waiting loop without deferring leave more waiting requests than deferred ones?
+        self.prefill_capacity_bound = False
+        # Steps that scheduled tokens (schedule() calls count in current_step), and the last of
+        # them that carried prefill; a full interval back, so the first step is never held.
+        self.num_executed_steps = 0
+        self.last_prefill_step = -self.config.prefill_schedule_interval
         # The code of the engine crash that killed this scheduler (None: alive).
         self.crashed: str | None = None
 
@@ -366,14 +379,30 @@ class Scheduler:
 
     # --------------------------------------------------------------- schedule
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide this step's batch (§4): running loop, then maybe the waiting loop.
 
-        Raises EngineCrash ``engine_assertion_padded_admission`` where the
-        profile's release dies (see ``_schedule_waiting``); the scheduler is
-        dead afterwards.
+        ``throttle_prefills`` is vLLM's data-parallel prefill balancing: the
+        coordinator sets it on steps off its prefill cadence (profile knob
+        ``prefill_throttle``). Raises EngineCrash
+        ``engine_assertion_padded_admission`` where the profile's release dies
+        (see ``_schedule_waiting``); the scheduler is dead afterwards.
         """
         self._require_alive()
+        require(
+            isinstance(throttle_prefills, bool),
+            InvalidEvent,
+            "invalid_field_type",
+            "throttle_prefills must be a boolean",
+            field="throttle_prefills",
+        )
+        require(
+            not throttle_prefills or self.profile.prefill_throttle,
+            InvalidEvent,
+            "knob_not_in_release",
+            f"throttle_prefills is not a parameter of {self.profile.name}'s schedule()",
+            profile=self.profile.name,
+        )
         require(
             len(self.in_flight) < self.config.max_concurrent_batches,
             InvalidEvent,
@@ -385,6 +414,7 @@ class Scheduler:
         )
         self.current_step += 1
         st = _StepState(token_budget=self.config.max_num_batched_tokens)
+        st.defer_prefills = self.is_prefill_deferred(throttle_prefills)
         threshold = self.get_long_prefill_token_threshold()
 
         self._schedule_running(st, threshold)
@@ -392,6 +422,13 @@ class Scheduler:
         # requests already running first.
         if not st.preempted_reqs:
             self._schedule_waiting(st, threshold)
+            if not st.defer_prefills:
+                # A releasing step records whether it could not drain the queue.
+                self.prefill_capacity_bound = len(self.waiting) > len(self.deferred_waiting)
+        if st.num_scheduled_tokens:
+            self.num_executed_steps += 1
+        if self.config.prefill_schedule_interval > 1 and (st.prefill_scheduled or st.prefill_admitted):
+            self.last_prefill_step = self.num_executed_steps
 
         output = self._make_output(st)
         self._update_after_schedule(output)
@@ -401,6 +438,7 @@ class Scheduler:
             preemptions=tuple(st.preemptions),
             samples={rid: not self.requests[rid].is_prefill_chunk for rid in output.num_scheduled_tokens},
             remaining_token_budget=st.token_budget,
+            defer_prefills=st.defer_prefills,
         )
         self.in_flight.append(self.last_step)
         self._count_step(st, output)
@@ -492,12 +530,37 @@ class Scheduler:
             threshold = max(threshold, self.config.max_num_batched_tokens // num_eligible_reqs)
         return threshold
 
+    def is_prefill_deferred(self, throttle_prefills: bool) -> bool:
+        """Does this step hold prefill back? (0.33.0 ``scheduler.py:748-791``.)
+
+        Only while some running request is not a prefill chunk (a decode would
+        fill the step) and the last releasing step was not capacity bound: on
+        the coordinator's word (``throttle_prefills``), or, with
+        ``prefill_schedule_interval`` N > 1, until N executed steps have passed
+        since the last step that carried prefill.
+        """
+        if self.prefill_capacity_bound or all(r.is_prefill_chunk for r in self.running):
+            return False
+        if throttle_prefills:
+            return True
+        interval = self.config.prefill_schedule_interval
+        return interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval
+
     def _schedule_running(self, st: _StepState, threshold: int) -> None:
         """The running loop (§4.1): top up each running request, preempting on no space."""
         req_index = 0
         while req_index < len(self.running) and st.token_budget > 0:
             request = self.running[req_index]
             if self._is_sure_to_reach_max_tokens(request):
+                req_index += 1
+                continue
+            if self.current_step < request.next_decode_eligible_step:
+                # V2 runner + pipeline parallelism + async: pipeline_parallel_size steps between
+                # a request's decodes (the workers' sampled-token ring).
+                req_index += 1
+                continue
+            if st.defer_prefills and request.is_prefill_chunk:
+                # Held prefill: decodes still fill the step.
                 req_index += 1
                 continue
             # Placeholders count as tokens to compute: under async scheduling a
@@ -732,6 +795,10 @@ class Scheduler:
                 # loads in vLLM; under vllm-0.11 an un-repaired priority victim).
                 hit = NO_HIT
             num_computed_tokens = request.num_computed_tokens if request.num_computed_tokens else hit.num_tokens
+            if st.defer_prefills and num_computed_tokens < request.num_tokens - 1:
+                # Held prefill: nobody with prompt left to compute is admitted this step
+                # (one token left, as after a full prefix hit, still is).
+                break
             # num_tokens, not num_prompt_tokens: a resumed request re-prefills its outputs.
             num_new_tokens = request.num_tokens - num_computed_tokens
 
@@ -779,6 +846,7 @@ class Scheduler:
             st.token_budget -= num_new_tokens
             request.transition(RequestStatus.RUNNING)
             request.num_computed_tokens = num_computed_tokens
+            st.prefill_admitted |= num_computed_tokens < request.num_tokens - 1
             if pad_spec_decode:
                 self._check_padded_admission(request, num_new_tokens)
                 st.scheduled_spec_decode_tokens[request.request_id] = [-1] * self.config.num_spec_tokens
@@ -896,6 +964,9 @@ class Scheduler:
                 request.num_output_placeholders += 1 + len(output.scheduled_spec_decode_tokens.get(request_id, ()))
                 if self.config.num_spec_tokens:
                     request.spec_token_ids = [-1] * self.config.num_spec_tokens
+                if self.config.use_v2_model_runner and self.profile.pp_decode_stagger:
+                    # The next decode waits pipeline_parallel_size steps.
+                    request.next_decode_eligible_step = self.current_step + self.config.pipeline_parallel_size
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
 
@@ -1009,7 +1080,9 @@ class Scheduler:
 
         Only for the releases whose stats are modelled (0.32+); None otherwise.
         """
-        if self.profile.has_0_32_scheduler_knobs:
+        if not self.config.log_stats:
+            self.last_scheduler_stats = None  # make_stats returns None without log_stats
+        elif self.profile.has_0_32_scheduler_knobs:
             self.last_scheduler_stats = render_scheduler_stats(
                 len(self.running), len(self.waiting), len(self.deferred_waiting), self.prefix_cache_stats, spec_decoding
             )

@@ -109,6 +109,8 @@ class ConcreteView:
         self.table_positions = [(rid, i) for rid, table in self._tables.items() for i in range(len(table))]
 
         record = scheduler.last_step if pending is not None else None
+        # The pending step held prefill back (throttle_prefills or the 0.33 local cadence).
+        self.deferred_prefills = bool(record is not None and record.defer_prefills)
         self.preemptions: list[PreemptionView] = []
         if record is not None:
             for p in record.preemptions:

@@ -51,7 +51,10 @@ NOT_API_CODES = {
     "invalid_max_concurrent_batches",
     "in_flight_not_modelled",
     "invalid_max_num_active_seqs",
-    "knob_not_in_release",  # config: tests/model/test_in_flight.py
+    "knob_not_in_release",  # config: tests/model/test_in_flight.py; schedule(): tests/model/test_prefill_deferral.py
+    "invalid_pipeline_parallel_size",  # config: tests/model/test_prefill_deferral.py
+    "invalid_prefill_schedule_interval",
+    "pipeline_parallel_not_modelled",
 } | {code for code, meaning in ERROR_CODES.items() if meaning.startswith("(v0")}  # v0 model: tests/model_v0
 
 

@@ -163,12 +163,14 @@ def test_profiles_table_names_and_differences():
     # stop-trim knobs were missed at first: 0.32.0's _update_request_with_output
     # has no trim of num_computed_tokens and its async_scheduler.py:68-71
     # resolves only the kept tokens' placeholders; together they cancel in the
-    # one place that reads them (see the knobs' docstrings).
+    # one place that reads them (see the knobs' docstrings). The local prefill cadence
+    # (prefill_schedule_interval) is new in 0.33.0's config/scheduler.py and scheduler.py:404.
     assert diff == [
         "priority_self_preemption",
         "trim_computed_on_stop",
         "resolve_trimmed_placeholders",
         "cache_blocks_after_spec_update",
+        "local_prefill_cadence",
     ]
     aphrodite = PROFILES["aphrodite-0.24"]
     # Aphrodite 0.24.1 is vLLM 0.32 but for the long-prefill cap on a lone request
@@ -295,6 +297,9 @@ def test_optional_config_fields_are_left_out_at_their_defaults():
             "max_num_active_seqs": 1,
             "long_prefill_token_threshold_adaptive": True,
             "use_v2_model_runner": True,
+            "pipeline_parallel_size": 2,
+            "prefill_schedule_interval": 3,
+            "log_stats": False,
         }
     )
     assert set(OPTIONAL_FIELDS) <= set(changed.to_dict())
