@@ -80,7 +80,7 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
     schema = SCHEMA["results"].get(method)
     if schema is None:
         return None
-    kind = scheduler if scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
+    kind = scheduler if scheduler is not None and scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
     problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
 

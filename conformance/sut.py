@@ -90,8 +90,11 @@ ADD_REQUEST_FIELDS = (
 
 def accepts_throttle_prefills(sut: Any) -> bool:
     """Does ``sut.schedule`` take ``throttle_prefills``?"""
+    schedule = getattr(sut, "schedule", None)
+    if schedule is None:
+        return False
     try:
-        return "throttle_prefills" in inspect.signature(sut.schedule).parameters
+        return "throttle_prefills" in inspect.signature(schedule).parameters
     except (TypeError, ValueError):
         return False
 

@@ -187,12 +187,13 @@ def check_engine(
             report.divergence = f"still running after {max_steps} steps"
             break
         crashes = []
+        throttle = workload.is_throttled(ref.current_step + 1)  # the data-parallel coordinator's word
         try:
-            out = engine.schedule()
+            out = engine.schedule(throttle)
         except EngineCrash as exc:  # the modelled release's engine core dies here (e.g. vLLM 0.32/0.33)
             crashes.append(exc.code)
         try:
-            ref_out = ref.schedule()
+            ref_out = ref.schedule(throttle)
         except EngineCrash as exc:
             crashes.insert(0, exc.code)
         if crashes:

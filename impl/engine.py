@@ -174,8 +174,8 @@ class Engine:
         """Forget the prefix cache (the KV stays; no block can be hit any more); True if it was reset."""
         return self.scheduler.reset_prefix_cache(reset_running_requests)
 
-    def schedule(self) -> StepOutput:
-        return self.scheduler.schedule()
+    def schedule(self, throttle_prefills: bool = False) -> StepOutput:
+        return self.scheduler.schedule(throttle_prefills)
 
     def execute(self, out: StepOutput) -> ExecuteResult:
         """Prepare, run and propose ``out`` on this thread (the synchronous path)."""

@@ -137,6 +137,7 @@ class Req:
         "in_flight",
         "stale",
         "drop_stale",
+        "next_decode",
     )
 
     def __init__(
@@ -179,6 +180,8 @@ class Req:
         self.stale = 0
         """``num_stale_output_tokens``: of ``in_flight``, those scheduled before the last preemption."""
         self.drop_stale = False
+        self.next_decode = 0
+        """``next_decode_eligible_step`` (V2 runner + pipeline parallelism + async: the decode stagger)."""
         """``drop_stale_output``: the stale output is dropped, not delivered (a ``reset_prefix_cache`` preemption)."""
 
     @property
@@ -473,6 +476,19 @@ class FastScheduler:
         release = profile.removesuffix(ASYNC_SUFFIX)
         self.async_scheduling = profile != release
         check_config_for_profile(config, get_profile(profile))  # the release's start-up refusals
+        # Several GPUs as the scheduler sees them (spec/v1/profiles.py pp_decode_stagger,
+        # prefill_throttle, local_prefill_cadence): the decode stagger (V2 runner, async), and
+        # prefill deferral on a throttled step or off the local cadence, with its capacity escape.
+        rules = get_profile(profile)
+        pp = getattr(config, "pipeline_parallel_size", 1)
+        v2 = bool(getattr(config, "use_v2_model_runner", False))
+        self.decode_stagger = pp if (self.async_scheduling and v2 and rules.pp_decode_stagger) else 0
+        self.prefill_interval = getattr(config, "prefill_schedule_interval", 1)
+        self.prefill_capacity_bound = False
+        self.num_executed_steps = 0
+        self.last_prefill_step = -self.prefill_interval
+        self.deferred_waiting: set[str] = set()  # waiting ids skipped for stale output, not admitted since
+        self._prefill_admitted = False
         self.max_concurrent_batches = getattr(config, "max_concurrent_batches", 1)
         if not _is_int(self.max_concurrent_batches) or self.max_concurrent_batches < 1:
             raise InvalidConfig("invalid_max_concurrent_batches", "max_concurrent_batches must be >= 1")
@@ -783,6 +799,7 @@ class FastScheduler:
             req.blocks = None
             req.num_cached = 0
         self.finished_req_ids.add(req.req_id)
+        self.deferred_waiting.discard(req.req_id)
         del self.requests[req.req_id]
 
     def _preempt(self, req: Req, drop_stale: bool = False) -> None:
@@ -810,9 +827,14 @@ class FastScheduler:
 
     # ------------------------------------------------------------------ schedule
 
-    def schedule(self) -> StepOutput:
-        """Decide this step's batch: the running loop, then (without preemption) the waiting loop."""
+    def schedule(self, throttle_prefills: bool = False) -> StepOutput:
+        """Decide this step's batch: the running loop, then (without preemption) the waiting loop.
+
+        ``throttle_prefills``: vLLM's data-parallel prefill throttle (0.32+).
+        """
         self._require_alive()
+        if throttle_prefills is not True and throttle_prefills is not False:
+            raise InvalidEvent("invalid_field_type", "throttle_prefills must be a boolean", field="throttle_prefills")
         if len(self.in_flight) >= self.max_concurrent_batches:
             raise InvalidEvent(
                 "output_not_processed",
@@ -822,6 +844,15 @@ class FastScheduler:
             )
         self.current_step += 1
         running = self.running
+        defer = False
+        if not self.prefill_capacity_bound and any(not r.is_prefill_chunk for r in running):
+            interval = self.prefill_interval
+            defer = throttle_prefills or (
+                interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval
+            )
+        self._prefill_admitted = False
+        stagger = self.decode_stagger
+        step = self.current_step
         threshold = self.threshold
         if threshold:
             num_eligible = len(running) + self._waiting_len()
@@ -860,6 +891,10 @@ class FastScheduler:
                 total = ntok + ph  # tokens to compute, placeholders included
             else:
                 total = ntok
+            if step < req.next_decode or (defer and req.is_prefill_chunk):
+                # The decode stagger; a held prefill chunk (decodes still fill the step).
+                i += 1
+                continue
             spec = req.spec
             if start + 1 == total and not spec and total < mml:
                 # Steady decode, the common case: exactly one token (the budget is
@@ -940,7 +975,23 @@ class FastScheduler:
         # ---- waiting loop
         kinds: list[int] = []
         if not preempted and budget > 0 and self._waiting_len():
-            budget = self._schedule_waiting(entries, kinds, spec_out, budget, threshold, prefill_scheduled, num_running)
+            budget = self._schedule_waiting(
+                entries, kinds, spec_out, budget, threshold, prefill_scheduled, num_running, defer
+            )
+        if stagger:
+            # The next decode of each request this step samples waits pipeline_parallel_size steps
+            # (set once the step is final: a priority victim taken out of it keeps its old gate).
+            for entry in entries:
+                req = entry[0]
+                if not req.is_prefill_chunk:
+                    req.next_decode = step + stagger
+        if not preempted and not defer:
+            # A releasing step records whether it could not drain the waiting queue.
+            self.prefill_capacity_bound = self._waiting_len() > len(self.deferred_waiting)
+        if budget < self.budget:
+            self.num_executed_steps += 1
+        if self.prefill_interval > 1 and (prefill_scheduled or self._prefill_admitted):
+            self.last_prefill_step = self.num_executed_steps
 
         out = StepOutput(
             self.current_step,
@@ -1006,6 +1057,7 @@ class FastScheduler:
         threshold: int,
         prefill_scheduled: bool,
         num_running: int,
+        defer: bool = False,
     ) -> int:
         """The waiting loop: admit from the head while budget, seats and blocks last. Returns the budget left."""
         pool = self.pool
@@ -1026,6 +1078,7 @@ class FastScheduler:
                     # put back at the head (in order) after the loop.
                     self._waiting_pop()
                     skipped.append(req)
+                    self.deferred_waiting.add(req.req_id)
                     continue
                 ntok = len(req.tokens)
                 hit_blocks: list[int] = []
@@ -1037,6 +1090,9 @@ class FastScheduler:
                             break
                         hit_blocks.append(found[0])
                 hit = len(hit_blocks) * bs
+                start = req.num_computed if req.num_computed else hit
+                if defer and start < ntok - 1:
+                    break  # held prefill: no admission with more than one token to compute
                 n = ntok - hit
                 pad = False
                 if k > 0 and n == 1 and not prefill_scheduled and (num_running > 0 or hit > 0):
@@ -1076,6 +1132,8 @@ class FastScheduler:
                 if self.caching:
                     self._cache_upto(req, hit + n)
                 self._waiting_pop()
+                self.deferred_waiting.discard(req.req_id)
+                self._prefill_admitted |= hit < ntok - 1
                 running.append(req)
                 kinds.append(KIND_NEW if req.status == WAITING else KIND_RESUMED)
                 entries.append((req, n, hit, ntok, list(blocks)))

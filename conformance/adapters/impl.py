@@ -263,7 +263,7 @@ class ImplEngineSut(ImplSchedulerSut):
         self._positions = {}
         self._prepared = deque()
 
-    def schedule(self) -> dict[str, Any]:
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
         """Schedule; v1: prepare the step's batch now (block tables as scheduled), run it when its output comes.
 
         A step runs when its model output is applied (in schedule order, as on
@@ -271,7 +271,7 @@ class ImplEngineSut(ImplSchedulerSut):
         requests, so a decode scheduled on an output placeholder (async
         profiles) reads the token the trace sampled there.
         """
-        canonical = super().schedule()
+        canonical = super().schedule(throttle_prefills)
         assert self.pending is not None
         if self.v0:  # swaps, copies and the forward pass; the logits of sampled positions are kept
             self.result = self.runner.execute(self.pending, keep_logits=True)

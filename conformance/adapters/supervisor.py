@@ -92,7 +92,7 @@ def kill_descendants() -> None:
 
 def reap_all() -> list[tuple[int, int]]:
     """Reap every exited child without waiting; the ``(pid, status)`` of each."""
-    out = []
+    out: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -118,7 +118,7 @@ RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ"
 """The signals Python ignores at start: the command gets their default action back, as ``subprocess`` gives it."""
 
 
-def start_command(argv: list[str], mask: set[signal.Signals]) -> int:
+def start_command(argv: list[str], mask: set[int | signal.Signals]) -> int:
     """Fork and exec ``argv`` with the supervisor's stdio, the signal mask it was started with, and
     :data:`RESTORED_SIGNALS` at their default action, as a command the harness started directly would have."""
     pid = os.fork()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from schedconf.conformance.adapters import UnknownSut
 from schedconf.conformance.adapters.reference import ReferenceSut
@@ -118,7 +118,7 @@ class _NoFullSequenceGate(Scheduler):
 class _SkippedRequeueFlipped(Scheduler):
     def __init__(self, config: SchedulerConfig, profile: object = "vllm-0.33") -> None:
         super().__init__(config, profile)  # type: ignore[arg-type]
-        flipped = "reverse" if self.profile.skipped_requeue_order == "preserve" else "preserve"
+        flipped: Literal["preserve", "reverse"] = "reverse" if self.profile.skipped_requeue_order == "preserve" else "preserve"
         self.profile = replace(self.profile, skipped_requeue_order=flipped)
 
 
@@ -276,6 +276,30 @@ class _DraftsWithPlaceholdersPending(Scheduler):
         return num_new_tokens + request.num_computed_tokens - request.num_tokens
 
 
+class _DecodeStaggerIgnored(Scheduler):
+    """V2 runner + pipeline parallelism: a request decodes again at once, not pipeline_parallel_size steps later."""
+
+    def _schedule_running(self, st: _StepState, threshold: int) -> None:
+        for request in self.running:
+            request.next_decode_eligible_step = 0
+        super()._schedule_running(st, threshold)
+
+
+class _ThrottleIgnored(Scheduler):
+    """schedule(throttle_prefills=True) holds no prefill back."""
+
+    def is_prefill_deferred(self, throttle_prefills: bool) -> bool:
+        return super().is_prefill_deferred(False)
+
+
+class _CapacityEscapeMissing(Scheduler):
+    """Prefill deferral keeps holding back though the last releasing step could not drain the waiting queue."""
+
+    def is_prefill_deferred(self, throttle_prefills: bool) -> bool:
+        self.prefill_capacity_bound = False
+        return super().is_prefill_deferred(throttle_prefills)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A named broken model and the real bug it stands for."""
@@ -376,6 +400,24 @@ MUTANTS: dict[str, Mutant] = {
             "vLLM #5349 (fixes #3032) family, v0: recompute preemption leaves the computed-token state "
             "(num_computed_tokens, stage) as it was",
             profile="vllm-0.10",
+        ),
+        Mutant(
+            "decode_stagger_ignored",
+            _DecodeStaggerIgnored,
+            "vLLM 0.33 async_scheduler.py:51-56 undone: with the V2 runner and pipeline parallelism a request "
+            "decodes before the workers' sampled-token ring has its previous token",
+            profile="vllm-0.33-async",
+        ),
+        Mutant(
+            "prefill_throttle_ignored",
+            _ThrottleIgnored,
+            "data-parallel prefill balancing lost (vLLM 0.33 scheduler.py:748-752): a throttled step admits prompts",
+        ),
+        Mutant(
+            "prefill_capacity_escape_missing",
+            _CapacityEscapeMissing,
+            "the deferral's capacity escape lost (vLLM #44558 family): a backed-up engine holds prefill every "
+            "throttled step and its waiting queue grows",
         ),
         Mutant(
             "v0_swapped_before_running",

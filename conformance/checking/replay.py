@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -235,7 +235,9 @@ def _replay(
                 raise SutUnsupported("the scheduler has no reset_prefix_cache")
             return {"success": reset(event["reset_running_requests"])}
         if in_flight:
-            return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
+            # A scheduler that declares in_flight takes the step whose output it applies (adapters/impl.py).
+            update_in_flight: Callable[..., Any] = sut.update_from_output
+            return update_in_flight(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
 
     for index, event in enumerate(events):
@@ -295,6 +297,16 @@ def _replay(
                 return fail(index, "request_outputs", diffs, message=f"step {step}: update_from_output() differs")
             expected_stats = event["expect"].get("stats")
             get_stats = getattr(sut, "get_scheduler_stats", None)
+            if trace.config.get("log_stats") is False and comparison == "strict" and get_stats is not None:
+                # Without log_stats an update reports no SchedulerStats at all.
+                reported = get_stats()
+                if reported is not None:
+                    return fail(
+                        index,
+                        "scheduler_stats",
+                        [FieldDiff("stats", None, reported)],
+                        message=f"step {event['step']}: stats reported with log_stats off",
+                    )
             if expected_stats is not None and comparison == "strict" and get_stats is not None:
                 actual_stats = get_stats()
                 if actual_stats is not None and actual_stats != expected_stats:
@@ -307,7 +319,7 @@ def _replay(
     return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
 
 
-def compare_stats(expected: dict[str, Any], actual: Any, prefix: str = "stats") -> list[FieldDiff]:
+def compare_stats(expected: Any, actual: Any, prefix: str = "stats") -> list[FieldDiff]:
     """The differing leaves of two stats dicts, by dotted path."""
     if not isinstance(actual, dict) or not isinstance(expected, dict):
         return [FieldDiff(prefix, expected, actual)] if expected != actual else []

@@ -186,6 +186,9 @@ OPTIONAL_CONFIG_FIELDS: dict[str, Any] = {
     "max_num_active_seqs": None,
     "long_prefill_token_threshold_adaptive": False,
     "use_v2_model_runner": False,
+    "pipeline_parallel_size": 1,
+    "prefill_schedule_interval": 1,
+    "log_stats": True,
 }
 """Config fields a trace header may leave out, with their default (spec/v1/config.py OPTIONAL_FIELDS)."""
 KNOBS_0_32 = ("max_num_active_seqs", "long_prefill_token_threshold_adaptive")
@@ -343,6 +346,12 @@ class _Vllm:
         self.scheduler_attrs = set(scheduler.__init__.__code__.co_names)  # attributes __init__ sets
         self.reset_prefix_cache_params = set(inspect.signature(scheduler.reset_prefix_cache).parameters)
         self.scheduler_config_fields = set(getattr(scheduler_config, "__dataclass_fields__", {}))
+        # 0.32+: schedule(throttle_prefills) (data-parallel prefill balancing) and AsyncScheduler's
+        # pipeline-parallel decode stagger (decode_stagger, next_decode_eligible_step).
+        self.has_prefill_throttle = "throttle_prefills" in inspect.signature(scheduler.schedule).parameters
+        self.has_decode_stagger = async_scheduler is not None and "decode_stagger" in set(
+            async_scheduler.__init__.__code__.co_names
+        )
         self._hasher_cache: dict[int, Any] = {}
 
     def profile_name(self) -> str:
@@ -516,6 +525,7 @@ def validate_config(config: Any) -> dict[str, Any]:
             "enable_prefix_caching",
             "long_prefill_token_threshold_adaptive",
             "use_v2_model_runner",
+            "log_stats",
         ):
             _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
         elif name == "max_num_active_seqs":
@@ -549,6 +559,12 @@ def validate_config(config: Any) -> dict[str, Any]:
         "max_concurrent_batches must be >= 1 (1 = synchronous)",
     )
     _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
+    _require(c["pipeline_parallel_size"] >= 1, "invalid_pipeline_parallel_size", "pipeline_parallel_size must be >= 1")
+    _require(
+        c["prefill_schedule_interval"] >= 1,
+        "invalid_prefill_schedule_interval",
+        "prefill_schedule_interval must be >= 1 (1 admits prefill on every step)",
+    )
     # vLLM SchedulerConfig.verify_max_model_len.
     _require(
         c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
@@ -560,7 +576,9 @@ def validate_config(config: Any) -> dict[str, Any]:
 
 
 def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(config[f] for f in (*CONFIG_FIELDS, *KNOBS_0_32))
+    return tuple(
+        config[f] for f in (*CONFIG_FIELDS, *KNOBS_0_32, "pipeline_parallel_size", "prefill_schedule_interval")
+    )
 
 
 # ---------------------------------------------------------------------- SUT
@@ -628,6 +646,12 @@ class VllmSchedulerSut:
         ]
         if cfg["use_v2_model_runner"] and "use_v2_model_runner" not in self.v.scheduler_attrs:
             missing_knobs.append("V2 model runner layout (use_v2_model_runner)")
+        if cfg["prefill_schedule_interval"] != 1 and "prefill_schedule_interval" not in self.v.scheduler_config_fields:
+            missing_knobs.append("prefill_schedule_interval")
+        if cfg["pipeline_parallel_size"] != 1 and not (is_async and self.v.has_decode_stagger):
+            # The model refuses it too (pipeline_parallel_not_modelled): under the plain scheduler,
+            # pipeline parallelism changes the new_token_ids payload only, which is not compared.
+            missing_knobs.append("pipeline-parallel decode stagger (AsyncScheduler, 0.32+)")
         if missing_knobs:
             raise SutUnsupported(f"vLLM {self.v.version} has no {', '.join(missing_knobs)}")
         if cfg["num_lookahead_tokens"]:
@@ -673,6 +697,8 @@ class VllmSchedulerSut:
             sched_kwargs["is_encoder_decoder"] = False
         if "async_scheduling" in v.scheduler_config_fields:
             sched_kwargs["async_scheduling"] = False
+        if cfg["prefill_schedule_interval"] != 1:
+            sched_kwargs["prefill_schedule_interval"] = cfg["prefill_schedule_interval"]
         if cfg["scheduler_reserve_full_isl"] is not None and "scheduler_reserve_full_isl" in v.scheduler_config_fields:
             sched_kwargs["scheduler_reserve_full_isl"] = cfg["scheduler_reserve_full_isl"]
         for knob in KNOBS_0_32:
@@ -703,6 +729,10 @@ class VllmSchedulerSut:
                 if words in message:
                     raise DriverError(code, f"vLLM {v.version} refuses this config: {message}") from None
             raise SutUnsupported(f"vLLM {v.version} refuses this config: {message}") from None
+        # Pipeline parallelism as the scheduler sees it: the engine would start pipeline_parallel_size
+        # workers; the scheduler reads ParallelConfig.pipeline_parallel_size alone (AsyncScheduler's
+        # decode stagger, use_pp), so it is set on the built config without starting any.
+        vllm_config.parallel_config.pipeline_parallel_size = cfg["pipeline_parallel_size"]
         if len(self._vllm_configs) >= VLLM_CONFIG_CACHE_SIZE:  # drop the oldest (dicts keep insertion order)
             del self._vllm_configs[next(iter(self._vllm_configs))]
         self._vllm_configs[key] = vllm_config
@@ -757,7 +787,7 @@ class VllmSchedulerSut:
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=v.StructuredOutputManager(vllm_config),
-            log_stats=self.reports_stats(),
+            log_stats=self.reports_stats() and cfg["log_stats"],
         )
         if "block_size" in v.scheduler_params:
             kwargs["block_size"] = bs
@@ -816,6 +846,15 @@ class VllmSchedulerSut:
             )
         if getattr(vc.scheduler_config, "async_scheduling", False):
             raise SutUnsupported("vLLM enabled async scheduling in its config")
+        if self.is_async and getattr(s, "decode_stagger", 1) != cfg["pipeline_parallel_size"]:
+            raise SutUnsupported(
+                f"vLLM's decode stagger is {s.decode_stagger}, asked pipeline_parallel_size={cfg['pipeline_parallel_size']}"
+            )
+        if getattr(s, "local_prefill_interval", 1) != cfg["prefill_schedule_interval"]:
+            raise SutUnsupported(
+                f"vLLM's local prefill interval is {s.local_prefill_interval}, "
+                f"asked prefill_schedule_interval={cfg['prefill_schedule_interval']}"
+            )
         if self.is_async != isinstance(s, self.v.AsyncScheduler or ()):
             wanted = "AsyncScheduler" if self.is_async else "Scheduler"
             raise SutUnsupported(f"expected vLLM's {wanted}, built {type(s).__name__}")
@@ -930,9 +969,16 @@ class VllmSchedulerSut:
 
     # ------------------------------------------------------------- schedule
 
-    def schedule(self) -> dict[str, Any]:
-        """``Scheduler.schedule()`` in canonical form; refused while max_concurrent_batches steps are in flight."""
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
+        """``Scheduler.schedule()`` in canonical form; refused while max_concurrent_batches steps are in flight.
+
+        ``throttle_prefills`` is passed on (vLLM 0.32+; an older release cannot run such a step).
+        """
         s = self._sched()
+        if throttle_prefills is not True and throttle_prefills is not False:
+            raise DriverError("invalid_field_type", "throttle_prefills must be a boolean")
+        if throttle_prefills and not self.v.has_prefill_throttle:
+            raise SutUnsupported(f"vLLM {self.v.version}'s schedule() takes no throttle_prefills")
         if len(self.steps_in_flight) >= self.max_concurrent_batches:
             raise DriverError(
                 "output_not_processed",
@@ -944,7 +990,7 @@ class VllmSchedulerSut:
             )
         t0 = time.perf_counter()
         try:
-            output = s.schedule()
+            output = s.schedule(throttle_prefills=True) if throttle_prefills else s.schedule()
         except Exception as exc:
             # An exception in schedule() kills vLLM's engine core: we are dead too.
             self.crashed = "engine_assertion_padded_admission" if _is_padded_admission_assert(exc) else "internal"

@@ -136,7 +136,7 @@ RELEASE_API: dict[str, dict[str, Any]] = {
 
 SUT_PREFIX = "vllm-v1@"
 BROKEN_RE = re.compile(r"Rule broken at step (\d+) \[(\w+)\]: (.*?)\. Rule: ")
-ADD_DEFAULTS = {"eos_token_id": None, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0}
+ADD_DEFAULTS: dict[str, Any] = {"eos_token_id": None, "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0}
 
 
 class ReproUnsupported(UnknownSut):
@@ -481,7 +481,9 @@ def get_divergence_step(trace: Trace, sut: str) -> int | None:
     finally:
         s.close()
     if result.verdict == FAIL and result.divergence is not None:
-        return int(result.divergence.step)
+        # Not narrowed: a FAIL before the first step (a config refused or accepted against the
+        # header, an input event before step 0) has step None, and int(None) raises TypeError.
+        return int(result.divergence.step)  # type: ignore[arg-type]
     return None
 
 

@@ -153,7 +153,7 @@ def build_async_corpus(profiles: tuple[str, ...] = ASYNC_PROFILES) -> dict[str, 
             items.append((f"example-{name}", trace))
         items += make_random_traces(
             ASYNC_NUM_RANDOM[profile],
-            lambda seed: random_workload(seed, profile),
+            lambda seed: random_workload(seed, profile, multi_gpu_rules=False),
             lambda seed, w, feats: (
                 f"random workload, generator seed {seed}, {w.config.max_concurrent_batches} step(s) in flight: {feats}"
             ),

@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from schedconf.spec.errors import InvalidConfig, InvalidEvent, InvariantViolation, SpecError
 from schedconf.spec.output import ModelRunnerOutput, SchedulerOutput
@@ -130,7 +131,7 @@ def parse_tokens(spec: str) -> list[int]:
     return tokens
 
 
-def check_scenario_config_bounds(fields: dict[str, object]) -> None:
+def check_scenario_config_bounds(fields: dict[str, Any]) -> None:
     """Raise ScenarioFormatError for a config past schedconf's bounds (``schedconf.conformance.bounds``)."""
     from schedconf.conformance.bounds import check_config_bounds
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from schedconf.conformance.workloads.datadriven import ScenarioRunner, check_scenario_config_bounds
+from schedconf.conformance.workloads.datadriven import ScenarioFormatError, ScenarioRunner, check_scenario_config_bounds
 from schedconf.conformance.workloads.datadriven import run_file as run_scenario_file
 from schedconf.spec.errors import InvalidEvent
 from schedconf.spec.v0.config import V0SchedulerConfig
@@ -70,6 +70,11 @@ class V0ScenarioRunner(ScenarioRunner):
         # A crashed engine is dead: its state is whatever vLLM left behind.
         if self.scheduler is not None and self.scheduler.crashed is None:
             check_invariants(self.scheduler)
+
+    def _sched(self) -> Scheduler:  # type: ignore[override]  # a v0 Scheduler, as `scheduler` above
+        if self.scheduler is None:
+            raise ScenarioFormatError("a 'config' command must come first")
+        return self.scheduler
 
     def cmd_config(self, args: list[str]) -> str:
         fields = dict(DEFAULTS)

@@ -234,8 +234,13 @@ def build_workload(
     invalid_inputs: bool = True,
     config: SchedulerConfig | None = None,
     in_flight_batches: bool = True,
+    multi_gpu_rules: bool = True,
 ) -> Workload:
     """Draw one workload (see the module docstring for what it aims at).
+
+    ``multi_gpu_rules=False`` draws none of the rules of several GPUs (pipeline parallelism, the
+    prefill throttle and cadence, log_stats off): the async corpus, built before they were in
+    the model, keeps its bytes.
 
     ``in_flight_batches=False`` keeps a plain profile's workloads synchronous
     and without the knobs vLLM 0.32 added (the v2 corpus, built before either
@@ -353,10 +358,14 @@ def build_workload(
         invalid.append(InvalidInput(event, first.at_step))
     add_in_flight_inputs(c.fork("in_flight"), requests, aborts, invalid)
     resets: tuple[ResetSpec, ...] = ()
+    throttle_cadence = 0
     if in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling):
         config = choose_in_flight_batches(c.fork("in_flight_batches"), config, profile)
         config = choose_0_32_knobs(c.fork("knobs_0_32"), config, profile)
         resets = choose_resets(c.fork("resets"), requests, profile)
+        if multi_gpu_rules:
+            config = choose_parallel_knobs(c.fork("parallel"), config, profile)
+            throttle_cadence = choose_throttle_cadence(c.fork("throttle"), profile)
     # Stats are recorded where the knobs are drawn (the v2 corpus keeps its bytes).
     record_stats = in_flight_batches or (PROFILES.get(profile) is not None and PROFILES[profile].async_scheduling)
     return Workload(
@@ -367,6 +376,7 @@ def build_workload(
         invalid_inputs=tuple(invalid),
         resets=resets,
         record_stats=record_stats,
+        throttle_cadence=throttle_cadence,
         oracle=oracle,
         seed=seed,
         origin="generate",
@@ -418,6 +428,46 @@ def choose_0_32_knobs(c: Chooser, config: SchedulerConfig, profile: str) -> Sche
     if c.boolean(KNOBS_0_32_RATE, "v2_layout"):
         changes["use_v2_model_runner"] = True
     return replace(config, **changes) if changes else config
+
+
+PIPELINE_PARALLEL_RATE = 0.2
+"""Share of async workloads (of releases with the decode stagger) run as vLLM runs them under
+pipeline parallelism 2 or 3 with the V2 model runner: the stagger on, and the batch queue of
+``VllmConfig.max_concurrent_batches`` (``pipeline_parallel_size + 1``)."""
+
+PREFILL_CADENCE_RATE = 0.06
+"""Share of 0.33 workloads with a local prefill cadence (``prefill_schedule_interval`` 2 to 4)."""
+
+LOG_STATS_OFF_RATE = 0.08
+"""Share of 0.32/0.33 workloads run without ``log_stats`` (no SchedulerStats reported)."""
+
+THROTTLE_RATE = 0.12
+"""Share of 0.32/0.33 workloads driven as vLLM's data-parallel coordinator drives a rank: every
+step but each N-th (N 2 to 4) calls ``schedule(throttle_prefills=True)``."""
+
+
+def choose_parallel_knobs(c: Chooser, config: SchedulerConfig, profile: str) -> SchedulerConfig:
+    """Pipeline parallelism (async profiles), the local prefill cadence and log_stats (own streams)."""
+    rules = PROFILES.get(profile)
+    if rules is None or not rules.has_0_32_scheduler_knobs:
+        return config
+    changes: dict[str, Any] = {}
+    if rules.async_scheduling and rules.pp_decode_stagger and c.boolean(PIPELINE_PARALLEL_RATE, "pipeline_parallel"):
+        pp = c.choice([2, 3], "pipeline_parallel_size")
+        changes.update(pipeline_parallel_size=pp, use_v2_model_runner=True, max_concurrent_batches=pp + 1)
+    if rules.local_prefill_cadence and c.boolean(PREFILL_CADENCE_RATE, "prefill_cadence"):
+        changes["prefill_schedule_interval"] = c.integer(2, 4, "prefill_schedule_interval")
+    if c.boolean(LOG_STATS_OFF_RATE, "log_stats_off"):
+        changes["log_stats"] = False
+    return replace(config, **changes) if changes else config
+
+
+def choose_throttle_cadence(c: Chooser, profile: str) -> int:
+    """The data-parallel coordinator's prefill cadence for the workload (0: no throttle)."""
+    rules = PROFILES.get(profile)
+    if rules is None or not rules.prefill_throttle or not rules.has_0_32_scheduler_knobs:
+        return 0
+    return c.integer(2, 4, "throttle_cadence") if c.boolean(THROTTLE_RATE, "throttle") else 0
 
 
 RESET_RATE = 0.12
@@ -589,7 +639,11 @@ def workloads(profile: str = "vllm-0.33", invalid_inputs: bool = True) -> st.Sea
 
 
 def random_workload(
-    seed: int, profile: str = "vllm-0.33", invalid_inputs: bool = True, in_flight_batches: bool = True
+    seed: int,
+    profile: str = "vllm-0.33",
+    invalid_inputs: bool = True,
+    in_flight_batches: bool = True,
+    multi_gpu_rules: bool = True,
 ) -> Workload:
     """A workload from a seeded PRNG (stable bytes: used for the vector corpus)."""
     return build_workload(
@@ -598,4 +652,5 @@ def random_workload(
         seed=seed,
         invalid_inputs=invalid_inputs,
         in_flight_batches=in_flight_batches,
+        multi_gpu_rules=multi_gpu_rules,
     )

@@ -224,6 +224,11 @@ class Workload:
     resets: tuple[ResetSpec, ...] = ()
     record_stats: bool = False
     """Record the scheduler's stats after each update (``model_output.expect.stats``, 0.32+ profiles)."""
+    throttle_cadence: int = 0
+    """vLLM's data-parallel coordinator (0.32+): with N > 1, every step but each N-th calls
+    ``schedule(throttle_prefills=True)``; 0: no throttle."""
+    throttled_steps: frozenset[int] = frozenset()
+    """Steps that call ``schedule(throttle_prefills=True)`` besides the cadence's (a rebuilt trace's)."""
     oracle: Oracle = field(default_factory=lambda: HashOracle(seed=0))
     seed: int = 0
     origin: str = "generate"
@@ -231,6 +236,10 @@ class Workload:
 
     def replace(self, **changes: Any) -> Workload:
         return replace(self, **changes)
+
+    def is_throttled(self, step: int) -> bool:
+        """Does step ``step`` (1-based) throttle prefill?"""
+        return step in self.throttled_steps or (self.throttle_cadence > 1 and step % self.throttle_cadence != 0)
 
 
 @dataclass(frozen=True)
@@ -414,7 +423,7 @@ def apply_trace_event(sched: Scheduler, event: dict[str, Any]) -> Any:
         sched.abort(event["request_id"])
         return None
     if kind == "step":
-        return sched.schedule()
+        return sched.schedule(throttle_prefills=True) if event.get("throttle_prefills") else sched.schedule()
     if kind == "reset_prefix_cache":
         return sched.reset_prefix_cache(event["reset_running_requests"])
     return sched.update_from_output(
@@ -539,15 +548,21 @@ def run_workload(
             continue
         if steps_done >= max_steps:
             raise WorkloadError(f"workload still running after {max_steps} steps")
+        throttle = workload.is_throttled(sched.current_step + 1)
         try:
-            output = sched.schedule()
+            output = sched.schedule(throttle_prefills=throttle)
         except EngineCrash as exc:
             # The engine core dies in this step: the trace ends with the crash.
-            events.append({"kind": "step", "step": sched.current_step, "expect_error": exc.code})
+            crash: dict[str, Any] = {"kind": "step", "step": sched.current_step, "expect_error": exc.code}
+            if throttle:
+                crash["throttle_prefills"] = True
+            events.append(crash)
             break
         if check:
             check_invariants(sched)
         step_event: dict[str, Any] = {"kind": "step", "step": output.step, "expect": output.to_canonical()}
+        if throttle:
+            step_event["throttle_prefills"] = True
         if observe:
             obs = sched.observe()
             step_event["observe"] = {
@@ -814,12 +829,15 @@ def workload_from_trace(trace: Trace) -> Workload:
     )
     adds: dict[str, int] = {}
     steps = 0
+    throttled: set[int] = set()
     after_schedule = False  # a step scheduled, no model output since
     for index, event in enumerate(trace.events):
         kind = event["kind"]
         at, in_flight = (steps - 1, True) if after_schedule else (steps, False)
         if kind == "step":
             steps += 1
+            if event.get("throttle_prefills"):
+                throttled.add(steps)
             after_schedule = "expect_error" not in event
             if "expect" in event and trace.scheduler != "v0":
                 x = event["expect"]
@@ -906,6 +924,7 @@ def workload_from_trace(trace: Trace) -> Workload:
         resets=tuple(resets),
         oracle=oracle,
         record_stats=any("stats" in e.get("expect", {}) for e in trace.events if e["kind"] == "model_output"),
+        throttled_steps=frozenset(throttled),
         seed=trace.header.get("seed", 0),
         origin=trace.header.get("origin", "trace"),
     )

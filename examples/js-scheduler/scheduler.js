@@ -113,9 +113,12 @@ const CONFIG_DEFAULTS = {
   max_num_active_seqs: null,
   long_prefill_token_threshold_adaptive: false,
   use_v2_model_runner: false,
+  pipeline_parallel_size: 1,
+  prefill_schedule_interval: 1,
+  log_stats: true,
 };
 const BOOLEAN_FIELDS = ['enable_chunked_prefill', 'enable_prefix_caching', 'long_prefill_token_threshold_adaptive',
-  'use_v2_model_runner'];
+  'use_v2_model_runner', 'log_stats'];
 const NULLABLE_FIELDS = ['scheduler_reserve_full_isl', 'max_num_active_seqs']; // null means "the default"
 
 // Every v1 profile the spec knows (spec/v1/profiles.py), with the start-up rules
@@ -125,13 +128,15 @@ const NULLABLE_FIELDS = ['scheduler_reserve_full_isl', 'max_num_active_seqs']; /
 //   thresholdLimit: long_prefill_token_threshold <= max_model_len is required
 //   lateKnobs:      the 0.32 knobs (max_num_active_seqs, ...) exist
 //   inFlight:       steps in flight are modelled; async: AsyncScheduler
+//   stagger:        AsyncScheduler's pipeline-parallel decode stagger exists (0.32+)
+//   cadence:        prefill_schedule_interval exists (0.33+)
 const V1_PROFILES = {
-  'vllm-0.33': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false },
-  'vllm-0.32': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false },
-  'vllm-0.33-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true },
-  'vllm-0.32-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true },
-  'vllm-0.11': { thresholdLimit: false, lateKnobs: false, inFlight: false, async: false },
-  'aphrodite-0.24': { thresholdLimit: true, lateKnobs: false, inFlight: false, async: false },
+  'vllm-0.33': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false, stagger: true, cadence: true },
+  'vllm-0.32': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: false, stagger: true, cadence: false },
+  'vllm-0.33-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true, stagger: true, cadence: true },
+  'vllm-0.32-async': { thresholdLimit: true, lateKnobs: true, inFlight: true, async: true, stagger: true, cadence: false },
+  'vllm-0.11': { thresholdLimit: false, lateKnobs: false, inFlight: false, async: false, stagger: false, cadence: false },
+  'aphrodite-0.24': { thresholdLimit: true, lateKnobs: false, inFlight: false, async: false, stagger: true, cadence: false },
 };
 // Profiles of vLLM's legacy v0 scheduler: another scheduler with another
 // config (spec/v0/), not implemented here.
@@ -154,6 +159,7 @@ function readConfig(params) {
   check(params.profile === SUPPORTED_PROFILE, 'unsupported', `only the ${SUPPORTED_PROFILE} profile is implemented`);
   check(!c.enable_prefix_caching, 'unsupported', 'prefix caching is not implemented');
   check(c.max_concurrent_batches === 1, 'unsupported', 'steps in flight (max_concurrent_batches > 1) are not implemented');
+  check(c.prefill_schedule_interval === 1, 'unsupported', 'the local prefill cadence is not implemented');
   return c;
 }
 
@@ -187,6 +193,8 @@ function checkConfig(raw) {
   check(c.max_num_active_seqs === null || (c.max_num_active_seqs >= 1 && c.max_num_active_seqs <= c.max_num_seqs),
     'invalid_max_num_active_seqs', 'max_num_active_seqs must be null or in [1, max_num_seqs]');
   check(c.max_concurrent_batches >= 1, 'invalid_max_concurrent_batches', 'max_concurrent_batches must be >= 1');
+  check(c.pipeline_parallel_size >= 1, 'invalid_pipeline_parallel_size', 'pipeline_parallel_size must be >= 1');
+  check(c.prefill_schedule_interval >= 1, 'invalid_prefill_schedule_interval', 'prefill_schedule_interval must be >= 1');
   check(c.num_lookahead_tokens >= 0, 'invalid_num_lookahead_tokens', 'num_lookahead_tokens must be >= 0');
   check(c.enable_chunked_prefill || c.max_num_batched_tokens >= c.max_model_len,
     'budget_below_max_model_len', 'without chunked prefill, max_num_batched_tokens must be >= max_model_len');
@@ -207,8 +215,12 @@ function checkConfigForProfile(c, profile, rules) {
     .filter((k) => c[k] !== CONFIG_DEFAULTS[k]);
   check(rules.lateKnobs || lateKnobs.length === 0, 'knob_not_in_release',
     `${lateKnobs.join(', ')}: not a knob of ${profile}'s release`);
+  check(rules.cadence || c.prefill_schedule_interval === 1, 'knob_not_in_release',
+    `prefill_schedule_interval: not a knob of ${profile}'s release`);
   check(c.max_concurrent_batches === 1 || (rules.inFlight && (c.num_spec_tokens === 0 || rules.async)),
     'in_flight_not_modelled', `steps in flight (max_concurrent_batches=${c.max_concurrent_batches}) are not modelled`);
+  check(c.pipeline_parallel_size === 1 || (rules.async && rules.stagger), 'pipeline_parallel_not_modelled',
+    `pipeline_parallel_size=${c.pipeline_parallel_size} is modelled only under an async profile`);
 }
 
 // ============================================================ 3. a request

@@ -191,6 +191,7 @@ class SafetyRun:
         if kind == "add_request":
             self.add_record(event)
         else:
+            rid = event["request_id"]  # there: the abort above was called with it
             rec = self.records.get(rid)
             if rec is not None and rec.ended is None:
                 rec.ended = f"aborted by the harness at step {self.steps_run}"
