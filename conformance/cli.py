@@ -722,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
         "does differently from the other, grouped by the first differing field, each group with a minimal "
         "trace and whether either side broke a safety property",
     )
+    assert p.description is not None  # add() gives every command one
     p.description += " " + DIFF_EXIT_HELP
     p.add_argument("--sut", required=True, help="scheduler A: " + _sut_help())
     p.add_argument("--against", required=True, metavar="SUT", help="scheduler B (same names as --sut)")
@@ -752,6 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write a trace as one standalone vLLM test file (vLLM's own API, no schedconf) that "
         "fails on the rule the engine breaks; nothing is written if no rule breaks",
     )
+    assert p.description is not None  # add() gives every command one
     p.description += " " + REPRO_EXIT_HELP
     p.add_argument("trace", metavar="TRACE")
     p.add_argument("--sut", required=True, help="the engine release: vllm-v1@VERSION (its environment must be built)")

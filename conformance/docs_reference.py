@@ -50,7 +50,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             elif action.nargs != 0:
                 name += f" {action.dest.upper()}"
         else:
-            name = action.metavar or action.dest
+            name = str(action.metavar or action.dest)  # a tuple metavar prints as the f-string below would
         text = (action.help or "").replace("|", "\\|").replace("\n", " ")
         if "%(default)" in text:
             text = text % {"default": action.default}
@@ -80,8 +80,9 @@ def render_cli_md() -> str:
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
     for name, subparser in sub.choices.items():
         out += [f"## `schedconf {name}`", ""]
-        if helps.get(name):
-            out += [helps[name].strip(), ""]
+        help_text = helps.get(name)
+        if help_text:
+            out += [help_text.strip(), ""]
         out += ["```text", _usage(subparser), "```", ""]
         rows = _option_rows(subparser)
         if rows:

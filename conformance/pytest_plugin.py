@@ -24,9 +24,12 @@ the v0 corpus and v0 workloads.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr  # what pytest's Item.repr_failure returns (not re-exported)
 
 from schedconf.conformance.cli import int_at_least
 
@@ -180,7 +183,7 @@ class _SchedconfItem(pytest.Item):
             pass
         raise SchedconfFailure(f"failing trace: {saved}\n{message}")
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, SchedconfFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
@@ -220,9 +223,9 @@ class CampaignItem(_SchedconfItem):
         from schedconf.conformance.workloads.generate import choose_refused_config
 
         example = seed * 1_000_003 + self.index
-        workload = make_random_workload(example, profile)
-        if self.index:  # as a campaign draws them: a share are configs one step past a limit
-            workload = choose_refused_config(example, workload)
+        drawn = make_random_workload(example, profile)
+        # as a campaign draws them: a share are configs one step past a limit
+        workload = choose_refused_config(example, drawn) if self.index else drawn
         try:
             trace = run_workload(workload)
         except WorkloadError as exc:

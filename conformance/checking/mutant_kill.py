@@ -54,7 +54,7 @@ def run_model(
     from schedconf.spec.v0.invariants import check_invariants
     from schedconf.spec.v0.scheduler import Scheduler as V0Scheduler
 
-    model_class = scheduler_class or V0Scheduler
+    model_class: type[Any] = scheduler_class or V0Scheduler  # a mutant subclass, or the v0 model
     factory = schedulers.make_scheduler
 
     def make_model(config_dict: dict[str, Any], profile: str) -> Any:
@@ -128,7 +128,7 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
     sut = MutantSut(mutant)
     row = KillRow(mutant=mutant.name, bug=mutant.bug, killed=False)
     t0 = time.monotonic()
-    failures: list[tuple[str, object]] = []
+    failures: list[tuple[str, Trace | Workload]] = []
 
     def visit(workload: Workload) -> bool:
         row.traces_tried += 1
@@ -161,10 +161,10 @@ def kill_one(mutant: Mutant, examples: int, shrink_budget_s: float, seed: int = 
     best: ShrinkResult | None = None
     deadline = time.monotonic() + shrink_budget_s
 
-    def size(item: object) -> int:
+    def size(item: Trace | Workload) -> int:
         if isinstance(item, Trace):
             return len(item.events)
-        return sum(len(r.prompt_token_ids) + r.max_tokens for r in item.requests)  # type: ignore[attr-defined]
+        return sum(len(r.prompt_token_ids) + r.max_tokens for r in item.requests)
 
     # Smallest failures first; stop once one shrinks to the 10-event target.
     queue = sorted(failures, key=lambda f: size(f[1]))

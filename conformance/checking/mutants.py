@@ -118,7 +118,9 @@ class _NoFullSequenceGate(Scheduler):
 class _SkippedRequeueFlipped(Scheduler):
     def __init__(self, config: SchedulerConfig, profile: object = "vllm-0.33") -> None:
         super().__init__(config, profile)  # type: ignore[arg-type]
-        flipped: Literal["preserve", "reverse"] = "reverse" if self.profile.skipped_requeue_order == "preserve" else "preserve"
+        flipped: Literal["preserve", "reverse"] = (
+            "reverse" if self.profile.skipped_requeue_order == "preserve" else "preserve"
+        )
         self.profile = replace(self.profile, skipped_requeue_order=flipped)
 
 

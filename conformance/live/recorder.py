@@ -79,7 +79,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any
+from typing import Any, cast
 
 TARGET_MODULE = "vllm.v1.core.sched.scheduler"
 CPU_PLATFORM_MODULE = "vllm.platforms.cpu"
@@ -244,9 +244,9 @@ class Recording:
         self.step = 0
         self.lock = threading.Lock()
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (step, output)
-        self._canonical_output = functools.partial(
-            VllmSchedulerSut._canonical_output, types.SimpleNamespace(scheduler=scheduler)
-        )
+        # A stand-in self: _canonical_output reads nothing of it but .scheduler.
+        stand_in = cast(VllmSchedulerSut, types.SimpleNamespace(scheduler=scheduler))
+        self._canonical_output = functools.partial(VllmSchedulerSut._canonical_output, stand_in)
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, f"engine-{os.getpid()}-{next(_counter)}.jsonl")
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
@@ -516,7 +516,8 @@ def canonical_stats(engine_outputs: Any) -> dict[str, Any] | None:
     """The SchedulerStats of one update in the trace's form, or None (the driver's conversion)."""
     from schedconf.conformance.engines.vllm_driver import VllmSchedulerSut
 
-    holder = types.SimpleNamespace(reports_stats=lambda: True)
+    # A stand-in self: _canonical_stats reads nothing of it but .reports_stats().
+    holder = cast(VllmSchedulerSut, types.SimpleNamespace(reports_stats=lambda: True))
     try:
         return VllmSchedulerSut._canonical_stats(holder, engine_outputs or {})
     except AttributeError:  # a release whose stats have another shape

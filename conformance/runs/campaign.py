@@ -36,7 +36,7 @@ from typing import Any
 
 from schedconf.conformance.checking.replay import FAIL, PASS, UNKNOWN, ReplayResult, render_divergence, replay
 from schedconf.conformance.traces.trace import Trace, parse_trace_text, render_trace, write_atomic
-from schedconf.conformance.workloads.workload import Workload, WorkloadError, run_workload
+from schedconf.conformance.workloads.workload import RefusedConfigWorkload, Workload, WorkloadError, run_workload
 
 
 @dataclass
@@ -138,7 +138,7 @@ def get_forced_for_protocol_level(probe: Any, spec: CampaignSpec) -> dict[str, A
     return forced
 
 
-def generate_workloads(spec: CampaignSpec) -> list[Workload]:
+def generate_workloads(spec: CampaignSpec) -> list[Workload | RefusedConfigWorkload]:
     """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``.
 
     Config overrides are applied to each; a workload whose overridden config
@@ -151,10 +151,10 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload]:
     """
     from schedconf.conformance.workloads.generate import choose_refused_config
 
-    workloads = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
+    drawn = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
     workloads = [
         choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
-        for i, w in enumerate(workloads)
+        for i, w in enumerate(drawn)
     ]
     if spec.comparison == "safety" or not spec.prefix_cache_resets:
         # The safety comparison drives one step at a time and has no prefix-cache
@@ -394,7 +394,7 @@ def get_in_flight_features(trace: Trace) -> set[str]:
     return out
 
 
-def run_one(index: int, workload: Workload) -> TraceOutcome:
+def run_one(index: int, workload: Workload | RefusedConfigWorkload) -> TraceOutcome:
     """Generate one trace with the reference and replay it on the worker's SUT."""
     spec: CampaignSpec = _WORKER["spec"]
     sut = _WORKER["sut"]

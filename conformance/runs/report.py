@@ -206,7 +206,7 @@ def compute_v0_step_rows(trace: Trace, limit: int = 60) -> list[dict[str, str]]:
     not sample), ``r1 P4*`` (a prompt chunk that samples) or ``r1 D`` (a
     decode), with its GPU block table.
     """
-    rows = []
+    rows: list[dict[str, str]] = []
     for event in trace.events:
         if event["kind"] != "step":
             continue
