@@ -32,11 +32,11 @@ traces with those values, for settings the scheduler cannot express at all.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
+from schedconf.conformance.protocol_server import accepts_throttle_prefills
 from schedconf.spec.errors import InvalidConfig, InvalidEvent
 
 
@@ -86,17 +86,6 @@ ADD_REQUEST_FIELDS = (
     "stop_token_ids",
     "min_tokens",
 )
-
-
-def accepts_throttle_prefills(sut: Any) -> bool:
-    """Does ``sut.schedule`` take ``throttle_prefills``?"""
-    schedule = getattr(sut, "schedule", None)
-    if schedule is None:
-        return False
-    try:
-        return "throttle_prefills" in inspect.signature(schedule).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def call_schedule(sut: Any, throttle_prefills: bool = False) -> Any:

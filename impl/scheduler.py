@@ -844,12 +844,12 @@ class FastScheduler:
             )
         self.current_step += 1
         running = self.running
-        defer = False
-        if not self.prefill_capacity_bound and any(not r.is_prefill_chunk for r in running):
-            interval = self.prefill_interval
-            defer = throttle_prefills or (
-                interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval
-            )
+        interval = self.prefill_interval
+        defer = (
+            (throttle_prefills or (interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval))
+            and not self.prefill_capacity_bound
+            and any(not r.is_prefill_chunk for r in running)
+        )  # the scan of running only on a step that may hold prefill
         self._prefill_admitted = False
         stagger = self.decode_stagger
         step = self.current_step

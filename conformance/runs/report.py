@@ -97,7 +97,7 @@ def compute_timeline(trace: Trace) -> tuple[list[str], list[dict[str, tuple[str,
                 if "expect_error" not in event and state.get(event["request_id"]) not in ("finished", None):
                     state[event["request_id"]] = "aborted"
             elif kind == "step":
-                out = ref.schedule(throttle_prefills=True) if event.get("throttle_prefills") else ref.schedule()
+                out = ref.schedule(bool(event.get("throttle_prefills")))
                 obs = ref.observe() or {}
                 used.append(usable - obs.get("num_free_blocks", usable))
                 expect = event.get("expect", out)

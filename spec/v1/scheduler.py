@@ -539,12 +539,9 @@ class Scheduler:
         ``prefill_schedule_interval`` N > 1, until N executed steps have passed
         since the last step that carried prefill.
         """
-        if self.prefill_capacity_bound or all(r.is_prefill_chunk for r in self.running):
-            return False
-        if throttle_prefills:
-            return True
         interval = self.config.prefill_schedule_interval
-        return interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval
+        held = throttle_prefills or (interval > 1 and (self.num_executed_steps + 1) - self.last_prefill_step < interval)
+        return held and not self.prefill_capacity_bound and not all(r.is_prefill_chunk for r in self.running)
 
     def _schedule_running(self, st: _StepState, threshold: int) -> None:
         """The running loop (§4.1): top up each running request, preempting on no space."""
