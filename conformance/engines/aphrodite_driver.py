@@ -61,9 +61,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Any
 
+from schedconf.conformance.engines.self_check import SPEC_DECODE_SELF_CHECK_CONFIG, run_self_check, run_two_steps
 from schedconf.conformance.engines.vllm_driver import (
     DriverError,
     SutUnsupported,
@@ -241,61 +241,24 @@ def serve_stdio() -> int:
     return serve(factory, stdin=_with_extensions(sys.stdin, proto_out, holder), stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {
-    "block_size": 4,
-    "num_gpu_blocks": 16,
-    "max_num_batched_tokens": 16,
-    "max_num_seqs": 4,
-    "max_model_len": 32,
-    "enable_chunked_prefill": True,
-    "long_prefill_token_threshold": 0,
-    "enable_prefix_caching": True,
-    "policy": "fcfs",
-    "num_spec_tokens": 2,
-    "num_lookahead_tokens": 0,
-    "scheduler_reserve_full_isl": None,
-}
-
-
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = take_protocol_stdout()
-    started = time.monotonic()
-    api = _Aphrodite()
-    if expect_version and api.version.split("+")[0] != expect_version:
-        print(
-            f"self-check failed: expected Aphrodite {expect_version}, this environment has {api.version}",
-            file=proto_out,
+
+    def exercise(api: _Aphrodite) -> str | None:
+        sut = AphroditeSchedulerSut(api)
+        first, second = run_two_steps(
+            sut, TRACKED_PROFILE, SPEC_DECODE_SELF_CHECK_CONFIG, draft_token_ids={"a": [6, 7]}
         )
-        return 1
-    sut = AphroditeSchedulerSut(api)
-    sut.start(dict(SELF_CHECK_CONFIG), TRACKED_PROFILE)
-    sut.add_request(
-        {
-            "request_id": "a",
-            "prompt_token_ids": list(range(10)),
-            "max_tokens": 3,
-            "priority": 0,
-            "arrival_time": 0,
-            "eos_token_id": 1,
-            "stop_token_ids": [],
-            "ignore_eos": False,
-            "min_tokens": 0,
-        }
+        ok = first["num_scheduled_tokens"] == {"a": 10} and second["scheduled_spec_decode_tokens"] == {"a": [6, 7]}
+        return None if ok else f"unexpected outputs {first} / {second}"
+
+    return run_self_check(
+        "Aphrodite",
+        expect_version,
+        _Aphrodite,
+        exercise,
+        lambda api: f"aphrodite {api.version} (profile {TRACKED_PROFILE}), torch {api.torch.__version__}",
     )
-    first = sut.schedule()
-    sut.update_from_output({"a": [5]}, {"a": [6, 7]})
-    second = sut.schedule()
-    ok = first["num_scheduled_tokens"] == {"a": 10} and second["scheduled_spec_decode_tokens"] == {"a": [6, 7]}
-    if not ok:
-        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
-        return 1
-    print(
-        f"self-check ok: aphrodite {api.version} (profile {TRACKED_PROFILE}), torch {api.torch.__version__}, "
-        f"{time.monotonic() - started:.1f} s",
-        file=proto_out,
-    )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -137,7 +137,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 import types
 from typing import Any
 
@@ -149,6 +148,7 @@ from schedconf.conformance.engines.protocol_checks import (
     validate_add_request,
     validate_config,
 )
+from schedconf.conformance.engines.self_check import run_self_check, run_two_steps
 from schedconf.conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
 DISTRIBUTION = "nano-vllm-fork"
@@ -602,63 +602,21 @@ def serve_stdio() -> int:
     return serve(lambda: NanoVllmSchedulerSut(nano), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {
-    "block_size": 4,
-    "num_gpu_blocks": 16,
-    "max_num_batched_tokens": 32,
-    "max_num_seqs": 4,
-    "max_model_len": 32,
-    "enable_chunked_prefill": False,
-    "long_prefill_token_threshold": 0,
-    "enable_prefix_caching": True,
-    "policy": "fcfs",
-    "num_spec_tokens": 0,
-    "num_lookahead_tokens": 0,
-    "scheduler_reserve_full_isl": None,
-}
-
-
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = take_protocol_stdout()
-    started = time.monotonic()
-    nano = _Nano()
-    if expect_version and nano.version != expect_version:
-        print(
-            f"self-check failed: expected nano-vllm {expect_version}, this environment has {nano.version}",
-            file=proto_out,
+
+    def exercise(nano: _Nano) -> str | None:
+        first, second = run_two_steps(NanoVllmSchedulerSut(nano), "vllm-0.33")
+        ok = (
+            first["num_scheduled_tokens"] == {"a": 10}
+            and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
+            and second["num_scheduled_tokens"] == {"a": 1}
         )
-        return 1
-    sut = NanoVllmSchedulerSut(nano)
-    sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
-    sut.add_request(
-        {
-            "request_id": "a",
-            "prompt_token_ids": list(range(10)),
-            "max_tokens": 3,
-            "priority": 0,
-            "arrival_time": 0,
-            "eos_token_id": 1,
-            "stop_token_ids": [],
-            "ignore_eos": False,
-            "min_tokens": 0,
-        }
+        return None if ok else f"unexpected outputs {first} / {second}"
+
+    return run_self_check(
+        "nano-vllm", expect_version, _Nano, exercise, lambda nano: f"nano-vllm {nano.version} (nano-vllm-fork)"
     )
-    first = sut.schedule()
-    sut.update_from_output({"a": [5]}, {})
-    second = sut.schedule()
-    ok = (
-        first["num_scheduled_tokens"] == {"a": 10}
-        and first["scheduled_new_reqs"][0]["block_ids"] == [1, 2, 3]
-        and second["num_scheduled_tokens"] == {"a": 1}
-    )
-    if not ok:
-        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
-        return 1
-    print(
-        f"self-check ok: nano-vllm {nano.version} (nano-vllm-fork), {time.monotonic() - started:.1f} s", file=proto_out
-    )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:

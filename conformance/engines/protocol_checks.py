@@ -11,6 +11,7 @@ restates those rules in the protocol's terms and is what each of them calls.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 CONFIG_FIELDS = (
@@ -60,52 +61,141 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def validate_config(config: Any) -> dict[str, Any]:
-    """Refuse a config with the protocol's codes, in the model's order; return a copy (every field present)."""
+FieldKind = str
+"""How a config field is typed: ``int`` (the default), ``bool``, ``int_or_null``,
+``bool_or_null``, ``policy`` or ``preemption_mode``."""
+
+FIELD_KINDS: dict[str, FieldKind] = {
+    "enable_chunked_prefill": "bool",
+    "enable_prefix_caching": "bool",
+    "long_prefill_token_threshold_adaptive": "bool",
+    "use_v2_model_runner": "bool",
+    "log_stats": "bool",
+    "max_num_active_seqs": "int_or_null",
+    "scheduler_reserve_full_isl": "bool_or_null",
+    "policy": "policy",
+    "preemption_mode": "preemption_mode",
+}
+"""The v1 and v0 config fields that are not plain integers (spec/v1/config.py, spec/v0/config.py)."""
+
+
+def validate_field_types(
+    config: Any,
+    fields: tuple[str, ...],
+    optional: dict[str, Any] | None = None,
+    missing_code: str = "invalid_config_type",
+) -> dict[str, Any]:
+    """Refuse a config that is not an object, names an unknown field, lacks one or mistypes one.
+
+    ``fields`` are required; ``optional`` maps the fields a header may leave
+    out to their defaults. Returns a copy with every field present.
+    """
+    optional = optional or {}
     require(isinstance(config, dict), "invalid_config_type", "config must be an object")
-    missing = [f for f in CONFIG_FIELDS if f not in config]
-    unknown = sorted(set(config) - set(CONFIG_FIELDS))
+    unknown = sorted(set(config) - set(fields) - set(optional))
     require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
-    require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
-    for name in CONFIG_FIELDS:
+    missing = [f for f in fields if f not in config]
+    require(not missing, missing_code, f"missing config field(s): {', '.join(missing)}")
+    config = {**optional, **config}
+    for name in (*fields, *optional):
         value = config[name]
-        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        kind = FIELD_KINDS.get(name, "int")
+        if kind == "bool":
             require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
-        elif name == "scheduler_reserve_full_isl":
+        elif kind == "int_or_null":
+            require(value is None or is_int(value), "invalid_config_type", f"{name} must be an integer or null")
+        elif kind == "bool_or_null":
             require(
                 value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null"
             )
-        elif name == "policy":
+        elif kind == "policy":
             require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
+        elif kind == "preemption_mode":
+            require(
+                value in (None, "swap", "recompute"),
+                "invalid_preemption_mode",
+                "preemption_mode must be null, 'swap' or 'recompute'",
+            )
         else:
             require(is_int(value), "invalid_config_type", f"{name} must be an integer")
-    c = config
-    require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    require(
-        c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)"
-    )
-    require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
-    require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
-    require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
-    require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
-    require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
-    require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
-    require(
-        c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
+    return config
+
+
+ConfigRule = tuple[tuple[str, ...], Callable[[dict[str, Any]], bool], str, str]
+"""(the fields it reads, what must hold, the code, the message): one range rule of a config."""
+
+
+def at_least(name: str, minimum: int, code: str, why: str = "") -> ConfigRule:
+    return ((name,), lambda c: c[name] >= minimum, code, f"{name} must be >= {minimum}{why}")
+
+
+V1_CONFIG_RULES: tuple[ConfigRule, ...] = (
+    at_least("block_size", 1, "invalid_block_size"),
+    at_least("num_gpu_blocks", 2, "invalid_num_gpu_blocks", " (block 0 is the null block)"),
+    at_least("max_num_batched_tokens", 1, "invalid_token_budget"),
+    at_least("max_num_seqs", 1, "invalid_max_num_seqs"),
+    at_least("max_model_len", 1, "invalid_max_model_len"),
+    at_least("long_prefill_token_threshold", 0, "invalid_threshold"),
+    at_least("num_spec_tokens", 0, "invalid_num_spec_tokens"),
+    (
+        ("max_num_active_seqs", "max_num_seqs"),
+        lambda c: c["max_num_active_seqs"] is None or 1 <= c["max_num_active_seqs"] <= c["max_num_seqs"],
+        "invalid_max_num_active_seqs",
+        "max_num_active_seqs must be null or in [1, max_num_seqs]",
+    ),
+    at_least("max_concurrent_batches", 1, "invalid_max_concurrent_batches", " (1 = synchronous)"),
+    at_least("pipeline_parallel_size", 1, "invalid_pipeline_parallel_size"),
+    at_least("prefill_schedule_interval", 1, "invalid_prefill_schedule_interval", " (1 admits prefill on every step)"),
+    at_least("num_lookahead_tokens", 0, "invalid_num_lookahead_tokens"),
+    (
+        ("enable_chunked_prefill", "max_num_batched_tokens", "max_model_len"),
+        lambda c: c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
         "budget_below_max_model_len",
         "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
-    )
-    require(
-        c["max_num_batched_tokens"] >= c["max_num_seqs"],
+    ),
+    (
+        ("max_num_batched_tokens", "max_num_seqs"),
+        lambda c: c["max_num_batched_tokens"] >= c["max_num_seqs"],
         "budget_below_max_num_seqs",
         "max_num_batched_tokens must be >= max_num_seqs",
-    )
-    require(
-        cdiv(c["max_model_len"], c["block_size"]) <= c["num_gpu_blocks"] - 1,
+    ),
+    (
+        ("max_model_len", "block_size", "num_gpu_blocks"),
+        lambda c: cdiv(c["max_model_len"], c["block_size"]) <= c["num_gpu_blocks"] - 1,
         "pool_below_max_model_len",
         "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
-    )
-    return dict(config)
+    ),
+)
+"""The v1 model's range rules in its order (spec/v1/config.py): one bad config gets one code."""
+
+
+def get_config_rule(code: str) -> ConfigRule:
+    """The v1 rule that refuses with ``code`` (for a table that shares it, such as v0's)."""
+    return next(rule for rule in V1_CONFIG_RULES if rule[2] == code)
+
+
+def validate_config_rules(
+    config: dict[str, Any], rules: tuple[ConfigRule, ...], left_to_engine: tuple[str, ...] = ()
+) -> None:
+    """Refuse the first rule ``config`` breaks, skipping rules on fields it lacks and codes in ``left_to_engine``."""
+    for fields, holds, code, message in rules:
+        if code in left_to_engine or any(f not in config for f in fields):
+            continue
+        require(holds(config), code, message)
+
+
+def validate_config(
+    config: Any, optional: dict[str, Any] | None = None, left_to_engine: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Refuse a v1 config with the protocol's codes, in the model's order; return a copy (every field present).
+
+    ``optional``: the optional fields this driver takes, with their defaults
+    (any other optional field is ``unknown_config_field``). ``left_to_engine``:
+    codes the engine's own refusal answers (the driver maps its error).
+    """
+    checked = validate_field_types(config, CONFIG_FIELDS, optional)
+    validate_config_rules(checked, V1_CONFIG_RULES, left_to_engine)
+    return checked
 
 
 def validate_add_request(

@@ -209,7 +209,6 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-import time
 import types
 from typing import Any
 
@@ -219,6 +218,12 @@ from schedconf.conformance.engines.protocol_checks import (
     require,
     validate_add_request,
     validate_config,
+)
+from schedconf.conformance.engines.self_check import (
+    SELF_CHECK_CONFIG,
+    get_self_check_request,
+    run_self_check,
+    run_two_steps,
 )
 from schedconf.conformance.protocol_server import OFFLINE_ENV, run_driver, take_protocol_stdout
 
@@ -1056,61 +1061,29 @@ def serve_stdio() -> int:
     return serve(lambda: SglangSchedulerSut(sgl), stdin=sys.stdin, stdout=proto_out)
 
 
-SELF_CHECK_CONFIG = {
-    "block_size": 1,
-    "num_gpu_blocks": 64,
-    "max_num_batched_tokens": 32,
-    "max_num_seqs": 4,
-    "max_model_len": 32,
-    "enable_chunked_prefill": False,
-    "long_prefill_token_threshold": 0,
-    "enable_prefix_caching": True,
-    "policy": "fcfs",
-    "num_spec_tokens": 0,
-    "num_lookahead_tokens": 0,
-    "scheduler_reserve_full_isl": None,
-}
+SGLANG_SELF_CHECK_CONFIG = {**SELF_CHECK_CONFIG, "block_size": 1, "num_gpu_blocks": 64}
+"""SGLang pages one token at a time: 63 usable one-token pages."""
 
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = take_protocol_stdout()
-    started = time.monotonic()
-    sgl = _Sgl()
-    if expect_version and sgl.version != expect_version:
-        print(
-            f"self-check failed: expected sglang {expect_version}, this environment has {sgl.version}", file=proto_out
+
+    def exercise(sgl: _Sgl) -> str | None:
+        first, second = run_two_steps(
+            SglangSchedulerSut(sgl),
+            "vllm-0.33",
+            SGLANG_SELF_CHECK_CONFIG,
+            get_self_check_request(prompt_token_ids=list(range(10, 20))),
         )
-        return 1
-    sut = SglangSchedulerSut(sgl)
-    sut.start(dict(SELF_CHECK_CONFIG), "vllm-0.33")
-    sut.add_request(
-        {
-            "request_id": "a",
-            "prompt_token_ids": list(range(10, 20)),
-            "max_tokens": 3,
-            "priority": 0,
-            "arrival_time": 0,
-            "eos_token_id": 1,
-            "stop_token_ids": [],
-            "ignore_eos": False,
-            "min_tokens": 0,
-        }
-    )
-    first = sut.schedule()
-    sut.update_from_output({"a": [5]}, {})
-    second = sut.schedule()
-    ok = (
-        first["num_scheduled_tokens"] == {"a": 10}
-        and first["scheduled_new_reqs"][0]["block_ids"] == list(range(1, 11))
-        and second["num_scheduled_tokens"] == {"a": 1}
-        and second["scheduled_cached_reqs"][0]["new_block_ids"] == [11]
-    )
-    if not ok:
-        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
-        return 1
-    print(f"self-check ok: sglang {sgl.version}, {time.monotonic() - started:.1f} s", file=proto_out)
-    return 0
+        ok = (
+            first["num_scheduled_tokens"] == {"a": 10}
+            and first["scheduled_new_reqs"][0]["block_ids"] == list(range(1, 11))
+            and second["num_scheduled_tokens"] == {"a": 1}
+            and second["scheduled_cached_reqs"][0]["new_block_ids"] == [11]
+        )
+        return None if ok else f"unexpected outputs {first} / {second}"
+
+    return run_self_check("sglang", expect_version, _Sgl, exercise, lambda sgl: f"sglang {sgl.version}")
 
 
 def main(argv: list[str] | None = None) -> None:

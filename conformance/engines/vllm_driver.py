@@ -126,7 +126,6 @@ private copy of file descriptor 1 for protocol lines and points fd 1 (and
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -135,6 +134,17 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from schedconf.conformance.engines import protocol_checks
+from schedconf.conformance.engines.protocol_checks import (
+    CONFIG_FIELDS,
+    DriverError,
+    SutUnsupported,
+    is_int,
+    is_token_id,
+    require,
+    validate_add_request,
+)
+from schedconf.conformance.engines.self_check import SPEC_DECODE_SELF_CHECK_CONFIG, run_self_check, run_two_steps
 from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
 
 DEFAULT_ENV = {
@@ -167,20 +177,6 @@ large so that it never caps ``max_model_len``."""
 VLLM_CONFIG_CACHE_SIZE = 64
 """VllmConfigs kept for reuse across ``init`` (building one with spec decode takes ~0.15 s)."""
 
-CONFIG_FIELDS = (
-    "block_size",
-    "num_gpu_blocks",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "enable_chunked_prefill",
-    "long_prefill_token_threshold",
-    "enable_prefix_caching",
-    "policy",
-    "num_spec_tokens",
-    "num_lookahead_tokens",
-    "scheduler_reserve_full_isl",
-)
 OPTIONAL_CONFIG_FIELDS: dict[str, Any] = {
     "max_concurrent_batches": 1,
     "max_num_active_seqs": None,
@@ -200,27 +196,6 @@ ASYNC_SUFFIX = "-async"
 """A profile named ``<release>-async`` runs vLLM's ``AsyncScheduler`` (output placeholders)."""
 
 
-class DriverError(Exception):
-    """An input the protocol refuses; ``code`` is the stable error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-class SutUnsupported(Exception):  # noqa: N818 - protocol_server matches this class name
-    """This vLLM cannot run the config or profile (the verdict is unknown)."""
-
-
-def _require(condition: bool, code: str, message: str) -> None:
-    if not condition:
-        raise DriverError(code, message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 VLLM_CONFIG_REFUSALS = (
     # words of vLLM's own SchedulerConfig error -> the protocol's code for that refusal
     # (config/scheduler.py: 0.11.0:245, 0.32.0:328/352, 0.33.0:331/355; reports/findings.md 1 and 2)
@@ -228,18 +203,6 @@ VLLM_CONFIG_REFUSALS = (
     ("cannot be greater than the max_model_len", "threshold_above_max_model_len"),
 )
 """A config vLLM refuses with one of these messages is answered with the code, not ``unsupported``."""
-
-MAX_TOKEN_ID = 2**31 - 1
-"""Token ids are int32, as the model's (spec/v1/request.py MAX_TOKEN_ID)."""
-
-
-def _is_token_id(value: object) -> bool:
-    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID  # type: ignore[operator]
-
-
-def _is_arrival_time(value: object) -> bool:
-    """Any finite number: vLLM's arrival times are floats (time.time())."""
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 PADDED_ADMISSION_ASSERT = "assert num_new_tokens == 1 + self.num_spec_tokens"
@@ -507,72 +470,16 @@ def _model_dir() -> str:
 
 
 def validate_config(config: Any) -> dict[str, Any]:
-    """Refuse a config with the protocol's codes; return it (every field present).
+    """Refuse a config with the protocol's codes, in the model's order; return it (every field present).
 
-    Mirrors what vLLM itself refuses (its config classes and the engine's
-    KV-cache check), using the codes of the protocol's table.
+    The shared rules (``protocol_checks.V1_CONFIG_RULES``), but for two that
+    vLLM refuses itself and the driver maps: ``budget_below_max_num_seqs``
+    (SchedulerConfig, VLLM_CONFIG_REFUSALS) and ``pool_below_max_model_len``
+    (the engine's KV-cache check, ``VllmSchedulerSut._check_pool``).
     """
-    _require(isinstance(config, dict), "invalid_config_type", "config must be an object")
-    missing = [f for f in CONFIG_FIELDS if f not in config]
-    unknown = sorted(set(config) - set(CONFIG_FIELDS) - set(OPTIONAL_CONFIG_FIELDS))
-    _require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
-    _require(not missing, "invalid_config_type", f"missing config field(s): {', '.join(missing)}")
-    config = {**OPTIONAL_CONFIG_FIELDS, **config}
-    for name in (*CONFIG_FIELDS, *OPTIONAL_CONFIG_FIELDS):
-        value = config[name]
-        if name in (
-            "enable_chunked_prefill",
-            "enable_prefix_caching",
-            "long_prefill_token_threshold_adaptive",
-            "use_v2_model_runner",
-            "log_stats",
-        ):
-            _require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
-        elif name == "max_num_active_seqs":
-            _require(value is None or _is_int(value), "invalid_config_type", f"{name} must be an integer or null")
-        elif name == "scheduler_reserve_full_isl":
-            _require(
-                value is None or isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean or null"
-            )
-        elif name == "policy":
-            _require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
-        else:
-            _require(_is_int(value), "invalid_config_type", f"{name} must be an integer")
-    c = config
-    _require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    _require(
-        c["num_gpu_blocks"] >= 2, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 2 (block 0 is the null block)"
+    return protocol_checks.validate_config(
+        config, OPTIONAL_CONFIG_FIELDS, left_to_engine=("budget_below_max_num_seqs", "pool_below_max_model_len")
     )
-    _require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
-    _require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
-    _require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
-    _require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
-    _require(c["num_spec_tokens"] >= 0, "invalid_num_spec_tokens", "num_spec_tokens must be >= 0")
-    _require(
-        c["max_num_active_seqs"] is None or 1 <= c["max_num_active_seqs"] <= c["max_num_seqs"],
-        "invalid_max_num_active_seqs",
-        "max_num_active_seqs must be null or in [1, max_num_seqs]",
-    )
-    _require(
-        c["max_concurrent_batches"] >= 1,
-        "invalid_max_concurrent_batches",
-        "max_concurrent_batches must be >= 1 (1 = synchronous)",
-    )
-    _require(c["num_lookahead_tokens"] >= 0, "invalid_num_lookahead_tokens", "num_lookahead_tokens must be >= 0")
-    _require(c["pipeline_parallel_size"] >= 1, "invalid_pipeline_parallel_size", "pipeline_parallel_size must be >= 1")
-    _require(
-        c["prefill_schedule_interval"] >= 1,
-        "invalid_prefill_schedule_interval",
-        "prefill_schedule_interval must be >= 1 (1 admits prefill on every step)",
-    )
-    # vLLM SchedulerConfig.verify_max_model_len.
-    _require(
-        c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
-        "budget_below_max_model_len",
-        "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
-    )
-    # The pool check (pool_below_max_model_len) is vLLM's own: see VllmSchedulerSut._check_pool.
-    return dict(config)
 
 
 def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
@@ -582,6 +489,16 @@ def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
 
 
 # ---------------------------------------------------------------------- SUT
+
+
+class _ScheduledInFlight:
+    """``in``: whether a step in flight scheduled the request id (one aborted since cannot be re-added yet)."""
+
+    def __init__(self, steps: Iterable[_InFlightStep]) -> None:
+        self.steps = steps
+
+    def __contains__(self, rid: object) -> bool:
+        return any(rid in record.output.num_scheduled_tokens for record in self.steps)
 
 
 class _InFlightStep:
@@ -767,7 +684,7 @@ class VllmSchedulerSut:
         # The same rule by arithmetic (0.33 needs the engine's resolved KV layout
         # to run its check): the usable blocks, the null block held back, must
         # hold one max_model_len sequence.
-        _require(
+        require(
             _cdiv(int(vllm_config.model_config.max_model_len), spec.block_size) <= num_blocks - 1,
             "pool_below_max_model_len",
             "num_gpu_blocks - 1 usable blocks must hold max_model_len tokens",
@@ -868,7 +785,7 @@ class VllmSchedulerSut:
     def _sched(self) -> Any:
         if self.scheduler is None:
             raise RuntimeError("init must come first")
-        _require(
+        require(
             self.crashed is None,
             "engine_dead",
             f"vLLM's schedule() failed ({self.crashed}): its engine core is dead until the next init",
@@ -880,43 +797,16 @@ class VllmSchedulerSut:
     def add_request(self, event: dict[str, Any]) -> None:
         """Validate with the protocol's codes, then ``Scheduler.add_request``."""
         s = self._sched()
-        rid: Any = event.get("request_id")
-        prompt: Any = event.get("prompt_token_ids")
-        stops: Any = event.get("stop_token_ids", [])
-        eos: Any = event.get("eos_token_id")
-        max_tokens: Any = event.get("max_tokens")
-        min_tokens: Any = event.get("min_tokens", 0)
-        priority: Any = event.get("priority", 0)
-        arrival: Any = event.get("arrival_time", 0)
-        _require(isinstance(rid, str) and rid != "", "invalid_request_id", "request id must be a non-empty string")
-        _require(rid not in s.requests, "duplicate_request_id", f"request {rid!r} is already known to the scheduler")
-        _require(isinstance(prompt, list), "invalid_field_type", "prompt_token_ids must be a list")
-        _require(isinstance(stops, list), "invalid_field_type", "stop_token_ids must be a list")
-        _require(len(prompt) > 0, "empty_prompt", "the prompt has no tokens")
-        _require(
-            len(prompt) < self.config["max_model_len"],
-            "prompt_too_long",
-            f"prompt of {len(prompt)} tokens leaves no room to generate within "
-            f"max_model_len={self.config['max_model_len']}",
-        )
-        for name, value in (("max_tokens", max_tokens), ("min_tokens", min_tokens), ("priority", priority)):
-            _require(_is_int(value), "invalid_field_type", f"{name} must be an integer")
-        _require(_is_arrival_time(arrival), "invalid_field_type", "arrival_time must be a finite number")
-        _require(max_tokens >= 1, "invalid_max_tokens", "max_tokens must be >= 1")
-        _require(0 <= min_tokens <= max_tokens, "invalid_min_tokens", "min_tokens must be in [0, max_tokens]")
-        for token in (*prompt, *stops, *(() if eos is None else (eos,))):
-            _require(_is_token_id(token), "invalid_token_id", "token ids must be non-negative integers")
         # vLLM's update_from_output looks requests up by id: a request re-added
         # under the id of one aborted while a step that scheduled it is in
         # flight would receive that step's sampled tokens (and its in-flight
         # counters). The protocol refuses the re-add until every such update.
-        _require(
-            not any(rid in record.output.num_scheduled_tokens for record in self.steps_in_flight),
-            "request_id_in_flight",
-            f"request {rid!r} was aborted while a step that scheduled it is in flight; "
-            "apply that step's model output first",
+        fields = validate_add_request(
+            event, s.requests, _ScheduledInFlight(self.steps_in_flight), self.config["max_model_len"]
         )
-        ignore_eos = bool(event.get("ignore_eos", False))
+        rid, prompt, stops = fields["request_id"], fields["prompt_token_ids"], fields["stop_token_ids"]
+        max_tokens, min_tokens, ignore_eos = fields["max_tokens"], fields["min_tokens"], fields["ignore_eos"]
+        arrival, priority, eos = fields["arrival_time"], fields["priority"], fields["eos_token_id"]
 
         v = self.v
         params = v.SamplingParams(
@@ -942,7 +832,7 @@ class VllmSchedulerSut:
     def abort(self, request_id: str) -> None:
         """``finish_requests(id, FINISHED_ABORTED)``; an id never added is refused."""
         s = self._sched()
-        _require(
+        require(
             isinstance(request_id, str) and request_id in self.seen_request_ids,
             "unknown_request_id",
             f"abort of request {request_id!r}, which was never added",
@@ -958,7 +848,7 @@ class VllmSchedulerSut:
         0.11 has no such argument: asked for it, the answer is ``unsupported``.
         """
         s = self._sched()
-        _require(
+        require(
             isinstance(reset_running_requests, bool), "invalid_field_type", "reset_running_requests must be a boolean"
         )
         if "reset_running_requests" in self.v.reset_prefix_cache_params:
@@ -1075,24 +965,24 @@ class VllmSchedulerSut:
         flight. Codes in the model's order (``Scheduler.get_in_flight_output``).
         """
         if step is not None:
-            _require(
-                _is_int(step) and 1 <= step <= self.current_step,
+            require(
+                is_int(step) and 1 <= step <= self.current_step,
                 "unscheduled_step",
                 f"model output for step {step!r}, which was never scheduled (last step: {self.current_step})",
             )
             in_flight = [record.step for record in self.steps_in_flight]
-            _require(
+            require(
                 step in in_flight,
                 "duplicate_model_output",
                 f"model output for step {step}, whose output was already applied",
             )
-            _require(
+            require(
                 step == in_flight[0],
                 "model_output_out_of_order",
                 f"model output for step {step} while step {in_flight[0]} is still in flight "
                 "(outputs are applied in schedule order)",
             )
-        _require(bool(self.steps_in_flight), "unexpected_model_output", "update without a pending step")
+        require(bool(self.steps_in_flight), "unexpected_model_output", "update without a pending step")
         return self.steps_in_flight[0]
 
     def _validate_model_output(self, record: _InFlightStep, sampled: Any, drafts: Any) -> None:
@@ -1100,20 +990,20 @@ class VllmSchedulerSut:
         s = self.scheduler
         out = record.output
         scheduled = out.num_scheduled_tokens
-        _require(
+        require(
             isinstance(sampled, dict) and isinstance(drafts, dict),
             "invalid_field_type",
             "sampled_token_ids and draft_token_ids must be objects",
         )
         for rid, tokens in sampled.items():
-            _require(
+            require(
                 rid in scheduled,
                 "unscheduled_model_output",
                 f"sampled tokens for {rid!r}, which was not scheduled this step",
             )
-            _require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
+            require(isinstance(tokens, list), "invalid_field_type", "sampled tokens must be a list")
             for token in tokens:
-                _require(_is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
+                require(is_token_id(token), "invalid_token_id", "sampled token ids must be non-negative integers")
         for rid in scheduled:
             request = s.requests.get(rid)
             if request is None or request.is_finished():
@@ -1128,7 +1018,7 @@ class VllmSchedulerSut:
                 # vLLM skips an empty list (no token, no stop check); with drafts
                 # scheduled, 0.32/0.33 leave the drafts computed and never schedule
                 # the request again (as the model does).
-                _require(
+                require(
                     got <= 1 + num_drafts,
                     "bad_num_sampled_tokens",
                     f"request {rid!r} reached the end of its sequence and may sample 0 to "
@@ -1137,42 +1027,42 @@ class VllmSchedulerSut:
                 # AsyncScheduler resolves a placeholder per returned token: an
                 # empty list would leave this step's placeholder forever (the
                 # request is never scheduled again). The protocol refuses it.
-                _require(
+                require(
                     got > 0 or not self.is_async,
                     "bad_num_sampled_tokens",
                     f"request {rid!r} samples in step {record.step} under async scheduling "
                     "and must return at least one token",
                 )
             else:
-                _require(
+                require(
                     got == 0,
                     "bad_num_sampled_tokens",
                     f"request {rid!r} ran a prefill chunk and samples nothing, got {got} tokens",
                 )
         for rid, tokens in drafts.items():
-            _require(
+            require(
                 self.num_spec_tokens > 0, "drafts_without_spec_decode", "draft tokens given but num_spec_tokens is 0"
             )
             # vLLM's EngineCore.post_step never hands drafts to an AsyncScheduler
             # (they stay in the worker, which fills the -1 placeholders itself).
-            _require(
+            require(
                 not (tokens and self.is_async),
                 "drafts_under_async_scheduling",
                 f"draft tokens for {rid!r} under AsyncScheduler: its drafts stay in the worker",
             )
-            _require(
+            require(
                 rid in scheduled,
                 "unscheduled_draft_tokens",
                 f"draft tokens for {rid!r}, which was not scheduled this step",
             )
-            _require(isinstance(tokens, list), "invalid_field_type", "draft tokens must be a list")
-            _require(
+            require(isinstance(tokens, list), "invalid_field_type", "draft tokens must be a list")
+            require(
                 len(tokens) <= self.num_spec_tokens,
                 "too_many_draft_tokens",
                 f"{len(tokens)} drafts exceed num_spec_tokens={self.num_spec_tokens}",
             )
             for token in tokens:
-                _require(_is_token_id(token), "invalid_token_id", "draft token ids must be non-negative integers")
+                require(is_token_id(token), "invalid_token_id", "draft token ids must be non-negative integers")
 
     def update_from_output(
         self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
@@ -1214,7 +1104,7 @@ class VllmSchedulerSut:
                         "req_id": o.request_id,
                         "new_token_ids": list(o.new_token_ids),
                         "finish_reason": None if reason is None else str(reason),
-                        "stop_reason": stop if stop is None or _is_int(stop) else str(stop),
+                        "stop_reason": stop if stop is None or is_int(stop) else str(stop),
                     }
                 )
         return results
@@ -1351,54 +1241,22 @@ def serve_stdio() -> int:
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = take_protocol_stdout()
-    started = time.monotonic()
-    api = _Vllm()
-    if expect_version and api.version.split("+")[0] != expect_version:
-        print(f"self-check failed: expected vLLM {expect_version}, this environment has {api.version}", file=proto_out)
-        return 1
-    sut = VllmSchedulerSut(api)
-    config = {
-        "block_size": 4,
-        "num_gpu_blocks": 16,
-        "max_num_batched_tokens": 16,
-        "max_num_seqs": 4,
-        "max_model_len": 32,
-        "enable_chunked_prefill": True,
-        "long_prefill_token_threshold": 0,
-        "enable_prefix_caching": True,
-        "policy": "fcfs",
-        "num_spec_tokens": 2,
-        "num_lookahead_tokens": 0,
-        "scheduler_reserve_full_isl": None,
-    }
-    sut.start(config, api.profile_name())
-    sut.add_request(
-        {
-            "request_id": "a",
-            "prompt_token_ids": list(range(10)),
-            "max_tokens": 3,
-            "priority": 0,
-            "arrival_time": 0,
-            "eos_token_id": 1,
-            "stop_token_ids": [],
-            "ignore_eos": False,
-            "min_tokens": 0,
-        }
+
+    def exercise(api: _Vllm) -> str | None:
+        sut = VllmSchedulerSut(api)
+        first, second = run_two_steps(
+            sut, api.profile_name(), SPEC_DECODE_SELF_CHECK_CONFIG, draft_token_ids={"a": [6, 7]}
+        )
+        ok = first["num_scheduled_tokens"] == {"a": 10} and second["scheduled_spec_decode_tokens"] == {"a": [6, 7]}
+        return None if ok else f"unexpected outputs {first} / {second}"
+
+    return run_self_check(
+        "vLLM",
+        expect_version,
+        _Vllm,
+        exercise,
+        lambda api: f"vllm {api.version} ({api.profile_name()}), torch {api.torch.__version__}",
     )
-    first = sut.schedule()
-    sut.update_from_output({"a": [5]}, {"a": [6, 7]})
-    second = sut.schedule()
-    ok = first["num_scheduled_tokens"] == {"a": 10} and second["scheduled_spec_decode_tokens"] == {"a": [6, 7]}
-    if not ok:
-        print(f"self-check failed: unexpected outputs {first} / {second}", file=proto_out)
-        return 1
-    print(
-        f"self-check ok: vllm {api.version} ({api.profile_name()}), torch {api.torch.__version__}, "
-        f"{time.monotonic() - started:.1f} s",
-        file=proto_out,
-    )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:

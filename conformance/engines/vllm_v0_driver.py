@@ -107,13 +107,19 @@ import time
 from typing import Any
 
 from schedconf.conformance.engines.protocol_checks import (
+    ConfigRule,
     DriverError,
     SutUnsupported,
+    at_least,
+    get_config_rule,
     is_int,
     is_token_id,
     require,
     validate_add_request,
+    validate_config_rules,
+    validate_field_types,
 )
+from schedconf.conformance.engines.self_check import get_self_check_request, run_self_check
 from schedconf.conformance.protocol_server import run_driver, take_protocol_stdout
 
 PROFILE = "vllm-0.10"
@@ -276,6 +282,47 @@ class _Vllm:
 # ------------------------------------------------------------------- config
 
 
+V0_CONFIG_RULES: tuple[ConfigRule, ...] = (
+    get_config_rule("invalid_block_size"),
+    at_least("num_gpu_blocks", 1, "invalid_num_gpu_blocks"),
+    at_least("num_cpu_blocks", 0, "invalid_num_cpu_blocks"),
+    get_config_rule("invalid_token_budget"),
+    get_config_rule("invalid_max_num_seqs"),
+    get_config_rule("invalid_max_model_len"),
+    get_config_rule("invalid_threshold"),
+    # SchedulerConfig._verify_args, in its order.
+    get_config_rule("budget_below_max_model_len"),
+    get_config_rule("budget_below_max_num_seqs"),
+    at_least("max_num_partial_prefills", 1, "invalid_max_num_partial_prefills"),
+    (
+        ("max_num_partial_prefills", "enable_chunked_prefill"),
+        lambda c: c["max_num_partial_prefills"] == 1 or c["enable_chunked_prefill"],
+        "partial_prefills_without_chunked_prefill",
+        "max_num_partial_prefills > 1 needs chunked prefill",
+    ),
+    (
+        ("max_num_partial_prefills", "long_prefill_token_threshold", "max_model_len"),
+        lambda c: c["max_num_partial_prefills"] == 1 or c["long_prefill_token_threshold"] <= c["max_model_len"],
+        "threshold_above_max_model_len",
+        "long_prefill_token_threshold must be <= max_model_len",
+    ),
+    (
+        ("max_long_partial_prefills", "max_num_partial_prefills"),
+        lambda c: 1 <= c["max_long_partial_prefills"] <= c["max_num_partial_prefills"],
+        "invalid_max_long_partial_prefills",
+        "max_long_partial_prefills must be in [1, max_num_partial_prefills]",
+    ),
+    # worker.raise_if_cache_size_invalid: the engine does not start (no null block in v0).
+    (
+        ("max_model_len", "block_size", "num_gpu_blocks"),
+        lambda c: c["max_model_len"] <= c["block_size"] * c["num_gpu_blocks"],
+        "pool_below_max_model_len",
+        "block_size * num_gpu_blocks must be >= max_model_len",
+    ),
+)
+"""The v0 model's range rules in its order (spec/v0/config.py), then vLLM 0.10.2's own."""
+
+
 def validate_v0_config(config: Any) -> dict[str, Any]:
     """Refuse a v0 config with the protocol's codes, in the model's order (spec/v0/config.py); return a copy.
 
@@ -283,70 +330,9 @@ def validate_v0_config(config: Any) -> dict[str, Any]:
     (config/scheduler.py) and the worker's ``raise_if_cache_size_invalid``
     (worker/worker.py: ``block_size * num_gpu_blocks >= max_model_len``, no null block).
     """
-    require(isinstance(config, dict), "invalid_config_type", "config must be an object")
-    unknown = sorted(set(config) - set(V0_CONFIG_FIELDS))
-    require(not unknown, "unknown_config_field", f"unknown config field(s): {', '.join(unknown)}")
-    missing = sorted(set(V0_CONFIG_FIELDS) - set(config))
-    require(not missing, "missing_config_field", f"missing config field(s): {', '.join(missing)}")
-    for name in V0_CONFIG_FIELDS:
-        value = config[name]
-        if name in ("enable_chunked_prefill", "enable_prefix_caching"):
-            require(isinstance(value, bool), "invalid_config_type", f"{name} must be a boolean")
-        elif name == "policy":
-            require(value in ("fcfs", "priority"), "invalid_policy", "policy must be 'fcfs' or 'priority'")
-        elif name == "preemption_mode":
-            require(
-                value in (None, "swap", "recompute"),
-                "invalid_preemption_mode",
-                "preemption_mode must be null, 'swap' or 'recompute'",
-            )
-        else:
-            require(is_int(value), "invalid_config_type", f"{name} must be an integer")
-    c = config
-    require(c["block_size"] >= 1, "invalid_block_size", "block_size must be >= 1")
-    require(c["num_gpu_blocks"] >= 1, "invalid_num_gpu_blocks", "num_gpu_blocks must be >= 1")
-    require(c["num_cpu_blocks"] >= 0, "invalid_num_cpu_blocks", "num_cpu_blocks must be >= 0")
-    require(c["max_num_batched_tokens"] >= 1, "invalid_token_budget", "max_num_batched_tokens must be >= 1")
-    require(c["max_num_seqs"] >= 1, "invalid_max_num_seqs", "max_num_seqs must be >= 1")
-    require(c["max_model_len"] >= 1, "invalid_max_model_len", "max_model_len must be >= 1")
-    require(c["long_prefill_token_threshold"] >= 0, "invalid_threshold", "long_prefill_token_threshold must be >= 0")
-    # SchedulerConfig._verify_args, in its order.
-    require(
-        c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= c["max_model_len"],
-        "budget_below_max_model_len",
-        "with chunked prefill disabled, max_num_batched_tokens must be >= max_model_len",
-    )
-    require(
-        c["max_num_batched_tokens"] >= c["max_num_seqs"],
-        "budget_below_max_num_seqs",
-        "max_num_batched_tokens must be >= max_num_seqs",
-    )
-    require(
-        c["max_num_partial_prefills"] >= 1, "invalid_max_num_partial_prefills", "max_num_partial_prefills must be >= 1"
-    )
-    if c["max_num_partial_prefills"] > 1:
-        require(
-            c["enable_chunked_prefill"],
-            "partial_prefills_without_chunked_prefill",
-            "max_num_partial_prefills > 1 needs chunked prefill",
-        )
-        require(
-            c["long_prefill_token_threshold"] <= c["max_model_len"],
-            "threshold_above_max_model_len",
-            "long_prefill_token_threshold must be <= max_model_len",
-        )
-    require(
-        1 <= c["max_long_partial_prefills"] <= c["max_num_partial_prefills"],
-        "invalid_max_long_partial_prefills",
-        "max_long_partial_prefills must be in [1, max_num_partial_prefills]",
-    )
-    # worker.raise_if_cache_size_invalid: the engine does not start.
-    require(
-        c["max_model_len"] <= c["block_size"] * c["num_gpu_blocks"],
-        "pool_below_max_model_len",
-        "block_size * num_gpu_blocks must be >= max_model_len",
-    )
-    return dict(config)
+    c = validate_field_types(config, V0_CONFIG_FIELDS, missing_code="missing_config_field")
+    validate_config_rules(c, V0_CONFIG_RULES)
+    return c
 
 
 # ---------------------------------------------------------------------- SUT
@@ -722,56 +708,37 @@ SELF_CHECK_CONFIG = {
 
 def self_check(expect_version: str | None) -> int:
     """Build one scheduler, run two steps; print ``self-check ok: ...`` (exit 0) or the problem (exit 1)."""
-    proto_out = take_protocol_stdout()
-    started = time.monotonic()
-    api = _Vllm()
-    if expect_version and api.version.split("+")[0] != expect_version:
-        print(f"self-check failed: expected vLLM {expect_version}, this environment has {api.version}", file=proto_out)
-        return 1
-    sut = VllmV0SchedulerSut(api)
-    sut.start(dict(SELF_CHECK_CONFIG), PROFILE)
-    sut.add_request(
-        {
-            "request_id": "a",
-            "prompt_token_ids": list(range(10)),
-            "max_tokens": 2,
-            "priority": 0,
-            "arrival_time": 0,
-            "eos_token_id": 1,
-            "stop_token_ids": [],
-            "ignore_eos": False,
-            "min_tokens": 0,
-        }
+
+    def exercise(api: _Vllm) -> str | None:
+        sut = VllmV0SchedulerSut(api)
+        sut.start(dict(SELF_CHECK_CONFIG), PROFILE)
+        sut.add_request(get_self_check_request(max_tokens=2))
+        first = sut.schedule()
+        out1 = sut.update_from_output({"a": [5]}, {})
+        second = sut.schedule()
+        out2 = sut.update_from_output({"a": [6]}, {})
+        # 10 prompt tokens in blocks of 4 -> blocks 0, 1, 2; the decode of token 5 (11th slot) stays in block 2.
+        ok = (
+            first["scheduled_seq_groups"]
+            == [
+                {
+                    "request_id": "a",
+                    "token_chunk_size": 10,
+                    "is_prompt": True,
+                    "do_sample": True,
+                    "block_table": [0, 1, 2],
+                    "computed_block_nums": [],
+                }
+            ]
+            and second["scheduled_seq_groups"][0]["token_chunk_size"] == 1
+            and out1 == [{"req_id": "a", "new_token_ids": [5], "finish_reason": None, "stop_reason": None}]
+            and out2 == [{"req_id": "a", "new_token_ids": [6], "finish_reason": "length", "stop_reason": None}]
+        )
+        return None if ok else f"unexpected outputs {first} {out1} / {second} {out2}"
+
+    return run_self_check(
+        "vLLM", expect_version, _Vllm, exercise, lambda api: f"vllm {api.version} v0 scheduler ({PROFILE})"
     )
-    first = sut.schedule()
-    out1 = sut.update_from_output({"a": [5]}, {})
-    second = sut.schedule()
-    out2 = sut.update_from_output({"a": [6]}, {})
-    # 10 prompt tokens in blocks of 4 -> blocks 0, 1, 2; the decode of token 5 (11th slot) stays in block 2.
-    ok = (
-        first["scheduled_seq_groups"]
-        == [
-            {
-                "request_id": "a",
-                "token_chunk_size": 10,
-                "is_prompt": True,
-                "do_sample": True,
-                "block_table": [0, 1, 2],
-                "computed_block_nums": [],
-            }
-        ]
-        and second["scheduled_seq_groups"][0]["token_chunk_size"] == 1
-        and out1 == [{"req_id": "a", "new_token_ids": [5], "finish_reason": None, "stop_reason": None}]
-        and out2 == [{"req_id": "a", "new_token_ids": [6], "finish_reason": "length", "stop_reason": None}]
-    )
-    if not ok:
-        print(f"self-check failed: unexpected outputs {first} {out1} / {second} {out2}", file=proto_out)
-        return 1
-    print(
-        f"self-check ok: vllm {api.version} v0 scheduler ({PROFILE}), {time.monotonic() - started:.1f} s",
-        file=proto_out,
-    )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
