@@ -40,6 +40,16 @@ def get_known_error_codes() -> list[str]:
     return [*ERROR_CODES, *PROTOCOL_ONLY_CODES]
 
 
+ENVELOPE: dict[str, Any] = dict(
+    SCHEMA["envelope"],
+    properties={
+        "id": SCHEMA["envelope"]["properties"]["id"],
+        "result": {},
+        "error": _resolve_local(SCHEMA["error"]),
+    },
+)
+"""A reply's outer shape; its ``result`` is checked against the method's schema afterwards."""
+
 V0_MARKERS = {"schedule": "scheduled_seq_groups", "observe": "num_free_gpu_blocks"}
 """The key that marks a v0 result of these methods (when the caller does not name the scheduler)."""
 
@@ -56,15 +66,7 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
 
     ``scheduler`` (``v1`` or ``v0``) picks the result shapes; None: the reply's keys tell.
     """
-    envelope = dict(
-        SCHEMA["envelope"],
-        properties={
-            "id": SCHEMA["envelope"]["properties"]["id"],
-            "result": {},
-            "error": _resolve_local(SCHEMA["error"]),
-        },
-    )
-    problem = validate_value(reply, envelope, "")
+    problem = validate_value(reply, ENVELOPE, "")
     if problem:
         return _words(problem)
     if ("result" in reply) == ("error" in reply):

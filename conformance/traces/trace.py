@@ -1,9 +1,8 @@
 """Trace files, format version 1: read, validate, write.
 
 ``trace.schema.json`` beside this file is the single source of the format:
-validation walks it (a small validator for the JSON Schema subset it uses:
-type, const, enum, properties, required, additionalProperties, items, $ref)
-and ``FORMAT.md`` is generated from it (``python -m schedconf.conformance.traces.format_doc``).
+validation checks events against it (``json_schema.py``: a compiled JSON
+Schema validator and the format's messages) and ``FORMAT.md`` is generated from it (``python -m schedconf.conformance.traces.format_doc``).
 
 A malformed trace raises :class:`TraceError` naming the file, the line, the
 field and what was expected; the CLI turns it into exit code 2. That includes a
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedconf.conformance.traces import json_schema
+from schedconf.conformance.traces.json_schema import describe_value
 from schedconf.spec.errors import InvalidConfig
 from schedconf.spec.v1.config import SchedulerConfig
 from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
@@ -94,25 +95,6 @@ class Trace:
 
 # ---------------------------------------------------------------- validation
 
-_JSON_TYPES = {
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v)),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-}
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean " + json.dumps(value)
-    if isinstance(value, float):
-        return f"float {value!r} (floats are allowed only in arrival_time)"
-    text = json.dumps(value)
-    return (text[:60] + "...") if len(text) > 60 else text
-
 
 def is_in_flight_header(header: dict[str, Any]) -> bool:
     """True for a header whose trace runs steps in flight: a config with
@@ -127,14 +109,6 @@ def get_header_scheduler(header: dict[str, Any]) -> str:
     return kind if kind in SCHEDULER_KINDS else "v1"
 
 
-def _resolve(schema: dict[str, Any], scheduler: str = "v1") -> dict[str, Any]:
-    replace = SCHEMA["schedulers"][scheduler]["replace"]
-    while "$ref" in schema:
-        name = schema["$ref"].split("/")[-1]
-        schema = SCHEMA["$defs"][replace.get(name, name)]
-    return schema
-
-
 def validate_value(
     value: Any, schema: dict[str, Any], where: str, scheduler: str = "v1"
 ) -> tuple[str, str, str] | None:
@@ -142,50 +116,7 @@ def validate_value(
 
     ``scheduler`` picks the shapes a ``$ref`` means (the schema's ``schedulers`` table).
     """
-    schema = _resolve(schema, scheduler)
-    if "const" in schema and value != schema["const"]:
-        return where, json.dumps(schema["const"]), _describe(value)
-    if "enum" in schema and value not in schema["enum"]:
-        return where, "one of " + ", ".join(json.dumps(e) for e in schema["enum"]), _describe(value)
-    if "type" in schema:
-        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not any(_JSON_TYPES[t](value) for t in types):
-            return where, " or ".join(types), _describe(value)
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                return f"{where}.{name}" if where else name, "a value (required field)", "nothing"
-        for name, item in value.items():
-            sub = f"{where}.{name}" if where else name
-            if name in props:
-                problem = validate_value(item, props[name], sub, scheduler)
-            elif schema.get("additionalProperties") is False:
-                known = ", ".join(sorted(props)) or "none"
-                return sub, f"no such field (known fields: {known})", _describe(item)
-            elif isinstance(schema.get("additionalProperties"), dict):
-                problem = validate_value(item, schema["additionalProperties"], sub, scheduler)
-            else:
-                problem = None
-            if problem:
-                return problem
-    if isinstance(value, list):
-        if (
-            "minItems" in schema
-            and len(value) < schema["minItems"]
-            or "maxItems" in schema
-            and len(value) > schema["maxItems"]
-        ):
-            low, high = schema.get("minItems", 0), schema.get("maxItems")
-            wanted = (
-                f"{low} items" if low == high else f"{low} to {high if high is not None else 'any number of'} items"
-            )
-            return where, wanted, _describe(value)
-        for i, item in enumerate(value if "items" in schema else ()):
-            problem = validate_value(item, schema["items"], f"{where}[{i}]", scheduler)
-            if problem:
-                return problem
-    return None
+    return json_schema.validate_value(value, schema, where, SCHEMA["$defs"], SCHEMA["schedulers"][scheduler]["replace"])
 
 
 def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler: str = "v1") -> None:
@@ -195,13 +126,13 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
     brings its own.
     """
     if not isinstance(event, dict):
-        raise TraceError(path, line, "(line)", "a JSON object", _describe(event))
+        raise TraceError(path, line, "(line)", "a JSON object", describe_value(event))
     kind = event.get("kind")
     if is_header:
         if kind != "header":
-            raise TraceError(path, line, "kind", 'the header ("kind": "header") on line 1', _describe(kind))
+            raise TraceError(path, line, "kind", 'the header ("kind": "header") on line 1', describe_value(kind))
         if event.get("format") != FORMAT_NAME:
-            raise TraceError(path, line, "format", json.dumps(FORMAT_NAME), _describe(event.get("format")))
+            raise TraceError(path, line, "format", json.dumps(FORMAT_NAME), describe_value(event.get("format")))
         version = event.get("version")
         if version != FORMAT_VERSION:
             raise TraceError(
@@ -210,7 +141,7 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
                 "version",
                 f"format version {FORMAT_VERSION} (this schedconf reads only version {FORMAT_VERSION}; "
                 "a newer trace needs a newer schedconf)",
-                _describe(version),
+                describe_value(version),
             )
         schema = SCHEMA["events"]["header"]
         scheduler = get_header_scheduler(event)
@@ -218,43 +149,15 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
             validate_header_scheduler(event, path, line)
     else:
         if kind not in EVENT_KINDS:
-            raise TraceError(path, line, "kind", "one of " + ", ".join(EVENT_KINDS), _describe(kind))
+            raise TraceError(path, line, "kind", "one of " + ", ".join(EVENT_KINDS), describe_value(kind))
         schema = SCHEMA["events"][kind]
     problem = validate_value(event, schema, "", scheduler)
     if problem:
         raise TraceError(path, line, *problem)
-    where = _first_float(event, "", allow_top=("arrival_time",) if kind == "add_request" else ())
-    if where is not None:
-        raise TraceError(
-            path,
-            line,
-            where[0],
-            "an integer (floats are allowed only in add_request.arrival_time)",
-            _describe(where[1]),
-        )
     if not is_header and kind in ("step", "model_output") and "expect" not in event and "expect_error" not in event:
         raise TraceError(path, line, "expect", "expect (or expect_error)", "nothing")
     if is_header:
         validate_header_config(event, path, line)
-
-
-def _first_float(value: Any, where: str, allow_top: tuple[str, ...] = ()) -> tuple[str, float] | None:
-    """The path and value of the first float in ``value`` (top-level keys in ``allow_top`` excepted)."""
-    if isinstance(value, float):
-        return where, value
-    if isinstance(value, dict):
-        for name, item in value.items():
-            if name in allow_top:
-                continue
-            found = _first_float(item, f"{where}.{name}" if where else name)
-            if found:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _first_float(item, f"{where}[{i}]")
-            if found:
-                return found
-    return None
 
 
 def get_profile_scheduler(profile: str) -> str | None:
@@ -295,7 +198,7 @@ def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> N
             line,
             "profile",
             "one of " + ", ".join(json.dumps(p) for p in get_known_profiles()),
-            _describe(header["profile"]),
+            describe_value(header["profile"]),
         )
     if kind == "v0" and profile_kind != "v0":
         raise TraceError(
@@ -303,7 +206,7 @@ def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> N
             line,
             "profile",
             'a v0 profile (vllm-0.10) for a trace with "scheduler": "v0"',
-            _describe(header["profile"]),
+            describe_value(header["profile"]),
         )
     if kind == "v1" and profile_kind == "v0":
         raise TraceError(
@@ -311,7 +214,7 @@ def validate_header_scheduler(header: dict[str, Any], path: str, line: int) -> N
             line,
             "scheduler",
             f'"v0" (profile {header["profile"]} is a v0 profile)',
-            _describe(header.get("scheduler")) if "scheduler" in header else "nothing",
+            describe_value(header.get("scheduler")) if "scheduler" in header else "nothing",
         )
 
 
@@ -357,10 +260,10 @@ def validate_header_config(header: dict[str, Any], path: str, line: int) -> None
             ) from None
         name = exc.context.get("field")
         if isinstance(name, str):
-            field_name, found = f"config.{name}", _describe(config.get(name))
+            field_name, found = f"config.{name}", describe_value(config.get(name))
         else:
             field_name = "config"
-            found = ", ".join(f"{k}={_describe(v)}" for k, v in sorted(exc.context.items()))
+            found = ", ".join(f"{k}={describe_value(v)}" for k, v in sorted(exc.context.items()))
         wanted = f"a config the model accepts: {exc.message} ({exc.code})"
         raise TraceError(path, line, field_name, wanted, found) from None
     if expected is not None:
@@ -436,7 +339,7 @@ def parse_trace_text(text: str, path: str = "<memory>") -> Trace:
             lines[0],
             "kind",
             "no events: the header's config is refused (expect_error)",
-            _describe(events[0]["kind"]),
+            describe_value(events[0]["kind"]),
         )
     return Trace(header=header, events=events, path=path, lines=lines)
 

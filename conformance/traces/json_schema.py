@@ -1,0 +1,188 @@
+"""JSON Schema validation of trace events and protocol replies, with the format's messages.
+
+The schemas (``trace.schema.json``, ``../protocol.schema.json``) are checked
+by fastjsonschema, which compiles each one to Python once per process; this
+module turns its first error into the ``(field, expected, found)`` triple
+every message of the format is made of (``file:line: field: expected X,
+found Y``). Two rules are the format's own, not JSON Schema's, and are
+checked here after the library accepts a value:
+
+- ``$ref`` names a shape per scheduler: the trace schema's ``schedulers``
+  table replaces some ``$defs`` for v0 traces (``config`` by ``v0_config``...);
+  each scheduler gets its own compiled validator.
+- Numbers are integers: JSON Schema counts ``1.0`` as an integer, the format
+  does not. A float is allowed only under a property whose type is
+  ``number`` (today ``add_request.arrival_time``) and must be finite there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import fastjsonschema
+
+Problem = tuple[str, str, str]
+"""(field, what was expected, what was found): the parts of a format message."""
+
+_validators: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any], Callable[[Any], Any], frozenset[str]]] = {}
+"""(id of a schema, id of its defs, renames) -> (the schema and the defs, kept so that their ids stay
+their own; the validator; the number fields)."""
+
+
+def describe_value(value: Any) -> str:
+    """How a message shows a value it did not expect (short; a float says where floats may go)."""
+    if isinstance(value, bool):
+        return "boolean " + json.dumps(value)
+    if isinstance(value, float):
+        return f"float {value!r} (floats are allowed only in arrival_time)"
+    text = json.dumps(value)
+    return (text[:60] + "...") if len(text) > 60 else text
+
+
+def _get_number_fields(schema: Any) -> set[str]:
+    """Names of properties typed ``number`` anywhere in ``schema``."""
+    found: set[str] = set()
+    if isinstance(schema, dict):
+        for name, sub in schema.get("properties", {}).items():
+            kinds = sub.get("type") if isinstance(sub, dict) else None
+            if kinds == "number" or (isinstance(kinds, list) and "number" in kinds):
+                found.add(name)
+        for sub in schema.values():
+            found |= _get_number_fields(sub)
+    elif isinstance(schema, list):
+        for sub in schema:
+            found |= _get_number_fields(sub)
+    return found
+
+
+_NO_RENAMES: dict[str, str] = {}
+
+
+def _get_validator(
+    schema: dict[str, Any], defs: dict[str, Any], replace: dict[str, str]
+) -> tuple[Callable[[Any], Any], frozenset[str]]:
+    key = (id(schema), id(defs), tuple(replace.items()))
+    entry = _validators.get(key)
+    if entry is None:
+        scheduler_defs = {**defs, **{name: defs[other] for name, other in replace.items()}}
+        document = {**schema, "$defs": scheduler_defs}
+        numbers = frozenset(_get_number_fields(document))
+        entry = (schema, defs, fastjsonschema.compile(document, use_default=False), numbers)
+        _validators[key] = entry
+    return entry[2], entry[3]
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _get_field(where: str, name: str) -> str:
+    """The format's field path for fastjsonschema's ``data.a.b[0]`` under the caller's prefix ``where``."""
+    rest = name[len("data") :]
+    if not rest:
+        return where
+    if rest.startswith("."):
+        return _join(where, rest[1:])
+    return where + rest
+
+
+def _get_problem(error: fastjsonschema.JsonSchemaValueException, where: str) -> Problem:
+    """The format's triple for fastjsonschema's first error."""
+    field = _get_field(where, error.name or "data")
+    rule, wanted, value, definition = error.rule, error.rule_definition, error.value, error.definition or {}
+    if rule == "type":
+        kinds = wanted if isinstance(wanted, list) else [wanted]
+        return field, " or ".join(kinds), describe_value(value)
+    if rule == "const":
+        return field, json.dumps(wanted), describe_value(value)
+    if rule == "enum":
+        return field, "one of " + ", ".join(json.dumps(e) for e in wanted), describe_value(value)
+    if rule == "required":
+        missing = next(name for name in wanted if name not in value)
+        return _join(field, missing), "a value (required field)", "nothing"
+    if rule == "additionalProperties":
+        known_names = definition.get("properties", {})
+        extra = next(name for name in value if name not in known_names)
+        known = ", ".join(sorted(known_names)) or "none"
+        return _join(field, extra), f"no such field (known fields: {known})", describe_value(value[extra])
+    if rule in ("minItems", "maxItems"):
+        low, high = definition.get("minItems", 0), definition.get("maxItems")
+        wanted_text = (
+            f"{low} items" if low == high else f"{low} to {high if high is not None else 'any number of'} items"
+        )
+        return field, wanted_text, describe_value(value)
+    return field, f"a value the schema accepts ({rule}: {json.dumps(wanted)})", describe_value(value)
+
+
+def _find_float(value: Any, where: str, numbers: frozenset[str], is_number: bool = False) -> Problem | None:
+    """The first float outside a ``number`` field, or a non-finite one inside."""
+    if isinstance(value, float):
+        if is_number and math.isfinite(value):
+            return None
+        return where, "a finite number" if is_number else "integer", describe_value(value)
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if isinstance(item, (float, dict, list)):
+                found = _find_float(item, _join(where, name), numbers, name in numbers)
+                if found:
+                    return found
+    elif isinstance(value, list) and not _SCALARS.issuperset(map(type, value)):
+        for i, item in enumerate(value):
+            if isinstance(item, (float, dict, list)):
+                found = _find_float(item, f"{where}[{i}]", numbers)
+                if found:
+                    return found
+    return None
+
+
+_SCALARS = frozenset((int, str, bool, type(None)))
+"""Item types that need no look inside (a list of token ids is skipped at C speed)."""
+
+
+def _has_float(value: Any, numbers: frozenset[str]) -> bool:
+    """Whether ``_find_float`` would find something: the same walk without paths (the common answer is no).
+
+    Subclasses count (numpy's float64 is a float; an in-process SUT may answer
+    an OrderedDict), so ``isinstance``; a list of plain scalars is passed over
+    at C speed.
+    """
+    if isinstance(value, dict):
+        if _SCALARS.issuperset(map(type, value.values())):
+            return False
+        for name, item in value.items():
+            if isinstance(item, float):
+                if name not in numbers or not math.isfinite(item):
+                    return True
+            elif isinstance(item, (dict, list)) and _has_float(item, numbers):
+                return True
+        return False
+    if isinstance(value, list):
+        if _SCALARS.issuperset(map(type, value)):
+            return False
+        return any(isinstance(item, (float, dict, list)) and _has_float(item, numbers) for item in value)
+    return isinstance(value, float)
+
+
+def validate_value(
+    value: Any,
+    schema: dict[str, Any],
+    where: str,
+    defs: dict[str, Any],
+    replace: dict[str, str] | None = None,
+) -> Problem | None:
+    """``(field, expected, found)`` for the first thing wrong with ``value``, or None.
+
+    ``schema`` is one shape; ``defs`` are the ``$defs`` its ``$ref`` names,
+    ``replace`` renames some of them (a scheduler's shapes). ``where`` prefixes
+    every field path (``result`` for a protocol reply). The schema must be a
+    long-lived object: its validator is compiled once and kept under its id.
+    """
+    validate, numbers = _get_validator(schema, defs, replace or _NO_RENAMES)
+    try:
+        validate(value)
+    except fastjsonschema.JsonSchemaValueException as error:
+        return _get_problem(error, where)
+    return _find_float(value, where, numbers) if _has_float(value, numbers) else None
