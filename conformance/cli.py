@@ -461,7 +461,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     """Write a trace as a standalone vLLM test file that fails on the rule the engine breaks."""
     from schedconf.conformance.runs.repro import (
         ReproRunError,
-        get_divergence_step,
+        get_divergence_where,
         get_repro_version,
         make_repro,
         render_no_repro_message,
@@ -486,7 +486,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     except ReproRunError as exc:
         raise UsageError(str(exc)) from None
     if result.text is None:
-        print(render_no_repro_message(get_divergence_step(trace, args.sut)))
+        print(render_no_repro_message(get_divergence_where(trace, args.sut)))
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(result.text)

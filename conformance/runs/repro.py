@@ -470,8 +470,12 @@ def make_repro(trace: Trace, sut: str, check_others: bool = True, timeout_s: flo
     return result
 
 
-def get_divergence_step(trace: Trace, sut: str) -> int | None:
-    """The first step where ``sut`` and the trace disagree (None: the trace replays)."""
+def get_divergence_where(trace: Trace, sut: str) -> str | None:
+    """Where ``sut`` and the trace first disagree, in words (None: the trace replays).
+
+    A divergence before the first step (a config refused or accepted against
+    the header, an input event answered otherwise) has no step number.
+    """
     from schedconf.conformance.adapters import make_sut
     from schedconf.conformance.checking.replay import FAIL, replay
 
@@ -480,19 +484,18 @@ def get_divergence_step(trace: Trace, sut: str) -> int | None:
         result = replay(trace, s, trace.header.get("comparison", "strict"))
     finally:
         s.close()
-    if result.verdict == FAIL and result.divergence is not None:
-        # Not narrowed: a FAIL before the first step (a config refused or accepted against the
-        # header, an input event before step 0) has step None, and int(None) raises TypeError.
-        return int(result.divergence.step)  # type: ignore[arg-type]
-    return None
+    if result.verdict != FAIL or result.divergence is None:
+        return None
+    step = result.divergence.step
+    return f"at step {step}" if step is not None else "before the first step (at init or an input event)"
 
 
-def render_no_repro_message(step: int | None) -> str:
-    """The one line printed when no rule breaks."""
+def render_no_repro_message(where: str | None) -> str:
+    """The one line printed when no rule breaks (``where``: from :func:`get_divergence_where`)."""
     where = (
-        f"the divergence at step {step} is a difference from the reference model (a model error or an "
+        f"the divergence {where} is a difference from the reference model (a model error or an "
         f"intended difference), not an engine bug"
-        if step is not None
+        if where is not None
         else "the trace replays without divergence"
     )
     return f"the engine keeps every rule a reproduction can assert on this trace; {where}: no reproduction written"

@@ -18,18 +18,23 @@ from pathlib import Path
 import pytest
 from standalone_files import get_imported_top_names
 
+from schedconf.conformance.adapters.reference import ReferenceSut
 from schedconf.conformance.cli import main
 from schedconf.conformance.engines.vllm_env import REPO_ROOT
 from schedconf.conformance.runs import repro
 from schedconf.conformance.runs.repro import (
     CHECKED_RULES,
     RULES,
+    get_divergence_where,
     get_outcome,
     make_event_lines,
     render_no_repro_message,
     render_repro,
 )
+from schedconf.conformance.traces.examples import EXAMPLES
 from schedconf.conformance.traces.trace import Trace, read_trace
+from schedconf.conformance.workloads.workload import run_workload
+from schedconf.spec.errors import InvalidConfig
 
 FINDINGS = REPO_ROOT / "reports" / "findings"
 F7 = FINDINGS / "F7-same-step-priority-victim-cache-hit.jsonl"
@@ -133,9 +138,26 @@ def test_outcomes_are_classified_by_the_rule_assertion():
 
 
 def test_the_no_reproduction_message_is_one_clear_line():
-    text = render_no_repro_message(3)
+    text = render_no_repro_message("at step 3")
     assert "\n" not in text and "divergence at step 3 is a difference from the reference model" in text
     assert text.endswith("no reproduction written")
+    assert render_no_repro_message(None).endswith("the trace replays without divergence: no reproduction written")
+
+
+class RefusesEveryConfig(ReferenceSut):
+    """The reference, except that it refuses every config: it diverges at init, before any step."""
+
+    def start(self, config, profile):  # noqa: ANN001, ANN201
+        raise InvalidConfig("invalid_block_size", "refused on purpose")
+
+
+def test_a_divergence_before_the_first_step_is_named_not_a_crash():
+    """No step number to print: the words say where instead (once ``int(None)`` raised TypeError here)."""
+    trace = run_workload(EXAMPLES["mixed"]())
+    where = get_divergence_where(trace, "module:tests.harness.test_repro:RefusesEveryConfig")
+    assert where == "before the first step (at init or an input event)"
+    assert get_divergence_where(trace, "reference") is None
+    assert "divergence before the first step" in render_no_repro_message(where)
 
 
 @pytest.mark.parametrize(
