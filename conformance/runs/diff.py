@@ -33,6 +33,7 @@ from schedconf.conformance.runs.report import get_first_diffs
 from schedconf.conformance.sut import SchedulerUnderTest, SutInputError
 from schedconf.conformance.traces.trace import Trace, render_trace, write_atomic
 from schedconf.conformance.workloads.workload import RefusedConfigWorkload, Workload, WorkloadError, run_workload
+from schedconf.spec.errors import InvalidConfig
 
 
 class RecordingSut:
@@ -264,20 +265,29 @@ def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tup
                 break
             say(f"shrinking {group.signature} ({len(group.indices)} traces), {left:.0f} s left")
 
-            def probe(candidate: Workload, key: str = group.signature) -> tuple[Trace, Divergence] | None:
+            def probe(
+                candidate: Workload | RefusedConfigWorkload, key: str = group.signature
+            ) -> tuple[Trace, Divergence] | None:
                 try:
                     trace, run_a, run_b, difference = diff_workload(candidate, spec, a, b)
-                except (WorkloadError, ValueError, AssertionError):
+                except (WorkloadError, InvalidConfig, ValueError, AssertionError):
+                    # InvalidConfig: a shrunk config the reference refuses (max_model_len cut below
+                    # the profile's threshold, say) is no smaller instance of this difference.
                     return None
                 if UNKNOWN in (run_a.verdict, run_b.verdict) or difference is None:
                     return None
                 return (trace, difference) if difference.signature() == key else None
 
+            first = workloads[group.indices[0]]
+            if isinstance(first, RefusedConfigWorkload):
+                # A config one side refuses: the trace is its header alone, already minimal.
+                found = probe(first)
+                if found is not None:
+                    group.minimal, group.minimal_divergence = found
+                continue
             shrinker = Shrinker(probe, time_budget_s=min(left, max(10.0, spec.shrink_budget_s / 3)))
             try:
-                # Not narrowed: a group first seen on a refused-config workload (no requests) would reach
-                # the Shrinker, which reads .requests; left as it was, reported.
-                shrinker.run(workloads[group.indices[0]])  # type: ignore[arg-type]
+                shrinker.run(first)
             except ValueError:
                 continue
             if shrinker.best is not None:

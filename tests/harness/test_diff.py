@@ -172,3 +172,23 @@ def test_the_traces_leave_the_pool_headroom_either_side_asks_for(monkeypatch):
         )
     )
     assert [spec.pool_headroom_blocks for spec in seen] == [3]
+
+
+def test_profiles_that_refuse_different_configs_shrink_to_configs_both_accept_or_to_the_header():
+    """vllm-0.33 and aphrodite-0.24 differ in which configs they accept (an ``input_error`` group: 0.33's
+    knobs are not in Aphrodite's release, so it refuses at init, before any step) and in what they schedule. Shrinking the latter cuts ``max_model_len``, which can fall
+    below ``long_prefill_token_threshold``: a config the reference refuses is no instance of the difference,
+    not a crash of the diff. Every group ends with a minimal trace."""
+    spec = DiffSpec(
+        sut="reference",
+        against="reference",
+        profile="vllm-0.33",
+        against_profile="aphrodite-0.24",
+        examples=60,
+        shrink_budget_s=10,
+    )
+    groups, counts = run_diff(spec)
+    assert counts["different"] > 0 and groups
+    assert all(group.minimal is not None for group in groups), [g.signature for g in groups if g.minimal is None]
+    refused = [group for group in groups if group.signature.startswith("input_error")]
+    assert refused and all(g.minimal_divergence.step is None for g in refused)
