@@ -1,4 +1,4 @@
-"""Findings V1-V4 and V6 of vLLM 0.10.2's legacy v0 scheduler: their standalone reproductions fail on 0.10.2.
+"""Findings V1-V6 of vLLM 0.10.2's legacy v0 scheduler: their standalone reproductions fail on 0.10.2.
 
 Marked ``vllm``. A missing environment is built (``ensure_vllm_env("0.10.2")``),
 never skipped, as in ``test_vllm_v0.py``. Each file
@@ -12,8 +12,10 @@ vLLM's own API only, asserting the correct behaviour. What is checked, per file:
   runs every test), it exits 1, every test FAILs, and the output carries the
   plain-words message of the bug.
 
-V5 (the evictor's tie-break depends on the process) has no reproduction file:
-no small workload makes it fail reliably (see reports/findings.md, V5).
+V5's second test (a block hash differs from process to process) fails only
+where the kernel randomises addresses (``/proc/sys/kernel/randomize_va_space``
+not 0): ``hash(None)`` is the address of None on Python 3.11. Without that,
+the file's first test still fails and the second passes.
 """
 
 from __future__ import annotations
@@ -72,6 +74,14 @@ EXPECTED: dict[str, tuple[int, list[str]]] = {
             "is SWAPPED with 0 outputs; steps 1-6: [4 tok, 0 tok +preempted +swap-out 4, 0 tok, 0 tok, 0 tok, 0 tok]",
         ],
     ),
+    "v5": (
+        2,
+        [
+            "FAIL test_evict_returns_the_content_the_block_holds_now: LRUEvictor.evict() returned block 7 with the "
+            "content hash it held before",
+            "a stale heap entry tied with the live one on (last_accessed -1, num_hashed_tokens 4)",
+        ],
+    ),
     "v6": (
         1,
         [
@@ -82,6 +92,13 @@ EXPECTED: dict[str, tuple[int, list[str]]] = {
         ],
     ),
 }
+
+
+def is_address_space_randomised() -> bool:
+    try:
+        return Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
+    except OSError:
+        return True
 
 
 def repro_path(finding: str) -> Path:
@@ -107,6 +124,9 @@ def test_the_reproduction_fails_on_0_10_2_with_its_message(finding: str, tmp_pat
     output = proc.stdout
     assert proc.returncode == 1, output[-4000:]
     verdicts = [line.split()[0] for line in output.splitlines() if line.startswith(("PASS test_", "FAIL test_"))]
-    assert verdicts == ["FAIL"] * num_tests, output[-4000:]
+    expected = ["FAIL"] * num_tests
+    if finding == "v5" and not is_address_space_randomised():
+        expected[1] = "PASS"  # hash(None) is then the same in every process
+    assert verdicts == expected, output[-4000:]
     for fragment in fragments:
         assert fragment in output, f"missing {fragment!r} in:\n{output[-4000:]}"
