@@ -214,18 +214,32 @@ class CampaignItem(_SchedconfItem):
         super().__init__(**kwargs)
         self.index = index
 
+    _specs: dict[str, Any] = {}
+
+    def campaign_spec(self) -> Any:
+        """The campaign these items are drawn from, fitted to the SUT as ``schedconf run`` fits it (per worker)."""
+        from schedconf.conformance.runs.campaign import CampaignSpec, fit_spec_to_sut
+
+        name = self.config.getoption("--schedconf-sut")
+        if name not in self._specs:
+            spec = CampaignSpec(
+                sut=name,
+                profile=self.config.getoption("--schedconf-profile"),
+                examples=max(1, self.config.getoption("--schedconf-examples")),
+                seed=self.config.getoption("--schedconf-seed"),
+                comparison=self.config.getoption("--schedconf-comparison"),
+            )
+            self._specs[name] = fit_spec_to_sut(spec, self.sut())[0]
+        return self._specs[name]
+
     def runtest(self) -> None:
+        from schedconf.conformance.runs.campaign import generate_workload
         from schedconf.conformance.workloads.workload import WorkloadError, run_workload
-        from schedconf.conformance.workloads.workload_v0 import make_random_workload
 
         seed = self.config.getoption("--schedconf-seed")
-        profile = self.config.getoption("--schedconf-profile")
-        from schedconf.conformance.workloads.generate import choose_refused_config
-
-        example = seed * 1_000_003 + self.index
-        drawn = make_random_workload(example, profile)
-        # as a campaign draws them: a share are configs one step past a limit
-        workload = choose_refused_config(example, drawn) if self.index else drawn
+        # As a campaign draws them (the SUT's forced config and pool headroom applied):
+        # a share are configs one step past a limit.
+        workload = generate_workload(self.campaign_spec(), self.index)
         try:
             trace = run_workload(workload)
         except WorkloadError as exc:

@@ -138,6 +138,69 @@ def get_forced_for_protocol_level(probe: Any, spec: CampaignSpec) -> dict[str, A
     return forced
 
 
+def fit_spec_to_sut(spec: CampaignSpec, probe: Any) -> tuple[CampaignSpec, list[str]]:
+    """The campaign ``spec`` for what the SUT ``probe`` can run, and a line saying each change.
+
+    Its adapter's ``forced_config`` and the protocol level's defaults become
+    config overrides (explicit ``--set`` values win), its ``pool_headroom_blocks``
+    the pools' headroom, and a SUT without steps in flight gets no prefix-cache
+    resets. ``schedconf run`` and the pytest plugin draw their traces this way.
+    """
+    notes: list[str] = []
+    forced = dict(getattr(probe, "forced_config", {}) or {})
+    forced.update(get_forced_for_protocol_level(probe, spec))
+    if not getattr(probe, "in_flight", False) and spec.prefix_cache_resets:
+        spec = replace(spec, prefix_cache_resets=False)
+    headroom = get_pool_headroom(probe)
+    if headroom > spec.pool_headroom_blocks:
+        spec = replace(spec, pool_headroom_blocks=headroom)
+        notes.append(f"the SUT keeps {headroom} KV block(s) of its pool back: generated pools get {headroom} more")
+    if forced:
+        # The SUT cannot express these config values at all (e.g. vLLM has no
+        # free lookahead knob): generate traces without them rather than
+        # collect "unknown" verdicts.
+        spec = replace(spec, config_overrides={**forced, **spec.config_overrides})
+        notes.append(f"the SUT forces config {forced} in generated traces")
+    return spec, notes
+
+
+def generate_workload(spec: CampaignSpec, index: int) -> Workload | RefusedConfigWorkload:
+    """The ``index``-th workload of a random-generator campaign, drawn alone (the pytest plugin's items).
+
+    As :func:`generate_workloads` draws it, but for a draw that the overrides
+    make invalid: it is replaced from a stream of its own index rather than
+    from the campaign's shared one.
+    """
+    from dataclasses import replace as dc_replace
+
+    from schedconf.conformance.workloads.generate import choose_refused_config
+    from schedconf.conformance.workloads.workload_v0 import make_random_workload
+    from schedconf.spec.errors import InvalidConfig
+    from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
+
+    example = spec.seed * 1_000_003 + index
+    workload = make_random_workload(example, spec.profile)
+    for attempt in range(1, 101):
+        if not spec.config_overrides:
+            break
+        try:
+            config = dc_replace(workload.config, **spec.config_overrides)
+            if spec.profile in PROFILES:
+                check_config_for_profile(config, PROFILES[spec.profile])
+            workload = workload.replace(config=config)
+            break
+        except InvalidConfig:
+            fresh = make_random_workload(example * 101 + 10_000_000 + attempt, spec.profile)
+            workload = fresh.replace(seed=workload.seed, origin=workload.origin)
+    else:
+        raise ValueError(f"no draw of trace {index} is valid under the forced config {spec.config_overrides}")
+    (workload,) = _add_pool_headroom(spec, [workload])
+    chosen = choose_refused_config(example, workload, spec.config_overrides) if index else workload
+    if (spec.comparison == "safety" or not spec.prefix_cache_resets) and isinstance(chosen, Workload) and chosen.resets:
+        chosen = chosen.replace(resets=())
+    return chosen
+
+
 def generate_workloads(spec: CampaignSpec) -> list[Workload | RefusedConfigWorkload]:
     """Draw ``spec.examples`` workloads, deterministically from ``spec.seed``.
 
@@ -534,23 +597,13 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     from schedconf.conformance.adapters import make_sut
 
     probe = make_sut(spec.sut)
-    forced = dict(getattr(probe, "forced_config", {}) or {})
-    headroom = get_pool_headroom(probe)
-    forced.update(get_forced_for_protocol_level(probe, spec))
-    if not getattr(probe, "in_flight", False) and spec.prefix_cache_resets:
-        spec = replace(spec, prefix_cache_resets=False)
-    probe.close()
-    if headroom > spec.pool_headroom_blocks:
-        spec = replace(spec, pool_headroom_blocks=headroom)
-        summary["spec"] = asdict(spec)
-        say(f"the SUT keeps {headroom} KV block(s) of its pool back: generated pools get {headroom} more")
-    if forced:
-        # The SUT cannot express these config values at all (e.g. vLLM has no
-        # free lookahead knob): generate traces without them rather than
-        # collect "unknown" verdicts. Explicit --set values win.
-        spec = replace(spec, config_overrides={**forced, **spec.config_overrides})
-        summary["spec"] = asdict(spec)
-        say(f"the SUT forces config {forced} in generated traces")
+    try:
+        spec, notes = fit_spec_to_sut(spec, probe)
+    finally:
+        probe.close()
+    for note in notes:
+        say(note)
+    summary["spec"] = asdict(spec)
     try:
         workloads = generate_workloads(spec)
     except BaseException as exc:  # bad --set values, an interrupt: the folder must not say "starting"

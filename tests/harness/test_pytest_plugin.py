@@ -125,3 +125,57 @@ def test_two_sessions_keep_their_own_traces(tmp_path):
     assert folders[0] != folders[1]
     for paths in named:
         assert paths and all(Path(p).exists() for p in paths)
+
+
+STRICT_ADAPTER = '''
+from schedconf.conformance.adapters.reference import ReferenceSut
+from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.v1.config import OPTIONAL_FIELDS
+
+
+class StrictSut(ReferenceSut):
+    """The reference, written against the protocol before steps in flight, with no priority policy:
+    it says so (forced_config, in_flight) and refuses what it cannot run."""
+
+    forced_config = {"policy": "fcfs"}
+    in_flight = False
+
+    def start(self, config, profile):
+        if config.get("policy") != "fcfs":
+            raise InvalidConfig("invalid_policy", "this scheduler has no priority policy")
+        newer = sorted(set(config) & set(OPTIONAL_FIELDS))
+        if newer:
+            raise InvalidConfig("unknown_config_field", f"unknown config field(s): {newer}")
+        super().start(config, profile)
+'''
+
+
+def test_generated_items_respect_what_the_sut_declares(tmp_path):
+    """As ``schedconf run`` does, the plugin draws its traces for the SUT: its forced config applied and, for a
+    scheduler without steps in flight, the newer optional config fields at their defaults (left out of the
+    header). Drawn without them, some of 40 traces of vllm-0.33 have a priority policy or such a field, and
+    this scheduler refuses them: a false red."""
+    (tmp_path / "strict_adapter.py").write_text(STRICT_ADAPTER)
+    r = _run(tmp_path, "module:strict_adapter:StrictSut", "--schedconf-no-corpus", examples=40)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "40 passed" in r.stdout
+
+
+def test_an_item_is_the_campaigns_trace_of_its_index():
+    """Drawn alone, trace i is the campaign's trace i: with no forced value, and with forced values, pool
+    headroom and no resets (the safety comparison) that leave every draw valid."""
+    from schedconf.conformance.runs.campaign import CampaignSpec, generate_workload, generate_workloads
+
+    for spec in (
+        CampaignSpec(sut="reference", examples=30, seed=3),
+        CampaignSpec(
+            sut="reference",
+            examples=30,
+            seed=5,
+            comparison="safety",
+            config_overrides={"policy": "fcfs", "num_spec_tokens": 0},
+            pool_headroom_blocks=1,
+        ),
+    ):
+        campaign = generate_workloads(spec)
+        assert [generate_workload(spec, i) for i in range(spec.examples)] == campaign
