@@ -1,13 +1,19 @@
-"""Reproduction for vLLM 0.10.2 (the legacy v0 engine): a swapped-out prefill chunk kills the engine with prefix caching.
+"""Reproduction for vLLM 0.10.2 (the legacy v0 engine): two ways a swapped-out request kills the engine with prefix caching.
 
-Rule: a request preempted by swapping in the middle of its chunked prefill
-    can be swapped back in; scheduling a valid workload never raises
-What vLLM 0.10.2 does (the assertion this file fails with):
-    at step 4: Scheduler.schedule() raises AssertionError("Number of cached
-    tokens should not be less than the number of computed tokens for a
-    sequence that's still in prefill. But there are 0 cached tokens and 4
-    computed tokens ...") in Scheduler._get_num_new_uncached_and_cached_tokens
-    (vllm/core/scheduler.py:1939): the engine is dead
+Rule: a request preempted by swapping (in the middle of its chunked prefill,
+    or as a decode) waits in swapped and can be swapped back in; scheduling a
+    valid workload never raises
+What vLLM 0.10.2 does (the two assertions this file fails with):
+    at step 4 of the first test: Scheduler.schedule() raises
+    AssertionError("Number of cached tokens should not be less than the
+    number of computed tokens for a sequence that's still in prefill. But
+    there are 0 cached tokens and 4 computed tokens ...") in
+    Scheduler._get_num_new_uncached_and_cached_tokens
+    (vllm/core/scheduler.py:1939); at step 11 of the second:
+    Scheduler.schedule() raises AssertionError in
+    ComputedBlocksTracker.remove_seq
+    (vllm/core/block/prefix_caching_block.py:1086). Either way the engine is
+    dead
 
 Story: V6 (the engine_cached_below_computed crash): chunked prefill, prefix
     caching and preemption_mode "swap"; blocks of 2 tokens, 6 GPU blocks, a
@@ -25,11 +31,14 @@ Story: V6 (the engine_cached_below_computed crash): chunked prefill, prefix
     computed 4, and vLLM's sanity check (1930-1945) allows that only for a
     RUNNING chunked prefill: A is SWAPPED, so the assertion fails.
 
-    The other crash of V6, ComputedBlocksTracker.remove_seq's assertion
-    (prefix_caching_block.py:1086: _schedule_swapped drops a swapped decode
-    from the tracker when the budget is full, core/scheduler.py:890-896, and
-    a second drop asserts), is not part of this file: it needs a longer
-    workload (see schedconf's reports/findings.md, V6).
+    The other crash of V6 (test_a_swapped_decode_waits_for_a_seat_without_crashing):
+    a swapped decode 'r2' that could swap back in finds both seats
+    (max_num_seqs=2) taken at steps 10 and 11. Each time _schedule_swapped
+    drops it from the ComputedBlocksTracker (core/scheduler.py:890-896). A
+    decode is never tracked again (_get_num_new_uncached_and_cached_tokens
+    counts it as 1 uncached token without get_num_cached_tokens,
+    core/scheduler.py:1908-1912), so the second drop fails the assertion of
+    ComputedBlocksTracker.remove_seq (core/block/prefix_caching_block.py:1086).
 
 Run it where vllm==0.10.2 and pytest are installed (no GPU needed):
 
@@ -97,6 +106,44 @@ EVENTS = [
     ("output", 3, {"D": [102]}),
     # Step 4: A can swap in; counting its tokens trips vLLM's assertion.
     ("schedule", 4),
+]
+
+
+TRACKER_CONFIG = {
+    "block_size": 2,
+    "num_gpu_blocks": 8,
+    "num_cpu_blocks": 5,
+    "max_num_batched_tokens": 4,
+    "max_num_seqs": 2,
+    "max_model_len": 12,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "preemption_mode": "swap",
+}
+
+TRACKER_EVENTS = [
+    ("add", "r0", [1000, 1001, 1002], {"max_tokens": 9, "arrival_time": 1}),
+    ("add", "r1", [5100], {"max_tokens": 7, "arrival_time": 2}),
+    ("add", "r2", [2000, 2001], {"max_tokens": 3, "arrival_time": 5}),
+    ("add", "r3", [5300], {"max_tokens": 3, "arrival_time": 6}),
+    # Steps 1-6: r0 and r1 run (one prefill at a time: r1 is admitted at step 2), filling the GPU pool.
+    ("schedule", 1), ("output", 1, {"r0": [5]}),
+    ("schedule", 2), ("output", 2, {"r0": [2], "r1": [6]}),
+    ("schedule", 3), ("output", 3, {"r0": [3], "r1": [3]}),
+    ("schedule", 4), ("output", 4, {"r0": [2], "r1": [7]}),
+    ("schedule", 5), ("output", 5, {"r0": [2], "r1": [4]}),
+    ("schedule", 6), ("output", 6, {"r0": [4], "r1": [7]}),
+    # Step 7: r0's decode needs a block: r1 is swapped out; r2's prefill runs.
+    ("schedule", 7), ("output", 7, {"r0": [5], "r2": [7]}),
+    ("schedule", 8), ("output", 8, {"r0": [3], "r2": [3]}),
+    # Step 9: r2 (now a decode) is swapped out; r3's prefill runs; r0 finishes (max_tokens).
+    ("schedule", 9), ("output", 9, {"r0": [4], "r3": [2]}),
+    # Step 10: r1 swaps back in; r2, next in swapped, could swap in but both seats are taken:
+    # dropped from the ComputedBlocksTracker.
+    ("schedule", 10), ("output", 10, {"r1": [6], "r3": [6]}),
+    # Step 11: the same again: the second drop asserts.
+    ("schedule", 11),
 ]
 
 
@@ -182,8 +229,8 @@ def where_vllm_raised(exc):
 
 
 RULES = {
-    "engine_survives": "scheduling a valid workload never raises inside vLLM: a request swapped out in the middle "
-    "of its chunked prefill is swapped back in and finishes its prefill",
+    "engine_survives": "scheduling a valid workload never raises inside vLLM: a request swapped out (in the middle "
+    "of its chunked prefill, or as a decode) waits in swapped and is swapped back in",
 }
 
 
@@ -211,6 +258,22 @@ def test_a_swapped_prefill_chunk_is_swapped_back_in():
         if event[0] == "add" and event[1] == "A":
             a = engine.scheduler.waiting[-1]
     assert a is not None and a.first_seq.status == SequenceStatus.RUNNING, "A was swapped back in"
+
+
+def test_a_swapped_decode_waits_for_a_seat_without_crashing():
+    engine = Engine(TRACKER_CONFIG)
+    for event in TRACKER_EVENTS:
+        try:
+            engine.run(event)
+        except Exception as exc:
+            rule_broken(event[1], "engine_survives",
+                        f"Scheduler.schedule() raised {type(exc).__name__}({str(exc)!r}) in {where_vllm_raised(exc)}. "
+                        f"Request 'r2', swapped out as a decode at step 9, could swap back in at steps 10 and 11 but "
+                        f"found both seats (max_num_seqs=2) taken; each time Scheduler._schedule_swapped dropped it "
+                        f"from the ComputedBlocksTracker (core/scheduler.py:890-896), and a decode is never tracked "
+                        f"again (_get_num_new_uncached_and_cached_tokens counts it without get_num_cached_tokens), "
+                        f"so the second drop fails ComputedBlocksTracker.remove_seq's assertion")
+    assert [g.request_id for g in engine.scheduler.swapped] == ["r2"], "r2 waits in swapped for a seat"
 
 
 def main():

@@ -83,8 +83,10 @@ EXPECTED: dict[str, tuple[int, list[str]]] = {
         ],
     ),
     "v6": (
-        1,
+        2,
         [
+            "Rule broken at step 11 [engine_survives]: Scheduler.schedule() raised AssertionError('') in remove_seq "
+            "(vllm/core/block/prefix_caching_block.py:1086). Request 'r2', swapped out as a decode at step 9",
             'Rule broken at step 4 [engine_survives]: Scheduler.schedule() raised AssertionError("Number of cached tokens '
             "should not be less than the number of computed tokens for a sequence that's still in prefill. But there are "
             '0 cached tokens and 4 computed tokens for sequence 1.") in _get_num_new_uncached_and_cached_tokens '
