@@ -4,15 +4,18 @@ The schemas (``trace.schema.json``, ``../protocol.schema.json``) are checked
 by fastjsonschema, which compiles each one to Python once per process; this
 module turns its first error into the ``(field, expected, found)`` triple
 every message of the format is made of (``file:line: field: expected X,
-found Y``). Two rules are the format's own, not JSON Schema's, and are
-checked here after the library accepts a value:
+found Y``). Two rules are the format's own, not today's JSON Schema's:
 
 - ``$ref`` names a shape per scheduler: the trace schema's ``schedulers``
   table replaces some ``$defs`` for v0 traces (``config`` by ``v0_config``...);
   each scheduler gets its own compiled validator.
-- Numbers are integers: JSON Schema counts ``1.0`` as an integer, the format
-  does not. A float is allowed only under a property whose type is
-  ``number`` (today ``add_request.arrival_time``) and must be finite there.
+- An integer is never a float: JSON Schema since draft 6 counts ``1.0`` as an
+  integer, the format does not. The schemas are compiled with draft 4's
+  types, which keep the two apart (their one later keyword, ``const``, is
+  compiled as a one-value ``enum`` and reported as ``const``).
+
+Where a trace may hold a float at all (``add_request.arrival_time`` only) is
+checked by :func:`find_float`, which ``trace.py`` runs on every event.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ import fastjsonschema
 Problem = tuple[str, str, str]
 """(field, what was expected, what was found): the parts of a format message."""
 
-_validators: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any], Callable[[Any], Any], frozenset[str]]] = {}
+_validators: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any], Callable[[Any], Any]]] = {}
 """(id of a schema, id of its defs, renames) -> (the schema and the defs, kept so that their ids stay
-their own; the validator; the number fields)."""
+their own; the validator)."""
 
 
 def describe_value(value: Any) -> str:
@@ -59,20 +62,34 @@ def _get_number_fields(schema: Any) -> set[str]:
 
 
 _NO_RENAMES: dict[str, str] = {}
+DRAFT_4 = "http://json-schema.org/draft-04/schema#"
+CONST_MARK = "x-schedconf-const"
+"""Marks an ``enum`` that stands for a ``const`` (draft 4 has no ``const``)."""
 
 
-def _get_validator(
-    schema: dict[str, Any], defs: dict[str, Any], replace: dict[str, str]
-) -> tuple[Callable[[Any], Any], frozenset[str]]:
+def _as_draft_4(schema: Any) -> Any:
+    """``schema`` with each ``const`` written as a one-value ``enum`` (marked), every other keyword as it is."""
+    if isinstance(schema, dict):
+        out = {key: _as_draft_4(value) for key, value in schema.items() if key not in ("const", "$schema")}
+        if "const" in schema:
+            out["enum"] = [schema["const"]]
+            out[CONST_MARK] = True
+        return out
+    if isinstance(schema, list):
+        return [_as_draft_4(item) for item in schema]
+    return schema
+
+
+def _get_validator(schema: dict[str, Any], defs: dict[str, Any], replace: dict[str, str]) -> Callable[[Any], Any]:
     key = (id(schema), id(defs), tuple(replace.items()))
     entry = _validators.get(key)
     if entry is None:
         scheduler_defs = {**defs, **{name: defs[other] for name, other in replace.items()}}
-        document = {**schema, "$defs": scheduler_defs}
-        numbers = frozenset(_get_number_fields(document))
-        entry = (schema, defs, fastjsonschema.compile(document, use_default=False), numbers)
+        document = _as_draft_4({**schema, "$defs": scheduler_defs})
+        document["$schema"] = DRAFT_4
+        entry = (schema, defs, fastjsonschema.compile(document, use_default=False))
         _validators[key] = entry
-    return entry[2], entry[3]
+    return entry[2]
 
 
 def _join(where: str, name: str) -> str:
@@ -96,8 +113,8 @@ def _get_problem(error: fastjsonschema.JsonSchemaValueException, where: str) -> 
     if rule == "type":
         kinds = wanted if isinstance(wanted, list) else [wanted]
         return field, " or ".join(kinds), describe_value(value)
-    if rule == "const":
-        return field, json.dumps(wanted), describe_value(value)
+    if rule == "const" or (rule == "enum" and definition.get(CONST_MARK)):
+        return field, json.dumps(wanted[0] if rule == "enum" else wanted), describe_value(value)
     if rule == "enum":
         return field, "one of " + ", ".join(json.dumps(e) for e in wanted), describe_value(value)
     if rule == "required":
@@ -180,9 +197,22 @@ def validate_value(
     every field path (``result`` for a protocol reply). The schema must be a
     long-lived object: its validator is compiled once and kept under its id.
     """
-    validate, numbers = _get_validator(schema, defs, replace or _NO_RENAMES)
+    validate = _get_validator(schema, defs, replace or _NO_RENAMES)
     try:
         validate(value)
     except fastjsonschema.JsonSchemaValueException as error:
         return _get_problem(error, where)
+    return None
+
+
+def find_float(value: Any, where: str, schema: dict[str, Any], defs: dict[str, Any]) -> Problem | None:
+    """The first float in ``value`` outside a property ``schema`` types ``number``, or a non-finite one inside."""
+    entry = _number_fields.get(id(schema))
+    if entry is None:
+        entry = _number_fields[id(schema)] = (schema, frozenset(_get_number_fields({**schema, "$defs": defs})))
+    numbers = entry[1]
     return _find_float(value, where, numbers) if _has_float(value, numbers) else None
+
+
+_number_fields: dict[int, tuple[dict[str, Any], frozenset[str]]] = {}
+"""id of a schema -> (the schema, kept; the names of its ``number`` properties)."""

@@ -151,7 +151,7 @@ def validate_event(event: Any, path: str, line: int, is_header: bool, scheduler:
         if kind not in EVENT_KINDS:
             raise TraceError(path, line, "kind", "one of " + ", ".join(EVENT_KINDS), describe_value(kind))
         schema = SCHEMA["events"][kind]
-    problem = validate_value(event, schema, "", scheduler)
+    problem = validate_value(event, schema, "", scheduler) or json_schema.find_float(event, "", schema, SCHEMA["$defs"])
     if problem:
         raise TraceError(path, line, *problem)
     if not is_header and kind in ("step", "model_output") and "expect" not in event and "expect_error" not in event:

@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from schedconf.conformance.protocol import validate_reply
-from schedconf.conformance.traces.json_schema import validate_value
+from schedconf.conformance.traces.json_schema import find_float, validate_value
 from schedconf.conformance.traces.trace import SCHEMA, TraceError, parse_trace_text
 
 SHAPE = {
@@ -39,12 +39,11 @@ class Float64(float):
     [
         ({"count": 3}, None),
         ({"count": 3, "arrival_time": 0.25}, None),
-        # JSON Schema counts 1.0 as an integer; the format does not.
+        # JSON Schema since draft 6 counts 1.0 as an integer; the format does not.
         ({"count": 1.0}, ("r.count", "integer", f"float 1.0 {FLOAT_NOTE}")),
         ({"count": 1.5}, ("r.count", "integer", f"float 1.5 {FLOAT_NOTE}")),
         ({"count": Float64(2.0)}, ("r.count", "integer", f"float 2.0 {FLOAT_NOTE}")),
         ({"count": True}, ("r.count", "integer", "boolean true")),
-        ({"count": 1, "arrival_time": float("inf")}, ("r.arrival_time", "a finite number", f"float inf {FLOAT_NOTE}")),
         ({}, ("r.count", "a value (required field)", "nothing")),
         (
             {"count": 1, "extra": 7},
@@ -63,6 +62,19 @@ class Float64(float):
 )
 def test_first_problem_is_named_in_the_formats_words(value, expected):
     assert validate_value(value, SHAPE, "r", {}) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"count": 1, "arrival_time": 0.5}, None),
+        ({"count": 1, "arrival_time": float("inf")}, ("r.arrival_time", "a finite number", f"float inf {FLOAT_NOTE}")),
+        # Where the schema types nothing, a trace still holds no float.
+        ({"count": 1, "tables": {"q": {"deep": 2.5}}}, ("r.tables.q.deep", "integer", f"float 2.5 {FLOAT_NOTE}")),
+    ],
+)
+def test_a_trace_holds_floats_only_in_number_fields(value, expected):
+    assert find_float(value, "r", SHAPE, {}) == expected
 
 
 def test_trace_line_with_a_whole_float_token_count_is_refused_at_its_line():
@@ -111,6 +123,23 @@ def test_v0_trace_shapes_replace_the_v1_ones():
 
 
 def test_protocol_reply_with_a_float_count_is_refused():
-    reply = {"id": 1, "result": {"num_free_blocks": 3.0}}
-    problem = validate_reply("observe", reply)
-    assert problem is not None and "integer" in problem and "float 3.0" in problem
+    """A schedule() answer of the reference, one count spoiled to 3.0: refused where the old validator refused it."""
+    from schedconf.conformance.adapters.reference import ReferenceSut
+    from schedconf.conformance.traces.examples import EXAMPLES
+    from schedconf.conformance.workloads.workload import run_workload
+
+    trace = run_workload(EXAMPLES["mixed"]())
+    sut = ReferenceSut()
+    sut.start(trace.header["config"], trace.header["profile"])
+    for event in trace.events:
+        if event["kind"] == "add_request":
+            sut.add_request({k: v for k, v in event.items() if k not in ("kind", "expect_error")})
+        if event["kind"] == "step":
+            break
+    result = dict(sut.schedule())
+    assert validate_reply("schedule", {"id": 1, "result": result}) is None
+    spoiled = {**result, "total_num_scheduled_tokens": float(result["total_num_scheduled_tokens"])}
+    assert validate_reply("schedule", {"id": 1, "result": spoiled}) == (
+        f"result.total_num_scheduled_tokens: expected integer, found float "
+        f"{spoiled['total_num_scheduled_tokens']!r} {FLOAT_NOTE}"
+    )
