@@ -4,7 +4,11 @@ Runs the same offline workload (``LLM.generate`` of fixed prompts with
 ``ignore_eos`` and a fixed ``max_tokens``, so every run takes the same steps)
 in fresh engine processes, alternately with the recorder attached (free queue
 observed) and without, and prints the median time per engine step of each and
-the overhead. The worker (``--worker``) runs in ``.venvs/live-vllm-VERSION``.
+the overhead. On two cores that difference is noisy (a few percent either way
+between rounds), so the recorder also measures itself: the time its wrapper
+spends in the scheduler's calls (``SCHEDCONF_RECORD_TIMING=1``), printed per
+step and as a share of the step time without it. The worker (``--worker``)
+runs in ``.venvs/live-vllm-VERSION``.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     python = engine_env.ensure_env(LIVE_FAMILY, args.release)
     base = {**os.environ, **engine_env.driver_env(LIVE_FAMILY, args.release)}
     results: dict[str, list[float]] = {"off": [], "on": []}
+    own: list[float] = []  # the recorder's own seconds per step, per engine process
     steps = None
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 env = dict(base)
                 if mode == "on":
                     env.update(get_recorder_env(os.path.join(tmp, f"rec-{round_}"), observe=True))
+                    env["SCHEDCONF_RECORD_TIMING"] = "1"
                 proc = subprocess.run(
                     [
                         str(python),
@@ -105,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
                     return 2
                 results[mode] += json.loads(line[7:])["seconds"]
+                for timing in proc.stderr.splitlines():
+                    if timing.startswith("schedconf-recorder-timing "):
+                        counted = json.loads(timing.split(" ", 1)[1])
+                        if counted["steps"]:
+                            own.append(counted["seconds"] / counted["steps"])
                 if mode == "on" and steps is None:
                     rec_dir = os.path.join(tmp, f"rec-{round_}")
                     path = os.path.join(rec_dir, sorted(os.listdir(rec_dir))[0])
@@ -121,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                 "median_generate_s": {"off": round(off, 4), "on": round(on, 4)},
                 "median_ms_per_step": {m: round(v, 3) if v else None for m, v in per_step.items()},
                 "overhead_percent": round((on - off) / off * 100, 2),
+                "recorder_own_ms_per_step": round(statistics.median(own) * 1e3, 4) if own else None,
+                "recorder_own_percent_of_step": (
+                    round(statistics.median(own) * 1e3 / per_step["off"] * 100, 2) if own and per_step["off"] else None
+                ),
                 "samples": results,
             },
             indent=2,

@@ -18,8 +18,13 @@ method with the same arguments and returns its result; a failure of the
 recorder itself is written as an ``error`` line, never raised into vLLM.
 
 The recording (``DIR/engine-<pid>-<n>.jsonl``, one file per scheduler built)
-is JSON Lines, flushed after every line, so a crash leaves it readable up to
-the crash. Every line has ``seq`` (0, 1, 2, ... without a gap: a missing
+is JSON Lines. Each line is made in the scheduler's call (what it records is
+read there), then written and flushed by a thread of the recorder's own, so
+that the file's write leaves the engine's step; a call that raises, and the
+process's exit, wait until every line made so far is on disk. A crash leaves
+the recording readable up to the crash (a process killed outright loses at
+most the lines of its last moments, which the sequence numbers cannot tell
+from an earlier end). Every line has ``seq`` (0, 1, 2, ... without a gap: a missing
 number is a lost line) and ``call``:
 
 ``start`` (seq 0)
@@ -69,12 +74,14 @@ the free list: O(free blocks) per step), and the experiment
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.machinery
 import itertools
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -208,13 +215,17 @@ def _wrap(name: str, method: Any) -> Any:
             return method(self, *args, **kwargs)
         rec.depth += 1
         try:
+            started = time.perf_counter()
             before = rec.before(name, args, kwargs)
+            called = time.perf_counter()
             try:
                 result = method(self, *args, **kwargs)
             except BaseException as exc:
                 rec.after(name, args, kwargs, before, None, exc)
                 raise
+            returned = time.perf_counter()
             rec.after(name, args, kwargs, before, result, None)
+            rec.own_seconds += (called - started) + (time.perf_counter() - returned)
             return result
         finally:
             rec.depth -= 1
@@ -229,6 +240,48 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, d
     if len(args) > index:
         return args[index]
     return kwargs.get(name, default)
+
+
+class LineWriter:
+    """Writes a recording's lines on a thread of its own: the engine's call only queues them."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
+        self.lines: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="schedconf-recorder", daemon=True)
+        self.thread.start()
+        atexit.register(self.drain)
+
+    def put(self, line: str) -> None:
+        self.lines.put(line)
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Return once every line queued so far is written and flushed (or the writer is gone)."""
+        done = threading.Event()
+        self.lines.put(done)
+        if self.thread.is_alive():
+            done.wait(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            item = self.lines.get()
+            batch = [item]
+            while True:  # what else is queued goes in the same write and flush
+                try:
+                    batch.append(self.lines.get_nowait())
+                except queue.Empty:
+                    break
+            text = "".join(line for line in batch if isinstance(line, str))
+            try:
+                if text:
+                    self.file.write(text)
+                    self.file.flush()
+            except (OSError, ValueError) as exc:
+                print(f"schedconf: cannot write {self.path}: {exc}", file=sys.stderr)
+            for line in batch:
+                if isinstance(line, threading.Event):
+                    line.set()
 
 
 class Recording:
@@ -249,8 +302,11 @@ class Recording:
         self._canonical_output = functools.partial(VllmSchedulerSut._canonical_output, stand_in)
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, f"engine-{os.getpid()}-{next(_counter)}.jsonl")
-        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
+        self.writer = LineWriter(self.path)
+        self.own_seconds = 0.0  # time spent in the recorder, inside the scheduler's calls
         self.emit({"call": "start"}, self.describe_start)
+        if os.environ.get("SCHEDCONF_RECORD_TIMING") == "1":
+            atexit.register(self.report_timing)
         print(f"schedconf: recording the scheduler into {self.path}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------- writing
@@ -273,11 +329,17 @@ class Recording:
                     sort_keys=True,
                     separators=(",", ":"),
                 )
-            try:
-                self.file.write(line + "\n")
-                self.file.flush()
-            except (OSError, ValueError) as exc:
-                print(f"schedconf: cannot write {self.path}: {exc}", file=sys.stderr)
+            self.writer.put(line + "\n")
+        if "raised" in head:  # the engine may die of this call: its line first
+            self.writer.drain()
+
+    def report_timing(self) -> None:
+        """One stderr line: the recorder's own time in the scheduler's calls (``SCHEDCONF_RECORD_TIMING=1``)."""
+        print(
+            f"schedconf-recorder-timing {json.dumps({'seconds': self.own_seconds, 'steps': self.step})}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def describe_start(self) -> dict[str, Any]:
         import vllm
