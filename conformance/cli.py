@@ -461,6 +461,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     """Write a trace as a standalone vLLM test file that fails on the rule the engine breaks."""
     from schedconf.conformance.runs.repro import (
         ReproRunError,
+        add_next_step,
         get_divergence_where,
         get_repro_version,
         make_repro,
@@ -481,12 +482,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
     )
     if out.is_dir():
         raise UsageError(f"--out {out}: a folder; expected the path of the .py file to write")
+    original = trace
+    if args.next_step:
+        trace = add_next_step(trace)
     try:
         result = make_repro(trace, args.sut, check_others=not args.no_other_releases, timeout_s=args.timeout)
     except ReproRunError as exc:
         raise UsageError(str(exc)) from None
     if result.text is None:
-        print(render_no_repro_message(get_divergence_where(trace, args.sut)))
+        print(render_no_repro_message(get_divergence_where(original, args.sut)))
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(result.text)
@@ -770,6 +774,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-other-releases",
         action="store_true",
         help="do not also run the reproduction on the other built vLLM releases",
+    )
+    p.add_argument(
+        "--next-step",
+        action="store_true",
+        help="also schedule the step after the trace's last model output: a trace a safety campaign "
+        "saved ends just before the step whose answer broke a property",
     )
 
     p = add("report", cmd_report, "re-render summary.md and report.html of a run folder and print the summary")

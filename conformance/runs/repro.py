@@ -80,6 +80,10 @@ RULES: dict[str, str] = {
         "a request alone in the engine, which accepted a pool that holds one max_model_len"
         " sequence, is scheduled within a few steps"
     ),
+    "scheduled_requests_are_running": (
+        "every request a step schedules is running when schedule() returns: a request the"
+        " step preempted gives its tokens back with its blocks"
+    ),
 }
 """Every rule a reproduction can assert, in plain words (the crash rule is checked by every file)."""
 
@@ -88,9 +92,15 @@ RULE_TITLES: dict[str, str] = {
     "prefix_hit_kv_was_computed": "a prefix-cache hit serves KV that was never computed",
     "output_goes_to_its_request": "a step's output is applied to another request under the same id",
     "lone_request_is_served": "a lone request is never scheduled",
+    "scheduled_requests_are_running": "a request preempted in a step keeps the tokens that step scheduled for it",
 }
 
-CHECKED_RULES = ("prefix_hit_kv_was_computed", "output_goes_to_its_request", "lone_request_is_served")
+CHECKED_RULES = (
+    "scheduled_requests_are_running",
+    "prefix_hit_kv_was_computed",
+    "output_goes_to_its_request",
+    "lone_request_is_served",
+)
 """The rules with a check function in the file (the crash rule wraps every engine call)."""
 
 KEPT_REFUSALS = {"request_id_in_flight": "output_goes_to_its_request"}
@@ -232,6 +242,16 @@ def render_config_literal(config: dict[str, Any]) -> str:
     return "{\n" + "".join(f"    {render_literal(k)}: {render_literal(v)},\n" for k, v in config.items()) + "}"
 
 
+def add_next_step(trace: Trace) -> Trace:
+    """``trace`` with one more step after its last model output (no expected output: the engine's own answer)."""
+    from dataclasses import replace as dc_replace
+
+    last = max((e["step"] for e in trace.events if e["kind"] == "model_output"), default=0)
+    if any(e["kind"] == "step" and e["step"] > last for e in trace.events):
+        return trace
+    return dc_replace(trace, events=[*trace.events, {"kind": "step", "step": last + 1}])
+
+
 def render_step_story(expect: dict[str, Any]) -> str:
     """One line: what the trace records for a step (scheduled tokens, hits, resumes, preemptions)."""
     hits = {r["req_id"]: r["num_computed_tokens"] for r in expect.get("scheduled_new_reqs", [])}
@@ -286,11 +306,12 @@ def make_event_lines(trace: Trace, keep_refused: bool) -> tuple[list[str], bool]
         elif kind == "step":
             if code in SKIPPED_STEP_CODES:
                 continue
-            story = (
-                f"the reference expects this step to fail ({code})"
-                if code is not None
-                else render_step_story(event["expect"])
-            )
+            if code is not None:
+                story = f"the reference expects this step to fail ({code})"
+            elif "expect" not in event:
+                story = "the step after the trace, where the safety check stopped"
+            else:
+                story = render_step_story(event["expect"])
             lines.append(f"# Step {event['step']}: {story}.")
             lines.append(render_literal(("schedule", event["step"])) + ",")
         elif kind == "model_output" and code is None:
@@ -352,6 +373,7 @@ def render_repro(
         liveness_steps=LIVENESS_STEPS,
         event_lines=lines,
         checks=checks,
+        next_step=any(e["kind"] == "step" and "expect" not in e and "expect_error" not in e for e in trace.events),
         rule_texts=[(name, RULES[name]) for name in rule_names],
         test_name=one_rule or "rules",
     )

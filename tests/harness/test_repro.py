@@ -214,3 +214,20 @@ def test_the_repo_test_run_never_collects_a_reproduction():
     assert all(not p.name.startswith("test_") for p in FINDINGS.glob("*.py"))
     assert {p.name for p in FINDINGS.glob("repro_*.py")} >= {F7_REPRO.name}
     assert isinstance(Path, type)
+
+
+def test_next_step_schedules_the_step_after_the_last_output():
+    """A trace saved by a safety campaign ends with the model output before the step that broke a property:
+    ``add_next_step`` appends that step (no expected output), once, and the file schedules it."""
+    from schedconf.conformance.runs.repro import add_next_step
+
+    trace = read_trace(FINDINGS / "F8-priority-victim-keeps-its-tokens.jsonl")
+    assert trace.events[-1]["kind"] == "model_output" and trace.events[-1]["step"] == 2
+    longer = add_next_step(trace)
+    assert longer.events[-1] == {"kind": "step", "step": 3} and len(longer.events) == len(trace.events) + 1
+    assert add_next_step(longer).events == longer.events
+    text = render_repro(longer, "0.11.0", ("scheduled_requests_are_running",))
+    assert '    # Step 3: the step after the trace, where the safety check stopped.\n    ("schedule", 3),\n]' in text
+    assert "--sut vllm-v1@0.11.0 --next-step`" in text
+    assert "def check_scheduled_requests_are_running(scheduler, out, step):" in text
+    assert "def check_scheduled_requests_are_running" not in render_repro(trace, "0.11.0", ("lone_request_is_served",))

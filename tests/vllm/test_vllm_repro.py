@@ -17,8 +17,8 @@ import pytest
 
 from schedconf.conformance.cli import main
 from schedconf.conformance.engines.vllm_env import REPO_ROOT, ensure_vllm_env
-from schedconf.conformance.runs.repro import run_repro_file
-from schedconf.conformance.traces.trace import Trace, write_trace
+from schedconf.conformance.runs.repro import add_next_step, render_repro, run_repro_file
+from schedconf.conformance.traces.trace import Trace, read_trace, write_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -62,6 +62,38 @@ def test_repro_regenerates_the_committed_f7_file(tmp_path, capsys):
     assert code == 0, printed
     assert "vLLM 0.33.0: fails: rule prefix_hit_kv_was_computed broken at step 6" in printed
     assert out.read_text() == (FINDINGS / "repro_f7_vllm_0_33_0.py").read_text()
+
+
+def test_the_f8_reproduction_fails_on_011_and_passes_on_033(tmp_path):
+    """Finding 8's priority victim: 0.11.0 leaves its token scheduled in the step that preempts it; 0.33.0 gives it
+    back (the victim repair of 0.29+)."""
+    outcome = run_committed("repro_f8_vllm_0_11_0.py", "0.11.0", tmp_path)
+    assert (outcome.status, outcome.rule, outcome.step) == ("broken", "scheduled_requests_are_running", 3), (
+        outcome.output
+    )
+    assert (
+        "schedule() gave request 'r1' 1 token(s), but it is PREEMPTED and not in Scheduler.running" in outcome.message
+    )
+    ensure_vllm_env("0.33.0")
+    on_033 = tmp_path / "on_033.py"
+    trace = add_next_step(read_trace(FINDINGS / "F8-priority-victim-keeps-its-tokens.jsonl"))
+    on_033.write_text(render_repro(trace, "0.33.0", ("scheduled_requests_are_running",)))
+    assert run_repro_file(on_033, "0.33.0").status == "passed"
+
+
+def test_repro_next_step_regenerates_the_committed_f8_file(tmp_path, capsys):
+    """The F8 trace, saved by a safety campaign, ends before the step that broke the property: --next-step."""
+    ensure_vllm_env("0.11.0")
+    out = tmp_path / "f8.py"
+    trace = FINDINGS / "F8-priority-victim-keeps-its-tokens.jsonl"
+    code = main(
+        ["repro", str(trace), "--sut", "vllm-v1@0.11.0", "--next-step", "--out", str(out), "--no-other-releases"]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    text = out.read_text().replace(str(trace), "reports/findings/F8-priority-victim-keeps-its-tokens.jsonl")
+    committed = (FINDINGS / "repro_f8_vllm_0_11_0.py").read_text()
+    assert text == committed
 
 
 def test_the_f9_reproduction_fails_on_the_output_rule(tmp_path):
