@@ -208,10 +208,14 @@ class AphroditeSchedulerSut(VllmSchedulerSut):
     def _check_knobs(self, s: Any, cfg: dict[str, Any]) -> None:
         super()._check_knobs(_SchedulerView(s), cfg)
 
-    def schedule(self) -> dict[str, Any]:
-        """``Scheduler.schedule()`` in canonical form (the vLLM driver's), with Aphrodite's assertion recognised."""
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
+        """``Scheduler.schedule()`` in canonical form (the vLLM driver's), with Aphrodite's assertion recognised.
+
+        ``throttle_prefills`` is passed on: Aphrodite 0.24.1's ``schedule`` takes vLLM 0.32's data-parallel
+        prefill throttle (aphrodite/v1/core/sched/scheduler.py:479, 522-526).
+        """
         try:
-            return super().schedule()
+            return super().schedule(throttle_prefills)
         except AssertionError as exc:
             if self.crashed == "internal" and _is_padded_admission_assert(exc):
                 self.crashed = "engine_assertion_padded_admission"

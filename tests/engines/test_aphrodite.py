@@ -267,3 +267,24 @@ def test_strict_under_its_own_profile(tmp_path: Path) -> None:
     )
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert (summary["examples_run"], summary["passed"]) == (60, 60), summary["failures"][:3]
+
+
+def test_throttled_steps_are_passed_on_and_agree(sut: AphroditeSut) -> None:
+    """Aphrodite 0.24.1's ``schedule`` takes vLLM 0.32's ``throttle_prefills``: the driver passes it on (the
+    capability is announced), so a throttled trace gets a verdict, not *unknown*. The generator draws no throttle
+    for ``aphrodite-0.24``; the throttled workloads of a ``vllm-0.32`` campaign drawn for this SUT (its forced
+    config, as ``schedconf run`` draws them), rerun under ``aphrodite-0.24``, all pass strictly."""
+    from schedconf.conformance.runs.campaign import CampaignSpec, fit_spec_to_sut, generate_workloads
+    from schedconf.conformance.workloads.workload import run_workload
+    from schedconf.spec.errors import SpecError
+
+    spec, _ = fit_spec_to_sut(CampaignSpec(sut=SUT_NAME, profile="vllm-0.32", examples=300, seed=11), sut)
+    throttled = [w for w in generate_workloads(spec) if getattr(w, "throttle_cadence", 0)]
+    verdicts = []
+    for workload in throttled:
+        try:
+            trace = run_workload(workload.replace(profile="aphrodite-0.24"))
+        except SpecError:
+            continue  # a workload the aphrodite-0.24 profile refuses (a 0.32 knob it lacks)
+        verdicts.append(replay(trace, sut, "strict").verdict)
+    assert len(verdicts) >= 20 and set(verdicts) == {"pass"}, verdicts
