@@ -11,6 +11,7 @@ reproduction, and the 0.11.0 findings (F4, F5) fail on 0.11.0.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,25 @@ def test_repro_next_step_regenerates_the_committed_f8_file(tmp_path, capsys):
     text = out.read_text().replace(str(trace), "reports/findings/F8-priority-victim-keeps-its-tokens.jsonl")
     committed = (FINDINGS / "repro_f8_vllm_0_11_0.py").read_text()
     assert text == committed
+
+
+def test_the_a1_reproduction_fails_on_033(tmp_path):
+    """Finding A1, written by hand (``schedconf repro`` writes synchronous files): vLLM 0.33.0's AsyncScheduler with
+    three steps in flight schedules a request a token past its max_tokens. It imports only vLLM and the standard
+    library and, run outside the checkout, exits 1 with its one test failing."""
+    from standalone_files import get_imported_top_names, run_standalone
+
+    source = FINDINGS / "repro_a1_vllm_0_33_0.py"
+    text = source.read_text()
+    assert set(get_imported_top_names(text)) - set(sys.stdlib_module_names) == {"vllm"}
+    python = ensure_vllm_env("0.33.0")
+    proc = run_standalone(python, source, tmp_path, 300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert (
+        "FAIL test_no_step_is_scheduled_past_max_tokens: with 3 steps in flight the scheduler gave request 'a' "
+        "(6 prompt tokens, max_tokens 2) 6, 1 and 1 tokens"
+    ) in proc.stdout
+    assert "[[None], ['LENGTH'], []]" in proc.stdout
 
 
 def test_the_f9_reproduction_fails_on_the_output_rule(tmp_path):
