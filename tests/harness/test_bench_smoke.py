@@ -129,6 +129,29 @@ SMOKES: dict[str, Smoke] = {
             ),
         )
     ),
+    "bench_campaign.py": Smoke(
+        (
+            Run(
+                ("--traces", "3"),
+                (
+                    r"^strict campaign, profile vllm-0\.33, seed 0: 3 traces \(0 discarded\), " + NUM + " steps; ",
+                    header(
+                        "SUT",
+                        "verdicts",
+                        "traces/s (generation + replay)",
+                        "replay s",
+                        "init s",
+                        "engine s",
+                        "comparison s",
+                        "protocol and harness s",
+                    ),
+                    row("reference", "3 pass", NUM, NUM, NUM, "-", NUM, "-?" + NUM),
+                    row(r"vLLM 0\.33\.0", "3 pass", NUM, NUM, NUM, NUM, NUM, "-?" + NUM),
+                ),
+            ),
+        ),
+        vllm="0.33.0",
+    ),
     "bench_engine.py": Smoke(
         (
             Run(

@@ -1,0 +1,168 @@
+"""A strict campaign's throughput against the real vLLM scheduler and against the reference, with where the time goes.
+
+Usage: python bench/bench_campaign.py [--traces 300] [--seed 0] [--version 0.33.0] [--profile vllm-0.33]
+
+The traces are drawn as ``schedconf run --sut vllm-v1@VERSION`` draws them
+(``campaign.fit_spec_to_sut``: the driver's forced config) and generated once
+with the reference model (its expected outputs); then each SUT replays all of
+them, strict, one after the other in this process:
+
+* ``reference``: the model itself (``--sut reference``, in this process);
+* ``vLLM``: the real scheduler in its environment over the protocol, one
+  message per call, as a campaign drives it.
+
+Per SUT: the verdicts, traces per second of the whole campaign (generation
+plus replay), and the replay's seconds split into building the scheduler for
+each trace (``init``, the round trip included), the engine's own time (read
+back from the vLLM driver's ``stats``: seconds inside vLLM's ``schedule()`` and
+``update_from_output()``), the comparison (the harness's ``Comparator``), and
+the rest: the protocol (encoding, the pipe, decoding, validation) and the
+harness's bookkeeping; for the reference, which runs in this process with no
+protocol, the rest is the model's own time and the harness's. Wall time, one
+run; the machine's other load counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from schedconf.conformance.adapters import make_sut  # noqa: E402
+from schedconf.conformance.checking import compare  # noqa: E402
+from schedconf.conformance.checking.replay import replay  # noqa: E402
+from schedconf.conformance.engines.vllm_env import ensure_vllm_env  # noqa: E402
+from schedconf.conformance.runs.campaign import CampaignSpec, fit_spec_to_sut, generate_workloads  # noqa: E402
+from schedconf.conformance.traces.trace import Trace  # noqa: E402
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload  # noqa: E402
+
+COMPARE_METHODS = ("compare_scheduler_output", "compare_observation", "compare_request_outputs")
+
+
+class CompareClock:
+    """Seconds spent in the harness's ``Comparator`` methods while installed (wraps the class's methods)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.originals = {name: getattr(compare.Comparator, name) for name in COMPARE_METHODS}
+        for name, method in self.originals.items():
+            setattr(compare.Comparator, name, self._timed(method))
+
+    def _timed(self, method: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        return timed
+
+    def close(self) -> None:
+        for name, method in self.originals.items():
+            setattr(compare.Comparator, name, method)
+
+
+def generate(spec: CampaignSpec) -> tuple[list[Trace], int, float]:
+    """The campaign's traces (the reference's), how many workloads were discarded, and the seconds it took."""
+    started = time.perf_counter()
+    traces, discarded = [], 0
+    for workload in generate_workloads(spec):
+        try:
+            traces.append(run_workload(workload))
+        except WorkloadError:
+            discarded += 1
+    return traces, discarded, time.perf_counter() - started
+
+
+def run_sut(name: str, sut: Any, traces: list[Trace], engine_stats: bool) -> dict[str, Any]:
+    """Replay every trace, strict; the verdicts and the split of the seconds."""
+    clock = CompareClock()
+    verdicts: dict[str, int] = {}
+    replay_s = engine_s = 0.0
+    init = {"s": 0.0}
+    start = sut.start
+
+    def timed_start(*a: Any, **k: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return start(*a, **k)
+        finally:
+            init["s"] += time.perf_counter() - started
+
+    sut.start = timed_start
+    try:
+        for trace in traces:
+            started = time.perf_counter()
+            result = replay(trace, sut, "strict")
+            replay_s += time.perf_counter() - started
+            verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
+            if engine_stats:
+                engine_s += sut.stats()["scheduler_seconds"]  # since this trace's init: outside the timed replay
+    finally:
+        clock.close()
+        sut.start = start
+    return {
+        "name": name,
+        "verdicts": verdicts,
+        "replay_s": replay_s,
+        "engine_s": engine_s if engine_stats else None,
+        "compare_s": clock.seconds,
+        "init_s": init["s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=int, default=300, help="traces in the campaign (default 300)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--version", default="0.33.0", help="the vLLM release (its environment is built if missing)")
+    parser.add_argument("--profile", default="vllm-0.33")
+    args = parser.parse_args()
+
+    ensure_vllm_env(args.version)
+    vllm = make_sut(f"vllm-v1@{args.version}")
+    try:
+        spec, _ = fit_spec_to_sut(
+            CampaignSpec(sut=f"vllm-v1@{args.version}", profile=args.profile, examples=args.traces, seed=args.seed),
+            vllm,
+        )
+        traces, discarded, generation_s = generate(spec)
+        reference = make_sut("reference")
+        rows = [
+            run_sut("reference", reference, traces, engine_stats=False),
+            run_sut(f"vLLM {args.version}", vllm, traces, engine_stats=True),
+        ]
+        reference.close()
+    finally:
+        vllm.close()
+
+    steps = sum(t.num_steps() for t in traces)
+    print(
+        f"strict campaign, profile {args.profile}, seed {args.seed}: {len(traces)} traces ({discarded} discarded), "
+        f"{steps:,} steps; generation (the reference's expected outputs) {generation_s:.2f} s"
+    )
+    print()
+    print(
+        "| SUT | verdicts | traces/s (generation + replay) | replay s | init s | engine s | comparison s "
+        "| protocol and harness s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(row["verdicts"].items()))
+        rate = len(traces) / (generation_s + row["replay_s"]) if traces else 0.0
+        engine = row["engine_s"]
+        rest = row["replay_s"] - row["compare_s"] - row["init_s"] - (engine or 0.0)
+        engine_text = f"{engine:.2f}" if engine is not None else "-"
+        print(
+            f"| {row['name']} | {verdicts} | {rate:.1f} | {row['replay_s']:.2f} | {row['init_s']:.2f} | {engine_text} "
+            f"| {row['compare_s']:.2f} | {rest:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
