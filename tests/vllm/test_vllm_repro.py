@@ -116,6 +116,13 @@ def test_the_a1_reproduction_fails_on_033(tmp_path):
     assert "[[None], ['LENGTH'], []]" in proc.stdout
 
 
+def test_the_f3_reproduction_fails_on_033_with_the_padded_admission_assert(tmp_path):
+    """Finding 3: a padded admission cut by the long-prefill threshold fails vLLM 0.33's own assertion at step 2."""
+    outcome = run_committed("repro_f3_vllm_0_33_0.py", "0.33.0", tmp_path)
+    assert (outcome.status, outcome.rule, outcome.step) == ("broken", "engine_does_not_crash", 2), outcome.output
+    assert "schedule() raised AssertionError() at vllm/v1/core/sched/scheduler.py:1579" in outcome.message
+
+
 def test_the_f9_reproduction_fails_on_the_output_rule(tmp_path):
     outcome = run_committed("repro_f9_vllm_0_33_0.py", "0.33.0", tmp_path)
     assert (outcome.status, outcome.rule, outcome.step) == ("broken", "output_goes_to_its_request", 1), outcome.output
