@@ -134,53 +134,36 @@ def _get_problem(error: fastjsonschema.JsonSchemaValueException, where: str) -> 
     return field, f"a value the schema accepts ({rule}: {json.dumps(wanted)})", describe_value(value)
 
 
-def _find_float(value: Any, where: str, numbers: frozenset[str], is_number: bool = False) -> Problem | None:
-    """The first float outside a ``number`` field, or a non-finite one inside."""
+_SCALARS = frozenset((int, str, bool, type(None)))
+"""Value types that need no look inside (a list of token ids is passed over at C speed)."""
+
+
+def _find_float(value: Any, numbers: frozenset[str], is_number: bool = False) -> tuple[list[str], float, bool] | None:
+    """The first float outside a ``number`` field, or a non-finite one inside: (the steps of its path, innermost
+    first, built only on the way back from a find; the float; whether it sits in a ``number`` field).
+
+    Subclasses count (numpy's float64 is a float; an in-process SUT may answer
+    an OrderedDict), so ``isinstance``.
+    """
     if isinstance(value, float):
-        if is_number and math.isfinite(value):
-            return None
-        return where, "a finite number" if is_number else "integer", describe_value(value)
+        return None if is_number and math.isfinite(value) else ([], value, is_number)
     if isinstance(value, dict):
+        if _SCALARS.issuperset(map(type, value.values())):
+            return None
         for name, item in value.items():
             if isinstance(item, (float, dict, list)):
-                found = _find_float(item, _join(where, name), numbers, name in numbers)
+                found = _find_float(item, numbers, name in numbers)
                 if found:
+                    found[0].append(f".{name}")
                     return found
     elif isinstance(value, list) and not _SCALARS.issuperset(map(type, value)):
         for i, item in enumerate(value):
             if isinstance(item, (float, dict, list)):
-                found = _find_float(item, f"{where}[{i}]", numbers)
+                found = _find_float(item, numbers)
                 if found:
+                    found[0].append(f"[{i}]")
                     return found
     return None
-
-
-_SCALARS = frozenset((int, str, bool, type(None)))
-"""Item types that need no look inside (a list of token ids is skipped at C speed)."""
-
-
-def _has_float(value: Any, numbers: frozenset[str]) -> bool:
-    """Whether ``_find_float`` would find something: the same walk without paths (the common answer is no).
-
-    Subclasses count (numpy's float64 is a float; an in-process SUT may answer
-    an OrderedDict), so ``isinstance``; a list of plain scalars is passed over
-    at C speed.
-    """
-    if isinstance(value, dict):
-        if _SCALARS.issuperset(map(type, value.values())):
-            return False
-        for name, item in value.items():
-            if isinstance(item, float):
-                if name not in numbers or not math.isfinite(item):
-                    return True
-            elif isinstance(item, (dict, list)) and _has_float(item, numbers):
-                return True
-        return False
-    if isinstance(value, list):
-        if _SCALARS.issuperset(map(type, value)):
-            return False
-        return any(isinstance(item, (float, dict, list)) and _has_float(item, numbers) for item in value)
-    return isinstance(value, float)
 
 
 def validate_value(
@@ -210,8 +193,13 @@ def find_float(value: Any, where: str, schema: dict[str, Any], defs: dict[str, A
     entry = _number_fields.get(id(schema))
     if entry is None:
         entry = _number_fields[id(schema)] = (schema, frozenset(_get_number_fields({**schema, "$defs": defs})))
-    numbers = entry[1]
-    return _find_float(value, where, numbers) if _has_float(value, numbers) else None
+    found = _find_float(value, entry[1])
+    if found is None:
+        return None
+    steps, number, in_number_field = found
+    path = "".join(reversed(steps))
+    field = where + path if where else path.removeprefix(".")
+    return field, "a finite number" if in_number_field else "integer", describe_value(number)
 
 
 _number_fields: dict[int, tuple[dict[str, Any], frozenset[str]]] = {}
