@@ -171,23 +171,14 @@ def generate_workload(spec: CampaignSpec, index: int) -> Workload | RefusedConfi
     make invalid: it is replaced from a stream of its own index rather than
     from the campaign's shared one.
     """
-    from dataclasses import replace as dc_replace
-
-    from schedconf.conformance.workloads.generate import choose_refused_config
     from schedconf.conformance.workloads.workload_v0 import make_random_workload
     from schedconf.spec.errors import InvalidConfig
-    from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
 
     example = spec.seed * 1_000_003 + index
     workload = make_random_workload(example, spec.profile)
     for attempt in range(1, 101):
-        if not spec.config_overrides:
-            break
         try:
-            config = dc_replace(workload.config, **spec.config_overrides)
-            if spec.profile in PROFILES:
-                check_config_for_profile(config, PROFILES[spec.profile])
-            workload = workload.replace(config=config)
+            workload = _with_overrides(spec, workload)
             break
         except InvalidConfig:
             fresh = make_random_workload(example * 101 + 10_000_000 + attempt, spec.profile)
@@ -195,10 +186,7 @@ def generate_workload(spec: CampaignSpec, index: int) -> Workload | RefusedConfi
     else:
         raise ValueError(f"no draw of trace {index} is valid under the forced config {spec.config_overrides}")
     (workload,) = _add_pool_headroom(spec, [workload])
-    chosen = choose_refused_config(example, workload, spec.config_overrides) if index else workload
-    if (spec.comparison == "safety" or not spec.prefix_cache_resets) and isinstance(chosen, Workload) and chosen.resets:
-        chosen = chosen.replace(resets=())
-    return chosen
+    return _finish_workload(spec, index, workload)
 
 
 def generate_workloads(spec: CampaignSpec) -> list[Workload | RefusedConfigWorkload]:
@@ -212,39 +200,52 @@ def generate_workloads(spec: CampaignSpec) -> list[Workload | RefusedConfigWorkl
     ``choose_refused_config``: a stream of the example's seed of its own, so
     the other workloads stay as they were).
     """
+    drawn = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
+    return [_finish_workload(spec, i, w) for i, w in enumerate(drawn)]
+
+
+def _finish_workload(spec: CampaignSpec, index: int, workload: Workload) -> Workload | RefusedConfigWorkload:
+    """The last two steps of a draw: trace ``index`` (all but the first) may become a refused config, and the
+    resets go where the SUT or the comparison has none."""
     from schedconf.conformance.workloads.generate import choose_refused_config
 
-    drawn = _add_pool_headroom(spec, _apply_overrides(spec, _draw(spec)))
-    workloads = [
-        choose_refused_config(spec.seed * 1_000_003 + i, w, spec.config_overrides) if i else w
-        for i, w in enumerate(drawn)
-    ]
-    if spec.comparison == "safety" or not spec.prefix_cache_resets:
+    chosen = (
+        choose_refused_config(spec.seed * 1_000_003 + index, workload, spec.config_overrides) if index else workload
+    )
+    if (spec.comparison == "safety" or not spec.prefix_cache_resets) and isinstance(chosen, Workload) and chosen.resets:
         # The safety comparison drives one step at a time and has no prefix-cache
         # reset (a reset is a vLLM API, not a rule every scheduler shares).
-        workloads = [w.replace(resets=()) if getattr(w, "resets", ()) else w for w in workloads]
-    return workloads
+        chosen = chosen.replace(resets=())
+    return chosen
+
+
+def _with_overrides(spec: CampaignSpec, workload: Workload) -> Workload:
+    """``workload`` with ``spec.config_overrides`` in force; InvalidConfig if the model or the release refuses it."""
+    if not spec.config_overrides:
+        return workload
+    from dataclasses import replace as dc_replace
+
+    from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
+
+    config = dc_replace(workload.config, **spec.config_overrides)
+    if spec.profile in PROFILES:  # the release's own start-up refusals too
+        check_config_for_profile(config, PROFILES[spec.profile])
+    return workload.replace(config=config)
 
 
 def _apply_overrides(spec: CampaignSpec, drawn: list[Workload]) -> list[Workload]:
     """``spec.config_overrides`` on each workload; an invalid result is replaced by a fresh draw."""
     if not spec.config_overrides:
         return drawn
-    from dataclasses import replace as dc_replace
-
     from schedconf.conformance.workloads.workload_v0 import make_random_workload
     from schedconf.spec.errors import InvalidConfig
-    from schedconf.spec.v1.profiles import PROFILES, check_config_for_profile
 
     out: list[Workload] = []
     extra = 0
     for w in drawn:
         while True:
             try:
-                config = dc_replace(w.config, **spec.config_overrides)
-                if spec.profile in PROFILES:  # the release's own start-up refusals too
-                    check_config_for_profile(config, PROFILES[spec.profile])
-                out.append(w.replace(config=config))
+                out.append(_with_overrides(spec, w))
                 break
             except InvalidConfig:
                 extra += 1
