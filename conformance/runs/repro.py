@@ -252,6 +252,11 @@ def add_next_step(trace: Trace) -> Trace:
     return dc_replace(trace, events=[*trace.events, {"kind": "step", "step": last + 1}])
 
 
+def is_added_step(event: dict[str, Any]) -> bool:
+    """A step :func:`add_next_step` appended: no expected output and no expected error."""
+    return event["kind"] == "step" and "expect" not in event and "expect_error" not in event
+
+
 def render_step_story(expect: dict[str, Any]) -> str:
     """One line: what the trace records for a step (scheduled tokens, hits, resumes, preemptions)."""
     hits = {r["req_id"]: r["num_computed_tokens"] for r in expect.get("scheduled_new_reqs", [])}
@@ -308,7 +313,7 @@ def make_event_lines(trace: Trace, keep_refused: bool) -> tuple[list[str], bool]
                 continue
             if code is not None:
                 story = f"the reference expects this step to fail ({code})"
-            elif "expect" not in event:
+            elif is_added_step(event):
                 story = "the step after the trace, where the safety check stopped"
             else:
                 story = render_step_story(event["expect"])
@@ -373,7 +378,7 @@ def render_repro(
         liveness_steps=LIVENESS_STEPS,
         event_lines=lines,
         checks=checks,
-        next_step=any(e["kind"] == "step" and "expect" not in e and "expect_error" not in e for e in trace.events),
+        next_step=any(is_added_step(e) for e in trace.events),
         rule_texts=[(name, RULES[name]) for name in rule_names],
         test_name=one_rule or "rules",
     )
