@@ -2,7 +2,8 @@
 
 ``trace.schema.json`` beside this file is the single source of the format:
 validation checks events against it (``json_schema.py``: a compiled JSON
-Schema validator and the format's messages) and ``FORMAT.md`` is generated from it (``python -m schedconf.conformance.traces.format_doc``).
+Schema validator and the format's messages) and ``FORMAT.md`` is generated
+from it (``python -m schedconf.conformance.traces.format_doc``).
 
 A malformed trace raises :class:`TraceError` naming the file, the line, the
 field and what was expected; the CLI turns it into exit code 2. That includes a
