@@ -33,7 +33,7 @@ from schedconf.conformance.runs.report import get_first_diffs
 from schedconf.conformance.sut import SchedulerUnderTest, SutInputError
 from schedconf.conformance.traces.trace import Trace, render_trace, write_atomic
 from schedconf.conformance.workloads.workload import RefusedConfigWorkload, Workload, WorkloadError, run_workload
-from schedconf.spec.errors import InvalidConfig
+from schedconf.spec.errors import SpecError
 
 
 class RecordingSut:
@@ -270,9 +270,10 @@ def run_diff(spec: DiffSpec, say: Callable[[str], None] = lambda m: None) -> tup
             ) -> tuple[Trace, Divergence] | None:
                 try:
                     trace, run_a, run_b, difference = diff_workload(candidate, spec, a, b)
-                except (WorkloadError, InvalidConfig, ValueError, AssertionError):
-                    # InvalidConfig: a shrunk config the reference refuses (max_model_len cut below
-                    # the profile's threshold, say) is no smaller instance of this difference.
+                except (SpecError, WorkloadError, ValueError, AssertionError):
+                    # Not a valid workload for the reference (as checking.shrink.differential_probe says):
+                    # a shrunk config it refuses (max_model_len cut below the profile's threshold, say)
+                    # or an input it refuses is no smaller instance of this difference.
                     return None
                 if UNKNOWN in (run_a.verdict, run_b.verdict) or difference is None:
                     return None
