@@ -117,9 +117,16 @@ def run_sut(name: str, sut: Any, traces: list[Trace], engine_stats: bool) -> dic
     }
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 trace, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=int, default=300, help="traces in the campaign (default 300)")
+    parser.add_argument("--traces", type=_positive, default=300, help="traces in the campaign (default 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--version", default="0.33.0", help="the vLLM release (its environment is built if missing)")
     parser.add_argument("--profile", default="vllm-0.33")
@@ -133,6 +140,8 @@ def main() -> None:
             vllm,
         )
         traces, discarded, generation_s = generate(spec)
+        if not traces:
+            parser.error(f"all {discarded} generated workloads were discarded; try another --seed")
         # The driver process starts (and imports vLLM) on the first init: once per campaign, not per trace.
         started = time.perf_counter()
         vllm.start(dict(traces[0].config), traces[0].profile)
