@@ -66,6 +66,14 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
 
     ``scheduler`` (``v1`` or ``v0``) picks the result shapes; None: the reply's keys tell.
     """
+    if _is_plain_result(reply):
+        # The common reply, which the envelope accepts: skip its schema (checked below otherwise).
+        schema = SCHEMA["results"].get(method)
+        if schema is None or (reply["result"] is None and schema is NULL_RESULT):
+            return None
+        kind = scheduler if scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
+        problem = validate_value(reply["result"], schema, "result", kind)  # type: ignore[arg-type]
+        return _words(problem) if problem else None
     problem = validate_value(reply, ENVELOPE, "")
     if problem:
         return _words(problem)
@@ -85,6 +93,18 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
     kind = scheduler if scheduler is not None and scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
     problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
+
+
+NULL_RESULT = SCHEMA["results"]["add_request"]
+"""The result schema of the methods that answer ``null`` (add_request, abort, shutdown): one object."""
+for _method in ("abort", "shutdown"):
+    if SCHEMA["results"].get(_method) == NULL_RESULT:
+        SCHEMA["results"][_method] = NULL_RESULT
+
+
+def _is_plain_result(reply: dict[str, Any]) -> bool:
+    """``{"id": <integer>, "result": ...}`` and nothing else: a reply the envelope's schema accepts."""
+    return len(reply) == 2 and "result" in reply and type(reply.get("id")) is int
 
 
 JSON_DEPTH_LIMIT = 64
