@@ -6,7 +6,9 @@ directory on PYTHONPATH::
 
     python -m schedconf.conformance.protocol_server schedconf.conformance.adapters.reference:ReferenceSut
 
-The server answers one request per line until ``shutdown`` or end of input.
+The server answers one request per line until ``shutdown`` or end of input. A ``batch`` request
+carries a list of calls; they run in order and each one's reply is written (and flushed) as soon as it
+is known, with the call's ``index``, then one closing line (:func:`serve_batch`).
 Exceptions with a ``code`` attribute become protocol errors with that code;
 any other exception becomes ``internal`` with its traceback on stderr.
 A request line that is not a JSON object is answered with an ``internal``
@@ -73,6 +75,7 @@ class ProtocolSession:
                 "in_flight": bool(getattr(self.sut, "in_flight", False)),
                 "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache"),
                 "throttle_prefills": accepts_throttle_prefills(self.sut),
+                "batch": True,
             }
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":
@@ -135,11 +138,52 @@ def serve(
         except json.JSONDecodeError as exc:
             print(f"protocol_server: bad request line: {exc}", file=sys.stderr)
             msg = None
-        stdout.write(render(session.process_message(msg)) + "\n")
-        stdout.flush()
+        if isinstance(msg, dict) and msg.get("method") == "batch":
+            serve_batch(session, msg, stdout, render)
+        else:
+            stdout.write(render(session.process_message(msg)) + "\n")
+            stdout.flush()
         if session.shut_down:
             return 0
     return 0
+
+
+BATCH_STOPS = ("internal", "unsupported")
+"""Error codes that end a batch: the harness stops its replay at either, so nothing after it is run."""
+
+
+def serve_batch(
+    session: ProtocolSession,
+    msg: dict[str, Any],
+    stdout,  # noqa: ANN001
+    render: Callable[[dict[str, Any]], str],
+) -> None:
+    """Run a ``batch`` request's calls in order, one reply line each as it is known, then the closing line.
+
+    Each call's reply is the one it would get on its own, with ``"index"`` (its place in the list) added,
+    flushed before the next call runs: a call that hangs or kills the process is the one whose reply
+    never comes. An ``internal`` or ``unsupported`` error ends the batch. The closing line is
+    ``{"id": ID, "result": {"calls_run": N}}``.
+    """
+    msg_id = msg.get("id")
+    calls = (msg.get("params") or {}).get("calls")
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        error = {"code": "internal", "message": "batch: params.calls must be a list of {method, params} objects"}
+        stdout.write(render({"id": msg_id, "error": error}) + "\n")
+        stdout.flush()
+        return
+    run = 0
+    for index, call in enumerate(calls):
+        reply = session.process_message({"id": msg_id, "method": call.get("method"), "params": call.get("params")})
+        reply["index"] = index
+        stdout.write(render(reply) + "\n")
+        stdout.flush()
+        run += 1
+        if session.shut_down or ("error" in reply and reply["error"].get("code") in BATCH_STOPS):
+            break
+    if not session.shut_down:
+        stdout.write(render({"id": msg_id, "result": {"calls_run": run}}) + "\n")
+        stdout.flush()
 
 
 def take_protocol_stdout():  # noqa: ANN201 - a text file
@@ -152,8 +196,28 @@ def take_protocol_stdout():  # noqa: ANN201 - a text file
     return proto
 
 
+def _get_fast_encoder() -> Callable[[Any], bytes] | None:
+    """msgspec's JSON encoder with sorted keys, where the environment has msgspec (vLLM's and its forks'
+    do: vLLM depends on it); None elsewhere. It writes the same line as ``json.dumps`` with sorted keys
+    and no spaces, except that text outside ASCII stays UTF-8 instead of ``\\u`` escapes (the same JSON),
+    about seven times faster on a 1,024-request step."""
+    try:
+        import msgspec  # type: ignore[import-not-found]  # in the engines' environments only
+    except ImportError:
+        return None
+    return msgspec.json.Encoder(order="sorted").encode
+
+
+_FAST_ENCODE = _get_fast_encoder()
+
+
 def render_reply_line(obj: dict[str, Any]) -> str:
-    """One reply as its protocol line (without the newline)."""
+    """One reply as its protocol line (without the newline): sorted keys, no spaces."""
+    if _FAST_ENCODE is not None:
+        try:
+            return _FAST_ENCODE(obj).decode()
+        except (TypeError, ValueError, OverflowError):
+            pass  # what msgspec cannot write (an integer past 64 bits), json says in its own way
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 

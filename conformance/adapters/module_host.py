@@ -145,7 +145,7 @@ def render_reply(reply: dict[str, Any]) -> str:
     if "result" in reply:
         problem = find_not_json(reply["result"])
         if problem:
-            reply = {"id": reply.get("id"), "result": NOT_JSON_MARK + problem}
+            reply = {**reply, "result": NOT_JSON_MARK + problem}
     return json.dumps(reply, sort_keys=True, separators=(",", ":"))
 
 

@@ -33,11 +33,18 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from schedconf.conformance.protocol import PROTOCOL_VERSION, validate_reply
+
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None  # type: ignore[assignment]
 from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -83,6 +90,23 @@ class SutExited(SutProtocolError):
     """The process exited or could not be started."""
 
     kind = "sut_exited"
+
+
+@dataclass
+class _Batch:
+    """A planned ``batch`` request: its calls, how many were answered, and its id once sent."""
+
+    calls: list[tuple[str, dict[str, Any]]]
+    next_index: int = 0
+    msg_id: int | None = None
+
+    def is_next(self, method: str, params: dict[str, Any]) -> bool:
+        """Is this call the batch's next one?"""
+        return self.next_index < len(self.calls) and self.calls[self.next_index] == (method, params)
+
+
+_PLANNED: dict[str, Any] = {"outputs": [], "success": False}
+"""What a call returns while a batch is being planned (enough for the adapter methods to return)."""
 
 
 @dataclass
@@ -192,6 +216,12 @@ class StdioSut:
         self._last_stderr: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
         self._next_id = 0
         self.capabilities: dict[str, Any] = {}
+        self.use_batch = os.environ.get("SCHEDCONF_PROTOCOL_BATCH", "1") != "0"
+        """Send a trace's calls as one ``batch`` where the scheduler takes it (PROTOCOL.md); off, one
+        request per call, as for a scheduler without the capability."""
+        self._planning: list[tuple[str, dict[str, Any]]] | None = None
+        self._batch: _Batch | None = None
+        self.last_stats: dict[str, Any] | None = None
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -216,8 +246,10 @@ class StdioSut:
         except OSError as exc:
             raise SutExited(f"{self.name}: cannot start {self.command!r}: {exc.strerror or exc}") from None
         _LIVE.add(proc.pid)
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         os.set_blocking(proc.stdin.fileno(), False)
+        for pipe in (proc.stdin, proc.stdout):
+            _widen_pipe(pipe.fileno())
         child = _Process(proc)
         self._last_stderr = child.stderr
         threading.Thread(target=_read_replies, args=(child,), daemon=True).start()
@@ -231,6 +263,7 @@ class StdioSut:
     def kill(self) -> None:
         """Kill the process and its whole group; a later ``start`` starts a new one."""
         child, self.child = self.child, None
+        self._batch = None
         if child is None:
             return
         stop_supervised(child.proc)
@@ -278,35 +311,75 @@ class StdioSut:
         return self._broken(SutExited, f"the process {describe_ending(code)} before answering {method}")
 
     def call(self, method: str, params: dict[str, Any], timeout_s: float | None = None) -> Any:
-        """Send one request and return its validated result (SutInputError for an error reply)."""
+        """Send one request and return its validated result (SutInputError for an error reply).
+
+        While a batch is planned (:meth:`plan_batch`), a call that is the plan's next one is answered
+        from the batch's replies instead (the first such call sends the batch); any other call first
+        finishes the batch (:meth:`end_batch`) and is then sent on its own.
+        """
+        if self._planning is not None:
+            self._planning.append((method, params))
+            return _PLANNED
+        batch = self._batch
+        if batch is not None:
+            if batch.is_next(method, params):
+                return self._call_batched(batch, method, timeout_s)
+            if method not in ("init", "shutdown"):
+                # The scheduler has run the planned calls ahead of this one: answering it now would answer
+                # it in another state. A plan that is not the replay's own calls is the harness's bug.
+                self.kill()
+                raise RuntimeError(f"{self.name}: {method} is not the next call of the planned batch")
+            self.end_batch()
+        msg_id, started, wait_s, limit_words = self._send(method, params, timeout_s)
+        return self._receive(method, msg_id, started, wait_s, limit_words)
+
+    def _running_child(self) -> _Process:
+        """The live process, or SutExited (the process is gone or was never started)."""
         child = self.child
         if child is None or child.proc.poll() is not None:
             code = child.proc.poll() if child else None
             self.kill()
             state = describe_exit(code) if child else "not started"
             raise SutExited(f"{self.name}: the scheduler process is not running ({state})", self.stderr_tail())
+        return child
+
+    def _send(
+        self, method: str, params: dict[str, Any], timeout_s: float | None, label: str | None = None
+    ) -> tuple[int, float, float, str]:
+        """Write one request; its id, when it was sent, the seconds to wait for its answer and their name.
+        ``label`` names the call in messages (default: ``method``)."""
+        child = self._running_child()
         self._next_id += 1
         msg_id = self._next_id
         child.messages += 1
         wait_s, limit_words = self._limit(timeout_s or self.timeout_s)
         line = json.dumps({"id": msg_id, "method": method, "params": params}, sort_keys=True, separators=(",", ":"))
         started = time.monotonic()
+        label = label or method
         try:
             _write_all(child.proc, (line + "\n").encode(), started + wait_s)
         except TimeoutError:
             raise self._broken(
-                SutTimeout, f"no answer to {method} within {limit_words}: it stopped reading its stdin (process killed)"
+                SutTimeout, f"no answer to {label} within {limit_words}: it stopped reading its stdin (process killed)"
             ) from None
         except (BrokenPipeError, OSError):
-            raise self._exited(method) from None
+            raise self._exited(label) from None
+        return msg_id, started, wait_s, limit_words
+
+    def _read_reply(
+        self, label: str, msg_id: int, started: float, wait_s: float, limit_words: str
+    ) -> tuple[dict[str, Any], str]:
+        """The next reply line as an object with the id ``msg_id``, and where it was read (for messages)."""
+        child = self.child
+        assert child is not None
         try:
             item = child.replies.get(timeout=max(wait_s - (time.monotonic() - started), 0.0))
         except queue.Empty:
-            raise self._broken(SutTimeout, f"no answer to {method} within {limit_words} (process killed)") from None
+            raise self._broken(SutTimeout, f"no answer to {label} within {limit_words} (process killed)") from None
         if item is None:
-            raise self._exited(method)
+            raise self._exited(label)
         stdout_line, raw = item
-        where = f"reply to {method} (request id {msg_id}, stdout line {stdout_line})"
+        where = f"reply to {label} (request id {msg_id}, stdout line {stdout_line})"
         if len(raw) > MAX_REPLY_BYTES:
             raise self._broken(SutProtocolError, f"{where}: longer than {MAX_REPLY_BYTES} bytes")
         try:
@@ -335,6 +408,18 @@ class StdioSut:
             raise self._broken(
                 SutProtocolError, f"{where}: wrong id: expected {msg_id}, found {json.dumps(reply['id'])[:80]}"
             )
+        return reply, where
+
+    def _receive(
+        self, method: str, msg_id: int, started: float, wait_s: float, limit_words: str, index: int | None = None
+    ) -> Any:
+        """Read, check and return the answer to ``method`` (call ``index`` of a batch, when given)."""
+        reply, where = self._read_reply(method, msg_id, started, wait_s, limit_words)
+        if index is not None:
+            found = reply.pop("index", None)
+            if found != index:
+                shown = "no index (the batch's closing line)" if found is None else json.dumps(found)[:80]
+                raise self._broken(SutProtocolError, f"{where}: expected the reply with index {index}, found {shown}")
         problem = self.check_reply(method, reply)
         if problem:
             raise self._broken(SutProtocolError, f"{where}: {problem}")
@@ -357,6 +442,74 @@ class StdioSut:
                 )
             raise SutInputError(code, message)
         return reply["result"]
+
+    # ---------------------------------------------------------------- batch
+
+    @property
+    def supports_batch(self) -> bool:
+        """Are a trace's calls sent as one ``batch``? When the scheduler's ``init`` reply lists
+        ``capabilities.batch``, unless ``use_batch`` is off (``SCHEDCONF_PROTOCOL_BATCH=0``)."""
+        return self.use_batch and bool(self.capabilities.get("batch"))
+
+    @contextmanager
+    def planning(self) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+        """Record, instead of sending, the requests the calls made inside this block would send.
+
+        The calls return placeholders; what they record is what the same calls will send later (the
+        harness plans a trace's replay with the very code that replays it).
+        """
+        recorded: list[tuple[str, dict[str, Any]]] = []
+        self._planning = recorded
+        try:
+            yield recorded
+        finally:
+            self._planning = None
+            self.last_stats = None
+
+    def plan_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        """Answer the coming calls, while they are these, from one ``batch`` request (PROTOCOL.md).
+
+        Nothing is sent yet: the first of these calls sends the whole batch, so a scheduler that is gone
+        or stops reading is reported at that call, as it would be without a batch. Each call then reads
+        its own reply line, with the call's own timeout and checks. A scheduler without
+        ``capabilities.batch`` is called one request at a time, as before.
+        """
+        self.end_batch()
+        if calls and self.supports_batch:
+            self._batch = _Batch(calls)
+
+    def _call_batched(self, batch: _Batch, method: str, timeout_s: float | None) -> Any:
+        index = batch.next_index
+        if batch.msg_id is None:
+            params = {"calls": [{"method": m, "params": p} for m, p in batch.calls]}
+            batch.msg_id, _, _, _ = self._send("batch", params, timeout_s, label=method)
+        batch.next_index += 1
+        wait_s, limit_words = self._limit(timeout_s or self.timeout_s)
+        try:
+            return self._receive(method, batch.msg_id, time.monotonic(), wait_s, limit_words, index=index)
+        except (SutProtocolError, SutUnsupported):
+            if self.child is None:  # killed: nothing more to read
+                self._batch = None
+            raise
+
+    def end_batch(self) -> None:
+        """Finish the planned batch: read the replies of the calls the harness did not make (it stopped
+        early) and the closing line. A scheduler that does not finish it in time, or breaks the protocol
+        there, is killed quietly (the next trace starts a fresh process): the verdict was decided by
+        the calls that were made."""
+        batch, self._batch = self._batch, None
+        if batch is None or batch.msg_id is None or self.child is None:
+            return
+        try:
+            while True:
+                wait_s, limit_words = self._limit(self.timeout_s)
+                reply, _ = self._read_reply("the rest of a batch", batch.msg_id, time.monotonic(), wait_s, limit_words)
+                if "index" not in reply:
+                    if validate_reply("batch", reply) is not None:
+                        self.kill()
+                    return
+        except SutProtocolError:
+            self.kill()
 
     def check_reply(self, method: str, reply: dict[str, Any]) -> str | None:
         """What is wrong with a reply (an object with the request's id) to ``method``, or None: the protocol's
@@ -413,7 +566,7 @@ class StdioSut:
 
     def get_scheduler_stats(self) -> dict[str, Any] | None:
         """The ``stats`` of the last ``update`` reply, if the scheduler sent them."""
-        return getattr(self, "last_stats", None)
+        return self.last_stats
 
     def observe(self) -> dict[str, Any] | None:
         if not self.capabilities.get("observe"):
@@ -422,6 +575,8 @@ class StdioSut:
 
     def close(self) -> None:
         """Ask the process to shut down, then kill its group whatever it did (grandchildren too)."""
+        if self._batch is not None and self._batch.msg_id is not None:
+            self.kill()  # it may still be running the batch: no waiting for it to finish (SIGTERM, Ctrl-C)
         child = self.child
         if child is not None and child.proc.poll() is None:
             self.deadline = None
@@ -449,6 +604,23 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _refuse_constant(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
+
+
+PIPE_BYTES = 1 << 20
+"""Pipe buffer asked for (Linux; 64 KiB by default). A scheduler answering a batch writes ahead while the
+harness checks earlier replies; with 64 KiB a 1,024-request step filled the pipe, and the scheduler
+waited for the harness's reader thread to get its turn at the interpreter lock."""
+
+
+def _widen_pipe(fd: int) -> None:
+    """Ask for a :data:`PIPE_BYTES` buffer on a pipe (where the system allows it; otherwise as it was)."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    if set_size is None:
+        return
+    try:
+        fcntl.fcntl(fd, set_size, PIPE_BYTES)
+    except OSError:
+        pass
 
 
 def _write_all(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:

@@ -240,83 +240,113 @@ def _replay(
             return update_in_flight(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
 
-    for index, event in enumerate(events):
-        kind = event["kind"]
-        expect_error = event.get("expect_error")
-        if kind == "step":
-            step = event["step"]
-        try:
-            with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
-                actual: Any = call(kind, event)
+    def run_events() -> ReplayResult:
+        """Call, compare, stop at the first divergence."""
+        nonlocal step, steps_run
+        assert comparator is not None
+        for index, event in enumerate(trace.events):
+            kind = event["kind"]
+            expect_error = event.get("expect_error")
             if kind == "step":
-                steps_run += 1
-        except SutInputError as exc:
-            if expect_error == exc.code:
-                continue
-            return fail(
-                index,
-                "input_error",
-                [FieldDiff("error", expect_error, exc.code)],
-                message=f"{kind}: {'expected error ' + expect_error if expect_error else 'no error expected'}, got {exc}",
-            )
-        except SutUnsupported as exc:
-            return ReplayResult(verdict=UNKNOWN, events_run=index, steps_run=steps_run, detail=f"unsupported: {exc}")
-        except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
-            return raised(index, kind, exc)
-        if expect_error is not None:
-            return fail(
-                index,
-                "input_error",
-                [FieldDiff("error", expect_error, None)],
-                message=f"{kind}: expected error {expect_error}, the scheduler accepted it",
-            )
-        if kind == "step":
-            diffs = comparator.compare_scheduler_output(event["expect"], actual)
-            if diffs:
-                return fail(index, "scheduler_output", diffs, message=f"step {step}: schedule() differs")
-            if comparison == "strict" and "observe" in event:
-                try:
-                    with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
-                        observed = sut.observe()
-                except Exception as exc:  # noqa: BLE001
-                    return raised(index, "observe", exc)
-                diffs = comparator.compare_observation(event["observe"], observed)
-                if diffs:
-                    return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")
-        elif kind == "reset_prefix_cache":
-            if actual != event["expect"]:
+                step = event["step"]
+            try:
+                with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
+                    actual: Any = call(kind, event)
+                if kind == "step":
+                    steps_run += 1
+            except SutInputError as exc:
+                if expect_error == exc.code:
+                    continue
                 return fail(
                     index,
-                    "reset_prefix_cache",
-                    [FieldDiff("success", event["expect"]["success"], actual["success"])],
-                    message="reset_prefix_cache() differs",
+                    "input_error",
+                    [FieldDiff("error", expect_error, exc.code)],
+                    message=f"{kind}: {'expected error ' + expect_error if expect_error else 'no error expected'}, got {exc}",
                 )
-        elif kind == "model_output":
-            diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
-            if diffs:
-                return fail(index, "request_outputs", diffs, message=f"step {step}: update_from_output() differs")
-            expected_stats = event["expect"].get("stats")
-            get_stats = getattr(sut, "get_scheduler_stats", None)
-            if trace.config.get("log_stats") is False and comparison == "strict" and get_stats is not None:
-                # Without log_stats an update reports no SchedulerStats at all.
-                reported = get_stats()
-                if reported is not None:
+            except SutUnsupported as exc:
+                return ReplayResult(
+                    verdict=UNKNOWN, events_run=index, steps_run=steps_run, detail=f"unsupported: {exc}"
+                )
+            except Exception as exc:  # noqa: BLE001 - the SUT's failure is a recorded result
+                return raised(index, kind, exc)
+            if expect_error is not None:
+                return fail(
+                    index,
+                    "input_error",
+                    [FieldDiff("error", expect_error, None)],
+                    message=f"{kind}: expected error {expect_error}, the scheduler accepted it",
+                )
+            if kind == "step":
+                diffs = comparator.compare_scheduler_output(event["expect"], actual)
+                if diffs:
+                    return fail(index, "scheduler_output", diffs, message=f"step {step}: schedule() differs")
+                if comparison == "strict" and "observe" in event:
+                    try:
+                        with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
+                            observed = sut.observe()
+                    except Exception as exc:  # noqa: BLE001
+                        return raised(index, "observe", exc)
+                    diffs = comparator.compare_observation(event["observe"], observed)
+                    if diffs:
+                        return fail(index, "observation", diffs, message=f"step {step}: the free queue differs")
+            elif kind == "reset_prefix_cache":
+                if actual != event["expect"]:
                     return fail(
                         index,
-                        "scheduler_stats",
-                        [FieldDiff("stats", None, reported)],
-                        message=f"step {event['step']}: stats reported with log_stats off",
+                        "reset_prefix_cache",
+                        [FieldDiff("success", event["expect"]["success"], actual["success"])],
+                        message="reset_prefix_cache() differs",
                     )
-            if expected_stats is not None and comparison == "strict" and get_stats is not None:
-                actual_stats = get_stats()
-                if actual_stats is not None and actual_stats != expected_stats:
-                    return fail(
-                        index,
-                        "scheduler_stats",
-                        compare_stats(expected_stats, actual_stats),
-                        message=f"step {event['step']}: the scheduler stats after update_from_output() differ",
-                    )
-    return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
+            elif kind == "model_output":
+                diffs = comparator.compare_request_outputs(event["expect"]["outputs"], actual)
+                if diffs:
+                    return fail(index, "request_outputs", diffs, message=f"step {step}: update_from_output() differs")
+                expected_stats = event["expect"].get("stats")
+                get_stats = getattr(sut, "get_scheduler_stats", None)
+                if trace.config.get("log_stats") is False and comparison == "strict" and get_stats is not None:
+                    # Without log_stats an update reports no SchedulerStats at all.
+                    reported = get_stats()
+                    if reported is not None:
+                        return fail(
+                            index,
+                            "scheduler_stats",
+                            [FieldDiff("stats", None, reported)],
+                            message=f"step {event['step']}: stats reported with log_stats off",
+                        )
+                if expected_stats is not None and comparison == "strict" and get_stats is not None:
+                    actual_stats = get_stats()
+                    if actual_stats is not None and actual_stats != expected_stats:
+                        return fail(
+                            index,
+                            "scheduler_stats",
+                            compare_stats(expected_stats, actual_stats),
+                            message=f"step {event['step']}: the scheduler stats after update_from_output() differ",
+                        )
+        return ReplayResult(verdict=PASS, events_run=len(events), steps_run=steps_run, sut_stderr=_stderr_of(sut))
+
+    plan_batch = getattr(sut, "plan_batch", None)
+    if plan_batch is not None and getattr(sut, "supports_batch", False):
+        # The whole trace in one request (PROTOCOL.md, "batch"), planned by the very calls below.
+        with sut.planning() as planned:  # type: ignore[attr-defined]
+            for event in events:
+                try:
+                    call(event["kind"], event)
+                    if comparison == "strict" and event["kind"] == "step" and "observe" in event:
+                        if "expect_error" not in event:  # after an expected error the replay goes on without it
+                            sut.observe()
+                except SutUnsupported:
+                    break  # the replay stops there too
+        plan_batch(planned)
+        try:
+            result = run_events()
+        except BaseException:
+            # Interrupted (SIGTERM, Ctrl-C, the caller's deadline): the scheduler may still be running the
+            # batch, so it is stopped, not waited for; the next trace starts a fresh process.
+            sut.kill()  # type: ignore[attr-defined]
+            raise
+        sut.end_batch()  # type: ignore[attr-defined]
+        return result
+    return run_events()
 
 
 def compare_stats(expected: Any, actual: Any, prefix: str = "stats") -> list[FieldDiff]:

@@ -24,6 +24,11 @@ late_unsupported  answers ``schedule`` with the error ``unsupported``
 none            behaves (a control)
 ==============  ============================================================
 
+It takes a ``batch`` of calls (PROTOCOL.md) as the protocol server does, each call counting as one
+message, so a fault strikes the same call either way; ``--no-batch`` leaves the capability out of
+its ``init`` reply (one request at a time). In a batch, ``wrong_request`` answers with the previous
+call's ``index``.
+
 With ``--once-file F`` the fault strikes once over all processes (the file
 marks it as done), so a test can check that the next trace runs clean.
 Every process it starts (itself, a grandchild) is recorded in the folder
@@ -40,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -84,30 +90,26 @@ def floats_in(result: object) -> object:
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", default="none")
-    parser.add_argument("--at", type=int, default=1)
-    parser.add_argument("--delay", type=float, default=3.0)
-    parser.add_argument(
-        "--once-file",
-        default=None,
-        help="strike only once over all processes: not if this file exists (it is made on striking)",
-    )
-    args = parser.parse_args()
-    record_pid(os.getpid())
-    if args.mode in ("hang", "grandchild"):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    session = ProtocolSession(ReferenceSut)
-    out = sys.stdout
-    count = 0
-    previous_id = None
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        count += 1
-        msg = json.loads(line)
-        reply = session.process_message(msg)
+class Faults:
+    """The faults of one process: ``answer`` writes the reply to one call (a message, or a call of a batch)."""
+
+    def __init__(self, args: argparse.Namespace, session: ProtocolSession, out: TextIO) -> None:
+        self.args = args
+        self.session = session
+        self.out = out
+        self.count = 0
+        self.previous_id: object = None
+
+    def answer(self, msg: dict, index: int | None = None) -> dict | None:
+        """Answer one call (``index``: its place in a batch) with this process's fault; the reply, or None."""
+        args, out = self.args, self.out
+        self.count += 1
+        count = self.count
+        reply = self.session.process_message(msg)
+        if msg.get("method") == "init" and args.no_batch and "result" in reply:
+            reply["result"]["capabilities"].pop("batch", None)
+        if index is not None:
+            reply["index"] = index
         due = count >= args.at
         if due and args.once_file:
             due = count == args.at and not os.path.exists(args.once_file)
@@ -120,7 +122,8 @@ def main() -> int:
         if args.mode == "daemon" and msg.get("method") == "init" and count == 1:
             start_daemon()
         if mode == "late_unsupported" and msg.get("method") == "schedule":
-            reply = {"id": reply["id"], "error": {"code": "unsupported", "message": "this step looks hard"}}
+            reply = {**reply, "error": {"code": "unsupported", "message": "this step looks hard"}}
+            reply.pop("result", None)
         if mode in ("hang", "grandchild"):
             while True:
                 time.sleep(60)
@@ -136,20 +139,60 @@ def main() -> int:
         if mode == "garbage":
             out.write("{this is not json\n")
             out.flush()
-            previous_id = msg.get("id")
-            continue
+            self.previous_id = msg.get("id")
+            return reply
         if mode == "wrong_id":
             reply["id"] = 10_000 + count
-        if mode == "wrong_request" and previous_id is not None:
-            reply["id"] = previous_id
+        if mode == "wrong_request" and index:
+            reply["index"] = index - 1  # the previous call's reply again
+        elif mode == "wrong_request" and self.previous_id is not None:
+            reply["id"] = self.previous_id
         if mode == "huge":
             reply = {"id": reply["id"], "result": {"padding": "x" * 40_000_000}}
         if mode == "float" and msg.get("method") == "schedule" and "result" in reply:
             reply["result"] = floats_in(reply["result"])
         if mode == "bad_code" and msg.get("method") == "add_request":
             reply = {"id": reply["id"], "error": {"code": "not_a_code", "message": "refused for no reason"}}
+            if index is not None:
+                reply["index"] = index
         write_reply(out, reply)
-        previous_id = msg.get("id")
+        self.previous_id = msg.get("id")
+        return reply
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="none")
+    parser.add_argument(
+        "--at", type=int, default=1, help="the call the fault strikes at (a batch's calls count one each)"
+    )
+    parser.add_argument("--delay", type=float, default=3.0)
+    parser.add_argument("--no-batch", action="store_true", help="do not list the batch capability at init")
+    parser.add_argument(
+        "--once-file",
+        default=None,
+        help="strike only once over all processes: not if this file exists (it is made on striking)",
+    )
+    args = parser.parse_args()
+    record_pid(os.getpid())
+    if args.mode in ("hang", "grandchild"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    session = ProtocolSession(ReferenceSut)
+    faults = Faults(args, session, sys.stdout)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if msg.get("method") == "batch":
+            run = 0
+            for index, call in enumerate(msg["params"]["calls"]):
+                reply = faults.answer({"id": msg["id"], **call}, index)
+                run += 1
+                if reply is not None and reply.get("error", {}).get("code") in ("internal", "unsupported"):
+                    break
+            write_reply(sys.stdout, {"id": msg["id"], "result": {"calls_run": run}})
+            continue
+        faults.answer(msg)
         if session.shut_down:
             return 0
     return 0

@@ -72,8 +72,8 @@ def trace():
     return t
 
 
-def faulty(mode: str, at: int = 5, delay: float = 3.0) -> str:
-    return f"{sys.executable} {FAULTY} --mode {mode} --at {at} --delay {delay}"
+def faulty(mode: str, at: int = 5, delay: float = 3.0, batch: bool = True) -> str:
+    return f"{sys.executable} {FAULTY} --mode {mode} --at {at} --delay {delay}" + ("" if batch else " --no-batch")
 
 
 # mode -> (divergence kind, words the message must hold)
@@ -93,21 +93,54 @@ CASES = {
 }
 
 
+BATCH_WORDS = {"wrong_request": "expected the reply with index 3, found 2"}
+"""Where a batch's message differs: a reply that answers another call of the batch names its index (the
+calls of a batch share the batch's id)."""
+
+
 @pytest.mark.parametrize("mode", sorted(CASES))
 def test_each_fault_is_a_failure_of_its_kind_and_leaves_no_process(mode, trace, pid_dir):
+    """Each fault, one request at a time and in a batch (the whole trace in one request): the same
+    verdict at the same event either way."""
     kind, words = CASES[mode]
-    sut = StdioSut(faulty(mode), timeout_s=2.0)
-    t0 = time.monotonic()
-    try:
-        result = replay(trace, sut, "strict", step_timeout=2.0)
-    finally:
-        sut.close()
-    elapsed = time.monotonic() - t0
-    assert result.verdict == FAIL, result
-    assert result.divergence.kind == kind, result.divergence
-    assert words in result.divergence.message, result.divergence.message
-    assert elapsed < 15, f"{mode}: {elapsed:.1f} s"
-    assert survivors(pid_dir, within_s=5.0) == []
+    where = {}
+    for batch in (False, True):
+        sut = StdioSut(faulty(mode, batch=batch), timeout_s=2.0)
+        t0 = time.monotonic()
+        try:
+            result = replay(trace, sut, "strict", step_timeout=2.0)
+            assert sut.supports_batch is batch
+        finally:
+            sut.close()
+        elapsed = time.monotonic() - t0
+        assert result.verdict == FAIL, result
+        assert result.divergence.kind == kind, result.divergence
+        expected_words = BATCH_WORDS.get(mode, words) if batch else words
+        assert expected_words in result.divergence.message, result.divergence.message
+        assert elapsed < 15, f"{mode}: {elapsed:.1f} s"
+        assert survivors(pid_dir, within_s=5.0) == []
+        where[batch] = (result.divergence.event_index, result.divergence.step, result.events_run)
+    # the fault strikes at message 5 (init, then the trace's fourth call), whichever way it travels
+    index = get_struck_event(trace, 4, STRUCK_METHOD.get(mode))
+    assert where[True] == where[False] == (index, where[False][1], index), where
+
+
+STRUCK_METHOD = {"float": "step", "bad_code": "add_request"}
+"""The modes that strike only a call of one kind (the first such call from the ``--at``-th on)."""
+
+
+def get_struck_event(trace, call: int, kind: str | None) -> int:
+    """The index of the event whose call is the ``call``-th of the replay (1 = the first event's), or of the
+    first call of ``kind`` from there. A strict replay makes one call per event, and a second one
+    (observe) after a step that records the free queue."""
+    made = 0
+    for index, event in enumerate(trace.events):
+        calls = [event["kind"]] + (["observe"] if event["kind"] == "step" and "observe" in event else [])
+        for call_kind in calls:
+            made += 1
+            if made >= call and (kind is None or call_kind == kind):
+                return index
+    raise AssertionError("the trace is too short")
 
 
 def test_an_exit_is_reported_with_its_code_and_stderr(trace, pid_dir):

@@ -1,0 +1,120 @@
+"""A trace's calls sent as one ``batch`` request give the verdicts that one request per call gives.
+
+The harness plans a batch with the very code that replays the trace (PROTOCOL.md, "batch"), so the
+scheduler receives the same calls in the same order; each reply is read, checked and compared as it
+would be on its own. These tests replay one generated corpus both ways against the reference and
+against mutants of it, each behind the protocol in its own process, and require the same verdict,
+the same divergence (event, step, kind, differing fields) and the same count of events and steps run.
+A fault mid-trace is the fault-injection suite's business (``test_fault_injection.py`` runs every
+fault both ways).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from schedconf.conformance.adapters.stdio import StdioSut
+from schedconf.conformance.checking.replay import replay
+from schedconf.conformance.checking.shrink import shrink_trace
+from schedconf.conformance.runs.campaign import CampaignSpec, fit_spec_to_sut, generate_workloads
+from schedconf.conformance.traces.trace import Trace, render_trace
+from schedconf.conformance.workloads.workload import WorkloadError, run_workload
+
+SERVED = "tests.harness.served_mutants"
+"""The module whose factories the protocol server runs (the reference, and mutants of it)."""
+
+
+def get_corpus(profile: str, examples: int, seed: int, sut: Any = None) -> list[Trace]:
+    """The traces a campaign under ``profile`` draws (for ``sut``, if given: fitted to what it can run), those
+    the reference finishes."""
+    spec = CampaignSpec(sut="reference", profile=profile, examples=examples, seed=seed)
+    if sut is not None:
+        spec, _ = fit_spec_to_sut(spec, sut)
+    traces = []
+    for workload in generate_workloads(spec):
+        try:
+            traces.append(run_workload(workload))
+        except WorkloadError:
+            continue
+    return traces
+
+
+def served(factory: str, batch: bool) -> StdioSut:
+    sut = StdioSut(f"{sys.executable} -m schedconf.conformance.protocol_server {SERVED}:{factory}", timeout_s=30.0)
+    sut.use_batch = batch
+    return sut
+
+
+def get_outcome(result: Any) -> tuple[Any, ...]:
+    """What must not depend on how the calls travel."""
+    d = result.divergence
+    where = None if d is None else (d.event_index, d.line, d.step, d.kind, d.diffs, d.message)
+    return result.verdict, where, result.events_run, result.steps_run, result.detail
+
+
+def replay_both_ways(factory: str, traces: list[Trace]) -> tuple[list[tuple[Any, ...]], dict[bool, int]]:
+    """The outcomes of each trace (equal both ways, or the test fails) and the messages each way sent."""
+    outcomes: dict[bool, list[tuple[Any, ...]]] = {}
+    messages: dict[bool, int] = {}
+    for batch in (False, True):
+        sut = served(factory, batch)
+        try:
+            outcomes[batch] = [get_outcome(replay(trace, sut, "strict")) for trace in traces]
+            assert sut.child is not None
+            messages[batch] = sut.child.messages
+        finally:
+            sut.close()
+    for index, (per_call, batched) in enumerate(zip(outcomes[False], outcomes[True])):
+        assert per_call == batched, f"trace {index} of {factory}: per call {per_call}, batched {batched}"
+    return outcomes[True], messages
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[Trace]:
+    traces = get_corpus("vllm-0.33", 40, seed=5) + get_corpus("vllm-0.33-async", 20, seed=6)
+    assert len(traces) > 50
+    return traces
+
+
+def test_the_reference_passes_every_trace_both_ways_in_far_fewer_messages(corpus):
+    outcomes, messages = replay_both_ways("reference", corpus)
+    assert all(o[0] == "pass" for o in outcomes), [o for o in outcomes if o[0] != "pass"][:3]
+    calls = sum(len(t.events) for t in corpus)
+    # One request per call: init plus at least one per event. Batched: init plus one batch per trace
+    # (none for a trace whose config is refused at init, or that has no events).
+    assert messages[False] > calls
+    assert messages[True] == sum(1 + ("expect_error" not in t.header and bool(t.events)) for t in corpus)
+    assert messages[True] < len(corpus) * 2 + 1
+
+
+@pytest.mark.parametrize("factory", ["fcfs_victim_head", "free_head_first", "stale_output_applied_as_fresh"])
+def test_a_mutant_fails_the_same_traces_at_the_same_event_both_ways(factory, corpus):
+    outcomes, _ = replay_both_ways(factory, corpus)
+    failed = [o for o in outcomes if o[0] == "fail"]
+    assert failed, f"{factory} fails no trace of the corpus: the comparison would show nothing"
+    # The mutant diverges inside a trace, not at init: the batch's answers after it are never read.
+    assert all(o[1][2] is not None for o in failed), failed[:3]
+
+
+def test_a_failure_shrinks_to_the_same_minimal_trace_both_ways(corpus):
+    """Shrinking replays hundreds of candidates; each way must accept the same ones and end alike."""
+    sut = served("fcfs_victim_head", batch=True)
+    try:
+        failing = [t for t in corpus if replay(t, sut, "strict").verdict == "fail"]
+    finally:
+        sut.close()
+    trace = min(failing, key=lambda t: len(t.events))
+    shrunk = {}
+    for batch in (False, True):
+        sut = served("fcfs_victim_head", batch)
+        try:
+            result = shrink_trace(trace, sut, "strict", time_budget_s=120.0)
+        finally:
+            sut.close()
+        assert result.seconds < 100, "the budget, not the search, ended the shrink: the two could differ"
+        shrunk[batch] = (render_trace(result.trace), result.divergence, result.attempts, result.accepted)
+    assert shrunk[True] == shrunk[False]
+    assert shrunk[True][3] > 0, "nothing was shrunk: the comparison shows little"
