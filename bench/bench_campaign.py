@@ -8,8 +8,11 @@ with the reference model (its expected outputs); then each SUT replays all of
 them, strict, one after the other in this process:
 
 * ``reference``: the model itself (``--sut reference``, in this process);
-* ``vLLM``: the real scheduler in its environment over the protocol, one
-  message per call, as a campaign drives it.
+* ``vLLM``: the real scheduler in its environment over the protocol, twice:
+  one request per call (the harness waits for each answer before the next
+  call), then each trace's calls as one ``batch`` request (PROTOCOL.md), as a
+  campaign drives a scheduler that lists the capability. The ratio of the two
+  rows is what the batch gains, measured in one run.
 
 The vLLM driver's process is started (importing vLLM) before the replay and
 its start is printed apart: a campaign pays it once. Per SUT: the verdicts,
@@ -147,10 +150,11 @@ def main() -> None:
         vllm.start(dict(traces[0].config), traces[0].profile)
         startup_s = time.perf_counter() - started
         reference = make_sut("reference")
-        rows = [
-            run_sut("reference", reference, traces, engine_stats=False),
-            run_sut(f"vLLM {args.version}", vllm, traces, engine_stats=True),
-        ]
+        rows = [run_sut("reference", reference, traces, engine_stats=False)]
+        vllm.use_batch = False
+        rows.append(run_sut(f"vLLM {args.version}, one request per call", vllm, traces, engine_stats=True))
+        vllm.use_batch = True
+        rows.append(run_sut(f"vLLM {args.version}, a batch per trace", vllm, traces, engine_stats=True))
         reference.close()
     finally:
         vllm.close()
