@@ -3,7 +3,8 @@
 The drift guard needs to apply *the same event* to the Python model and to
 the encoding and compare. An event of the model
 (``schedule()``, ``update_from_output()``, ``abort``, ``add_request``) is a
-sequence of encoded transitions: ``schedule()`` is ``begin_step``, running
+sequence of encoded transitions: ``schedule(throttle_prefills)`` is
+``begin_step`` (the throttle is its input), running
 iterations while their guard holds, ``end_running_loop``, waiting admissions
 while theirs holds, ``end_schedule``. At every point exactly one of the
 candidate transitions must be enabled; :func:`run_schedule` checks it.
@@ -110,13 +111,14 @@ def run_schedule(
     state: State,
     on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
     composed: bool = False,
+    throttle_prefills: bool = False,
 ) -> State:
-    """The encoded ``schedule()`` from an IDLE state: returns the PENDING state.
+    """The encoded ``schedule(throttle_prefills)`` from an IDLE state: returns the PENDING state.
 
     With ``composed`` the loops advance by whole iterations (``COMPOSED``).
     """
     assert state.phase == IDLE
-    guard, state, facts = ev("begin_step", state, {})
+    guard, state, facts = ev("begin_step", state, {"throttle_prefills": throttle_prefills})
     assert guard
     steps = (
         ("running_start", "running_allocate", "running_preempt", "end_running_loop"),
@@ -143,14 +145,15 @@ def schedule_both(
     shape: Shape,
     snap: Snapshot | None = None,
     on_transition: Callable[[str, State, State, dict[str, Any]], None] | None = None,
+    throttle_prefills: bool = False,
 ) -> tuple[Snapshot, State]:
-    """Run ``schedule()`` on ``sched`` (mutated) and the encoded schedule on its snapshot.
+    """Run ``schedule(throttle_prefills)`` on ``sched`` (mutated) and the encoded schedule on its snapshot.
 
     Returns the model's snapshot after the step and the encoding's state.
     """
     snap = snap or from_scheduler(sched, shape)
-    sym_post = run_schedule(ev, snap.state, on_transition)
-    sched.schedule()
+    sym_post = run_schedule(ev, snap.state, on_transition, throttle_prefills=throttle_prefills)
+    sched.schedule(throttle_prefills=throttle_prefills)
     after = from_scheduler(sched, shape, slot_ids=snap.slot_ids, hash_ids=snap.hash_ids)
     return after, sym_post
 

@@ -22,7 +22,8 @@ Per request slot: status (``DEAD`` or the ``spec/v1/view.py`` codes),
 ``num_tokens``, ``num_prompt_tokens``, ``max_tokens``,
 ``num_computed_tokens``, ``num_output_placeholders``,
 ``num_in_flight_tokens``, ``num_stale_output_tokens``, ``num_spec_token_ids``
-(``len(spec_token_ids)``: 0 or ``num_spec_tokens``). A dead slot holds zeros.
+(``len(spec_token_ids)``: 0 or ``num_spec_tokens``), ``next_decode_eligible_step``
+(the pipeline-parallel decode stagger). A dead slot holds zeros.
 Per in-flight step ``d`` (``0`` the oldest) and slot: the tokens the step
 scheduled for the slot's request (``scheduled``), whether it samples
 (``samples``: ``StepRecord.samples``) and how many drafts it scheduled
@@ -30,10 +31,14 @@ scheduled for the slot's request (``scheduled``), whether it samples
 Scalars: the mode (``is_async``: the ``-async`` profiles), ``max_concurrent_batches``
 (in ``1..D``), ``current_step``, ``num_steps`` (``len(Scheduler.in_flight)``),
 ``building`` (inside ``schedule()``: the newest column is the step being
-built), ``num_spec_tokens`` (``k`` in ``0..K``, ``k > 0`` under async only) and the
+built), ``num_spec_tokens`` (``k`` in ``0..K``, ``k > 0`` under async only), the
 profile knobs ``trim_computed_on_stop`` and ``resolve_trimmed_placeholders``
-(0.33 both, 0.32 neither). The mode, ``k`` and the knobs are symbolic: one
-proof covers both modes, every ``k <= K`` and both releases.
+(0.33 both, 0.32 neither), ``pipeline_parallel_size`` and ``decode_stagger``
+(``use_v2_model_runner`` and the profile knob ``pp_decode_stagger``: under
+AsyncScheduler a request that samples decodes again only
+``pipeline_parallel_size`` steps later). The mode, ``k``, the knobs and the
+pipeline size are symbolic: one proof covers both modes, every ``k <= K``,
+both releases and every pipeline size.
 
 What is abstracted, and why it is sound
 ---------------------------------------
@@ -87,8 +92,11 @@ computed nothing, has no placeholder nor drafts, and *all* its in-flight tokens 
 stale; a RUNNING one has no stale tokens and (async) exactly ``1 + drafts``
 placeholders per in-flight step in which it samples (plain: none), and
 ``decode_progress``: ``computed = num_tokens + placeholders - 1`` (async) while
-it samples in a step in flight, ``<=`` that always. They are proved with
-the invariants.
+it samples in a step in flight, ``<=`` that always; and ``decode_stagger``: with
+the stagger on, two steps in flight in which one request samples lie at least
+``pipeline_parallel_size`` steps apart (the rule itself), because
+``next_decode_eligible_step`` is at least ``pipeline_parallel_size`` past each.
+They are proved with the invariants.
 
 Mutants
 -------
@@ -147,6 +155,8 @@ SCALAR_FIELDS = (
     ("num_spec_tokens", INT),
     ("trim_computed_on_stop", BOOL),
     ("resolve_trimmed_placeholders", BOOL),
+    ("pipeline_parallel_size", INT),
+    ("decode_stagger", BOOL),
 )
 SLOT_FIELDS = (
     ("status", INT),
@@ -158,6 +168,7 @@ SLOT_FIELDS = (
     ("num_in_flight_tokens", INT),
     ("num_stale_output_tokens", INT),
     ("num_spec_token_ids", INT),
+    ("next_decode_eligible_step", INT),
 )
 STEP_FIELDS = (("scheduled", INT), ("samples", BOOL), ("drafts", INT))
 """Per in-flight step ``d`` (oldest first) and slot ``r``: ``field[d][r]``."""
@@ -293,14 +304,16 @@ def describe(s: FlightState) -> str:
         f"async={s.is_async} max_concurrent_batches={s.max_concurrent_batches} step={s.current_step} "
         f"in_flight={s.num_steps} building={s.building} num_spec_tokens={s.num_spec_tokens} "
         f"trim_computed_on_stop={s.trim_computed_on_stop} "
-        f"resolve_trimmed_placeholders={s.resolve_trimmed_placeholders}"
+        f"resolve_trimmed_placeholders={s.resolve_trimmed_placeholders} "
+        f"pipeline_parallel_size={s.pipeline_parallel_size} decode_stagger={s.decode_stagger}"
     ]
     for r in s.shape.slots:
         lines.append(
             f"  r{r}: {names.get(s.status[r], s.status[r])} tokens={s.num_tokens[r]} "
             f"prompt={s.num_prompt_tokens[r]} max={s.max_tokens[r]} computed={s.num_computed_tokens[r]} "
             f"placeholders={s.num_output_placeholders[r]} in_flight={s.num_in_flight_tokens[r]} "
-            f"stale={s.num_stale_output_tokens[r]} spec={s.num_spec_token_ids[r]}"
+            f"stale={s.num_stale_output_tokens[r]} spec={s.num_spec_token_ids[r]} "
+            f"eligible_at={s.next_decode_eligible_step[r]}"
         )
     for d in s.shape.steps:
         cells = " ".join(
@@ -390,7 +403,8 @@ def lemma_shape(s: FlightState, o: Any) -> Any:
     """``1 <= max_concurrent_batches <= D``, ``0 <= num_steps <= max_concurrent_batches`` (at least 1 while
     building), ``current_step >= num_steps``; ``0 <= num_spec_tokens <= K``, and ``num_spec_tokens > 0`` only
     under async scheduling (the model refuses steps in flight with spec decode otherwise, and plain spec
-    decode with one step is the main encoding's); columns past ``num_steps`` are empty; a sampling cell has
+    decode with one step is the main encoding's); ``pipeline_parallel_size >= 1``, and ``> 1`` under async
+    only; columns past ``num_steps`` are empty; a sampling cell has
     tokens; a cell's drafts are in ``0..num_spec_tokens``, and only a sampling cell has drafts."""
     D = s.shape.num_steps
     k = s.num_spec_tokens
@@ -404,6 +418,9 @@ def lemma_shape(s: FlightState, o: Any) -> Any:
         _le(0, k),
         _le(k, s.shape.max_spec_tokens),
         lor(eq(k, 0), s.is_async),
+        # pipeline_parallel_not_modelled: more than one stage under AsyncScheduler only.
+        _le(1, s.pipeline_parallel_size),
+        lor(eq(s.pipeline_parallel_size, 1), s.is_async),
     ]
     for d in s.shape.steps:
         for r in s.shape.slots:
@@ -485,11 +502,30 @@ def lemma_decode_progress(s: FlightState, o: Any) -> Any:
     return land(*parts)
 
 
+def lemma_decode_stagger(s: FlightState, o: Any) -> Any:
+    """Async with the decode stagger on (V2 runner, ``pp_decode_stagger``): a live request's
+    ``next_decode_eligible_step`` is at least ``pipeline_parallel_size`` past every step in flight in which it
+    samples, so two such steps lie at least ``pipeline_parallel_size`` steps apart (the workers' sampled-token
+    ring holds its previous token by then)."""
+    on = land(s.is_async, s.decode_stagger)
+    pp = s.pipeline_parallel_size
+    parts = []
+    for r in s.shape.slots:
+        for d in s.shape.steps:
+            sampling = land(on, s.live(r), s.is_active(d), s.samples[d][r])
+            parts.append(limplies(sampling, _le(s.oldest_step() + d + pp, s.next_decode_eligible_step[r])))
+            for e in range(d + 1, s.shape.num_steps):
+                both = land(sampling, s.is_active(e), s.samples[e][r])
+                parts.append(limplies(both, _le(pp, e - d)))
+    return land(*parts)
+
+
 LEMMAS: dict[str, Callable[[FlightState, Any], Any]] = {
     "shape": lemma_shape,
     "slots": lemma_slots,
     "status_accounting": lemma_status_accounting,
     "decode_progress": lemma_decode_progress,
+    "decode_stagger": lemma_decode_stagger,
 }
 
 
@@ -616,14 +652,21 @@ def _schedule_tokens(
     """Record ``n`` tokens and ``drafts`` scheduled drafts for slot ``q`` in the step being built and apply
     ``Scheduler._update_after_schedule`` to it: ``computed += n``, ``in_flight += n``,
     ``is_prefill_chunk = computed < num_tokens + placeholders``, samples iff not a chunk, and (AsyncScheduler)
-    when not a chunk ``placeholders += 1 + drafts`` and ``spec_token_ids = [-1] * num_spec_tokens``.
+    when not a chunk ``placeholders += 1 + drafts`` and ``spec_token_ids = [-1] * num_spec_tokens``, and with
+    the decode stagger ``next_decode_eligible_step = current_step + pipeline_parallel_size``.
     ``spec_before``: the length of ``spec_token_ids`` after the loop that scheduled it (default: unchanged)."""
     computed = computed_before + n
     ph = _at(s.num_output_placeholders, q)
     is_prefill_chunk = _lt(computed, _at(s.num_tokens, q) + ph)
     sampled_async = land(s.is_async, lnot(is_prefill_chunk))
     spec = _at(s.num_spec_token_ids, q) if spec_before is None else spec_before
+    eligible = ite(
+        land(sampled_async, s.decode_stagger),
+        s.current_step + s.pipeline_parallel_size,
+        _at(s.next_decode_eligible_step, q),
+    )
     return s.replace(
+        next_decode_eligible_step=_put(s.next_decode_eligible_step, q, eligible),
         status=_put(s.status, q, status),
         num_computed_tokens=_put(s.num_computed_tokens, q, computed),
         num_in_flight_tokens=_put(s.num_in_flight_tokens, q, _at(s.num_in_flight_tokens, q) + n),
@@ -638,7 +681,8 @@ def _schedule_tokens(
 def schedule_running(s: FlightState, inp: dict[str, Any], mutant: str | None = None) -> Move:
     """One scheduled request of ``Scheduler._schedule_running``, then its ``_update_after_schedule``.
 
-    Not skipped by the async max_tokens rule;
+    Not skipped by the async max_tokens rule nor by the decode stagger (``current_step <
+    next_decode_eligible_step``);
     ``num_new_tokens = num_tokens + len(spec_token_ids) + placeholders - computed`` (the model asserts it is
     >= 0), cut by the threshold, budget and ``max_model_len`` to any ``n`` in ``[1, that]`` (input
     ``num_new_tokens``; 0 means skipped: no transition). ``_schedule_drafts``: with ``spec_token_ids``, the
@@ -650,12 +694,16 @@ def schedule_running(s: FlightState, inp: dict[str, Any], mutant: str | None = N
     spec = _at(s.num_spec_token_ids, q)
     wanted = tokens + spec + ph - computed
     skip = False if mutant == "async_max_tokens_skip_missing" else is_sure_to_reach_max_tokens(s, q)
+    staggered = (
+        False if mutant == "decode_stagger_ignored" else _lt(s.current_step, _at(s.next_decode_eligible_step, q))
+    )
     guard = land(
         s.building,
         _slot_ok(s, q),
         eq(_at(s.status, q), RUNNING),
         eq(_newest_cell(s, "scheduled", q), 0),
         lnot(skip),
+        lnot(staggered),
         _le(1, n),
         _le(n, wanted),
     )
@@ -914,6 +962,7 @@ MUTANT_RULES: dict[str, tuple[str, str]] = {
     "in_flight_id_reused": ("add_request", "inv:in_flight_accounting"),
     "async_max_tokens_skip_missing": ("schedule_running", "prop:samples_within_max_tokens"),
     "async_drafts_with_placeholders_pending": ("schedule_running", "lemma:decode_progress"),
+    "decode_stagger_ignored": ("schedule_running", "lemma:decode_stagger"),
 }
 """Mutants of ``conformance/checking/mutants.py`` the encoding expresses: (the transition they change, a goal that fails)."""
 
@@ -1097,6 +1146,7 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
         fields["num_in_flight_tokens"][r] = req.num_in_flight_tokens
         fields["num_stale_output_tokens"][r] = req.num_stale_output_tokens
         fields["num_spec_token_ids"][r] = len(req.spec_token_ids)
+        fields["next_decode_eligible_step"][r] = req.next_decode_eligible_step
     records = list(sched.in_flight)
     assert len(records) <= shape.num_steps, f"{len(records)} steps in flight exceed D={shape.num_steps}"
     scheduled = [[0] * R for _ in shape.steps]
@@ -1118,6 +1168,8 @@ def from_scheduler(sched: Any, shape: FlightShape, slot_of: dict[str, int]) -> F
         num_spec_tokens=k,
         trim_computed_on_stop=bool(profile.trim_computed_on_stop),
         resolve_trimmed_placeholders=bool(profile.resolve_trimmed_placeholders),
+        pipeline_parallel_size=sched.config.pipeline_parallel_size,
+        decode_stagger=bool(sched.config.use_v2_model_runner and profile.pp_decode_stagger),
         scheduled=scheduled,
         samples=samples,
         drafts=drafts,

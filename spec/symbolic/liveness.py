@@ -37,6 +37,11 @@ speculative decoding) that the step-level argument uses:
     allocation with every preemption it makes) ends with the leader scheduled
     for ``min(lacks, c)`` tokens or more, never self-preempted.
 
+The lemmas about a step's first request assume the step holds no prefill
+back (``defer_prefills`` false: no ``throttle_prefills``, and
+``prefill_schedule_interval`` 1 or its interval passed), the theorem's
+hypothesis.
+
 Each lemma is ``Inv(s) and Lemmas(s) and guard_T(s, x) and H(s, x) => G(T(s, x))``
 over fresh symbolic states, with the invariants and encoding lemmas that
 ``proofs.py`` proves inductive as premises; the hypotheses ``H`` are also
@@ -173,7 +178,12 @@ def _victim_spares_leader(pre: State, inp: dict[str, Any], out: Outcome) -> tupl
 def _head_gets_a_chunk(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[list[Any], Any]:
     q = out.facts["request"]
     lacks = at(pre.num_tokens, q) - at(pre.num_computed_tokens, q)
-    hyps = [eq(pre.req_index, 0), eq(pre.token_budget, pre.max_num_batched_tokens), inv_lacks_a_token(pre)]
+    hyps = [
+        eq(pre.req_index, 0),
+        eq(pre.token_budget, pre.max_num_batched_tokens),
+        inv_lacks_a_token(pre),
+        lnot(pre.defer_prefills),
+    ]
     return hyps, land(lnot(out.facts["skipped"]), out.facts["num_new_tokens"] >= imin(lacks, chunk_of(pre)))
 
 
@@ -183,6 +193,7 @@ def _idle_hypotheses(pre: State) -> list[Any]:
         eq(pre.num_running(), 0),
         eq(pre.num_preemptions, 0),
         eq(pre.token_budget, pre.max_num_batched_tokens),
+        lnot(pre.defer_prefills),
     ]
 
 
@@ -201,7 +212,12 @@ def _head_iteration(pre: State, inp: dict[str, Any], out: Outcome) -> tuple[list
     sh = pre.shape
     q = out.facts["request"]
     lacks = at(pre.num_tokens, q) - at(pre.num_computed_tokens, q)
-    hyps = [eq(pre.req_index, 0), eq(pre.token_budget, pre.max_num_batched_tokens), inv_lacks_a_token(pre)]
+    hyps = [
+        eq(pre.req_index, 0),
+        eq(pre.token_budget, pre.max_num_batched_tokens),
+        inv_lacks_a_token(pre),
+        lnot(pre.defer_prefills),
+    ]
     if sh.is_priority:
         hyps += [lor(*(land(eq(q, r), is_priority_leader(pre, r)) for r in sh.slots))]
     goal = land(

@@ -46,6 +46,14 @@ table carries the model-level check that the table did not hold it.
   step's threshold, the preemption records, and the running loop's pending
   allocation (``alloc_active``: ``_allocate_or_preempt`` is under way for
   slot ``alloc_request`` with ``alloc_num_new`` tokens).
+* prefill deferral (``Scheduler.is_prefill_deferred``; vLLM 0.32's
+  ``throttle_prefills`` and 0.33's ``prefill_schedule_interval``): the step's
+  verdict (``defer_prefills``) and whether it has carried prefill so far
+  (``prefill_in_step``: ``_StepState.prefill_scheduled or prefill_admitted``),
+  the scheduler's ``prefill_capacity_bound``, ``num_executed_steps`` and
+  ``last_prefill_step``, and each request's ``is_prefill_chunk`` (set by
+  ``_update_after_schedule``, read by the next steps). The throttle itself is
+  an input of ``begin_step``, as it is an argument of ``schedule()``.
 
 Phases: ``IDLE`` (no pending output), ``RUNNING_LOOP`` and ``WAITING_LOOP``
 (inside ``schedule()``), ``PENDING`` (``schedule()`` returned, output not yet
@@ -142,6 +150,7 @@ CONFIG_FIELDS = (
     ("enable_chunked_prefill", BOOL),
     ("enable_prefix_caching", BOOL),
     ("reserve_full_sequence", BOOL),
+    ("prefill_schedule_interval", INT),
 )
 SCALAR_FIELDS = (
     ("phase", INT),
@@ -160,6 +169,11 @@ SCALAR_FIELDS = (
     ("alloc_active", BOOL),
     ("alloc_request", INT),
     ("alloc_num_new", INT),
+    ("defer_prefills", BOOL),
+    ("prefill_in_step", BOOL),
+    ("prefill_capacity_bound", BOOL),
+    ("num_executed_steps", INT),
+    ("last_prefill_step", INT),
 )
 BLOCK_FIELDS = (
     ("ref_cnt", INT),
@@ -186,6 +200,7 @@ REQUEST_FIELDS = (
     ("has_table", BOOL),
     ("num_blocks", INT),
     ("num_cached_blocks", INT),
+    ("is_prefill_chunk", BOOL),
 )
 REQUEST_ROW_FIELDS = (("hashes", INT),)
 """Per slot, per table position ``i < B``."""
@@ -461,11 +476,10 @@ class SymbolicView:
         self.max_num_batched_tokens = s.max_num_batched_tokens
         self.max_num_seqs = s.max_num_seqs
         self.num_spec_tokens = 0
-        # The encoding has no prefill deferral (throttle_prefills, prefill_schedule_interval): its
-        # steps never hold prefill, so the invariant over deferred steps holds there vacuously.
-        self.deferred_prefills = False
         self.num_free_blocks = s.num_free_blocks
         out = s.has_output()
+        # The step in progress or pending held prefill back (throttle_prefills or the local cadence).
+        self.deferred_prefills = land(out, s.defer_prefills)
         self._out = out
         # A request aborted while the step is pending keeps its place in the
         # output; its tokens count as given back (spec/v1/view.py).
@@ -622,6 +636,7 @@ def lemma_config(s: State, o: Any) -> Any:
         o.le(cdiv(s.max_model_len, sh.block_size), sh.num_blocks),
         o.le(0, s.long_prefill_token_threshold),
         o.le(0, s.num_lookahead_tokens),
+        o.le(1, s.prefill_schedule_interval),
         o.or_(s.enable_chunked_prefill, o.le(s.max_model_len, s.max_num_batched_tokens)),
         o.le(s.max_num_seqs, s.max_num_batched_tokens),
         # vllm-0.33 (spec/v1/profiles.py check_config_for_profile)
@@ -689,6 +704,8 @@ def lemma_step(s: State, o: Any) -> Any:
                             o.le(s.alloc_num_new, s.num_tokens[r] - s.num_computed_tokens[r]),
                             o.le(s.num_computed_tokens[r] + s.alloc_num_new, s.max_model_len - 1),
                             o.le(s.alloc_num_new, s.token_budget),
+                            # A step that holds prefill back skips running prefill chunks.
+                            o.implies(s.defer_prefills, o.not_(s.is_prefill_chunk[r])),
                         ),
                     ),
                     lambda r: f"slot {r} allocating",
@@ -719,6 +736,24 @@ def lemma_step(s: State, o: Any) -> Any:
             ),
             lambda k: f"record {k}",
         ),
+    )
+
+
+def lemma_deferral(s: State, o: Any) -> Any:
+    """A running request that is not a prefill chunk lacks at most one token (the one its last step sampled), unless this step scheduled it already."""
+    sh = s.shape
+    return o.forall(
+        sh.slots,
+        lambda r: o.implies(
+            o.and_(
+                s.live(r),
+                o.eq(s.status[r], RUNNING),
+                o.not_(s.is_prefill_chunk[r]),
+                o.not_(o.and_(s.in_step(), o.lt(0, s.num_scheduled[r]))),
+            ),
+            o.le(s.num_tokens[r] - s.num_computed_tokens[r], 1),
+        ),
+        lambda r: f"slot {r}",
     )
 
 
@@ -918,7 +953,15 @@ def theorem_order(
 
 LEMMAS: dict[str, Callable[[State, Any], Any]] = {
     fn.__name__.removeprefix("lemma_"): fn
-    for fn in (lemma_config, lemma_step, lemma_free_queue, lemma_requests, lemma_cached_prefix, lemma_hashes)
+    for fn in (
+        lemma_config,
+        lemma_step,
+        lemma_free_queue,
+        lemma_requests,
+        lemma_cached_prefix,
+        lemma_hashes,
+        lemma_deferral,
+    )
 }
 
 
@@ -995,6 +1038,8 @@ def from_scheduler(
         records = list(step_state.preemptions)
         budget = step_state.token_budget
         total_scheduled = sum(scheduled.values())
+        defer_prefills = step_state.defer_prefills
+        prefill_in_step = step_state.prefill_scheduled or step_state.prefill_admitted
     else:
         phase = PENDING if pending is not None else IDLE
         scheduled = dict(pending.num_scheduled_tokens) if pending is not None else {}
@@ -1003,6 +1048,8 @@ def from_scheduler(
         total_scheduled = pending.total_num_scheduled_tokens if pending is not None else 0
         if pending is not None and sched.last_step is not None:
             budget = getattr(sched.last_step, "remaining_token_budget", budget)
+        defer_prefills = pending is not None and sched.last_step is not None and sched.last_step.defer_prefills
+        prefill_in_step = False
 
     B, R = shape.num_blocks, shape.num_reqs
     free_order = [b.block_id for b in pool.free_block_queue]
@@ -1027,6 +1074,7 @@ def from_scheduler(
         "enable_chunked_prefill": cfg.enable_chunked_prefill,
         "enable_prefix_caching": cfg.enable_prefix_caching,
         "reserve_full_sequence": sched.reserve_full_sequence,
+        "prefill_schedule_interval": cfg.prefill_schedule_interval,
         "phase": phase,
         "step": sched.current_step,
         "num_free_blocks": pool.get_num_free_blocks(),
@@ -1043,6 +1091,11 @@ def from_scheduler(
         "alloc_active": False,
         "alloc_request": 0,
         "alloc_num_new": 0,
+        "defer_prefills": defer_prefills,
+        "prefill_in_step": prefill_in_step,
+        "prefill_capacity_bound": sched.prefill_capacity_bound,
+        "num_executed_steps": sched.num_executed_steps,
+        "last_prefill_step": sched.last_prefill_step,
         "ref_cnt": [null["ref_cnt"]] + [blocks[b].ref_cnt for b in shape.blocks],
         "in_free": [False] + [b in free_pos for b in shape.blocks],
         "free_key": [0] + [free_pos.get(b, 0) for b in shape.blocks],
@@ -1076,6 +1129,7 @@ def from_scheduler(
             "has_table": rid is not None and rid in kv.req_to_blocks,
             "num_blocks": len(table),
             "num_cached_blocks": kv.num_cached_block.get(rid, 0) if rid is not None else 0,
+            "is_prefill_chunk": req.is_prefill_chunk if req else False,
             "held": [False] + [b in table for b in shape.blocks],
             "table_pos": [0] + [table.index(b) if b in table else 0 for b in shape.blocks],
             "hashes": (hashes + [0] * B)[:B],
@@ -1127,6 +1181,7 @@ def config_of(s: State) -> SchedulerConfig:
         num_spec_tokens=0,
         num_lookahead_tokens=s.num_lookahead_tokens,
         scheduler_reserve_full_isl=s.reserve_full_sequence,
+        prefill_schedule_interval=s.prefill_schedule_interval,
     )
 
 
@@ -1183,7 +1238,7 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
             PREEMPTED: RequestStatus.PREEMPTED,
         }[s.status[r]]
         req.num_computed_tokens = s.num_computed_tokens[r]
-        req.is_prefill_chunk = s.num_computed_tokens[r] < s.num_tokens[r]
+        req.is_prefill_chunk = s.is_prefill_chunk[r]
         reqs[r] = req
         sched.requests[rid] = req
         sched.seen_request_ids.add(rid)
@@ -1198,6 +1253,9 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
             kv.req_to_blocks[slot_id(r)] = [pool.blocks[b] for b in table_of(s, r)]
             kv.num_cached_block[slot_id(r)] = s.num_cached_blocks[r]
     sched.current_step = s.step
+    sched.prefill_capacity_bound = s.prefill_capacity_bound
+    sched.num_executed_steps = s.num_executed_steps
+    sched.last_prefill_step = s.last_prefill_step
 
     scheduled = {slot_id(r): s.num_scheduled[r] for r in sh.slots if s.num_scheduled[r] > 0}
     records = []
@@ -1215,6 +1273,9 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
     step_state = None
     if s.phase in (RUNNING_LOOP, WAITING_LOOP):
         step_state = _StepState(token_budget=s.token_budget)
+        step_state.defer_prefills = s.defer_prefills
+        # Only their disjunction is state (end_schedule reads it).
+        step_state.prefill_scheduled = s.prefill_in_step
         step_state.num_scheduled_tokens = dict(scheduled)
         step_state.preemptions = list(records)
         for rid in scheduled:
@@ -1243,6 +1304,7 @@ def to_scheduler(s: State, token_of: Callable[[int, int], int] | None = None) ->
             output=output,
             preemptions=tuple(records),
             samples={rid: rid in sched.requests and not sched.requests[rid].is_prefill_chunk for rid in scheduled},
+            defer_prefills=s.defer_prefills,
             **extra,
         )
         sched.in_flight.append(sched.last_step)
@@ -1262,7 +1324,9 @@ def canonical(s: State) -> dict[str, Any]:
     queue, hashes of uncached blocks, insertion orders (only their order per
     hash matters), eviction keys (only their order), hashes past a request's
     full blocks, waiting positions under the priority policy (the key orders
-    that queue), dead slots, and records beyond the step's preemptions.
+    that queue), dead slots, records beyond the step's preemptions, the step's
+    deferral verdict outside a step and its output, and ``is_prefill_chunk``
+    of a request not running (read only from ``running``).
     """
     sh = s.shape
     live = [r for r in sh.slots if s.status[r] in (WAITING, RUNNING, PREEMPTED)]
@@ -1298,12 +1362,17 @@ def canonical(s: State) -> dict[str, Any]:
                 ),
                 "num_cached_blocks": s.num_cached_blocks[r] if s.has_table[r] else None,
                 "hashes": list(s.hashes[r][: s.num_tokens[r] // sh.block_size]),
+                "is_prefill_chunk": s.is_prefill_chunk[r] if s.status[r] == RUNNING else None,
             }
             for r in live
         },
+        "prefill_capacity_bound": s.prefill_capacity_bound,
+        "num_executed_steps": s.num_executed_steps,
+        "last_prefill_step": s.last_prefill_step,
         "scheduled_dead": {r: s.num_scheduled[r] for r in sh.slots if r not in live and s.num_scheduled[r]},
     }
     if s.phase in (RUNNING_LOOP, WAITING_LOOP, PENDING):
+        out["defer_prefills"] = s.defer_prefills
         out["token_budget"] = s.token_budget
         out["total_num_scheduled"] = s.total_num_scheduled
         out["preemptions"] = [
@@ -1320,6 +1389,8 @@ def canonical(s: State) -> dict[str, Any]:
         out["req_index"] = s.req_index
         out["running_done"] = s.running_done
         out["allocating"] = (s.alloc_request, s.alloc_num_new) if s.alloc_active else None
+    if s.phase in (RUNNING_LOOP, WAITING_LOOP):
+        out["prefill_in_step"] = s.prefill_in_step
     if s.phase == WAITING_LOOP:
         out["waiting_done"] = s.waiting_done
     return out
@@ -1339,7 +1410,12 @@ def describe(s: State) -> str:
         f"config: max_num_batched_tokens={s.max_num_batched_tokens} max_num_seqs={s.max_num_seqs} "
         f"max_model_len={s.max_model_len} threshold={s.long_prefill_token_threshold} "
         f"lookahead={s.num_lookahead_tokens} chunked={s.enable_chunked_prefill} "
-        f"caching={s.enable_prefix_caching} reserve_full={s.reserve_full_sequence}",
+        f"caching={s.enable_prefix_caching} reserve_full={s.reserve_full_sequence} "
+        f"prefill_schedule_interval={s.prefill_schedule_interval}",
+        f"deferral: capacity_bound={s.prefill_capacity_bound} executed_steps={s.num_executed_steps} "
+        f"last_prefill_step={s.last_prefill_step}"
+        + (f" defer_prefills={s.defer_prefills}" if "defer_prefills" in c else "")
+        + (f" prefill_in_step={s.prefill_in_step}" if "prefill_in_step" in c else ""),
         f"free queue (front first): {c['free_queue']}  num_free_blocks={s.num_free_blocks}",
         "blocks: "
         + " ".join(
@@ -1364,6 +1440,7 @@ def describe(s: State) -> str:
             f"table={table_of(s, r) if s.has_table[r] else None}"
             f"{'' if not s.has_table[r] or len(table_of(s, r)) == s.num_blocks[r] else '/num_blocks=' + str(s.num_blocks[r])} "
             f"cached_blocks={info['num_cached_blocks']} hashes={info['hashes']}"
+            + (" prefill_chunk" if info["is_prefill_chunk"] else "")
         )
     for r, n in c["scheduled_dead"].items():
         lines.append(f"  {slot_id(r)}: not live, {n} tokens still in the pending output")

@@ -13,7 +13,9 @@ profile; no speculative decoding (``num_spec_tokens = 0``, so no drafts and
 no padding); one sampled token per step; the stop check abstracts the token
 to "is a stop token (EOS or a stop id)" or not. Configuration numbers and
 switches (budget, seats, ``max_model_len``, threshold, lookahead, chunked
-prefill, prefix caching, full-sequence reservation) are symbolic.
+prefill, prefix caching, full-sequence reservation, ``prefill_schedule_interval``)
+are symbolic, and so is ``schedule()``'s ``throttle_prefills`` (an input of
+``begin_step``): prefill deferral is encoded as the model does it.
 
 Granularity: the model's loops are cut where the model's state is whole, so
 that every transition starts and ends in a state the invariants describe. A
@@ -843,6 +845,16 @@ def pinned(inp: dict[str, Any], key: str, value: Any) -> tuple[Any, Any]:
     return value, True
 
 
+def holds_running_request(s: State, q: Any) -> Any:
+    """``_schedule_running``: a step that holds prefill back skips a running prefill chunk (decodes still fill it)."""
+    return land(s.defer_prefills, at(s.is_prefill_chunk, q, False))
+
+
+def holds_admission(s: State, num_computed: Any, num_tokens: Any) -> Any:
+    """``_schedule_waiting``: a step that holds prefill back breaks at a head with more than one token left to compute."""
+    return land(s.defer_prefills, num_computed < num_tokens - 1)
+
+
 def _phase_is(s: State, *phases: int) -> Any:
     return lor(*(eq(s.phase, p) for p in phases))
 
@@ -855,19 +867,21 @@ def _running_guard(s: State) -> Any:
 def running_start(s: State, inp: dict[str, Any]) -> Outcome:
     """The start of one iteration of ``Scheduler._schedule_running`` (§4.1 steps 1-3).
 
-    Take ``running[req_index]``; its new tokens are what it lacks, capped by
-    the step's threshold, the budget and ``max_model_len - 1 - computed``;
-    zero tokens skip it (``continue``). Otherwise ``_allocate_or_preempt``
-    starts for it (``running_allocate`` / ``running_preempt``).
+    Take ``running[req_index]``; a step that holds prefill back skips it if it
+    is a prefill chunk. Its new tokens are what it lacks, capped by the step's
+    threshold, the budget and ``max_model_len - 1 - computed``; zero tokens
+    skip it too (``continue``). Otherwise ``_allocate_or_preempt`` starts for
+    it (``running_allocate`` / ``running_preempt``).
     """
     q, is_case = pinned(inp, CASE_REQUEST, running_at(s, s.req_index))
     guard = land(_running_guard(s), lnot(s.alloc_active), is_case)
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
+    held = holds_running_request(s, q)
     num_new = ntok - comp
     num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
     num_new = imin(num_new, s.token_budget)
     num_new = imin(num_new, s.max_model_len - 1 - comp)
-    skip = eq(num_new, 0)
+    skip = lor(held, eq(num_new, 0))
     post = merge(
         skip, s.replace(req_index=s.req_index + 1), s.replace(alloc_active=True, alloc_request=q, alloc_num_new=num_new)
     )
@@ -875,7 +889,7 @@ def running_start(s: State, inp: dict[str, Any]) -> Outcome:
         post,
         guard,
         [("running loop: num_new_tokens >= 0", num_new >= 0)],
-        {"request": q, "num_new_tokens": num_new, "skipped": skip},
+        {"request": q, "num_new_tokens": num_new, "skipped": skip, "held": held},
     )
 
 
@@ -903,6 +917,7 @@ def running_allocate(s: State, inp: dict[str, Any]) -> Outcome:
         total_num_scheduled=post.total_num_scheduled + num_new,
         req_index=post.req_index + 1,
         alloc_active=False,
+        prefill_in_step=lor(post.prefill_in_step, at(s.is_prefill_chunk, q, False)),
     )
     return Outcome(post, guard, c1 + c2 + c3, {"request": q, "num_new_tokens": num_new, "new_blocks": needed})
 
@@ -999,8 +1014,9 @@ def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
 
     At the seat cap, break. Take the head; a waiting request holds no blocks
     and has computed nothing (checks), so its prefix hit gives
-    ``num_computed_tokens``; the new tokens are the rest, capped by the
-    threshold; with chunked prefill off a request over the budget breaks the
+    ``num_computed_tokens``; a step that holds prefill back breaks at a head
+    with more than one token left to compute; the new tokens are the rest,
+    capped by the threshold; with chunked prefill off a request over the budget breaks the
     loop; then capped by the budget. ``allocate_slots`` with the hit, the
     lookahead and the full-sequence gate counts the hit blocks that are still
     in the free queue (``ref_cnt == 0``: touching takes them out) against the
@@ -1012,6 +1028,7 @@ def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
     ntok, comp = at(s.num_tokens, q), at(s.num_computed_tokens, q)
     k, hits, present = computed_blocks(s, q)
     num_computed = k * bs
+    held = holds_admission(s, num_computed, ntok)
     num_new = ntok - num_computed
     num_new = ite(land(0 < s.threshold, s.threshold < num_new), s.threshold, num_new)
     too_long = land(lnot(s.enable_chunked_prefill), num_new > s.token_budget)
@@ -1031,7 +1048,7 @@ def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
     need_slot = imin(total_computed + num_new + s.num_lookahead_tokens, s.max_model_len)
     slot_needed = to_allocate(need_slot)
     refused = lor(full_refused, slot_needed > s.num_free_blocks)
-    stop = lor(at_cap, too_long, refused)
+    stop = lor(at_cap, held, too_long, refused)
     nfull = fdiv(ntok, bs)
     checks = [
         ("waiting loop: the head holds no blocks", lnot(at(s.has_table, q, False))),
@@ -1052,7 +1069,9 @@ def _waiting_plan(s: State, inp: dict[str, Any]) -> dict[str, Any]:
         "slot_needed": slot_needed,
         "full_needed": full_needed,
         "stop": stop,
-        "refused": land(lnot(at_cap), lnot(too_long), refused),
+        "held": land(lnot(at_cap), held),
+        "prefill": num_computed < ntok - 1,
+        "refused": land(lnot(at_cap), lnot(held), lnot(too_long), refused),
         "checks": checks,
         "is_case": is_case,
         "whole_prompt_cached": land(
@@ -1071,6 +1090,7 @@ def _waiting_facts(plan: dict[str, Any], admitted: Any) -> dict[str, Any]:
         "request",
         "hit_blocks",
         "num_new_tokens",
+        "held",
         "whole_prompt_cached",
         "evictable",
         "slot_needed",
@@ -1118,6 +1138,7 @@ def waiting_admit(s: State, inp: dict[str, Any]) -> Outcome:
         total_num_scheduled=a.total_num_scheduled + num_new,
         status=put(a.status, q, RUNNING),
         num_computed_tokens=put(a.num_computed_tokens, q, plan["num_computed"]),
+        prefill_in_step=lor(a.prefill_in_step, plan["prefill"]),
     )
     return Outcome(
         a,
@@ -1150,19 +1171,32 @@ def waiting_admission(s: State, inp: dict[str, Any]) -> Outcome:
 
 
 def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
-    """The waiting loop ends; ``_update_after_schedule`` counts the scheduled tokens as computed (§4.5)."""
+    """The waiting loop ends; the deferral bookkeeping; ``_update_after_schedule`` counts the scheduled tokens as computed (§4.5).
+
+    A step that ran the waiting loop (nobody preempted) without deferring
+    records whether it left anyone waiting (``prefill_capacity_bound``; no
+    request is in ``deferred_waiting`` here: nothing is stale in a synchronous
+    run). A step that scheduled tokens counts as executed; with
+    ``prefill_schedule_interval > 1`` one that carried prefill becomes the last
+    prefill step. Each scheduled request is a prefill chunk iff it still lacks
+    tokens.
+    """
     guard = land(eq(s.phase, WAITING_LOOP), lor(s.waiting_done, s.token_budget <= 0, eq(s.num_waiting(), 0)))
     sh = s.shape
+    scheduled = [land(s.live(r), s.num_scheduled[r] > 0) for r in sh.slots]
+    computed = [
+        ite(scheduled[r], s.num_computed_tokens[r] + s.num_scheduled[r], s.num_computed_tokens[r]) for r in sh.slots
+    ]
+    executed = ite(s.total_num_scheduled > 0, s.num_executed_steps + 1, s.num_executed_steps)
     post = s.replace(
         phase=PENDING,
-        num_computed_tokens=[
-            ite(
-                land(s.live(r), s.num_scheduled[r] > 0),
-                s.num_computed_tokens[r] + s.num_scheduled[r],
-                s.num_computed_tokens[r],
-            )
-            for r in sh.slots
-        ],
+        num_computed_tokens=computed,
+        is_prefill_chunk=[ite(scheduled[r], computed[r] < s.num_tokens[r], s.is_prefill_chunk[r]) for r in sh.slots],
+        prefill_capacity_bound=ite(
+            land(eq(s.num_preemptions, 0), lnot(s.defer_prefills)), s.num_waiting() > 0, s.prefill_capacity_bound
+        ),
+        num_executed_steps=executed,
+        last_prefill_step=ite(land(s.prefill_schedule_interval > 1, s.prefill_in_step), executed, s.last_prefill_step),
     )
     return Outcome(
         post,
@@ -1171,11 +1205,28 @@ def end_schedule(s: State, inp: dict[str, Any]) -> Outcome:
     )
 
 
+def is_prefill_deferred(s: State, throttle_prefills: Any) -> Any:
+    """``Scheduler.is_prefill_deferred``: the step holds prefill back.
+
+    On the coordinator's word (``throttle_prefills``) or, with
+    ``prefill_schedule_interval`` N > 1, until N executed steps have passed
+    since the last step that carried prefill; never when the last releasing
+    step was capacity bound or every running request is a prefill chunk.
+    """
+    interval = s.prefill_schedule_interval
+    held = lor(throttle_prefills, land(interval > 1, (s.num_executed_steps + 1) - s.last_prefill_step < interval))
+    all_chunks = land(*(limplies(s.in_running[r], s.is_prefill_chunk[r]) for r in s.shape.slots))
+    return land(held, lnot(s.prefill_capacity_bound), lnot(all_chunks))
+
+
 def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
-    """``schedule()`` starts: step + 1, a fresh step state, the step's threshold (§4.0; lone request exempt in 0.33)."""
+    """``schedule(throttle_prefills)`` starts: step + 1, a fresh step state, the step's threshold (§4.0; lone request exempt in 0.33) and whether it holds prefill back."""
     sh = s.shape
     lone = s.num_running() + s.num_waiting() <= 1
+    defer = is_prefill_deferred(s, inp.get("throttle_prefills", False))
     post = s.replace(
+        defer_prefills=defer,
+        prefill_in_step=False,
         phase=RUNNING_LOOP,
         step=s.step + 1,
         token_budget=s.max_num_batched_tokens,
@@ -1187,7 +1238,7 @@ def begin_step(s: State, inp: dict[str, Any]) -> Outcome:
         num_scheduled=[0] * sh.num_reqs,
         total_num_scheduled=0,
     )
-    return Outcome(post, eq(s.phase, IDLE))
+    return Outcome(post, eq(s.phase, IDLE), facts={"defer_prefills": defer})
 
 
 def begin_update(s: State, inp: dict[str, Any]) -> Outcome:
@@ -1321,6 +1372,7 @@ def add_request(s: State, inp: dict[str, Any]) -> Outcome:
         num_prompt_tokens=put(s.num_prompt_tokens, q, n),
         max_tokens=put(s.max_tokens, q, inp["max_tokens"]),
         num_computed_tokens=put(s.num_computed_tokens, q, 0),
+        is_prefill_chunk=put(s.is_prefill_chunk, q, False),
         priority=put(s.priority, q, inp["priority"]),
         arrival_time=put(s.arrival_time, q, inp["arrival_time"]),
         hashes=[[ite(eq(q, r), hashes[i], s.hashes[r][i]) for i in range(sh.num_blocks)] for r in sh.slots],
@@ -1409,6 +1461,10 @@ Inputs = Callable[[Shape, str], dict[str, Any]]
 
 def _no_inputs(shape: Shape, tag: str) -> dict[str, Any]:
     return {}
+
+
+def _schedule_inputs(shape: Shape, tag: str) -> dict[str, Any]:
+    return {"throttle_prefills": z3.Bool(f"{tag}.throttle_prefills")}
 
 
 def _slot_input(shape: Shape, tag: str) -> dict[str, Any]:
@@ -1501,7 +1557,12 @@ TRANSITIONS: dict[str, Transition] = {
             "spec/v1/kv_cache.py cache_blocks; spec/v1/block_pool.py cache_full_blocks",
             actor=("slot",),
         ),
-        Transition("begin_step", begin_step, _no_inputs, "spec/v1/scheduler.py schedule (start)"),
+        Transition(
+            "begin_step",
+            begin_step,
+            _schedule_inputs,
+            "spec/v1/scheduler.py schedule (start), is_prefill_deferred",
+        ),
         Transition(
             "running_start",
             running_start,

@@ -23,8 +23,16 @@ SHARED_PREFIX = tuple(range(10, 60))
 
 
 @st.composite
-def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority")) -> SchedulerConfig:
-    """A small, tight configuration (the symbolic encoding has no spec decode)."""
+def configs(
+    draw: st.DrawFn,
+    policies: tuple[str, ...] = ("fcfs", "priority"),
+    prefill_schedule_intervals: tuple[int, ...] = (1,),
+) -> SchedulerConfig:
+    """A small, tight configuration (the symbolic encoding has no spec decode).
+
+    ``prefill_schedule_intervals``: the local prefill cadences to draw from (drawn last, and only
+    when there is a choice, so that the other draws stay those of the default).
+    """
     block_size = draw(st.sampled_from([1, 2, 3]))
     num_blocks = draw(st.integers(3, 6))
     max_model_len = draw(st.integers(max(2, (num_blocks - 2) * block_size), num_blocks * block_size))
@@ -41,6 +49,11 @@ def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority")) -
         enable_prefix_caching=draw(st.integers(0, 5)) != 0,
         policy=draw(st.sampled_from(policies)),
         num_lookahead_tokens=draw(st.sampled_from([0, 0, 1])),
+        prefill_schedule_interval=(
+            draw(st.sampled_from(prefill_schedule_intervals))
+            if len(prefill_schedule_intervals) > 1
+            else prefill_schedule_intervals[0]
+        ),
     )
 
 

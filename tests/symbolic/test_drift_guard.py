@@ -14,6 +14,9 @@ Three sources of states:
   encoding evaluated on Python values;
 * the same on one fixed pool shape with the encoding evaluated through its
   Z3 formulas (the very formulas the proofs use), fewer examples;
+* both again with prefill deferral: each ``schedule()`` draws
+  ``throttle_prefills`` (the 0.33 profile has the ``prefill_throttle`` knob)
+  and the configuration a local cadence ``prefill_schedule_interval``;
 * states Z3 builds from the invariants and lemmas (with some fields pinned
   by Hypothesis), injected into a model scheduler: they reach corners the
   random programs rarely do (a priority victim before the cursor with
@@ -31,6 +34,7 @@ import z3
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+import schedconf.spec.symbolic.transitions as T
 from schedconf.spec.symbolic.drive import (
     EncodingError,
     Evaluator,
@@ -100,11 +104,13 @@ def abort_both(d: Driven, rid: str, ev: Evaluator, shape: Shape) -> None:
     assert_same(after, post, f"{name} {rid} after {d.log}")
 
 
-def step_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape, abort_pending: bool) -> None:
-    """``schedule()`` then maybe an abort while pending, then ``update_from_output()``; compare each."""
-    after, sym = schedule_both(d.sched, ev, shape)
-    assert_same(after, sym, f"schedule() after {d.log}")
-    d.log.append("schedule")
+def step_both(
+    d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape, abort_pending: bool, throttle_prefills: bool = False
+) -> None:
+    """``schedule(throttle_prefills)`` then maybe an abort while pending, then ``update_from_output()``; compare each."""
+    after, sym = schedule_both(d.sched, ev, shape, throttle_prefills=throttle_prefills)
+    assert_same(after, sym, f"schedule(throttle_prefills={throttle_prefills}) after {d.log}")
+    d.log.append("schedule(throttle_prefills=True)" if throttle_prefills else "schedule")
     if abort_pending and d.sched.requests:
         rid = data.draw(st.sampled_from(sorted(d.sched.requests)), label="abort while pending")
         abort_both(d, rid, ev, shape)
@@ -114,9 +120,18 @@ def step_both(d: Driven, data: st.DataObject, ev: Evaluator, shape: Shape, abort
 
 
 def run_program(
-    data: st.DataObject, config: Any, ev: Evaluator, max_events: int, scheduler_class: type[Scheduler] = Scheduler
+    data: st.DataObject,
+    config: Any,
+    ev: Evaluator,
+    max_events: int,
+    scheduler_class: type[Scheduler] = Scheduler,
+    throttle: bool = False,
 ) -> Driven:
-    """A random program whose every event is compared with the encoding."""
+    """A random program whose every event is compared with the encoding.
+
+    ``throttle``: each step draws ``throttle_prefills`` (else it is never set, and the draws are
+    those of the programs before it existed).
+    """
     d = Driven(scheduler_class(config, "vllm-0.33"))
     shape = shape_of(d.sched, NUM_SLOTS)
     for _ in range(data.draw(st.integers(1, max_events), label="num_events")):
@@ -127,7 +142,15 @@ def run_program(
         elif kind == "abort" and live:
             abort_both(d, data.draw(st.sampled_from(live), label="abort"), ev, shape)
         elif kind == "step" and d.sched.has_requests():
-            step_both(d, data, ev, shape, abort_pending=data.draw(st.integers(0, 9), label="abort_pending") == 0)
+            throttle_prefills = throttle and data.draw(st.booleans(), label="throttle_prefills")
+            step_both(
+                d,
+                data,
+                ev,
+                shape,
+                abort_pending=data.draw(st.integers(0, 9), label="abort_pending") == 0,
+                throttle_prefills=throttle_prefills,
+            )
     return d
 
 
@@ -155,6 +178,121 @@ def test_reachable_states_z3(data: st.DataObject, policy: str) -> None:
         num_lookahead_tokens=data.draw(st.sampled_from([0, 1])),
     )
     run_program(data, config, Z3_EVALUATOR, max_events=8)
+
+
+# ------------------------------------------------------------ prefill deferral
+
+PREFILL_SCHEDULE_INTERVALS = (1, 1, 2, 3)
+"""The local cadences drawn with the throttle (1: the throttle alone)."""
+
+
+def deferral_configs() -> st.SearchStrategy[Any]:
+    return configs(prefill_schedule_intervals=PREFILL_SCHEDULE_INTERVALS)
+
+
+@settings(max_examples=60)
+@given(data=st.data(), config=deferral_configs())
+def test_reachable_states_throttled_python(data: st.DataObject, config: Any) -> None:
+    """Random programs with throttled steps and a local cadence: every event agrees with the encoding on Python values."""
+    run_program(data, config, python_evaluator, max_events=20, throttle=True)
+
+
+@st.composite
+def one_shape_deferral_configs(draw: st.DrawFn) -> Any:
+    """Configurations of one pool shape (the Z3 evaluator builds each transition's formula once per shape)."""
+    from schedconf.spec.v1.config import SchedulerConfig
+
+    return SchedulerConfig(
+        block_size=2,
+        num_gpu_blocks=5,
+        max_num_batched_tokens=draw(st.integers(3, 8)),
+        max_num_seqs=draw(st.integers(1, 3)),
+        max_model_len=8,
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        enable_prefix_caching=True,
+        prefill_schedule_interval=draw(st.sampled_from(PREFILL_SCHEDULE_INTERVALS)),
+    )
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), config=one_shape_deferral_configs())
+def test_reachable_states_throttled_z3(data: st.DataObject, config: Any) -> None:
+    """Random programs with throttled steps on one pool shape: every event agrees with the encoding's Z3 formulas."""
+    run_program(data, config, Z3_EVALUATOR, max_events=8, throttle=True)
+
+
+def _ignore_throttle(s: Any, throttle_prefills: Any) -> Any:
+    return _REAL_IS_PREFILL_DEFERRED(s, False)
+
+
+def _ignore_cadence(s: Any, throttle_prefills: Any) -> Any:
+    return _REAL_IS_PREFILL_DEFERRED(s.replace(prefill_schedule_interval=1), throttle_prefills)
+
+
+def _ignore_capacity_bound(s: Any, throttle_prefills: Any) -> Any:
+    return _REAL_IS_PREFILL_DEFERRED(s.replace(prefill_capacity_bound=False), throttle_prefills)
+
+
+_REAL_IS_PREFILL_DEFERRED = T.is_prefill_deferred
+
+ENCODING_MUTANTS = {
+    "throttle_ignored": _ignore_throttle,
+    "cadence_ignored": _ignore_cadence,
+    "capacity_bound_ignored": _ignore_capacity_bound,
+}
+"""Encodings of ``is_prefill_deferred`` that drop one of its causes or exemptions."""
+
+
+@pytest.mark.parametrize(
+    "name, evaluator", [(name, "python") for name in ENCODING_MUTANTS] + [("throttle_ignored", "z3")]
+)
+def test_drift_guard_catches_deferral_mutant(name: str, evaluator: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoding that ignores the throttle (or the cadence, or the capacity bound) no longer matches the model: the guard says so, on Python values and through the Z3 formulas."""
+    monkeypatch.setattr(T, "is_prefill_deferred", ENCODING_MUTANTS[name])
+    ev: Evaluator = python_evaluator if evaluator == "python" else Z3Evaluator()
+
+    @settings(
+        max_examples=300 if evaluator == "python" else 30,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(data=st.data(), config=deferral_configs() if evaluator == "python" else one_shape_deferral_configs())
+    def program(data: st.DataObject, config: Any) -> None:
+        run_program(data, config, ev, max_events=20 if evaluator == "python" else 8, throttle=True)
+
+    with pytest.raises(EncodingError) as caught:
+        program()
+    assert "differs" in str(caught.value), caught.value
+
+
+DEFERRAL_KILLS = ("prefill_throttle_ignored", "prefill_capacity_escape_missing")
+"""Mutants of ``conformance/checking/mutants.py`` that break prefill deferral: caught by the throttled programs."""
+
+
+@pytest.mark.parametrize("name", DEFERRAL_KILLS)
+def test_drift_guard_catches_deferral_model_mutant(name: str) -> None:
+    """A model whose deferral is broken no longer matches the encoding: the throttled programs say so."""
+    from schedconf.conformance.checking.mutants import MUTANTS
+
+    mutant = MUTANTS[name]
+
+    @settings(
+        max_examples=300,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(data=st.data(), config=deferral_configs())
+    def program(data: st.DataObject, config: Any) -> None:
+        run_program(
+            data, config, python_evaluator, max_events=20, scheduler_class=mutant.scheduler_class, throttle=True
+        )
+
+    with pytest.raises(EncodingError):
+        program()
 
 
 # ------------------------------------------------------------ injected states

@@ -11,14 +11,16 @@ flight, model outputs oldest first with 1 + accepted drafts tokens and stops
 inside them, empty draft lists, refused calls) run on the concrete model
 under ``vllm-0.33-async`` and ``vllm-0.33`` without spec decode and
 ``vllm-0.33-async`` and ``vllm-0.32-async`` with ``num_spec_tokens = 2``, with
-``max_concurrent_batches`` 1 to 3; each call's before/after states are mapped to the encoding's state
-and the call must be a sequence of enabled encoded transitions reaching the
+``max_concurrent_batches`` 1 to 3, and under the async profiles with the V2 runner and
+``pipeline_parallel_size`` 2 or 3 (the decode stagger); each call's before/after states are mapped to the
+encoding's state and the call must be a sequence of enabled encoded transitions reaching the
 mapped after-state exactly. It must catch a broken encoding and the
 concrete mutants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -383,12 +385,18 @@ def run_program(
     scheduler_class: type[Scheduler] = Scheduler,
     profile: str | None = None,
     num_spec_tokens: int = 0,
+    stagger: bool = False,
 ) -> Program:
-    """A seeded random program on the model, each call checked against the encoding (``mutant``: its encoding)."""
+    """A seeded random program on the model, each call checked against the encoding (``mutant``: its encoding).
+
+    ``stagger``: the V2 runner with ``pipeline_parallel_size`` 2 or 3 (an async profile), so that a request
+    decodes only every ``pipeline_parallel_size`` steps."""
     rng = random.Random(seed)
     profile = profile or rng.choice(PROFILES)
     mcb = rng.choice([1, 2, 2, 3, 3])
     config = random_config(rng, mcb, num_spec_tokens)
+    if stagger:
+        config = dataclasses.replace(config, use_v2_model_runner=True, pipeline_parallel_size=rng.choice([2, 3]))
     p = Program(scheduler_class(config, profile), FlightShape(R, 3, num_spec_tokens), rng)
     actions: list[tuple[int, Callable[[], None]]] = [
         (3, lambda: _add(p, ev, mutant)),
@@ -521,6 +529,52 @@ def test_drift_guard_reaches_spec_decode_corners(profile: str) -> None:
     }, corners
 
 
+STAGGER_PROFILES = ("vllm-0.33-async", "vllm-0.32-async")
+
+
+@pytest.mark.parametrize("profile", STAGGER_PROFILES)
+def test_drift_guard_with_decode_stagger(profile: str) -> None:
+    """With pipeline parallelism 2 or 3 every call agrees with the encoding, and the programs reach the corners
+    the stagger is about: a running request held back by it while a step is built, and a request sampling in
+    two steps in flight (``pipeline_parallel_size`` apart)."""
+    corners: set[str] = set()
+
+    def spy(name: str, s: F.FlightState, inputs: dict[str, Any], mutant: str | None = None) -> F.Move:
+        move = python_evaluator(name, s, inputs, mutant)
+        if not move.guard:
+            return move
+        if name == "end_step":
+            newest = s.num_steps - 1
+            if any(
+                s.status[r] == F.RUNNING
+                and s.current_step < s.next_decode_eligible_step[r]
+                and s.scheduled[newest][r] == 0
+                for r in s.shape.slots
+            ):
+                corners.add("decode held back")
+            if any(sum(s.samples[d][r] for d in range(s.num_steps)) > 1 for r in s.shape.slots):
+                corners.add("two decodes in flight")
+        return move
+
+    for seed in range(NUM_PROGRAMS // 3):
+        run_program(seed, ev=spy, profile=profile, stagger=True)
+    assert corners == {"decode held back", "two decodes in flight"}, corners
+
+
+def test_drift_guard_catches_broken_stagger_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoding that forgets to move ``next_decode_eligible_step`` after a decode is caught; one that drops
+    the stagger's guard only allows more (the drift guard cannot see it: its proof fails, MUTANT_RULES)."""
+
+    def no_stagger(s: F.FlightState, *args: Any, **kwargs: Any) -> F.FlightState:
+        post = original(s, *args, **kwargs)
+        return post.replace(next_decode_eligible_step=s.next_decode_eligible_step)
+
+    original = F._schedule_tokens
+    monkeypatch.setattr(F, "_schedule_tokens", no_stagger)
+    exc = _first_drift(20, profile="vllm-0.33-async", stagger=True)
+    assert exc is not None and "next_decode_eligible_step" in str(exc), exc
+
+
 def test_drift_guard_through_z3_formulas() -> None:
     """The same check with each transition evaluated through its Z3 formula (the formulas the proofs use)."""
     ev = Z3Evaluator()
@@ -528,6 +582,8 @@ def test_drift_guard_through_z3_formulas() -> None:
         run_program(seed, ev=ev, num_events=40, profile=PROFILES[seed % 2])
     for seed in range(4):
         run_program(seed, ev=ev, num_events=40, profile=SPEC_PROFILES[seed % 2], num_spec_tokens=K)
+    for seed in range(4):
+        run_program(seed, ev=ev, num_events=40, profile=STAGGER_PROFILES[seed % 2], stagger=True)
     # And through the formulas too, a broken encoding is caught.
     assert _first_drift(10, ev=ev, mutant="placeholders_kept_on_preempt", profile="vllm-0.33-async")
 
@@ -579,13 +635,17 @@ MODEL_MUTANTS = (
 )
 
 
-@pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending",))
+@pytest.mark.parametrize("name", MODEL_MUTANTS + ("async_drafts_with_placeholders_pending", "decode_stagger_ignored"))
 def test_drift_guard_catches_model_mutant(name: str) -> None:
     """A mutated model no longer matches the encoding, so the proofs stop covering it: the guard must say so."""
     from schedconf.conformance.checking.mutants import MUTANTS
 
     k = K if name == "async_drafts_with_placeholders_pending" else 0
     exc = _first_drift(
-        NUM_PROGRAMS, scheduler_class=MUTANTS[name].scheduler_class, profile="vllm-0.33-async", num_spec_tokens=k
+        NUM_PROGRAMS,
+        scheduler_class=MUTANTS[name].scheduler_class,
+        profile="vllm-0.33-async",
+        num_spec_tokens=k,
+        stagger=name == "decode_stagger_ignored",
     )
     assert exc is not None, f"{name} survived {NUM_PROGRAMS} programs"
