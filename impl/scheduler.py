@@ -10,8 +10,10 @@ the minimum a Python scheduler can have:
   hashes and the free queue's links in flat lists indexed by block id (the free
   queue is a doubly linked list over those lists, so every queue operation is
   O(1) and nothing is ever rescanned).
-* Block hashes are computed lazily, only when a block is about to be cached or
-  looked up, never on every appended token.
+* Block hashes are computed lazily, never on every appended token. A block that
+  fills is cached at once (its place in the free queue depends on it) but
+  hashed and indexed only before the next prefix-cache lookup, in the order the
+  blocks were cached: a steady decode step computes no hash.
 * ``schedule()`` updates ``num_computed_tokens`` and the prefill-chunk flag in
   the same pass that decides the batch (the reference does it in a second
   pass); a running request that needs no new block costs a few integer
@@ -73,9 +75,10 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-from array import array
+import struct
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from schedconf.spec.errors import EngineCrash, InvalidConfig, InvalidEvent
@@ -95,6 +98,8 @@ ASYNC_SUFFIX = "-async"
 """A profile ``<release>-async`` is the release's rules driven by vLLM's ``AsyncScheduler``."""
 _HASH_SEED = hashlib.sha256(b"schedconf/impl/block-hash/v1").digest()
 _NO_BLOCKS: tuple[int, ...] = ()
+NOT_HASHED = b""
+"""``BlockPool.block_hash`` of a cached block whose hash is not computed yet (no SHA-256 digest is empty)."""
 
 
 class UnsupportedProfile(Exception):
@@ -138,6 +143,7 @@ class Req:
         "stale",
         "drop_stale",
         "next_decode",
+        "room",
     )
 
     def __init__(
@@ -176,13 +182,21 @@ class Req:
         self.placeholders = 0
         """``num_output_placeholders`` (async profiles): output tokens scheduled, not yet returned."""
         self.in_flight = 0
-        """``num_in_flight_tokens``: tokens of steps scheduled whose model output is not applied yet."""
+        """``num_in_flight_tokens``: tokens of steps scheduled whose model output is not applied yet.
+
+        Counted only where steps may overlap (``FastScheduler.count_in_flight``); in the
+        synchronous loop it stays 0 (the one step in flight holds the count, for a reset)."""
         self.stale = 0
         """``num_stale_output_tokens``: of ``in_flight``, those scheduled before the last preemption."""
         self.drop_stale = False
+        """``drop_stale_output``: the stale output is dropped, not delivered (a ``reset_prefix_cache`` preemption)."""
         self.next_decode = 0
         """``next_decode_eligible_step`` (V2 runner + pipeline parallelism + async: the decode stagger)."""
-        """``drop_stale_output``: the stale output is dropped, not delivered (a ``reset_prefix_cache`` preemption)."""
+        self.room = -1
+        """The running loop's steady-decode test (derived, kept by the scheduler): a
+        ``num_tokens + placeholders`` up to which a one-token step needs no new block and fills
+        no block to cache, ``FastScheduler._room``, or -1 (no blocks, a prefill chunk, or
+        drafts). It may lag behind (a block cached after the update only raises the true bound)."""
 
     @property
     def num_tokens(self) -> int:
@@ -212,10 +226,13 @@ class BlockPool:
     the blocks with ``ref_cnt == 0`` other than the null block 0. Two sentinel
     ids, ``num_blocks`` (head) and ``num_blocks + 1`` (tail), bound it.
     ``cached`` maps a block hash to the blocks carrying it, first inserted
-    first (a lookup returns the first). ``gen[b]`` counts how often block
-    ``b`` was taken from the free queue: a model runner compares it with the
-    generation it wrote the block's KV in, to know whether the KV a prefix hit
-    points to was ever computed (see ``impl/runner.py``).
+    first (a lookup returns the first). A cached block not indexed yet has the
+    hash ``NOT_HASHED`` and an entry in ``unindexed`` (block id to its request
+    and index in that request's block table, in the order the blocks were
+    cached); the scheduler indexes them before a lookup. ``gen[b]`` counts how
+    often block ``b`` was taken from the free queue: a model runner compares it
+    with the generation it wrote the block's KV in, to know whether the KV a
+    prefix hit points to was ever computed (see ``impl/runner.py``).
     """
 
     __slots__ = (
@@ -228,6 +245,7 @@ class BlockPool:
         "tail",
         "num_free",
         "cached",
+        "unindexed",
         "caching",
         "gen",
     )
@@ -250,6 +268,7 @@ class BlockPool:
         self.prv[tail] = num_blocks - 1 if num_blocks > 1 else head
         self.num_free = num_blocks - 1
         self.cached: dict[bytes, list[int]] = {}
+        self.unindexed: dict[int, tuple[Any, int]] = {}
         self.gen = [0] * num_blocks
 
     def free_queue(self) -> list[int]:
@@ -278,10 +297,28 @@ class BlockPool:
         self.num_free -= n
         return out
 
+    def pop_one(self) -> int:
+        """``pop_front(1)``'s block, without the list."""
+        nxt, head = self.nxt, self.head
+        b = nxt[head]
+        self.ref[b] = 1
+        self.gen[b] += 1
+        if self.block_hash[b] is not None:
+            self._evict(b)
+        after = nxt[b]
+        nxt[head] = after
+        self.prv[after] = head
+        self.num_free -= 1
+        return b
+
     def _evict(self, b: int) -> None:
         """Drop block ``b`` from the prefix cache (it is being reused)."""
         h = self.block_hash[b]
         assert h is not None
+        if h is NOT_HASHED:
+            del self.unindexed[b]
+            self.block_hash[b] = None
+            return
         entries = self.cached.get(h)
         if entries is not None:
             entries.remove(b)
@@ -364,6 +401,7 @@ class StepOutput:
         "preempted_req_ids",
         "total_num_scheduled_tokens",
         "v2_layout",
+        "changed_in_flight",
     )
 
     def __init__(
@@ -387,6 +425,9 @@ class StepOutput:
         self.total_num_scheduled_tokens = total
         self.v2_layout = False
         """``use_v2_model_runner``: resumed requests are listed after the new ones, as new requests."""
+        self.changed_in_flight = False
+        """Set once a request finished or was preempted while this step was in flight (by the
+        scheduler, for ``update_from_output``: then it checks each request for both)."""
 
     @property
     def req_ids(self) -> list[str]:
@@ -435,11 +476,6 @@ class StepOutput:
 
 RequestOutputTuple = tuple[str, Sequence[int], str | None, int | None]
 """``(req_id, new_token_ids, finish_reason, stop_reason)``, one per request that gained tokens or stopped."""
-
-
-def _block_hash(parent: bytes, tokens: list[int]) -> bytes:
-    """Chained hash of one full block (equality of prefixes is all that matters)."""
-    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
 def _is_int(value: object) -> bool:
@@ -492,6 +528,10 @@ class FastScheduler:
         self.max_concurrent_batches = getattr(config, "max_concurrent_batches", 1)
         if not _is_int(self.max_concurrent_batches) or self.max_concurrent_batches < 1:
             raise InvalidConfig("invalid_max_concurrent_batches", "max_concurrent_batches must be >= 1")
+        self.count_in_flight = self.max_concurrent_batches > 1
+        """Keep ``Req.in_flight``. In the synchronous loop a step's output is applied before the
+        next ``schedule()``, so only a reset between the two finds tokens in flight, and it reads
+        them from that step (``reset_prefix_cache``)."""
         self.config = config
         self.profile = profile
         self.bs = config.block_size
@@ -529,6 +569,7 @@ class FastScheduler:
         self.cache_after_spec_update = (release == "vllm-0.33" and self.k > 0) or self.async_scheduling
         self.cache_minus_placeholders = release == "vllm-0.32"
         self.pool = BlockPool(config.num_gpu_blocks, self.caching)
+        self._pack_block = struct.Struct(f"{self.bs}q").pack  # one block's token ids as native int64s
         self.requests: dict[str, Req] = {}
         self.seen_ids: set[str] = set()
         self.running: list[Req] = []
@@ -747,44 +788,69 @@ class FastScheduler:
         if not isinstance(reset_running_requests, bool):
             raise InvalidEvent("invalid_field_type", "reset_running_requests must be a boolean")
         if reset_running_requests:
+            # The synchronous loop counts no Req.in_flight: the tokens in flight are the step's.
+            sync_in_flight = None if self.count_in_flight else {e[0]: e[1] for o in self.in_flight for e in o.entries}
             while self.running:
-                self._preempt(self.running.pop(), drop_stale=True)
+                req = self.running.pop()
+                self._preempt(req, True, None if sync_in_flight is None else sync_in_flight.get(req, 0))
         pool = self.pool
         if pool.num_free != pool.num_blocks - 1:
             return False
         pool.cached.clear()
+        pool.unindexed.clear()
         pool.block_hash[:] = [None] * pool.num_blocks
         return True
 
     # ------------------------------------------------------------------ blocks
 
     def _hashes(self, req: Req, upto: int) -> list[bytes]:
-        """The request's chained block hashes, extended to at least ``upto`` blocks."""
+        """The request's chained block hashes, extended to at least ``upto`` blocks.
+
+        A block's hash is the SHA-256 of its parent's hash (``_HASH_SEED`` for the
+        first block) and its token ids as native int64s: equality of prefixes is
+        all that matters.
+        """
         hashes = req.hashes
-        if len(hashes) < upto:
-            bs, tokens = self.bs, req.tokens
-            parent = hashes[-1] if hashes else _HASH_SEED
-            for i in range(len(hashes), upto):
-                parent = _block_hash(parent, tokens[i * bs : (i + 1) * bs])
+        num_hashed = len(hashes)
+        if num_hashed < upto:
+            bs, tokens, pack, sha256 = self.bs, req.tokens, self._pack_block, hashlib.sha256
+            parent = hashes[-1] if num_hashed else _HASH_SEED
+            for first in range(num_hashed * bs, upto * bs, bs):
+                parent = sha256(parent + pack(*tokens[first : first + bs])).digest()
                 hashes.append(parent)
         return hashes
 
     def _cache_full(self, req: Req, num_full: int) -> None:
-        """Give the request's blocks ``[num_cached, num_full)`` their hashes and index them."""
+        """Cache the request's blocks ``[num_cached, num_full)``: hashed and indexed before the next lookup."""
         blocks = req.blocks
         assert blocks is not None
-        hashes = self._hashes(req, num_full)
-        block_hash, cached = self.pool.block_hash, self.pool.cached
+        pool = self.pool
+        block_hash, unindexed = pool.block_hash, pool.unindexed
         for i in range(req.num_cached, num_full):
             b = blocks[i]
-            h = hashes[i]
+            block_hash[b] = NOT_HASHED
+            unindexed[b] = (req, i)
+        req.num_cached = num_full
+
+    def _index_cached(self) -> None:
+        """Hash the cached blocks not indexed yet and index them, in the order they were cached.
+
+        The index then holds what indexing each block when it was cached would
+        have given: a block leaves ``unindexed`` only when it is evicted (which
+        drops it from the index) or here, and the tokens of a full block never
+        change.
+        """
+        pool = self.pool
+        block_hash, cached = pool.block_hash, pool.cached
+        for b, (req, i) in pool.unindexed.items():
+            h = self._hashes(req, i + 1)[i]
             block_hash[b] = h
             entries = cached.get(h)
             if entries is None:
                 cached[h] = [b]
             else:
                 entries.append(b)
-        req.num_cached = num_full
+        pool.unindexed.clear()
 
     def _cache_upto(self, req: Req, num_tokens: int) -> None:
         """Cache the blocks ``num_tokens`` tokens fill (capped at the request's tokens)."""
@@ -792,38 +858,52 @@ class FastScheduler:
         if num_full > req.num_cached:
             self._cache_full(req, num_full)
 
+    def _room(self, req: Req) -> int:
+        """``Req.room`` of a running request that is no prefill chunk (its definition)."""
+        assert req.blocks is not None
+        room = min(len(req.blocks) * self.bs - self.lookahead, self.mml - 1)
+        if self.caching:
+            room = min(room, (req.num_cached + 1) * self.bs - 1)
+        return room
+
     def _free(self, req: Req) -> None:
         """Forget a finished request: free its blocks tail first, report it next step."""
         if req.blocks is not None:
             self.pool.release(reversed(req.blocks))
             req.blocks = None
             req.num_cached = 0
+            req.room = -1
         self.finished_req_ids.add(req.req_id)
         self.deferred_waiting.discard(req.req_id)
         del self.requests[req.req_id]
+        for out in self.in_flight:
+            out.changed_in_flight = True
 
-    def _preempt(self, req: Req, drop_stale: bool = False) -> None:
+    def _preempt(self, req: Req, drop_stale: bool = False, num_in_flight: int | None = None) -> None:
         """Preempt by recompute: free the blocks, forget computed tokens and drafts, requeue.
 
-        Output of the request's steps still in flight becomes stale: it will be
-        appended without touching the counters reset here, or dropped
-        (``drop_stale``: a reset's preemption; an undrained dropped share stays
-        dropped).
+        Output of the request's steps still in flight (``num_in_flight`` tokens,
+        ``req.in_flight`` unless given) becomes stale: it will be appended
+        without touching the counters reset here, or dropped (``drop_stale``: a
+        reset's preemption; an undrained dropped share stays dropped).
         """
         if req.blocks is not None:
             self.pool.release(reversed(req.blocks))
             req.blocks = None
             req.num_cached = 0
+            req.room = -1
         req.status = PREEMPTED
         req.num_computed = 0
         req.spec = []
         req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
-        req.stale = req.in_flight
+        req.stale = req.in_flight if num_in_flight is None else num_in_flight
         req.placeholders = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting_push_front(req)
         self.preempted_req_ids.add(req.req_id)
+        for out in self.in_flight:
+            out.changed_in_flight = True
 
     # ------------------------------------------------------------------ schedule
 
@@ -874,102 +954,165 @@ class FastScheduler:
         async_scheduling = self.async_scheduling
         k_spec = self.k
         spec_placeholders = self.spec_placeholders
+        count_in_flight = self.count_in_flight
+        block_hash, unindexed = pool.block_hash, pool.unindexed
 
         # ---- running loop
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            start = req.num_computed
-            ntok = len(req.tokens)
-            ph = req.placeholders
-            if ph:
-                if start + 2 - ph >= req.num_prompt + req.max_tokens:
-                    # Async: the steps in flight are sure to reach max_tokens
-                    # (even if all their drafts were rejected).
-                    i += 1
+        # One pass in running order. A request in steady decode (one token to
+        # compute, no drafts, not a prefill chunk, the token's slot already in its
+        # block table and no block to cache: ``start + 1 == total <= req.room``)
+        # costs a few integer operations; the others take the general path below.
+        # Only a priority preemption moves requests the pass has visited: the pass
+        # then goes on from the cursor's new index.
+        gate = stagger or defer
+        priority = self.priority
+        no_blocks = _NO_BLOCKS
+        # The pass runs while budget is left: every path that takes tokens ends it at 0.
+        resume_at: int | None = 0
+        while resume_at is not None and budget > 0:
+            cursor, resume_at = resume_at, None
+            for req in running if cursor == 0 else islice(running, cursor, None):
+                start = req.num_computed
+                total = ntok = len(req.tokens)
+                if async_scheduling:
+                    ph = req.placeholders  # (0 outside async profiles)
+                    if ph:
+                        if start + 2 - ph >= req.num_prompt + req.max_tokens:
+                            # Async: the steps in flight are sure to reach max_tokens
+                            # (even if all their drafts were rejected).
+                            continue
+                        total = ntok + ph  # tokens to compute, placeholders included
+                if gate and (step < req.next_decode or (defer and req.is_prefill_chunk)):
+                    # The decode stagger; a held prefill chunk (decodes still fill the step).
                     continue
-                total = ntok + ph  # tokens to compute, placeholders included
-            else:
-                total = ntok
-            if step < req.next_decode or (defer and req.is_prefill_chunk):
-                # The decode stagger; a held prefill chunk (decodes still fill the step).
-                i += 1
-                continue
-            spec = req.spec
-            if start + 1 == total and not spec and total < mml:
-                # Steady decode, the common case: exactly one token (the budget is
-                # positive, a threshold is >= 1, max_model_len leaves room), and
-                # when its slot is already held, nothing else to decide.
-                end = total + lookahead
-                if end > mml:
-                    end = mml
-                if (end + bs - 1) // bs <= len(req.blocks):  # type: ignore[arg-type]
-                    if caching and ntok // bs > req.num_cached:
-                        self._cache_full(req, ntok // bs)
-                    if req.is_prefill_chunk:
-                        prefill_scheduled = True
-                        req.is_prefill_chunk = False
-                    append((req, 1, start, total, _NO_BLOCKS))
-                    budget -= 1
-                    req.num_computed = total
-                    req.in_flight += 1
-                    if async_scheduling:
-                        req.placeholders += 1
-                        if k_spec:
-                            req.spec = spec_placeholders
-                    i += 1
-                    continue
-            n = total + len(spec) - start
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > mml1 - start:
-                n = mml1 - start
-            if n <= 0:
-                i += 1
-                continue
-            blocks = req.blocks
-            end = start + n + lookahead
-            if end > mml:
-                end = mml
-            need = (end + bs - 1) // bs - len(blocks)  # type: ignore[arg-type]
-            new_blocks: Sequence[int] = _NO_BLOCKS
-            if need > 0:
-                if need > pool.num_free:
-                    i, budget, ok = self._preempt_until_fits(req, need, i, entries, spec_out, budget)
-                    preempted = True
-                    if not ok:
-                        if self.priority and self.self_preempt_continue:
+                if start + 1 == total:
+                    # Steady decode, the common case: exactly one token to compute (the
+                    # budget is positive, a threshold is >= 1); with ``room >= 0``, no
+                    # drafts and no prefill chunk.
+                    room = req.room
+                    if total <= room:
+                        # Its slot is already held and no block fills: nothing else to decide.
+                        append((req, 1, start, total, no_blocks))
+                        req.num_computed = total
+                        if count_in_flight:
+                            req.in_flight += 1
+                        if async_scheduling:
+                            req.placeholders = ph + 1
+                            if k_spec:
+                                req.spec = spec_placeholders
+                                req.room = -1
+                        budget -= 1
+                        if budget:
                             continue
                         break
-                new_blocks = pool.pop_front(need)
-                blocks.extend(new_blocks)  # type: ignore[union-attr]
-            if caching:
-                c = start + n
-                if c > ntok:
-                    c = ntok
-                if c // bs > req.num_cached:
-                    self._cache_full(req, c // bs)
-            if req.is_prefill_chunk:
-                prefill_scheduled = True
-            append((req, n, start, total, new_blocks))
-            budget -= n
-            req.num_computed = start + n
-            req.is_prefill_chunk = start + n < total
-            req.in_flight += n
-            if spec:
-                k = start + n - total
-                if k > 0:
-                    spec_out[req.req_id] = spec[:k]
-                req.spec = []
-            if async_scheduling and not req.is_prefill_chunk:
-                req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
-                if k_spec:
-                    # The worker proposes the next step's drafts; the scheduler
-                    # only learns how many: placeholders (-1).
-                    req.spec = spec_placeholders
-            i += 1
+                    if room >= 0 and total < mml:
+                        # At most one new block, and a block may fill: the general path's
+                        # outcome without its clamps (none applies), unless it must preempt.
+                        blocks = req.blocks
+                        assert blocks is not None
+                        end = total + lookahead
+                        if end > mml:
+                            end = mml
+                        need = (end + bs - 1) // bs - len(blocks)
+                        if need <= 0 or (need == 1 and pool.num_free):
+                            new_blocks: Sequence[int] = no_blocks
+                            if need > 0:
+                                new_block = pool.pop_one()
+                                blocks.append(new_block)
+                                new_blocks = [new_block]
+                            room = len(blocks) * bs - lookahead  # FastScheduler._room, inline
+                            if room > mml1:
+                                room = mml1
+                            if caching:
+                                num_cached = req.num_cached
+                                if ntok // bs > num_cached:
+                                    if ntok // bs == num_cached + 1:
+                                        # One block fills (steady decode): _cache_full, inline.
+                                        b = blocks[num_cached]
+                                        block_hash[b] = NOT_HASHED
+                                        unindexed[b] = (req, num_cached)
+                                        req.num_cached = num_cached = num_cached + 1
+                                    else:
+                                        self._cache_full(req, ntok // bs)
+                                        num_cached = req.num_cached
+                                if room >= (num_cached + 1) * bs:
+                                    room = (num_cached + 1) * bs - 1
+                            append((req, 1, start, total, new_blocks))
+                            req.num_computed = total
+                            req.room = room
+                            if count_in_flight:
+                                req.in_flight += 1
+                            if async_scheduling:
+                                req.placeholders = ph + 1
+                                if k_spec:
+                                    req.spec = spec_placeholders
+                                    req.room = -1
+                            budget -= 1
+                            if budget:
+                                continue
+                            break
+                spec = req.spec
+                n = total + len(spec) - start
+                if 0 < threshold < n:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                if n > mml1 - start:
+                    n = mml1 - start
+                if n <= 0:
+                    continue
+                blocks = req.blocks
+                assert blocks is not None
+                end = start + n + lookahead
+                if end > mml:
+                    end = mml
+                need = (end + bs - 1) // bs - len(blocks)
+                new_blocks = no_blocks
+                if need > 0:
+                    if need > pool.num_free:
+                        preempted = True
+                        # FCFS pops its victims from the tail, past the cursor. A priority
+                        # victim may stand before it: the pass goes on from the index after
+                        # ``req`` (or from the one ``req`` left, if it preempted itself
+                        # and 0.33's rule goes on).
+                        i = running.index(req) if priority else 0
+                        i, budget, ok = self._preempt_until_fits(req, need, i, entries, spec_out, budget)
+                        if not ok:
+                            if priority and self.self_preempt_continue:
+                                resume_at = i
+                            break
+                        if priority:
+                            resume_at = i + 1
+                    new_blocks = pool.pop_front(need)
+                    blocks.extend(new_blocks)
+                if caching:
+                    c = start + n
+                    if c > ntok:
+                        c = ntok
+                    if c // bs > req.num_cached:
+                        self._cache_full(req, c // bs)
+                if req.is_prefill_chunk:
+                    prefill_scheduled = True
+                append((req, n, start, total, new_blocks))
+                budget -= n
+                req.num_computed = start + n
+                req.is_prefill_chunk = is_chunk = start + n < total
+                if count_in_flight:
+                    req.in_flight += n
+                if spec:
+                    k = start + n - total
+                    if k > 0:
+                        spec_out[req.req_id] = spec[:k]
+                    req.spec = []
+                if async_scheduling and not is_chunk:
+                    req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
+                    if k_spec:
+                        # The worker proposes the next step's drafts; the scheduler
+                        # only learns how many: placeholders (-1).
+                        req.spec = spec_placeholders
+                req.room = -1 if is_chunk or req.spec else self._room(req)
+                if resume_at is not None or budget <= 0:
+                    break
         num_running = len(entries)
 
         # ---- waiting loop
@@ -1037,7 +1180,8 @@ class FastScheduler:
                 for j in range(len(entries)):
                     if entries[j][0] is victim:
                         budget += entries[j][1]
-                        victim.in_flight -= entries[j][1]  # (its placeholders go with the preemption)
+                        if self.count_in_flight:
+                            victim.in_flight -= entries[j][1]  # (its placeholders go with the preemption)
                         del entries[j]
                         spec_out.pop(victim.req_id, None)
                         break
@@ -1083,6 +1227,8 @@ class FastScheduler:
                 ntok = len(req.tokens)
                 hit_blocks: list[int] = []
                 if self.caching:
+                    if pool.unindexed:
+                        self._index_cached()
                     max_blocks = (ntok - 1) // bs
                     for h in self._hashes(req, max_blocks)[:max_blocks]:
                         found = cached.get(h)
@@ -1154,11 +1300,13 @@ class FastScheduler:
                             request_id=req.req_id,
                         )
                     spec_out[req.req_id] = [-1] * k
-                req.in_flight += n
+                if self.count_in_flight:
+                    req.in_flight += n
                 if self.async_scheduling and not req.is_prefill_chunk:
                     req.placeholders += 1 + len(spec_out.get(req.req_id, ()))
                     if k:
                         req.spec = self.spec_placeholders
+                req.room = -1 if req.is_prefill_chunk or req.spec else self._room(req)
         finally:
             if skipped:
                 if self.priority:
@@ -1247,11 +1395,31 @@ class FastScheduler:
         any_stopped = False
         cache_after = self.cache_after_spec_update
         minus_placeholders = self.cache_minus_placeholders
+        # A plain step: no drafts scheduled, no placeholders and nothing to cache after the
+        # update (``cache_after`` is set under every async profile), and no request of the step
+        # finished or preempted since it was scheduled (so none is freed or has stale output).
+        # Then one sampled token that does not stop its request is appended and reported,
+        # nothing else.
+        plain = not spec_out and not cache_after and not out.changed_in_flight
+        append_result = results.append
+        count_in_flight = self.count_in_flight
         for entry, toks in zip(out.entries, sampled):
             req = entry[0]
+            if plain and len(toks) == 1:
+                t = toks[0]
+                if t not in req.stopset:
+                    tokens: list[int] = req.tokens
+                    tokens.append(t)
+                    if len(tokens) < req.length_cap:
+                        if count_in_flight:
+                            req.in_flight -= entry[1]
+                        append_result((req.req_id, toks, None, None))
+                        continue
+                    tokens.pop()
             if req.status >= FINISHED_STOPPED:
                 continue  # aborted or finished since it was scheduled (and freed: no longer in requests)
-            req.in_flight -= entry[1]
+            if count_in_flight:
+                req.in_flight -= entry[1]
             if req.stale:
                 req.stale -= entry[1]
                 if toks and not req.drop_stale:
@@ -1270,7 +1438,7 @@ class FastScheduler:
                         req.placeholders -= rejected  # async: the rejected drafts' placeholders
             had_placeholders = req.placeholders > 0
             if len(toks) == 1:
-                tokens: list[int] = req.tokens
+                tokens = req.tokens
                 t = toks[0]
                 tokens.append(t)
                 if t not in req.stopset and len(tokens) < req.length_cap:
@@ -1307,6 +1475,8 @@ class FastScheduler:
                 if target is None:
                     continue
                 target.spec = [] if target.is_prefill_chunk else list(proposed)
+                if target.spec:
+                    target.room = -1  # drafts to schedule: not a steady decode
         return results
 
     def _append_stale(self, req: Req, toks: Sequence[int], results: list[RequestOutputTuple]) -> None:
