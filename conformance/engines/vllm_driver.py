@@ -125,6 +125,7 @@ private copy of file descriptor 1 for protocol lines and points fd 1 (and
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -538,6 +539,7 @@ class VllmSchedulerSut:
         self.crashed: str | None = None  # why vLLM's schedule() died; None while alive
         self._vllm_configs: dict[tuple[Any, ...], Any] = {}
         self._model_configs: dict[int, Any] = {}  # max_model_len -> a ModelConfig never handed out (copied)
+        self._hf_configs: dict[str, Any] = {}  # get_config's arguments -> its first answer (copied)
         self.stats = {"schedule_seconds": 0.0, "update_seconds": 0.0, "steps": 0}
 
     # ----------------------------------------------------------------- init
@@ -665,13 +667,44 @@ class VllmSchedulerSut:
         """
         kept = self._model_configs.get(max_model_len)
         if kept is None:
-            kept = self.v.ModelConfig(
-                model=_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32", seed=0
-            )
+            with self._hf_configs_kept():
+                kept = self.v.ModelConfig(
+                    model=_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32", seed=0
+                )
             if len(self._model_configs) >= VLLM_CONFIG_CACHE_SIZE:
                 del self._model_configs[next(iter(self._model_configs))]
             self._model_configs[max_model_len] = kept
         return copy.deepcopy(kept)
+
+    @contextlib.contextmanager
+    def _hf_configs_kept(self) -> Iterator[None]:
+        """While a ``ModelConfig`` is built here, its module's ``get_config`` (which parses the model's HF
+        config, the same for every ``max_model_len``) answers a repeated question with a deep copy of its
+        first answer. Outside this block vLLM's function is as it was; a release whose ``ModelConfig``
+        module has no ``get_config`` parses every time."""
+        module = sys.modules.get(self.v.ModelConfig.__module__)
+        original = getattr(module, "get_config", None)
+        if original is None:
+            yield
+            return
+        answers = self._hf_configs
+
+        def get_config(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("hf_overrides_fn") is not None:
+                return original(*args, **kwargs)
+            try:
+                key = repr((args, sorted(kwargs.items(), key=lambda item: item[0])))
+            except Exception:  # noqa: BLE001 - an argument without a repr: no caching
+                return original(*args, **kwargs)
+            if key not in answers:
+                answers[key] = original(*args, **kwargs)
+            return copy.deepcopy(answers[key])
+
+        module.get_config = get_config  # type: ignore[union-attr]
+        try:
+            yield
+        finally:
+            module.get_config = original  # type: ignore[union-attr]
 
     def _check_pool(self, vllm_config: Any, spec: Any, num_blocks: int) -> None:
         """The engine's start-up check that the KV cache holds one ``max_model_len`` sequence.
@@ -1235,6 +1268,9 @@ def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSc
     stay in request order.
     """
     for line in lines:
+        if '"stats"' not in line:  # not a stats request (a batch's line is large: parsed once, by serve)
+            yield line
+            continue
         try:
             msg = json.loads(line)
         except json.JSONDecodeError:
@@ -1256,6 +1292,17 @@ def _with_extensions(lines: Iterable[str], out: TextIO, holder: dict[str, VllmSc
         out.flush()
 
 
+def freeze_start_up_heap() -> None:
+    """Leave what importing vLLM built out of every later garbage collection, as vLLM's engine core does
+    after its start-up (``EngineCore.__init__``: ``freeze_gc_heap``). Without it the collections that a
+    1,024-request step's allocations trigger walk the whole of vLLM and torch: the driver's steps ran up
+    to twice vLLM's own time in the engine."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def serve_stdio() -> int:
     """Run the protocol on stdin/stdout until ``shutdown`` or end of input."""
     from schedconf.conformance.protocol_server import serve
@@ -1263,6 +1310,7 @@ def serve_stdio() -> int:
     proto_out = take_protocol_stdout()
     holder: dict[str, VllmSchedulerSut] = {}
     api = _Vllm()
+    freeze_start_up_heap()
 
     def factory() -> VllmSchedulerSut:
         holder["sut"] = VllmSchedulerSut(api)

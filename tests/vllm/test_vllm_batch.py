@@ -88,14 +88,14 @@ for max_model_len in (64, 96, 64):
     hashes.append(
         [copied.compute_hash(), fresh.compute_hash(), copied.max_model_len, copied is not sut._model_config(max_model_len), differing, copied == fresh]
     )
-print(json.dumps(hashes))
+print(json.dumps({"rows": hashes, "hf_configs_parsed": len(sut._hf_configs)}))
 """
 
 
 def test_the_drivers_kept_model_configs_are_copies_equal_to_a_fresh_build():
-    """The driver builds vLLM's ModelConfig once per max_model_len and hands out deep copies (a trace's
-    start in a campaign is half that build); each copy must equal a fresh build, field by field, and be
-    its own object."""
+    """The driver builds vLLM's ModelConfig once per max_model_len and hands out deep copies, and parses
+    the model's HF config once for all lengths (a trace's start in a campaign was half those builds); each
+    copy must equal a fresh build with vLLM's own parse, field by field, and be its own object."""
     import json
     import subprocess
 
@@ -110,7 +110,10 @@ def test_the_drivers_kept_model_configs_are_copies_equal_to_a_fresh_build():
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = answer["rows"]
+    # Two lengths, one parse of the HF config: the second ModelConfig got a copy of the first's.
+    assert answer["hf_configs_parsed"] == 1
     for copied_hash, fresh_hash, _, distinct, differing, equal in rows:
         assert copied_hash == fresh_hash
         assert differing == [] and equal  # every field, the parsed HF config included
