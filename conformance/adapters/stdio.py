@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +99,7 @@ class _Batch:
     calls: list[tuple[str, dict[str, Any]]]
     next_index: int = 0
     msg_id: int | None = None
+    while_running: Callable[[], None] | None = None
 
     def is_next(self, method: str, params: dict[str, Any]) -> bool:
         """Is this call the batch's next one?"""
@@ -466,23 +467,32 @@ class StdioSut:
             self._planning = None
             self.last_stats = None
 
-    def plan_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    def plan_batch(
+        self, calls: list[tuple[str, dict[str, Any]]], while_running: Callable[[], None] | None = None
+    ) -> None:
         """Answer the coming calls, while they are these, from one ``batch`` request (PROTOCOL.md).
 
         Nothing is sent yet: the first of these calls sends the whole batch, so a scheduler that is gone
         or stops reading is reported at that call, as it would be without a batch. Each call then reads
         its own reply line, with the call's own timeout and checks. A scheduler without
         ``capabilities.batch`` is called one request at a time, as before.
+
+        ``while_running`` is called once, right after the batch is sent, before the first reply is read:
+        the harness's own work (a campaign generates its next trace) while the scheduler runs the batch.
+        It must not raise but to stop everything (an interrupt); its time is not charged to the call.
         """
         self.end_batch()
         if calls and self.supports_batch:
-            self._batch = _Batch(calls)
+            self._batch = _Batch(calls, while_running=while_running)
 
     def _call_batched(self, batch: _Batch, method: str, timeout_s: float | None) -> Any:
         index = batch.next_index
         if batch.msg_id is None:
             params = {"calls": [{"method": m, "params": p} for m, p in batch.calls]}
             batch.msg_id, _, _, _ = self._send("batch", params, timeout_s, label=method)
+            work, batch.while_running = batch.while_running, None
+            if work is not None:
+                work()
         batch.next_index += 1
         wait_s, limit_words = self._limit(timeout_s or self.timeout_s)
         try:

@@ -84,11 +84,15 @@ def replay(
     step_timeout: float | None = None,
     start: bool = True,
     deadline: float | None = None,
+    while_running: Callable[[], None] | None = None,
 ) -> ReplayResult:
     """Run every event of ``trace`` on ``sut``; stop at the first divergence.
 
     ``deadline`` (a ``time.monotonic()`` value) bounds the whole replay:
-    past it, :class:`ReplayDeadline` is raised.
+    past it, :class:`ReplayDeadline` is raised. ``while_running`` is the caller's
+    own work, done while a scheduler that takes the trace as one ``batch`` runs it
+    (called once, right after the batch is sent; not at all otherwise). It must
+    not raise, except to stop everything.
     """
     enforced = bool(getattr(sut, "enforces_timeouts", False))
     if enforced:
@@ -96,7 +100,7 @@ def replay(
             sut.timeout_s = step_timeout  # type: ignore[attr-defined]
         sut.deadline = deadline  # type: ignore[attr-defined]
     try:
-        return _replay(trace, sut, comparison, step_timeout, start, deadline, enforced)
+        return _replay(trace, sut, comparison, step_timeout, start, deadline, enforced, while_running)
     finally:
         if enforced:
             sut.deadline = None  # type: ignore[attr-defined]
@@ -118,6 +122,7 @@ def _replay(
     start: bool,
     deadline: float | None,
     enforced: bool,
+    while_running: Callable[[], None] | None = None,
 ) -> ReplayResult:
     comparator = Comparator(comparison) if comparison != "safety" else None
     events = trace.events
@@ -336,7 +341,7 @@ def _replay(
                             sut.observe()
                 except SutUnsupported:
                     break  # the replay stops there too
-        plan_batch(planned)
+        plan_batch(planned, while_running)
         try:
             result = run_events()
         except BaseException:

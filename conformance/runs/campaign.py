@@ -322,6 +322,7 @@ def _init_worker(spec: CampaignSpec) -> None:
     from schedconf.conformance.adapters import make_sut
 
     _WORKER["spec"] = spec
+    _WORKER.pop("prefetched", None)
     _WORKER["sut"] = make_sut(spec.sut)
 
 
@@ -458,16 +459,55 @@ def get_in_flight_features(trace: Trace) -> set[str]:
     return out
 
 
-def run_one(index: int, workload: Workload | RefusedConfigWorkload) -> TraceOutcome:
-    """Generate one trace with the reference and replay it on the worker's SUT."""
-    spec: CampaignSpec = _WORKER["spec"]
-    sut = _WORKER["sut"]
+def _generate(index: int, workload: Workload | RefusedConfigWorkload) -> Trace | WorkloadError:
+    """The trace of one workload (the reference's expected outputs), or why the reference discards it."""
     try:
         trace = run_workload(workload)
     except WorkloadError as exc:
-        return TraceOutcome(index=index, verdict="discarded", steps=0, events=0, report=str(exc))
+        return exc
     trace.path = f"trace-{index}"
-    result: ReplayResult = replay(trace, sut, spec.comparison, step_timeout=spec.step_timeout)
+    return trace
+
+
+def run_one(
+    index: int,
+    workload: Workload | RefusedConfigWorkload,
+    next_item: tuple[int, Workload | RefusedConfigWorkload] | None = None,
+) -> TraceOutcome:
+    """Generate one trace with the reference and replay it on the worker's SUT.
+
+    With ``next_item`` (the trace this worker replays next), a scheduler that takes the trace as one
+    ``batch`` runs it while this process generates the next one (PROTOCOL.md): the harness's work and
+    the scheduler's overlap. An error while generating is raised when that trace's turn comes, as it
+    would be without the overlap.
+    """
+    spec: CampaignSpec = _WORKER["spec"]
+    sut = _WORKER["sut"]
+    prefetched = _WORKER.pop("prefetched", None)
+    if prefetched is not None and prefetched[0] == index and prefetched[1] is workload:
+        generated = prefetched[2]
+        if isinstance(generated, BaseException) and not isinstance(generated, WorkloadError):
+            raise generated
+    else:
+        generated = _generate(index, workload)
+    if isinstance(generated, WorkloadError):
+        return TraceOutcome(index=index, verdict="discarded", steps=0, events=0, report=str(generated))
+    trace = generated
+
+    def generate_next() -> None:
+        assert next_item is not None
+        try:
+            _WORKER["prefetched"] = (*next_item, _generate(*next_item))
+        except Exception as exc:  # noqa: BLE001 - a harness error, raised at that trace's turn
+            _WORKER["prefetched"] = (*next_item, exc)
+
+    result: ReplayResult = replay(
+        trace,
+        sut,
+        spec.comparison,
+        step_timeout=spec.step_timeout,
+        while_running=generate_next if next_item is not None else None,
+    )
     outcome = TraceOutcome(
         index=index,
         verdict=result.verdict,
@@ -629,7 +669,10 @@ def run_campaign(spec: CampaignSpec, on_event: Callable[[str], None] | None = No
     try:
         if jobs <= 1:
             _init_worker(spec)
-            stream = (run_one(i, w) for i, w in enumerate(workloads))
+            stream = (
+                run_one(i, w, (i + 1, workloads[i + 1]) if i + 1 < len(workloads) else None)
+                for i, w in enumerate(workloads)
+            )
         else:
             executor = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker_process, initargs=(spec,))
             futures = [executor.submit(run_one, i, w) for i, w in enumerate(workloads)]

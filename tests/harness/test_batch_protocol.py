@@ -118,3 +118,62 @@ def test_a_failure_shrinks_to_the_same_minimal_trace_both_ways(corpus):
         shrunk[batch] = (render_trace(result.trace), result.divergence, result.attempts, result.accepted)
     assert shrunk[True] == shrunk[False]
     assert shrunk[True][3] > 0, "nothing was shrunk: the comparison shows little"
+
+
+def test_a_campaign_that_generates_the_next_trace_meanwhile_finds_what_one_request_per_call_finds(
+    tmp_path, monkeypatch
+):
+    """``schedconf run`` with one job generates trace i+1 while the scheduler runs trace i's batch: the same
+    verdicts and the same failing traces as one request per call. (Shrinking is left out: a campaign
+    shrinks against a time budget, which the faster way fills with more attempts;
+    ``test_a_failure_shrinks_to_the_same_minimal_trace_both_ways`` compares shrinks that end on their own.)"""
+    from schedconf.conformance.runs.campaign import run_campaign
+
+    command = f"stdio:{sys.executable} -m schedconf.conformance.protocol_server {SERVED}:fcfs_victim_head"
+    summaries = {}
+    for batch in ("0", "1"):
+        monkeypatch.setenv("SCHEDCONF_PROTOCOL_BATCH", batch)
+        spec = CampaignSpec(
+            sut=command,
+            examples=40,
+            seed=5,
+            out_dir=str(tmp_path),
+            run_id=f"batch{batch}",
+            quiet=True,
+            shrink_budget_s=0,
+        )
+        summaries[batch] = run_campaign(spec)
+    per_call, batched = summaries["0"], summaries["1"]
+    for key in ("passed", "failed", "unknown", "discarded", "examples_run"):
+        assert per_call[key] == batched[key], key
+    assert per_call["failed"] > 0
+    assert [(f["index"], f["signature"]) for f in per_call["failures"]] == [
+        (f["index"], f["signature"]) for f in batched["failures"]
+    ]
+
+
+def test_an_error_while_generating_the_next_trace_is_raised_at_its_turn_not_blamed_on_the_scheduler(
+    monkeypatch, corpus
+):
+    from schedconf.conformance.runs import campaign
+
+    workloads = generate_workloads(CampaignSpec(sut="reference", examples=3, seed=5))
+    real_generate = campaign._generate
+
+    def generate(index, workload):  # noqa: ANN001, ANN202
+        if index == 1:
+            raise RuntimeError("the generator broke")
+        return real_generate(index, workload)
+
+    monkeypatch.setattr(campaign, "_generate", generate)
+    sut = served("reference", batch=True)
+    campaign._WORKER.update(spec=CampaignSpec(sut="reference", examples=3, seed=5), sut=sut)
+    try:
+        first = campaign.run_one(0, workloads[0], (1, workloads[1]))
+        assert first.verdict == "pass", first.report  # the scheduler is not blamed for the generator
+        assert campaign._WORKER["prefetched"][0] == 1  # it was generated while trace 0 ran
+        with pytest.raises(RuntimeError, match="the generator broke"):
+            campaign.run_one(1, workloads[1], (2, workloads[2]))
+    finally:
+        campaign._WORKER.clear()
+        sut.close()

@@ -207,11 +207,11 @@ def test_interrupt_leaves_a_valid_report(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = campaign.run_one
 
-    def interrupting(index, workload):
+    def interrupting(index, workload, *following):
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt
-        return real(index, workload)
+        return real(index, workload, *following)
 
     monkeypatch.setattr(campaign, "run_one", interrupting)
     summary = run_campaign(CampaignSpec(sut="reference", examples=20, out_dir=str(tmp_path), run_id="int", quiet=True))
