@@ -148,6 +148,7 @@ SMOKES: dict[str, Smoke] = {
                     row("reference", "3 pass", NUM, NUM, NUM, "-", NUM, "-?" + NUM),
                     row(r"vLLM 0\.33\.0, one request per call", "3 pass", NUM, NUM, NUM, NUM, NUM, "-?" + NUM),
                     row(r"vLLM 0\.33\.0, a batch per trace", "3 pass", NUM, NUM, NUM, NUM, NUM, "-?" + NUM),
+                    row(r"vLLM 0\.33\.0, as schedconf run drives it", "3 pass", NUM, NUM, NUM, NUM, NUM, "-?" + NUM),
                 ),
             ),
         ),
