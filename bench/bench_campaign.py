@@ -76,6 +76,27 @@ class CompareClock:
             setattr(compare.Comparator, name, method)
 
 
+class StartClock:
+    """Seconds spent in ``sut.start`` (a trace's init, round trip included) while installed."""
+
+    def __init__(self, sut: Any) -> None:
+        self.seconds = 0.0
+        self.sut = sut
+        self.start = sut.start
+
+        def timed_start(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return self.start(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        sut.start = timed_start
+
+    def close(self) -> None:
+        self.sut.start = self.start
+
+
 def generate(spec: CampaignSpec) -> tuple[list[Trace], int, float]:
     """The campaign's traces (the reference's), how many workloads were discarded, and the seconds it took."""
     started = time.perf_counter()
@@ -93,17 +114,7 @@ def run_sut(name: str, sut: Any, traces: list[Trace], engine_stats: bool) -> dic
     clock = CompareClock()
     verdicts: dict[str, int] = {}
     replay_s = engine_s = 0.0
-    init = {"s": 0.0}
-    start = sut.start
-
-    def timed_start(*a: Any, **k: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return start(*a, **k)
-        finally:
-            init["s"] += time.perf_counter() - started
-
-    sut.start = timed_start
+    starts = StartClock(sut)
     try:
         for trace in traces:
             started = time.perf_counter()
@@ -114,14 +125,14 @@ def run_sut(name: str, sut: Any, traces: list[Trace], engine_stats: bool) -> dic
                 engine_s += sut.stats()["scheduler_seconds"]  # since this trace's init: outside the timed replay
     finally:
         clock.close()
-        sut.start = start
+        starts.close()
     return {
         "name": name,
         "verdicts": verdicts,
         "replay_s": replay_s,
         "engine_s": engine_s if engine_stats else None,
         "compare_s": clock.seconds,
-        "init_s": init["s"],
+        "init_s": starts.seconds,
     }
 
 
@@ -132,17 +143,7 @@ def run_overlapped(name: str, sut: Any, spec: CampaignSpec) -> dict[str, Any]:
     clock = CompareClock()
     verdicts: dict[str, int] = {}
     engine_s = 0.0
-    init = {"s": 0.0}
-    start = sut.start
-
-    def timed_start(*a: Any, **k: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return start(*a, **k)
-        finally:
-            init["s"] += time.perf_counter() - started
-
-    sut.start = timed_start
+    starts = StartClock(sut)
     campaign._WORKER.update(spec=spec, sut=sut)
     started = time.perf_counter()
     try:
@@ -155,7 +156,7 @@ def run_overlapped(name: str, sut: Any, spec: CampaignSpec) -> dict[str, Any]:
     finally:
         wall_s = time.perf_counter() - started
         clock.close()
-        sut.start = start
+        starts.close()
         campaign._WORKER.clear()
     return {
         "name": name,
@@ -163,7 +164,7 @@ def run_overlapped(name: str, sut: Any, spec: CampaignSpec) -> dict[str, Any]:
         "replay_s": wall_s,
         "engine_s": engine_s,
         "compare_s": clock.seconds,
-        "init_s": init["s"],
+        "init_s": starts.seconds,
         "overlapped": True,
     }
 

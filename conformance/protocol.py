@@ -66,40 +66,31 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
 
     ``scheduler`` (``v1`` or ``v0``) picks the result shapes; None: the reply's keys tell.
     """
-    if _is_plain_result(reply):
-        # The common reply, which the envelope accepts: skip its schema (checked below otherwise).
-        schema = SCHEMA["results"].get(method)
-        if schema is None or (reply["result"] is None and schema is NULL_RESULT):
+    if not _is_plain_result(reply):  # the common reply, {id, result}, is one the envelope accepts
+        problem = validate_value(reply, ENVELOPE, "")
+        if problem:
+            return _words(problem)
+        if ("result" in reply) == ("error" in reply):
+            return "(reply): expected exactly one of result and error"
+        if "error" in reply:
+            code = reply["error"]["code"]
+            if code not in ERROR_CODES and code not in PROTOCOL_ONLY_CODES:
+                return (
+                    f"error.code: unknown error code {code!r}; expected one of the codes in FORMAT.md's table "
+                    f"or {', '.join(PROTOCOL_ONLY_CODES)}"
+                )
             return None
-        kind = scheduler if scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
-        problem = validate_value(reply["result"], schema, "result", kind)  # type: ignore[arg-type]
-        return _words(problem) if problem else None
-    problem = validate_value(reply, ENVELOPE, "")
-    if problem:
-        return _words(problem)
-    if ("result" in reply) == ("error" in reply):
-        return "(reply): expected exactly one of result and error"
-    if "error" in reply:
-        code = reply["error"]["code"]
-        if code not in ERROR_CODES and code not in PROTOCOL_ONLY_CODES:
-            return (
-                f"error.code: unknown error code {code!r}; expected one of the codes in FORMAT.md's table "
-                f"or {', '.join(PROTOCOL_ONLY_CODES)}"
-            )
-        return None
     schema = SCHEMA["results"].get(method)
-    if schema is None:
+    if schema is None or (reply["result"] is None and method in NULL_METHODS):
         return None
     kind = scheduler if scheduler is not None and scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
     problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
 
 
-NULL_RESULT = SCHEMA["results"]["add_request"]
-"""The result schema of the methods that answer ``null`` (add_request, abort, shutdown): one object."""
-for _method in ("abort", "shutdown"):
-    if SCHEMA["results"].get(_method) == NULL_RESULT:
-        SCHEMA["results"][_method] = NULL_RESULT
+NULL_METHODS = frozenset(method for method, schema in SCHEMA["results"].items() if schema == {"type": "null"})
+"""The methods whose result schema is ``null`` alone (add_request, abort, shutdown): a ``null`` answer needs no
+validator call."""
 
 
 def _is_plain_result(reply: dict[str, Any]) -> bool:

@@ -141,8 +141,7 @@ def serve(
         if isinstance(msg, dict) and msg.get("method") == "batch":
             serve_batch(session, msg, stdout, render)
         else:
-            stdout.write(render(session.process_message(msg)) + "\n")
-            stdout.flush()
+            _write_line(stdout, render(session.process_message(msg)))
         if session.shut_down:
             return 0
     return 0
@@ -169,21 +168,18 @@ def serve_batch(
     calls = (msg.get("params") or {}).get("calls")
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         error = {"code": "internal", "message": "batch: params.calls must be a list of {method, params} objects"}
-        stdout.write(render({"id": msg_id, "error": error}) + "\n")
-        stdout.flush()
+        _write_line(stdout, render({"id": msg_id, "error": error}))
         return
     run = 0
     for index, call in enumerate(calls):
         reply = session.process_message({"id": msg_id, "method": call.get("method"), "params": call.get("params")})
         reply["index"] = index
-        stdout.write(render(reply) + "\n")
-        stdout.flush()
+        _write_line(stdout, render(reply))
         run += 1
         if session.shut_down or ("error" in reply and reply["error"].get("code") in BATCH_STOPS):
             break
     if not session.shut_down:
-        stdout.write(render({"id": msg_id, "result": {"calls_run": run}}) + "\n")
-        stdout.flush()
+        _write_line(stdout, render({"id": msg_id, "result": {"calls_run": run}}))
 
 
 def take_protocol_stdout():  # noqa: ANN201 - a text file
@@ -223,7 +219,12 @@ def render_reply_line(obj: dict[str, Any]) -> str:
 
 def write_reply(stdout, obj: dict[str, Any]) -> None:  # noqa: ANN001
     """One reply line, flushed."""
-    stdout.write(render_reply_line(obj) + "\n")
+    _write_line(stdout, render_reply_line(obj))
+
+
+def _write_line(stdout, line: str) -> None:  # noqa: ANN001
+    """A protocol line, flushed at once (the harness waits for it)."""
+    stdout.write(line + "\n")
     stdout.flush()
 
 

@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from schedconf.conformance.protocol import PROTOCOL_VERSION, validate_reply
+from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 try:
     import fcntl
 except ImportError:  # not on Windows
     fcntl = None  # type: ignore[assignment]
-from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 DEFAULT_TIMEOUT_S = 30.0
 SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
@@ -315,8 +315,9 @@ class StdioSut:
         """Send one request and return its validated result (SutInputError for an error reply).
 
         While a batch is planned (:meth:`plan_batch`), a call that is the plan's next one is answered
-        from the batch's replies instead (the first such call sends the batch); any other call first
-        finishes the batch (:meth:`end_batch`) and is then sent on its own.
+        from the batch's replies instead (the first such call sends the batch). ``init`` and ``shutdown``
+        first finish the batch (:meth:`end_batch`); any other call off the plan is the harness's bug
+        (RuntimeError, the process killed).
         """
         if self._planning is not None:
             self._planning.append((method, params))
@@ -345,10 +346,10 @@ class StdioSut:
         return child
 
     def _send(
-        self, method: str, params: dict[str, Any], timeout_s: float | None, label: str | None = None
+        self, method: str, params: dict[str, Any], timeout_s: float | None, label: str = ""
     ) -> tuple[int, float, float, str]:
         """Write one request; its id, when it was sent, the seconds to wait for its answer and their name.
-        ``label`` names the call in messages (default: ``method``)."""
+        ``label`` names the call in messages (default: ``method``; a batch is named by its first call)."""
         child = self._running_child()
         self._next_id += 1
         msg_id = self._next_id

@@ -245,6 +245,10 @@ def _replay(
             return update_in_flight(event["sampled_token_ids"], event["draft_token_ids"], step=event["step"])
         return sut.update_from_output(event["sampled_token_ids"], event["draft_token_ids"])
 
+    def observes(step_event: dict[str, Any]) -> bool:
+        """Is the free queue observed after this step (when its output matched)?"""
+        return comparison == "strict" and "observe" in step_event
+
     def run_events() -> ReplayResult:
         """Call, compare, stop at the first divergence."""
         nonlocal step, steps_run
@@ -285,7 +289,7 @@ def _replay(
                 diffs = comparator.compare_scheduler_output(event["expect"], actual)
                 if diffs:
                     return fail(index, "scheduler_output", diffs, message=f"step {step}: schedule() differs")
-                if comparison == "strict" and "observe" in event:
+                if observes(event):
                     try:
                         with _deadline(None if enforced else _alarm_s(step_timeout, deadline)):
                             observed = sut.observe()
@@ -336,9 +340,9 @@ def _replay(
             for event in events:
                 try:
                     call(event["kind"], event)
-                    if comparison == "strict" and event["kind"] == "step" and "observe" in event:
-                        if "expect_error" not in event:  # after an expected error the replay goes on without it
-                            sut.observe()
+                    # A step that is refused as expected is not observed (the replay goes on at once).
+                    if event["kind"] == "step" and "expect_error" not in event and observes(event):
+                        sut.observe()
                 except SutUnsupported:
                     break  # the replay stops there too
         plan_batch(planned, while_running)
