@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from schedconf.conformance.protocol import PROTOCOL_VERSION, validate_reply
+from schedconf.conformance.protocol_server import render_line
 from schedconf.conformance.sut import SutInputError, SutUnsupported
 
 try:
@@ -355,7 +356,7 @@ class StdioSut:
         msg_id = self._next_id
         child.messages += 1
         wait_s, limit_words = self._limit(timeout_s or self.timeout_s)
-        line = json.dumps({"id": msg_id, "method": method, "params": params}, sort_keys=True, separators=(",", ":"))
+        line = render_line({"id": msg_id, "method": method, "params": params})
         started = time.monotonic()
         label = label or method
         try:

@@ -127,6 +127,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -134,6 +136,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any, TextIO
 
 from schedconf.conformance.engines import protocol_checks
@@ -493,6 +496,18 @@ def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
 # ---------------------------------------------------------------------- SUT
 
 
+@functools.cache
+def _get_required_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass that have no default (none for a class that is not a dataclass)."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+
+
 class _ScheduledInFlight:
     """``in``: whether a step in flight scheduled the request id (one aborted since cannot be re-added yet)."""
 
@@ -506,13 +521,12 @@ class _ScheduledInFlight:
 class _InFlightStep:
     """One scheduled step whose model output is not applied yet (a slot of EngineCore's batch queue)."""
 
-    __slots__ = ("step", "output", "samples", "sampling")
+    __slots__ = ("step", "output", "sampling")
 
-    def __init__(self, step: int, output: Any, samples: dict[str, bool]) -> None:
+    def __init__(self, step: int, output: Any, sampling: set[str]) -> None:
         self.step = step
         self.output = output  # vLLM's SchedulerOutput
-        self.samples = samples  # request id -> whether this step samples it (not is_prefill_chunk)
-        self.sampling = {rid for rid, flag in samples.items() if flag}  # the ids it samples
+        self.sampling = sampling  # the ids it samples (vLLM's not is_prefill_chunk); the others run a chunk
 
 
 class VllmSchedulerSut:
@@ -946,25 +960,23 @@ class VllmSchedulerSut:
         self.stats["steps"] += 1
         self.current_step += 1
         self.steps_in_flight.append(
-            _InFlightStep(
-                self.current_step, output, {rid: self._samples(s.requests[rid]) for rid in output.num_scheduled_tokens}
-            )
+            _InFlightStep(self.current_step, output, self._get_sampling(s.requests, output.num_scheduled_tokens))
         )
         return self._canonical_output(output)
 
     @staticmethod
-    def _samples(request: Any) -> bool:
-        """Whether the step just scheduled samples ``request``: vLLM's ``not is_prefill_chunk``.
+    def _get_sampling(requests: dict[str, Any], scheduled: Iterable[str]) -> set[str]:
+        """The ids of ``scheduled`` that the step just scheduled samples: vLLM's ``not is_prefill_chunk``.
 
         Read right after ``schedule()`` (its ``_update_after_schedule`` sets it:
         ``num_computed_tokens < num_tokens + num_output_placeholders``, the
         placeholders of this step not yet added). <= 0.11 has no such field;
         its arithmetic is the same without placeholders.
         """
-        flag = getattr(request, "is_prefill_chunk", None)
-        if flag is None:
-            return request.num_computed_tokens >= request.num_tokens
-        return not flag
+        try:
+            return {rid for rid in scheduled if not requests[rid].is_prefill_chunk}
+        except AttributeError:
+            return {rid for rid in scheduled if requests[rid].num_computed_tokens >= requests[rid].num_tokens}
 
     def _canonical_output(self, out: Any) -> dict[str, Any]:
         """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own)."""
@@ -981,7 +993,7 @@ class VllmSchedulerSut:
         resumed_ids: Any = getattr(c, "resumed_req_ids", None)
         resumed_flags: Any = getattr(c, "resumed_from_preemption", None)  # <= 0.11
         if resumed_ids is not None:
-            resumed_flags = [rid in resumed_ids for rid in c.req_ids]
+            resumed_flags = [rid in resumed_ids for rid in c.req_ids] if resumed_ids else repeat(False)
         num_output_tokens: Any = getattr(c, "num_output_tokens", None)
         if num_output_tokens is None:  # <= 0.11 has no num_output_tokens; the request's count is the same value
             num_output_tokens = [s.requests[rid].num_output_tokens for rid in c.req_ids]
@@ -1001,7 +1013,7 @@ class VllmSchedulerSut:
         return {
             "scheduled_new_reqs": new_reqs,
             "scheduled_cached_reqs": cached,
-            "num_scheduled_tokens": dict(sorted(out.num_scheduled_tokens.items())),
+            "num_scheduled_tokens": dict(out.num_scheduled_tokens),  # its keys are sorted when the reply is written
             "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
             "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(out.scheduled_spec_decode_tokens.items())},
             "finished_req_ids": sorted(out.finished_req_ids),
@@ -1047,15 +1059,14 @@ class VllmSchedulerSut:
         lists = sampled.values()
         if not lists:
             return True
-        if {type(tokens) for tokens in lists} != {list} or set(map(len, lists)) != {1}:
+        if set(map(type, lists)) != {list} or set(map(len, lists)) != {1}:
             return False
-        tokens = [t for (t,) in lists]
-        return {type(t) for t in tokens} == {int} and min(tokens) >= 0 and max(tokens) <= protocol_checks.MAX_TOKEN_ID
+        tokens = list(chain.from_iterable(lists))
+        return set(map(type, tokens)) == {int} and min(tokens) >= 0 and max(tokens) <= protocol_checks.MAX_TOKEN_ID
 
     def _validate_model_output(self, record: _InFlightStep, sampled: Any, drafts: Any) -> None:
-        """Refuse model output no model could produce for the in-flight step ``record`` (protocol codes)."""
-        if self._is_one_token_each(record, sampled, drafts):
-            return
+        """Refuse model output no model could produce for the in-flight step ``record`` (protocol codes),
+        rule by rule (:meth:`_is_one_token_each` accepts the common output first)."""
         s = self.scheduler
         out = record.output
         scheduled = out.num_scheduled_tokens
@@ -1081,7 +1092,7 @@ class VllmSchedulerSut:
                 continue
             num_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
             got = len(sampled.get(rid, ()))
-            if record.samples[rid]:
+            if rid in record.sampling:
                 # Stale output (the request was preempted after this step was
                 # scheduled) still samples: vLLM appends it on return.
                 # vLLM skips an empty list (no token, no stop check); with drafts
@@ -1142,15 +1153,23 @@ class VllmSchedulerSut:
         """
         s = self._sched()
         record = self._get_step_to_apply(step)
-        self._validate_model_output(record, sampled_token_ids, draft_token_ids)
+        one_token_each = self._is_one_token_each(record, sampled_token_ids, draft_token_ids)
+        if not one_token_each:
+            self._validate_model_output(record, sampled_token_ids, draft_token_ids)
         self.steps_in_flight.popleft()
         out = record.output
         v = self.v
         req_ids = list(out.num_scheduled_tokens)
+        if one_token_each:
+            # vLLM trims a list in place only after a stop inside it (``del new_token_ids[n:]``): a list of
+            # one token is never changed, so the caller's lists are handed over as they are.
+            sampled = [sampled_token_ids.get(rid) or [] for rid in req_ids]
+        else:
+            sampled = [list(sampled_token_ids.get(rid, [])) for rid in req_ids]
         runner_kwargs: dict[str, Any] = dict(
             req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=[list(sampled_token_ids.get(rid, [])) for rid in req_ids],
+            req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
+            sampled_token_ids=sampled,
         )
         if v.DraftTokenIds is None and self.num_spec_tokens:  # <= 0.11: drafts ride in the runner output
             runner_kwargs["spec_token_ids"] = [list(draft_token_ids.get(rid, [])) for rid in req_ids]
@@ -1217,18 +1236,9 @@ class VllmSchedulerSut:
 
     def _runner_defaults(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Fill the ModelRunnerOutput fields a release requires without defaults (<= 0.11)."""
-        import dataclasses
-
-        cls = self.v.ModelRunnerOutput
-        if dataclasses.is_dataclass(cls):
-            for f in dataclasses.fields(cls):
-                if (
-                    f.name in kwargs
-                    or f.default is not dataclasses.MISSING
-                    or f.default_factory is not dataclasses.MISSING
-                ):
-                    continue
-                kwargs[f.name] = [] if f.name.endswith("_ids") else ({} if f.name.endswith("_dict") else None)
+        for name in _get_required_fields(self.v.ModelRunnerOutput):
+            if name not in kwargs:
+                kwargs[name] = [] if name.endswith("_ids") else ({} if name.endswith("_dict") else None)
         return kwargs
 
     # --------------------------------------------------------------- observe
@@ -1316,7 +1326,9 @@ def serve_stdio() -> int:
         holder["sut"] = VllmSchedulerSut(api)
         return holder["sut"]
 
-    return serve(factory, stdin=_with_extensions(sys.stdin, proto_out, holder), stdout=proto_out)
+    return serve(
+        factory, stdin=_with_extensions(sys.stdin, proto_out, holder), stdout=proto_out, collect_after_batch=True
+    )
 
 
 def self_check(expect_version: str | None) -> int:
