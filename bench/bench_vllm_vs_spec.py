@@ -1,6 +1,6 @@
 """Side by side: the reference model and the real vLLM scheduler on the same steady decode.
 
-Usage: python bench/bench_vllm_vs_spec.py [--sizes 64,256,1024] [--steps 50] [--version 0.33.0]
+Usage: python bench/bench_vllm_vs_spec.py [--sizes 64,256,1024] [--steps 50] [--warmup 1] [--version 0.33.0]
 
 Each size N: N requests with distinct 128-token prompts are admitted and
 prefilled (not timed), then ``--steps`` decode steps are timed, each one
@@ -16,7 +16,9 @@ prefilled (not timed), then ``--steps`` decode steps are timed, each one
 
 Prints one row per size: ms/step of each, and reference/vLLM as a ratio
 (above 1: the reference is slower). Both run one after the other, never at the
-same time, on whatever cores the machine has.
+same time, on whatever cores the machine has. Each size is first measured
+``--warmup`` times untimed (both processes then have what a campaign's first
+traces build once: the harness's compiled validators, the driver's caches).
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64,256,1024")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of each size before its timed one")
     parser.add_argument("--version", default="0.33.0", help="vLLM release (its environment is built if missing)")
     args = parser.parse_args()
     ensure_vllm_env(args.version)
@@ -166,13 +169,17 @@ def main() -> None:
     rows = []
     try:
         for n in sizes:
+            for _ in range(args.warmup):
+                reference_ms_per_step(n, args.steps)
+                vllm_ms_per_step(sut, n, args.steps)
             ref = reference_ms_per_step(n, args.steps)
             rows.append((n, ref, *vllm_ms_per_step(sut, n, args.steps)))
     finally:
         sut.close()
     print(
-        f"steady decode, {PROMPT_LEN}-token prompts, {args.steps} timed steps per column; vLLM {args.version} "
-        "timed inside its process; protocol columns: wall time in the harness over vLLM's own time"
+        f"steady decode, {PROMPT_LEN}-token prompts, {args.steps} timed steps per column after {args.warmup} "
+        f"untimed round(s); vLLM {args.version} timed inside its process; protocol columns: wall time in the "
+        "harness over vLLM's own time"
     )
     print(
         f"{'requests':>8} | {'reference ms/step':>17} | {'vLLM ms/step':>12} | {'ref/vLLM':>8} | "

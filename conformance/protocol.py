@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from schedconf.conformance.traces.json_schema import describe_value
 from schedconf.conformance.traces.trace import SCHEDULER_KINDS, validate_value
 from schedconf.spec.errors import ERROR_CODES
 
@@ -86,6 +87,47 @@ def validate_reply(method: str, reply: dict[str, Any], scheduler: str | None = N
     kind = scheduler if scheduler is not None and scheduler in SCHEDULER_KINDS else get_reply_scheduler(method, reply)
     problem = validate_value(reply["result"], schema, "result", kind)
     return _words(problem) if problem else None
+
+
+COLUMN_FIELDS: dict[str, tuple[str, ...]] = {
+    "schedule": ("scheduled_new_reqs", "scheduled_cached_reqs"),
+    "update": ("outputs",),
+}
+"""The lists of request objects that a scheduler which lists ``capabilities.columns`` may send in column
+form (PROTOCOL.md, "Column form"): one list per field instead of one object per request."""
+
+
+def expand_columns(method: str, reply: dict[str, Any]) -> str | None:
+    """Turn the column forms in a ``result`` of ``method`` back into lists of objects, in place.
+
+    Returns ``field: expected ..., found ...`` for a column form that is not one (a column that is not a
+    list, columns of different lengths), else None. A field already in list form is left as it is; the
+    objects built here are then checked by :func:`validate_reply` like any others.
+    """
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return None
+    for name in COLUMN_FIELDS.get(method, ()):
+        columns = result.get(name)
+        if not isinstance(columns, dict):
+            continue
+        lengths: dict[str, int] = {}
+        for key, values in columns.items():
+            if not isinstance(values, list):
+                return f"result.{name}.{key}: expected a list (one value per request, column form), found {describe_value(values)}"
+            lengths[key] = len(values)
+        if len(set(lengths.values())) > 1:
+            by_length: dict[int, list[str]] = {}
+            for key, n in lengths.items():
+                by_length.setdefault(n, []).append(key)
+            shown = " and ".join(
+                f"{n} value{'' if n == 1 else 's'} in {', '.join(keys)}"
+                for n, keys in sorted(by_length.items(), key=lambda item: -len(item[1]))
+            )
+            return f"result.{name}: expected columns of one length (column form), found {shown}"
+        keys = list(columns)
+        result[name] = [dict(zip(keys, values)) for values in zip(*columns.values())]
+    return None
 
 
 NULL_METHODS = frozenset(method for method, schema in SCHEMA["results"].items() if schema == {"type": "null"})

@@ -71,12 +71,17 @@ class ProtocolSession:
             if self.sut is None:
                 self.sut = self.factory()
             self.sut.start(params["config"], params["profile"])
+            # Column form (PROTOCOL.md): when the harness asks for it and the scheduler builds it itself.
+            columns = params.get("columns") is True and bool(getattr(self.sut, "supports_columns", False))
+            if hasattr(self.sut, "supports_columns"):
+                self.sut.columns = columns
             caps = {
                 "observe": bool(getattr(self.sut, "supports_observe", True)),
                 "in_flight": bool(getattr(self.sut, "in_flight", False)),
                 "reset_prefix_cache": hasattr(self.sut, "reset_prefix_cache"),
                 "throttle_prefills": accepts_throttle_prefills(self.sut),
                 "batch": True,
+                "columns": columns,
             }
             return {"name": getattr(self.sut, "name", "python-sut"), "capabilities": caps}
         if method == "shutdown":

@@ -130,13 +130,14 @@ import copy
 import dataclasses
 import functools
 import json
+import operator
 import os
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from itertools import chain, repeat
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from typing import Any, TextIO
 
 from schedconf.conformance.engines import protocol_checks
@@ -508,6 +509,24 @@ def _get_required_fields(cls: type) -> tuple[str, ...]:
     )
 
 
+_get_request_id = operator.attrgetter("request_id")
+_get_new_token_ids = operator.attrgetter("new_token_ids")
+_get_finish_reason = operator.attrgetter("finish_reason")
+_get_stop_reason = operator.attrgetter("stop_reason")
+
+
+def _render_reasons(reasons: list[Any], render: Callable[[Any], Any]) -> list[Any]:
+    """``reasons`` with each one that is not None rendered by ``render`` (all None, a decode step's, as they are)."""
+    if reasons.count(None) == len(reasons):
+        return reasons
+    return [None if reason is None else render(reason) for reason in reasons]
+
+
+def _render_stop_reason(reason: Any) -> Any:
+    """A stop reason as the protocol writes it: the stop token id, or the stop string."""
+    return reason if is_int(reason) else str(reason)
+
+
 class _ScheduledInFlight:
     """``in``: whether a step in flight scheduled the request id (one aborted since cannot be re-added yet)."""
 
@@ -533,6 +552,9 @@ class VllmSchedulerSut:
     """One real vLLM scheduler at a time, rebuilt on every ``start`` (protocol ``init``)."""
 
     supports_observe = True
+    supports_columns = True
+    """Writes the lists of requests in column form where the harness asks for it at ``init`` (``columns``,
+    set by the protocol server; PROTOCOL.md)."""
     in_flight = True
     """Runs traces with steps in flight (max_concurrent_batches > 1, -async profiles);
     ``update_from_output`` takes the ``step`` the output answers."""
@@ -551,6 +573,7 @@ class VllmSchedulerSut:
         self.is_async = False
         self.num_spec_tokens = 0
         self.crashed: str | None = None  # why vLLM's schedule() died; None while alive
+        self.columns = False
         self._vllm_configs: dict[tuple[Any, ...], Any] = {}
         self._model_configs: dict[int, Any] = {}  # max_model_len -> a ModelConfig never handed out (copied)
         self._hf_configs: dict[str, Any] = {}  # get_config's arguments -> its first answer (copied)
@@ -981,44 +1004,47 @@ class VllmSchedulerSut:
     def _canonical_output(self, out: Any) -> dict[str, Any]:
         """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own)."""
         s = self.scheduler
-        new_reqs = [
-            {
-                "req_id": r.req_id,
-                "block_ids": list(r.block_ids[0]) if r.block_ids else [],
-                "num_computed_tokens": r.num_computed_tokens,
-            }
-            for r in out.scheduled_new_reqs
-        ]
+        new = out.scheduled_new_reqs
+        new_reqs = {
+            "req_id": [r.req_id for r in new],
+            "block_ids": [list(r.block_ids[0]) if r.block_ids else [] for r in new],
+            "num_computed_tokens": [r.num_computed_tokens for r in new],
+        }
         c = out.scheduled_cached_reqs
+        req_ids = c.req_ids
         resumed_ids: Any = getattr(c, "resumed_req_ids", None)
-        resumed_flags: Any = getattr(c, "resumed_from_preemption", None)  # <= 0.11
-        if resumed_ids is not None:
-            resumed_flags = [rid in resumed_ids for rid in c.req_ids] if resumed_ids else repeat(False)
+        if resumed_ids is None:  # <= 0.11: a flag per request
+            resumed = [bool(flag) for flag in c.resumed_from_preemption]
+        else:
+            resumed = [rid in resumed_ids for rid in req_ids] if resumed_ids else [False] * len(req_ids)
         num_output_tokens: Any = getattr(c, "num_output_tokens", None)
         if num_output_tokens is None:  # <= 0.11 has no num_output_tokens; the request's count is the same value
-            num_output_tokens = [s.requests[rid].num_output_tokens for rid in c.req_ids]
-        cached = [
-            {
-                "req_id": rid,
-                "resumed": bool(resumed),
-                "new_block_ids": [] if blocks is None else list(blocks[0]),
-                "num_computed_tokens": computed,
-                "num_output_tokens": outputs,
-            }
-            for rid, resumed, blocks, computed, outputs in zip(
-                c.req_ids, resumed_flags, c.new_block_ids, c.num_computed_tokens, num_output_tokens
-            )
-        ]
+            num_output_tokens = [s.requests[rid].num_output_tokens for rid in req_ids]
+        cached = {
+            "req_id": list(req_ids),
+            "resumed": resumed,
+            "new_block_ids": [[] if blocks is None else list(blocks[0]) for blocks in c.new_block_ids],
+            "num_computed_tokens": list(c.num_computed_tokens),
+            "num_output_tokens": list(num_output_tokens),
+        }
         preempted = getattr(out, "preempted_req_ids", None)
         return {
-            "scheduled_new_reqs": new_reqs,
-            "scheduled_cached_reqs": cached,
+            "scheduled_new_reqs": self._get_requests_form(new_reqs),
+            "scheduled_cached_reqs": self._get_requests_form(cached),
             "num_scheduled_tokens": dict(out.num_scheduled_tokens),  # its keys are sorted when the reply is written
             "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
             "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(out.scheduled_spec_decode_tokens.items())},
             "finished_req_ids": sorted(out.finished_req_ids),
             "preempted_req_ids": None if preempted is None else sorted(preempted),
         }
+
+    def _get_requests_form(self, columns: dict[str, list[Any]]) -> Any:
+        """A list of requests as the reply carries it: ``columns`` as they are where the harness asked for
+        the column form at ``init`` (PROTOCOL.md), else one object per request. Built as columns either way:
+        vLLM's own SchedulerOutput and request outputs come as lists per field."""
+        if self.columns:
+            return columns
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
     # --------------------------------------------------------------- update
 
@@ -1146,10 +1172,10 @@ class VllmSchedulerSut:
 
     def update_from_output(
         self, sampled_token_ids: dict[str, list[int]], draft_token_ids: dict[str, list[int]], step: int | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> Any:
         """Apply the model output of the oldest in-flight step (``step``, if given, must name it).
 
-        Returns the request outputs in vLLM's order.
+        Returns the request outputs in vLLM's order (in column form where asked: :meth:`_get_requests_form`).
         """
         s = self._sched()
         record = self._get_step_to_apply(step)
@@ -1182,16 +1208,15 @@ class VllmSchedulerSut:
         if draft_token_ids and v.DraftTokenIds is not None and out.total_num_scheduled_tokens > 0 and not self.is_async:
             ids = list(draft_token_ids)
             s.update_draft_token_ids(v.DraftTokenIds(ids, [list(draft_token_ids[r]) for r in ids]))
-        return [
+        outputs = [o for client_index in sorted(engine_outputs) for o in engine_outputs[client_index].outputs]
+        return self._get_requests_form(
             {
-                "req_id": o.request_id,
-                "new_token_ids": list(o.new_token_ids),
-                "finish_reason": None if o.finish_reason is None else str(o.finish_reason),
-                "stop_reason": o.stop_reason if o.stop_reason is None or is_int(o.stop_reason) else str(o.stop_reason),
+                "req_id": list(map(_get_request_id, outputs)),
+                "new_token_ids": list(map(list, map(_get_new_token_ids, outputs))),
+                "finish_reason": _render_reasons(list(map(_get_finish_reason, outputs)), str),
+                "stop_reason": _render_reasons(list(map(_get_stop_reason, outputs)), _render_stop_reason),
             }
-            for client_index in sorted(engine_outputs)
-            for o in engine_outputs[client_index].outputs
-        ]
+        )
 
     def reports_stats(self) -> bool:
         """Build the scheduler with log_stats (its SchedulerStats are compared, 0.32+)."""

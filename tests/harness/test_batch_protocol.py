@@ -177,3 +177,50 @@ def test_an_error_while_generating_the_next_trace_is_raised_at_its_turn_not_blam
     finally:
         campaign._WORKER.clear()
         sut.close()
+
+
+@pytest.mark.parametrize("factory", ["reference_columns", "free_head_first_columns"])
+def test_replies_in_column_form_give_the_outcomes_of_replies_in_lists(factory, corpus):
+    """A scheduler that lists ``capabilities.columns`` answers the lists of requests as one list per field
+    where the harness asks for it (PROTOCOL.md, "Column form"); the harness turns them back into lists of
+    objects before its checks. Lists one request per call against columns in a batch: the same outcomes."""
+    outcomes = {}
+    for columns in (False, True):
+        sut = served(factory, batch=columns)
+        sut.use_columns = columns
+        try:
+            outcomes[columns] = [get_outcome(replay(trace, sut, "strict")) for trace in corpus]
+            assert sut.columns is columns, "the column form was not agreed at init as asked"
+        finally:
+            sut.close()
+    for index, (lists, columns) in enumerate(zip(outcomes[False], outcomes[True])):
+        assert lists == columns, f"trace {index} of {factory}: in lists {lists}, in columns {columns}"
+    verdicts = {o[0] for o in outcomes[True]}
+    assert verdicts == ({"pass"} if factory == "reference_columns" else {"pass", "fail"}), verdicts
+
+
+def test_columns_of_different_lengths_are_a_protocol_error_at_their_step(corpus):
+    """``ragged_columns`` drops the last value of one column of the third step's cached requests."""
+
+    def get_third_step(trace: Trace) -> dict[str, Any]:
+        steps = [e for e in trace.events if e["kind"] == "step"]
+        return steps[2] if len(steps) > 2 else {}
+
+    trace = next(t for t in corpus if get_third_step(t).get("expect", {}).get("scheduled_cached_reqs"))
+    event_index = trace.events.index(get_third_step(trace))
+    for batch in (False, True):
+        sut = served("ragged_columns", batch)
+        try:
+            result = replay(trace, sut, "strict")
+        finally:
+            sut.close()
+        assert result.verdict == "fail" and result.divergence.kind == "protocol_error", result
+        assert (result.divergence.event_index, result.divergence.step) == (event_index, 3), result.divergence
+        # Hand-derived: the other four columns keep every cached request, the ragged one lacks the last.
+        n = len(get_third_step(trace)["expect"]["scheduled_cached_reqs"])
+        expected = (
+            "result.scheduled_cached_reqs: expected columns of one length (column form), found "
+            f"{n} value{'' if n == 1 else 's'} in new_block_ids, num_output_tokens, req_id, resumed and "
+            f"{n - 1} value{'' if n - 1 == 1 else 's'} in num_computed_tokens"
+        )
+        assert expected in (result.divergence.message), result.divergence.message

@@ -334,8 +334,9 @@ SMOKES: dict[str, Smoke] = {
             Run(
                 ("--sizes", "2", "--steps", "2"),
                 (
-                    r"^steady decode, 128-token prompts, 2 timed steps per column; vLLM 0\.33\.0 timed inside its "
-                    r"process; protocol columns: wall time in the harness over vLLM's own time$",
+                    r"^steady decode, 128-token prompts, 2 timed steps per column after 1 untimed round\(s\); "
+                    r"vLLM 0\.33\.0 timed inside its process; protocol columns: wall time in the harness over "
+                    r"vLLM's own time$",
                     header(
                         "requests",
                         "reference ms/step",

@@ -1,5 +1,6 @@
-"""vLLM 0.33.0 behind the protocol: a corpus replayed with each trace's calls in one ``batch`` request,
-and one request per call, gives the same outcome for every trace (PROTOCOL.md, "batch").
+"""vLLM 0.33.0 behind the protocol: a corpus replayed with each trace's calls in one ``batch`` request and
+the replies' lists of requests in column form, and one request per call with lists of objects, gives the
+same outcome for every trace (PROTOCOL.md, "A trace in one request" and "Column form").
 
 The corpus is what campaigns against vLLM 0.33.0 draw: synchronous traces (with the generator's
 throttled steps and prefix-cache resets), and async ones with steps in flight. Every trace passes
@@ -31,14 +32,16 @@ def corpus() -> list[Trace]:
 
 
 def replay_both_ways(traces: list[Trace]) -> list[tuple]:
+    """One request per call with lists of objects, then a batch per trace with the column form."""
     sut = vllm_sut("0.33.0")
     outcomes = {}
     for batch in (False, True):
-        sut.use_batch = batch
+        sut.use_batch = sut.use_columns = batch
         try:
             outcomes[batch] = [get_outcome(replay(trace, sut, "strict")) for trace in traces]
+            assert sut.columns is batch, "the driver did not agree to the column form at init"
         finally:
-            sut.use_batch = True
+            sut.use_batch = sut.use_columns = True
     for index, (per_call, batched) in enumerate(zip(outcomes[False], outcomes[True])):
         assert per_call == batched, f"trace {index}: per call {per_call}, batched {batched}"
     return outcomes[True]
