@@ -509,6 +509,54 @@ def _get_required_fields(cls: type) -> tuple[str, ...]:
     )
 
 
+def get_canonical_output(out: Any, requests: dict[str, Any], columns: bool = False) -> dict[str, Any]:
+    """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own), its lists
+    of requests in column form if ``columns`` (PROTOCOL.md). ``requests``: the scheduler's (read by <= 0.11,
+    whose output has no ``num_output_tokens``)."""
+    new = out.scheduled_new_reqs
+    new_reqs = {
+        "req_id": [r.req_id for r in new],
+        "block_ids": [list(r.block_ids[0]) if r.block_ids else [] for r in new],
+        "num_computed_tokens": [r.num_computed_tokens for r in new],
+    }
+    c = out.scheduled_cached_reqs
+    req_ids = c.req_ids
+    resumed_ids: Any = getattr(c, "resumed_req_ids", None)
+    if resumed_ids is None:  # <= 0.11: a flag per request
+        resumed = [bool(flag) for flag in c.resumed_from_preemption]
+    else:
+        resumed = [rid in resumed_ids for rid in req_ids] if resumed_ids else [False] * len(req_ids)
+    num_output_tokens: Any = getattr(c, "num_output_tokens", None)
+    if num_output_tokens is None:  # <= 0.11 has no num_output_tokens; the request's count is the same value
+        num_output_tokens = [requests[rid].num_output_tokens for rid in req_ids]
+    cached = {
+        "req_id": list(req_ids),
+        "resumed": resumed,
+        "new_block_ids": [[] if blocks is None else list(blocks[0]) for blocks in c.new_block_ids],
+        "num_computed_tokens": list(c.num_computed_tokens),
+        "num_output_tokens": list(num_output_tokens),
+    }
+    preempted = getattr(out, "preempted_req_ids", None)
+    return {
+        "scheduled_new_reqs": get_requests_form(new_reqs, columns),
+        "scheduled_cached_reqs": get_requests_form(cached, columns),
+        "num_scheduled_tokens": dict(out.num_scheduled_tokens),  # its keys are sorted when the reply is written
+        "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
+        "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(out.scheduled_spec_decode_tokens.items())},
+        "finished_req_ids": sorted(out.finished_req_ids),
+        "preempted_req_ids": None if preempted is None else sorted(preempted),
+    }
+
+
+def get_requests_form(columns: dict[str, list[Any]], as_columns: bool) -> Any:
+    """A list of requests as a reply carries it: ``columns`` as they are in the column form (PROTOCOL.md),
+    else one object per request. Built as columns either way: vLLM's own SchedulerOutput and request
+    outputs come as lists per field."""
+    if as_columns:
+        return columns
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
 _get_request_id = operator.attrgetter("request_id")
 _get_new_token_ids = operator.attrgetter("new_token_ids")
 _get_finish_reason = operator.attrgetter("finish_reason")
@@ -1002,49 +1050,7 @@ class VllmSchedulerSut:
             return {rid for rid in scheduled if requests[rid].num_computed_tokens >= requests[rid].num_tokens}
 
     def _canonical_output(self, out: Any) -> dict[str, Any]:
-        """The trace form of a vLLM SchedulerOutput (either model runner's layout: it is vLLM's own)."""
-        s = self.scheduler
-        new = out.scheduled_new_reqs
-        new_reqs = {
-            "req_id": [r.req_id for r in new],
-            "block_ids": [list(r.block_ids[0]) if r.block_ids else [] for r in new],
-            "num_computed_tokens": [r.num_computed_tokens for r in new],
-        }
-        c = out.scheduled_cached_reqs
-        req_ids = c.req_ids
-        resumed_ids: Any = getattr(c, "resumed_req_ids", None)
-        if resumed_ids is None:  # <= 0.11: a flag per request
-            resumed = [bool(flag) for flag in c.resumed_from_preemption]
-        else:
-            resumed = [rid in resumed_ids for rid in req_ids] if resumed_ids else [False] * len(req_ids)
-        num_output_tokens: Any = getattr(c, "num_output_tokens", None)
-        if num_output_tokens is None:  # <= 0.11 has no num_output_tokens; the request's count is the same value
-            num_output_tokens = [s.requests[rid].num_output_tokens for rid in req_ids]
-        cached = {
-            "req_id": list(req_ids),
-            "resumed": resumed,
-            "new_block_ids": [[] if blocks is None else list(blocks[0]) for blocks in c.new_block_ids],
-            "num_computed_tokens": list(c.num_computed_tokens),
-            "num_output_tokens": list(num_output_tokens),
-        }
-        preempted = getattr(out, "preempted_req_ids", None)
-        return {
-            "scheduled_new_reqs": self._get_requests_form(new_reqs),
-            "scheduled_cached_reqs": self._get_requests_form(cached),
-            "num_scheduled_tokens": dict(out.num_scheduled_tokens),  # its keys are sorted when the reply is written
-            "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
-            "scheduled_spec_decode_tokens": {k: list(v) for k, v in sorted(out.scheduled_spec_decode_tokens.items())},
-            "finished_req_ids": sorted(out.finished_req_ids),
-            "preempted_req_ids": None if preempted is None else sorted(preempted),
-        }
-
-    def _get_requests_form(self, columns: dict[str, list[Any]]) -> Any:
-        """A list of requests as the reply carries it: ``columns`` as they are where the harness asked for
-        the column form at ``init`` (PROTOCOL.md), else one object per request. Built as columns either way:
-        vLLM's own SchedulerOutput and request outputs come as lists per field."""
-        if self.columns:
-            return columns
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return get_canonical_output(out, self.scheduler.requests, self.columns)
 
     # --------------------------------------------------------------- update
 
@@ -1175,7 +1181,7 @@ class VllmSchedulerSut:
     ) -> Any:
         """Apply the model output of the oldest in-flight step (``step``, if given, must name it).
 
-        Returns the request outputs in vLLM's order (in column form where asked: :meth:`_get_requests_form`).
+        Returns the request outputs in vLLM's order (in column form where asked: :func:`get_requests_form`).
         """
         s = self._sched()
         record = self._get_step_to_apply(step)
@@ -1209,13 +1215,14 @@ class VllmSchedulerSut:
             ids = list(draft_token_ids)
             s.update_draft_token_ids(v.DraftTokenIds(ids, [list(draft_token_ids[r]) for r in ids]))
         outputs = [o for client_index in sorted(engine_outputs) for o in engine_outputs[client_index].outputs]
-        return self._get_requests_form(
+        return get_requests_form(
             {
                 "req_id": list(map(_get_request_id, outputs)),
                 "new_token_ids": list(map(list, map(_get_new_token_ids, outputs))),
                 "finish_reason": _render_reasons(list(map(_get_finish_reason, outputs)), str),
                 "stop_reason": _render_reasons(list(map(_get_stop_reason, outputs)), _render_stop_reason),
-            }
+            },
+            self.columns,
         )
 
     def reports_stats(self) -> bool:

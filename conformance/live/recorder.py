@@ -288,7 +288,7 @@ class Recording:
     """The recording of one scheduler: its file, sequence numbers and steps in flight."""
 
     def __init__(self, scheduler: Any, folder: str, observe: bool = False) -> None:
-        from schedconf.conformance.engines.vllm_driver import VllmSchedulerSut
+        from schedconf.conformance.engines.vllm_driver import get_canonical_output
 
         self.scheduler = scheduler
         self.observe = observe
@@ -297,9 +297,7 @@ class Recording:
         self.step = 0
         self.lock = threading.Lock()
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (step, output)
-        # A stand-in self: _canonical_output reads nothing of it but .scheduler.
-        stand_in = cast(VllmSchedulerSut, types.SimpleNamespace(scheduler=scheduler))
-        self._canonical_output = functools.partial(VllmSchedulerSut._canonical_output, stand_in)
+        self._canonical_output = lambda out: get_canonical_output(out, scheduler.requests)
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, f"engine-{os.getpid()}-{next(_counter)}.jsonl")
         self.writer = LineWriter(self.path)
