@@ -488,6 +488,14 @@ def validate_config(config: Any) -> dict[str, Any]:
     )
 
 
+def _keep(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep ``value`` under ``key``; at :data:`VLLM_CONFIG_CACHE_SIZE` entries the oldest goes first (a dict
+    keeps insertion order)."""
+    if len(cache) >= VLLM_CONFIG_CACHE_SIZE:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
 def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
         config[f] for f in (*CONFIG_FIELDS, *KNOBS_0_32, "pipeline_parallel_size", "prefill_schedule_interval")
@@ -738,9 +746,7 @@ class VllmSchedulerSut:
         # workers; the scheduler reads ParallelConfig.pipeline_parallel_size alone (AsyncScheduler's
         # decode stagger, use_pp), so it is set on the built config without starting any.
         vllm_config.parallel_config.pipeline_parallel_size = cfg["pipeline_parallel_size"]
-        if len(self._vllm_configs) >= VLLM_CONFIG_CACHE_SIZE:  # drop the oldest (dicts keep insertion order)
-            del self._vllm_configs[next(iter(self._vllm_configs))]
-        self._vllm_configs[key] = vllm_config
+        _keep(self._vllm_configs, key, vllm_config)
         return vllm_config
 
     def _model_config(self, max_model_len: int) -> Any:
@@ -756,9 +762,7 @@ class VllmSchedulerSut:
                 kept = self.v.ModelConfig(
                     model=_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32", seed=0
                 )
-            if len(self._model_configs) >= VLLM_CONFIG_CACHE_SIZE:
-                del self._model_configs[next(iter(self._model_configs))]
-            self._model_configs[max_model_len] = kept
+            _keep(self._model_configs, max_model_len, kept)
         return copy.deepcopy(kept)
 
     @contextlib.contextmanager
