@@ -990,22 +990,11 @@ class FastScheduler:
                     # budget is positive, a threshold is >= 1); with ``room >= 0``, no
                     # drafts and no prefill chunk.
                     room = req.room
+                    new_blocks: Sequence[int] | None = None
                     if total <= room:
                         # Its slot is already held and no block fills: nothing else to decide.
-                        append((req, 1, start, total, no_blocks))
-                        req.num_computed = total
-                        if count_in_flight:
-                            req.in_flight += 1
-                        if async_scheduling:
-                            req.placeholders = ph + 1
-                            if k_spec:
-                                req.spec = spec_placeholders
-                                req.room = -1
-                        budget -= 1
-                        if budget:
-                            continue
-                        break
-                    if room >= 0 and total < mml:
+                        new_blocks = no_blocks
+                    elif room >= 0 and total < mml:
                         # At most one new block, and a block may fill: the general path's
                         # outcome without its clamps (none applies), unless it must preempt.
                         blocks = req.blocks
@@ -1015,7 +1004,7 @@ class FastScheduler:
                             end = mml
                         need = (end + bs - 1) // bs - len(blocks)
                         if need <= 0 or (need == 1 and pool.num_free):
-                            new_blocks: Sequence[int] = no_blocks
+                            new_blocks = no_blocks
                             if need > 0:
                                 new_block = pool.pop_one()
                                 blocks.append(new_block)
@@ -1037,20 +1026,21 @@ class FastScheduler:
                                         num_cached = req.num_cached
                                 if room >= (num_cached + 1) * bs:
                                     room = (num_cached + 1) * bs - 1
-                            append((req, 1, start, total, new_blocks))
-                            req.num_computed = total
-                            req.room = room
-                            if count_in_flight:
-                                req.in_flight += 1
-                            if async_scheduling:
-                                req.placeholders = ph + 1
-                                if k_spec:
-                                    req.spec = spec_placeholders
-                                    req.room = -1
-                            budget -= 1
-                            if budget:
-                                continue
-                            break
+                    if new_blocks is not None:
+                        append((req, 1, start, total, new_blocks))
+                        req.num_computed = total
+                        req.room = room
+                        if count_in_flight:
+                            req.in_flight += 1
+                        if async_scheduling:
+                            req.placeholders = ph + 1
+                            if k_spec:
+                                req.spec = spec_placeholders
+                                req.room = -1
+                        budget -= 1
+                        if budget:
+                            continue
+                        break
                 spec = req.spec
                 n = total + len(spec) - start
                 if 0 < threshold < n:
