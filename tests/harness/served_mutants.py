@@ -7,6 +7,7 @@ from typing import Any
 
 from schedconf.conformance.adapters.reference import ReferenceSut
 from schedconf.conformance.checking.mutants import MutantSut, make_mutant_sut
+from schedconf.conformance.protocol import COLUMN_FIELDS
 
 
 def reference() -> ReferenceSut:
@@ -23,10 +24,6 @@ def free_head_first() -> MutantSut:
 
 def stale_output_applied_as_fresh() -> MutantSut:
     return make_mutant_sut("mutant:stale_output_applied_as_fresh")
-
-
-COLUMN_FIELDS = {"schedule": ("scheduled_new_reqs", "scheduled_cached_reqs"), "update": ("outputs",)}
-"""The lists of requests the protocol's column form covers (PROTOCOL.md), by the method that answers them."""
 
 
 def get_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
