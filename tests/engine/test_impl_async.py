@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from schedconf.conformance.adapters.impl import ImplEngineSut, ImplSchedulerSut
 from schedconf.conformance.adapters.reference import ReferenceSut
 from schedconf.conformance.checking.replay import FAIL, PASS, render_divergence, replay
 from schedconf.conformance.sut import SutInputError, SutUnsupported
+from schedconf.conformance.traces.trace import Trace
 from schedconf.conformance.workloads.datadriven import parse_file, parse_tokens
 from schedconf.conformance.workloads.generate import random_workload
 from schedconf.conformance.workloads.workload import run_workload
@@ -530,21 +532,27 @@ def test_generated_in_flight_workloads_replay_strict(profile):
     assert in_flight >= (100 if profile.endswith("-async") else 10)
 
 
-@pytest.mark.parametrize("profile", ["vllm-0.33-async", "vllm-0.32-async"])
-def test_generated_async_spec_decode_workloads_replay_strict(profile):
-    """Async + spec decode (k = 1..3, 1-3 steps in flight): placeholder drafts, the worker's acceptance."""
+def get_spec_decode_traces(profile: str, seeds: int) -> Iterator[Trace]:
+    """Generated workloads of ``profile`` with 1 to 3 speculative tokens (by seed), those impl's scheduler
+    accepts the config of, run by the reference."""
     from dataclasses import replace as dc_replace
 
-    failures: list[str] = []
-    multi = 0
-    for seed in range(100):
+    for seed in range(seeds):
         workload = random_workload(seed, profile)
         config = dc_replace(workload.config, num_spec_tokens=1 + seed % 3)
         try:
             FastScheduler(config, profile)
         except InvalidConfig:
             continue
-        trace = run_workload(workload.replace(config=config))
+        yield run_workload(workload.replace(config=config))
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33-async", "vllm-0.32-async"])
+def test_generated_async_spec_decode_workloads_replay_strict(profile):
+    """Async + spec decode (k = 1..3, 1-3 steps in flight): placeholder drafts, the worker's acceptance."""
+    failures: list[str] = []
+    multi = 0
+    for trace in get_spec_decode_traces(profile, 100):
         multi += sum(
             len(t) > 1 for e in trace.events if e["kind"] == "model_output" for t in e["sampled_token_ids"].values()
         )

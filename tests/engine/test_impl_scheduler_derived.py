@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -34,10 +33,10 @@ from schedconf.conformance.workloads.generate import random_workload
 from schedconf.conformance.workloads.tight_workloads import make_tight_workload
 from schedconf.conformance.workloads.workload import run_workload
 from schedconf.impl.scheduler import FINISHED_STOPPED, NOT_HASHED, FastScheduler, StepOutput
-from schedconf.spec.errors import InvalidConfig
 from schedconf.spec.output import ModelRunnerOutput
 from schedconf.spec.v1.config import SchedulerConfig
 from schedconf.spec.v1.scheduler import Scheduler
+from tests.engine.test_impl_async import get_spec_decode_traces
 
 
 def check_derived(sched: FastScheduler) -> None:
@@ -124,16 +123,7 @@ def test_derived_state_holds_over_generated_workloads(checked, profile):
 @pytest.mark.parametrize("profile", ["vllm-0.33-async", "vllm-0.32-async"])
 def test_derived_state_holds_with_async_spec_decode(checked, profile):
     """Async + spec decode: placeholder drafts keep requests off the steady-decode test."""
-    traces = []
-    for seed in range(40):
-        workload = random_workload(seed, profile)
-        config = replace(workload.config, num_spec_tokens=1 + seed % 3)
-        try:
-            FastScheduler(config, profile)
-        except InvalidConfig:
-            continue
-        traces.append(run_workload(workload.replace(config=config)))
-    _replay_checked(traces)
+    _replay_checked(list(get_spec_decode_traces(profile, 40)))
     assert checked[0] > 500
 
 
