@@ -382,8 +382,8 @@ class StdioSut:
         """The next reply line as an object with the id ``msg_id``, and where it was read (for messages)."""
         child = self.child
         assert child is not None
-        if child.replies.empty():
-            child.wanted.set()  # a reader between looks into the pipe looks now
+        if child.paced_lines > PACED_TAIL and child.replies.empty():
+            child.wanted.set()  # a reader between looks into the pipe looks now (it waits nowhere else)
         try:
             item = child.replies.get(timeout=max(wait_s - (time.monotonic() - started), 0.0))
         except queue.Empty:
